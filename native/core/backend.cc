@@ -1,0 +1,148 @@
+#include "backend.h"
+
+#include <sstream>
+
+#include "error.h"
+
+namespace rc {
+
+namespace {
+int64_t channels(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(t.rank() - 1); }
+}  // namespace
+
+std::string Conv2dParams::str() const {
+  std::ostringstream out;
+  out << "conv2d x=" << dtypeName(dtype) << "[" << n << "," << h << "," << w << "," << c << "] w=[" << k
+      << "," << r << "," << s << "," << c << "] stride=" << strideH << "x" << strideW << " pad=" << padH
+      << "x" << padW << " dilation=" << dilationH << "x" << dilationW << (bias ? " bias" : "");
+  return out.str();
+}
+
+std::string LinearParams::str() const {
+  std::ostringstream text;
+  text << "linear x=" << dtypeName(dtype) << "[" << n << "," << in << "] w=[" << out << "," << in << "]"
+       << (bias ? " bias" : "");
+  return text.str();
+}
+
+std::string Pool2dParams::str() const {
+  std::ostringstream out;
+  out << (kind == PoolKind::Max ? "maxpool2d" : "avgpool2d") << " x=" << dtypeName(dtype) << "[" << n
+      << "," << h << "," << w << "," << c << "] kernel=" << kernelH << "x" << kernelW
+      << " stride=" << strideH << "x" << strideW << " pad=" << padH << "x" << padW;
+  return out.str();
+}
+
+Tensor Backend::empty(const Shape& shape, DType dtype) {
+  RC_CHECK_ARG(supports(dtype), dtypeName(dtype) << " tensors are not supported on " << device().str());
+  const size_t bytes = static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype);
+  auto storage = std::make_shared<Storage>(&allocator(), device(), bytes);
+  return Tensor(std::move(storage), 0, shape, dtype);
+}
+
+void validateSameLayout(const Tensor& a, const Tensor& b, const char* op) {
+  checkDefined(a, op, "input");
+  checkDefined(b, op, "output");
+  checkSameDevice(a, b, op);
+  RC_CHECK_ARG(a.shape() == b.shape() && a.dtype() == b.dtype(),
+               op << ": tensors must match in shape and dtype, got " << a.describe() << " and "
+                  << b.describe());
+}
+
+void validateConv2dParams(const Conv2dParams& p) {
+  RC_CHECK_ARG(p.n > 0 && p.h > 0 && p.w > 0 && p.c > 0 && p.k > 0 && p.r > 0 && p.s > 0,
+               "conv2d: all sizes must be positive: " << p.str());
+  RC_CHECK_ARG(p.strideH > 0 && p.strideW > 0 && p.dilationH > 0 && p.dilationW > 0 && p.padH >= 0 &&
+                   p.padW >= 0,
+               "conv2d: stride and dilation must be positive and padding non-negative: " << p.str());
+  RC_CHECK_ARG(p.outH() > 0 && p.outW() > 0, "conv2d: the kernel does not fit the padded input: " << p.str());
+  RC_CHECK_ARG(isFloating(p.dtype), "conv2d: dtype must be floating point, got " << dtypeName(p.dtype));
+}
+
+void validateBatchNormForward(const BatchNormForwardArgs& a) {
+  const char* op = "batchnorm forward";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()), op << ": x must be floating point, got " << a.x.describe());
+  validateSameLayout(a.x, a.y, op);
+  if (a.residual.defined()) validateSameLayout(a.x, a.residual, op);
+  const Shape c{channels(a.x)};
+  for (const Tensor* t : {&a.gamma, &a.beta, &a.runningMean, &a.runningVar}) {
+    checkDType(*t, DType::F32, op, "gamma, beta and running statistics");
+    checkShape(*t, c, op, "gamma, beta and running statistics");
+  }
+  if (a.training) {
+    checkShape(a.saveMean, c, op, "saveMean");
+    checkShape(a.saveInvStd, c, op, "saveInvStd");
+    RC_CHECK_ARG(a.x.numel() / c[0] > 1,
+                 op << ": training needs more than one value per channel, got " << a.x.describe());
+  }
+}
+
+void validateBatchNormBackward(const BatchNormBackwardArgs& a) {
+  const char* op = "batchnorm backward";
+  checkDefined(a.x, op, "x");
+  validateSameLayout(a.x, a.dy, op);
+  validateSameLayout(a.x, a.dx, op);
+  if (a.relu) validateSameLayout(a.x, a.y, op);
+  if (a.dResidual.defined()) validateSameLayout(a.x, a.dResidual, op);
+  const Shape c{channels(a.x)};
+  for (const Tensor* t : {&a.gamma, &a.saveMean, &a.saveInvStd, &a.dGamma, &a.dBeta}) {
+    checkDType(*t, DType::F32, op, "gamma, saved statistics and their gradients");
+    checkShape(*t, c, op, "gamma, saved statistics and their gradients");
+  }
+}
+
+void validateCrossEntropy(const CrossEntropyArgs& a) {
+  const char* op = "cross entropy";
+  checkDefined(a.logits, op, "logits");
+  RC_CHECK_ARG(a.logits.rank() == 2 && isFloating(a.logits.dtype()),
+               op << ": logits must be a floating [N, K] tensor, got " << a.logits.describe());
+  checkDType(a.labels, DType::I32, op, "labels");
+  checkShape(a.labels, Shape{a.logits.dim(0)}, op, "labels");
+  checkDType(a.loss, DType::F32, op, "loss");
+  checkShape(a.loss, Shape{1}, op, "loss");
+  if (a.dLogits.defined()) validateSameLayout(a.logits, a.dLogits, op);
+  RC_CHECK_ARG(a.labelSmoothing >= 0.0f && a.labelSmoothing <= 1.0f,
+               op << ": labelSmoothing must be in [0, 1], got " << a.labelSmoothing);
+}
+
+void validateSgd(const SgdArgs& a) {
+  const char* op = "sgd step";
+  checkDType(a.params, DType::F32, op, "params");
+  checkDType(a.grads, DType::F32, op, "grads");
+  RC_CHECK_ARG(a.grads.numel() == a.params.numel(), op << ": grads " << a.grads.describe()
+                                                        << " do not match params " << a.params.describe());
+  bool needsMomentum = false;
+  for (const auto& g : a.groups) needsMomentum = needsMomentum || g.momentum != 0.0f;
+  if (needsMomentum) {
+    checkDType(a.momentumBuffer, DType::F32, op, "momentumBuffer");
+    RC_CHECK_ARG(a.momentumBuffer.numel() == a.params.numel(), op << ": momentumBuffer size mismatch");
+  }
+  for (const auto& s : a.segments) {
+    RC_CHECK_ARG(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= a.params.numel(),
+                 op << ": segment [" << s.offset << ", +" << s.count << ") is outside the arena of "
+                    << a.params.numel());
+    RC_CHECK_ARG(s.group >= 0 && static_cast<size_t>(s.group) < a.groups.size(),
+                 op << ": segment names group " << s.group << " of " << a.groups.size());
+  }
+  if (a.foundInf.defined()) checkShape(a.foundInf, Shape{1}, op, "foundInf");
+}
+
+void validateConvertInput(const ConvertInputArgs& a) {
+  const char* op = "convert input";
+  checkDType(a.src, DType::U8, op, "src");
+  RC_CHECK_ARG(a.src.rank() == 4, op << ": src must be u8[N,H,W,C], got " << a.src.describe());
+  checkShape(a.dst, a.src.shape(), op, "dst");
+  RC_CHECK_ARG(isFloating(a.dst.dtype()), op << ": dst must be floating point, got " << a.dst.describe());
+  const size_t c = static_cast<size_t>(a.src.dim(3));
+  RC_CHECK_ARG(a.mean.size() == c && a.std.size() == c,
+               op << ": mean and std need " << c << " values each, got " << a.mean.size() << " and "
+                  << a.std.size());
+  for (float s : a.std) RC_CHECK_ARG(s > 0.0f, op << ": std values must be positive, got " << s);
+  if (a.flip.defined()) {
+    checkDType(a.flip, DType::U8, op, "flip");
+    checkShape(a.flip, Shape{a.src.dim(0)}, op, "flip");
+  }
+}
+
+}  // namespace rc

@@ -1,0 +1,191 @@
+// The op interface every backend implements. Heavy ops are plans, created once per
+// (op, shapes, dtype, device) and executed every step; they hold descriptors, the chosen
+// algorithm and workspace. Light ops are methods taking one argument struct.
+//
+// Conventions, shared by all backends:
+// - activations are NHWC and contiguous; "rows" below means the product of all but the last dim;
+// - weights are f32 master copies (conv: [K,R,S,C] = OHWI; linear: [out,in]); a plan given f32
+//   weights and a lower-precision compute dtype converts them itself;
+// - parameter gradients are f32 and are accumulated into (+=), as in PyTorch; zero them to reset;
+// - BN parameters, running statistics and saved statistics are f32 whatever the activation dtype;
+// - nothing here synchronises with the host unless its name says so.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocator.h"
+#include "tensor.h"
+
+namespace rc {
+
+struct Conv2dParams {
+  int64_t n = 0, h = 0, w = 0, c = 0;  // input NHWC
+  int64_t k = 0, r = 0, s = 0;         // output channels, kernel height, kernel width
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
+  DType dtype = DType::F32;            // activation and compute type
+  bool bias = false;
+  int64_t outH() const { return (h + 2 * padH - dilationH * (r - 1) - 1) / strideH + 1; }
+  int64_t outW() const { return (w + 2 * padW - dilationW * (s - 1) - 1) / strideW + 1; }
+  std::string str() const;
+};
+
+class Conv2dPlan {
+ public:
+  virtual ~Conv2dPlan() = default;
+  // y[n,oh,ow,k] = conv(x[n,h,w,c], weight[k,r,s,c]) + bias[k]; bias may be undefined.
+  virtual void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) = 0;
+  // dx = conv_transpose(dy, weight); overwrites dx.
+  virtual void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) = 0;
+  // dWeight += dL/dweight, dBias += sum(dy) (dBias may be undefined).
+  virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight,
+                               const Tensor& dBias) = 0;
+  // The implementation chosen, for logs and benchmarks ("jit:avx512_core", "cudnn:IMPLICIT_GEMM").
+  virtual std::string implementation() const = 0;
+};
+
+struct LinearParams {
+  int64_t n = 0, in = 0, out = 0;
+  DType dtype = DType::F32;
+  bool bias = true;
+  std::string str() const;
+};
+
+class LinearPlan {
+ public:
+  virtual ~LinearPlan() = default;
+  // y[n,out] = x[n,in] weight[out,in]^T + bias[out]
+  virtual void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) = 0;
+  virtual void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) = 0;
+  virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight,
+                               const Tensor& dBias) = 0;
+};
+
+enum class PoolKind : int { Max = 0, Avg = 1 };
+
+struct Pool2dParams {
+  PoolKind kind = PoolKind::Max;
+  int64_t n = 0, h = 0, w = 0, c = 0;
+  int64_t kernelH = 1, kernelW = 1, strideH = 1, strideW = 1, padH = 0, padW = 0;
+  DType dtype = DType::F32;
+  int64_t outH() const { return (h + 2 * padH - kernelH) / strideH + 1; }
+  int64_t outW() const { return (w + 2 * padW - kernelW) / strideW + 1; }
+  std::string str() const;
+};
+
+class Pool2dPlan {
+ public:
+  virtual ~Pool2dPlan() = default;
+  // Bytes of workspace that forward writes and backward reads (argmax for max pooling); may be 0.
+  virtual size_t workspaceBytes() const = 0;
+  virtual void forward(const Tensor& x, const Tensor& y, const Tensor& workspace) = 0;
+  virtual void backward(const Tensor& dy, const Tensor& dx, const Tensor& workspace) = 0;
+};
+
+// Batch normalisation over all rows of x (N*H*W for NHWC), per channel (the last dim), with an
+// optional residual added before an optional ReLU: y = relu(bn(x) + residual).
+struct BatchNormForwardArgs {
+  Tensor x, gamma, beta, residual, y;
+  Tensor runningMean, runningVar;  // f32[C]; updated in training (unbiased variance, as PyTorch)
+  Tensor saveMean, saveInvStd;     // f32[C]; written in training, read by backward
+  bool training = true;
+  bool relu = false;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+};
+
+struct BatchNormBackwardArgs {
+  Tensor x, y, dy, gamma, saveMean, saveInvStd;
+  Tensor dx;                // overwritten
+  Tensor dGamma, dBeta;     // f32[C], accumulated
+  Tensor dResidual;         // overwritten with the gradient reaching the residual, if defined
+  bool relu = false;        // y is the ReLU output and masks dy
+};
+
+struct CrossEntropyArgs {
+  Tensor logits;        // [N, K] f32/bf16/f16
+  Tensor labels;        // i32[N]
+  Tensor loss;          // f32[1]: mean over the batch
+  Tensor dLogits;       // same shape/dtype as logits, overwritten; may be undefined
+  float labelSmoothing = 0.0f;
+  float gradScale = 1.0f;  // dLogits = gradScale * dLoss/dLogits (loss scaling, accumulation)
+};
+
+struct SgdGroup {
+  float lr = 0.1f, momentum = 0.0f, dampening = 0.0f, weightDecay = 0.0f;
+  bool nesterov = false;
+};
+
+struct ArenaSegment {
+  int64_t offset = 0, count = 0;
+  int32_t group = 0;
+};
+
+// One multi-tensor SGD step over segments of the flat f32 parameter arena, with PyTorch's
+// semantics. If `foundInf` (f32[1]) is defined and non-zero the step is skipped; grads are
+// multiplied by `gradScaleInv` first (GradScaler unscale).
+struct SgdArgs {
+  Tensor params, grads, momentumBuffer;
+  std::vector<SgdGroup> groups;
+  std::vector<ArenaSegment> segments;
+  bool firstStep = false;  // momentum buffers start as the first gradient
+  Tensor foundInf;
+  float gradScaleInv = 1.0f;
+};
+
+// dst[n,h,w,c] = (src[n,h,w,c] / 255 - mean[c]) / std[c], with sample i mirrored left-right when
+// flip[i] != 0 (flip may be undefined). src is u8; dst f32, bf16 or f16.
+struct ConvertInputArgs {
+  Tensor src, dst, flip;
+  std::vector<float> mean, std;
+};
+
+struct BackendInfo {
+  std::string name;     // "cpu", "cuda"
+  std::string device;   // "Intel(R) Xeon(R) ...", "NVIDIA H200"
+  std::vector<std::pair<std::string, std::string>> properties;  // versions, ISA, capabilities
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual BackendInfo info() = 0;
+  virtual bool supports(DType dtype) const = 0;
+
+  Tensor empty(const Shape& shape, DType dtype);
+
+  virtual std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& params) = 0;
+  virtual std::unique_ptr<LinearPlan> createLinear(const LinearParams& params) = 0;
+  virtual std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& params) = 0;
+
+  virtual void batchNormForward(const BatchNormForwardArgs& args) = 0;
+  virtual void batchNormBackward(const BatchNormBackwardArgs& args) = 0;
+  virtual void relu(const Tensor& x, const Tensor& y) = 0;
+  virtual void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  virtual void cast(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& t, double value) = 0;
+  virtual void crossEntropy(const CrossEntropyArgs& args) = 0;
+  virtual void sgdStep(const SgdArgs& args) = 0;
+  virtual void convertInput(const ConvertInputArgs& args) = 0;
+
+  virtual void copyFromHost(const void* src, size_t bytes, const Tensor& dst) = 0;
+  virtual void copyToHost(const Tensor& src, void* dst, size_t bytes) = 0;
+  // Same-device copy of equal shapes and dtypes.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void synchronize() = 0;
+};
+
+// Shared argument validation for the light ops, so every backend rejects the same inputs.
+void validateBatchNormForward(const BatchNormForwardArgs& args);
+void validateBatchNormBackward(const BatchNormBackwardArgs& args);
+void validateCrossEntropy(const CrossEntropyArgs& args);
+void validateSgd(const SgdArgs& args);
+void validateConvertInput(const ConvertInputArgs& args);
+void validateConv2dParams(const Conv2dParams& p);
+void validateSameLayout(const Tensor& a, const Tensor& b, const char* op);
+
+}  // namespace rc

@@ -1,0 +1,89 @@
+// The CPU backend: oneDNN plans and our own OpenMP kernels behind the common Backend interface.
+#include <omp.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "backend_cpu.h"
+#include "cpu_ops.h"
+
+namespace rc::cpu {
+
+namespace {
+
+std::string cpuModelName() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device{DeviceType::Cpu, 0}; }
+  Allocator& allocator() override { return ctx_.allocator(); }
+  bool supports(DType) const override { return true; }
+
+  BackendInfo info() override {
+    const dnnl_version_t* v = dnnl::version();
+    BackendInfo out;
+    out.name = "cpu";
+    out.device = cpuModelName();
+    out.properties = {
+        {"onednn", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch)},
+        {"isa", isaName()},
+        {"threads", std::to_string(omp_get_max_threads())},
+    };
+    return out;
+  }
+
+  std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override { return createConv2dPlan(ctx_, p); }
+  std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
+  std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
+
+  void batchNormForward(const BatchNormForwardArgs& a) override { cpu::batchNormForward(a); }
+  void batchNormBackward(const BatchNormBackwardArgs& a) override { cpu::batchNormBackward(a); }
+  void relu(const Tensor& x, const Tensor& y) override { cpu::relu(x, y); }
+  void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override { cpu::reluBackward(y, dy, dx); }
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override { cpu::add(a, b, out); }
+  void cast(const Tensor& src, const Tensor& dst) override { cpu::cast(src, dst); }
+  void fill(const Tensor& t, double value) override { cpu::fill(t, value); }
+  void crossEntropy(const CrossEntropyArgs& a) override { cpu::crossEntropy(a); }
+  void sgdStep(const SgdArgs& a) override { cpu::sgdStep(a); }
+  void convertInput(const ConvertInputArgs& a) override { cpu::convertInput(a); }
+
+  void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
+    checkDefined(dst, "copy from host", "dst");
+    RC_CHECK_ARG(bytes == dst.nbytes(), "copy from host: " << bytes << " bytes do not fit " << dst.describe()
+                                                           << " (" << dst.nbytes() << " bytes)");
+    std::memcpy(dst.data(), src, bytes);
+  }
+
+  void copyToHost(const Tensor& src, void* dst, size_t bytes) override {
+    checkDefined(src, "copy to host", "src");
+    RC_CHECK_ARG(bytes == src.nbytes(), "copy to host: " << src.describe() << " (" << src.nbytes()
+                                                         << " bytes) does not fit " << bytes << " bytes");
+    std::memcpy(dst, src.data(), bytes);
+  }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    validateSameLayout(src, dst, "copy");
+    if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.nbytes());
+  }
+
+  void synchronize() override {}
+
+ private:
+  CpuContext ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> createCpuBackend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace rc::cpu

@@ -1,0 +1,201 @@
+// conv2d on oneDNN: NHWC activations, OHWI f32 master weights reordered into the primitive's
+// preferred layout each call, weight gradients reordered back with a sum post-op (+=).
+#include <map>
+
+#include "cpu_ops.h"
+
+namespace rc::cpu {
+
+namespace {
+
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+using dnnl::memory;
+
+class CpuConv2dPlan final : public Conv2dPlan {
+ public:
+  CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : ctx_(ctx), p_(p) {
+    validateConv2dParams(p);
+    dnnlGuard(p.str(), [&] { build(); });
+  }
+
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
+    checkShape(x, {p_.n, p_.h, p_.w, p_.c}, "conv2d forward", "x");
+    checkDType(x, p_.dtype, "conv2d forward", "x");
+    checkShape(y, {p_.n, p_.outH(), p_.outW(), p_.k}, "conv2d forward", "y");
+    checkDType(y, p_.dtype, "conv2d forward", "y");
+    checkWeight(weight, "conv2d forward");
+    checkBias(bias, "conv2d forward");
+    dnnlGuard(p_.str() + " forward", [&] {
+      auto& eng = ctx_.engine();
+      reorderWeight(weight, fwdPd_.weights_desc(), fwdWeight_, fwdWeightReorders_);
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
+          {DNNL_ARG_WEIGHTS, memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
+          {DNNL_ARG_DST, memory(yMd_, eng, y.data())},
+          {DNNL_ARG_SCRATCHPAD,
+           memory(fwdPd_.scratchpad_desc(), eng, ctx_.scratch(fwdPd_.scratchpad_desc().get_size()))}};
+      if (p_.bias) args.emplace(DNNL_ARG_BIAS, memory(biasMd_, eng, bias.data()));
+      fwd_.execute(ctx_.stream(), args);
+    });
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    checkShape(dy, {p_.n, p_.outH(), p_.outW(), p_.k}, "conv2d backward data", "dy");
+    checkDType(dy, p_.dtype, "conv2d backward data", "dy");
+    checkShape(dx, {p_.n, p_.h, p_.w, p_.c}, "conv2d backward data", "dx");
+    checkDType(dx, p_.dtype, "conv2d backward data", "dx");
+    checkWeight(weight, "conv2d backward data");
+    dnnlGuard(p_.str() + " backward data", [&] {
+      auto& eng = ctx_.engine();
+      reorderWeight(weight, bwdDataPd_.weights_desc(), bwdWeight_, bwdWeightReorders_);
+      bwdData_.execute(ctx_.stream(),
+                       {{DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
+                        {DNNL_ARG_WEIGHTS, memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
+                        {DNNL_ARG_DIFF_SRC, memory(xMd_, eng, dx.data())},
+                        {DNNL_ARG_SCRATCHPAD, memory(bwdDataPd_.scratchpad_desc(), eng,
+                                                     ctx_.scratch(bwdDataPd_.scratchpad_desc().get_size()))}});
+    });
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
+    checkShape(x, {p_.n, p_.h, p_.w, p_.c}, "conv2d backward weights", "x");
+    checkDType(x, p_.dtype, "conv2d backward weights", "x");
+    checkShape(dy, {p_.n, p_.outH(), p_.outW(), p_.k}, "conv2d backward weights", "dy");
+    checkDType(dy, p_.dtype, "conv2d backward weights", "dy");
+    checkShape(dWeight, {p_.k, p_.r, p_.s, p_.c}, "conv2d backward weights", "dWeight");
+    checkDType(dWeight, DType::F32, "conv2d backward weights", "dWeight");
+    if (p_.bias) {
+      checkShape(dBias, {p_.k}, "conv2d backward weights", "dBias");
+      checkDType(dBias, DType::F32, "conv2d backward weights", "dBias");
+    }
+    dnnlGuard(p_.str() + " backward weights", [&] {
+      auto& eng = ctx_.engine();
+      auto& s = ctx_.stream();
+      const auto dwMd = bwdWeightsPd_.diff_weights_desc();
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
+          {DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
+          {DNNL_ARG_DIFF_WEIGHTS, memory(dwMd, eng, diffWeight_.data())},
+          {DNNL_ARG_SCRATCHPAD, memory(bwdWeightsPd_.scratchpad_desc(), eng,
+                                       ctx_.scratch(bwdWeightsPd_.scratchpad_desc().get_size()))}};
+      if (p_.bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(biasMd_, eng, diffBias_.data()));
+      bwdWeights_.execute(s, args);
+      memory blocked(dwMd, eng, diffWeight_.data());
+      memory plain(weightF32Md_, eng, dWeight.data());
+      accumulateWeight_.execute(s, blocked, plain);
+      if (p_.bias) {
+        const float* src = diffBias_.ptr<float>();
+        float* dst = dBias.ptr<float>();
+        for (int64_t i = 0; i < p_.k; ++i) dst[i] += src[i];
+      }
+    });
+  }
+
+  std::string implementation() const override { return fwdPd_.impl_info_str(); }
+
+ private:
+  void build() {
+    auto& eng = ctx_.engine();
+    const memory::dims xDims{p_.n, p_.c, p_.h, p_.w};
+    const memory::dims yDims{p_.n, p_.k, p_.outH(), p_.outW()};
+    const memory::dims wDims{p_.k, p_.c, p_.r, p_.s};
+    const memory::dims strides{p_.strideH, p_.strideW};
+    const memory::dims dilates{p_.dilationH - 1, p_.dilationW - 1};
+    const memory::dims padL{p_.padH, p_.padW};
+    const memory::dims padR{farPadding(p_.h, p_.outH(), p_.dilationH * (p_.r - 1) + 1, p_.strideH, p_.padH),
+                            farPadding(p_.w, p_.outW(), p_.dilationW * (p_.s - 1) + 1, p_.strideW, p_.padW)};
+    const dt act = toDnnl(p_.dtype);
+    xMd_ = memory::desc(xDims, act, tag::nhwc);
+    yMd_ = memory::desc(yDims, act, tag::nhwc);
+    weightF32Md_ = memory::desc(wDims, dt::f32, tag::acdb);
+    biasMd_ = memory::desc({p_.k}, dt::f32, tag::x);
+    const memory::desc wAny(wDims, act, tag::any);
+    const memory::desc dwAny(wDims, dt::f32, tag::any);
+
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+
+    auto fwdDesc = p_.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                             dnnl::algorithm::convolution_direct, xMd_, wAny,
+                                                             biasMd_, yMd_, strides, dilates, padL, padR)
+                           : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                             dnnl::algorithm::convolution_direct, xMd_, wAny,
+                                                             yMd_, strides, dilates, padL, padR);
+    fwdPd_ = dnnl::convolution_forward::primitive_desc(fwdDesc, attr, eng);
+    fwd_ = dnnl::convolution_forward(fwdPd_);
+
+    dnnl::convolution_backward_data::desc bwdDataDesc(dnnl::algorithm::convolution_direct, xMd_, wAny, yMd_,
+                                                      strides, dilates, padL, padR);
+    bwdDataPd_ = dnnl::convolution_backward_data::primitive_desc(bwdDataDesc, attr, eng, fwdPd_);
+    bwdData_ = dnnl::convolution_backward_data(bwdDataPd_);
+
+    auto bwdWDesc = p_.bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, xMd_,
+                                                                       dwAny, biasMd_, yMd_, strides, dilates,
+                                                                       padL, padR)
+                            : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, xMd_,
+                                                                       dwAny, yMd_, strides, dilates, padL, padR);
+    bwdWeightsPd_ = dnnl::convolution_backward_weights::primitive_desc(bwdWDesc, attr, eng, fwdPd_);
+    bwdWeights_ = dnnl::convolution_backward_weights(bwdWeightsPd_);
+
+    dnnl::primitive_attr sumAttr;
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    sumAttr.set_post_ops(sum);
+    accumulateWeight_ = dnnl::reorder(
+        dnnl::reorder::primitive_desc(eng, bwdWeightsPd_.diff_weights_desc(), eng, weightF32Md_, sumAttr));
+
+    fwdWeight_ = ctx_.allocateBytes(fwdPd_.weights_desc().get_size());
+    bwdWeight_ = ctx_.allocateBytes(bwdDataPd_.weights_desc().get_size());
+    diffWeight_ = ctx_.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
+    if (p_.bias) diffBias_ = ctx_.allocate({p_.k}, DType::F32);
+  }
+
+  void checkWeight(const Tensor& weight, const char* op) const {
+    checkShape(weight, {p_.k, p_.r, p_.s, p_.c}, op, "weight");
+    RC_CHECK_ARG(weight.dtype() == DType::F32 || weight.dtype() == p_.dtype,
+                 op << ": weight must be f32 or " << dtypeName(p_.dtype) << ", got " << weight.describe());
+  }
+
+  void checkBias(const Tensor& bias, const char* op) const {
+    if (!p_.bias) return;
+    checkShape(bias, {p_.k}, op, "bias");
+    checkDType(bias, DType::F32, op, "bias");
+  }
+
+  // Reorders OHWI weights of either dtype into the layout `target` wants, into `buffer`.
+  void reorderWeight(const Tensor& weight, const memory::desc& target, const Tensor& buffer,
+                     std::map<DType, dnnl::reorder>& cache) {
+    auto& eng = ctx_.engine();
+    const memory::desc plain({p_.k, p_.c, p_.r, p_.s}, toDnnl(weight.dtype()), tag::acdb);
+    auto it = cache.find(weight.dtype());
+    if (it == cache.end()) {
+      it = cache.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target)))
+               .first;
+    }
+    memory src(plain, eng, weight.data());
+    memory dst(target, eng, buffer.data());
+    it->second.execute(ctx_.stream(), src, dst);
+  }
+
+  CpuContext& ctx_;
+  Conv2dParams p_;
+  memory::desc xMd_, yMd_, weightF32Md_, biasMd_;
+  dnnl::convolution_forward::primitive_desc fwdPd_;
+  dnnl::convolution_backward_data::primitive_desc bwdDataPd_;
+  dnnl::convolution_backward_weights::primitive_desc bwdWeightsPd_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data bwdData_;
+  dnnl::convolution_backward_weights bwdWeights_;
+  dnnl::reorder accumulateWeight_;
+  std::map<DType, dnnl::reorder> fwdWeightReorders_, bwdWeightReorders_;
+  Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
+};
+
+}  // namespace
+
+std::unique_ptr<Conv2dPlan> createConv2dPlan(CpuContext& ctx, const Conv2dParams& params) {
+  return std::make_unique<CpuConv2dPlan>(ctx, params);
+}
+
+}  // namespace rc::cpu

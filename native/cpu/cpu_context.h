@@ -1,0 +1,82 @@
+// The CPU backend's shared state: the oneDNN engine and stream, a growable scratchpad shared by
+// all plans (ops run one at a time on the host), and helpers for element access by dtype.
+#pragma once
+
+#include <dnnl.hpp>
+
+#include <memory>
+#include <string>
+
+#include "../core/backend.h"
+#include "../core/error.h"
+
+namespace rc::cpu {
+
+class CpuContext {
+ public:
+  CpuContext();
+  dnnl::engine& engine() { return engine_; }
+  dnnl::stream& stream() { return stream_; }
+  Allocator& allocator() { return *allocator_; }
+  // A scratch buffer of at least `bytes`, valid until the next call.
+  void* scratch(size_t bytes);
+  Tensor allocate(const Shape& shape, DType dtype);
+  Tensor allocateBytes(size_t bytes);
+
+ private:
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::unique_ptr<CachingAllocator> allocator_;
+  Tensor scratch_;
+};
+
+dnnl::memory::data_type toDnnl(DType t);
+std::string isaName();
+
+// Runs `body`, turning oneDNN exceptions into rc::Error naming the op and its shapes.
+template <typename F>
+auto dnnlGuard(const std::string& what, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const dnnl::error& e) {
+    RC_THROW(code::kOneDnn, "oneDNN failed in " << what << ": " << e.what() << " (status " << e.status << ")");
+  }
+}
+
+// Element access by storage type, used by the element-wise kernels.
+struct Bf16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+inline float toF(float v) { return v; }
+inline float toF(Bf16 v) { return bf16ToFloat(v.bits); }
+inline float toF(Half v) { return halfToFloat(v.bits); }
+template <typename T>
+inline T fromF(float v);
+template <>
+inline float fromF<float>(float v) { return v; }
+template <>
+inline Bf16 fromF<Bf16>(float v) { return Bf16{floatToBf16(v)}; }
+template <>
+inline Half fromF<Half>(float v) { return Half{floatToHalf(v)}; }
+
+// Calls body.template operator()<T>() with T the storage type of a floating dtype.
+template <typename Body>
+void dispatchFloat(DType dtype, const char* op, Body&& body) {
+  switch (dtype) {
+    case DType::F32: body(float{}); return;
+    case DType::BF16: body(Bf16{}); return;
+    case DType::F16: body(Half{}); return;
+    default: RC_THROW(code::kInvalidArgument, op << ": unsupported dtype " << dtypeName(dtype));
+  }
+}
+
+// Padding on the far side that makes oneDNN produce PyTorch's floor-mode output size.
+inline int64_t farPadding(int64_t in, int64_t out, int64_t kernelExtent, int64_t stride, int64_t padNear) {
+  const int64_t pad = (out - 1) * stride + kernelExtent - in - padNear;
+  return pad < 0 ? 0 : pad;
+}
+
+}  // namespace rc::cpu

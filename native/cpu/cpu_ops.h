@@ -1,0 +1,23 @@
+// CPU op entry points: plans on oneDNN, element-wise and reduction kernels of our own (OpenMP).
+#pragma once
+
+#include "cpu_context.h"
+
+namespace rc::cpu {
+
+std::unique_ptr<Conv2dPlan> createConv2dPlan(CpuContext& ctx, const Conv2dParams& params);
+std::unique_ptr<LinearPlan> createLinearPlan(CpuContext& ctx, const LinearParams& params);
+std::unique_ptr<Pool2dPlan> createPool2dPlan(CpuContext& ctx, const Pool2dParams& params);
+
+void batchNormForward(const BatchNormForwardArgs& args);
+void batchNormBackward(const BatchNormBackwardArgs& args);
+void relu(const Tensor& x, const Tensor& y);
+void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+void cast(const Tensor& src, const Tensor& dst);
+void fill(const Tensor& t, double value);
+void crossEntropy(const CrossEntropyArgs& args);
+void sgdStep(const SgdArgs& args);
+void convertInput(const ConvertInputArgs& args);
+
+}  // namespace rc::cpu

@@ -1,0 +1,135 @@
+// Element-wise kernels: relu and its gradient, add, dtype casts, fill, and the input conversion
+// (u8 NHWC -> normalised float with optional horizontal flip).
+#include <cmath>
+#include <cstring>
+
+#include "cpu_ops.h"
+
+namespace rc::cpu {
+
+void relu(const Tensor& x, const Tensor& y) {
+  validateSameLayout(x, y, "relu");
+  dispatchFloat(x.dtype(), "relu", [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = x.ptr<T>();
+    T* dst = y.ptr<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = toF(src[i]);
+      dst[i] = fromF<T>(v > 0.0f ? v : 0.0f);
+    }
+  });
+}
+
+void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  validateSameLayout(y, dy, "relu backward");
+  validateSameLayout(y, dx, "relu backward");
+  dispatchFloat(y.dtype(), "relu backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* out = y.ptr<T>();
+    const T* g = dy.ptr<T>();
+    T* dst = dx.ptr<T>();
+    const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) dst[i] = toF(out[i]) > 0.0f ? g[i] : fromF<T>(0.0f);
+  });
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  validateSameLayout(a, b, "add");
+  validateSameLayout(a, out, "add");
+  dispatchFloat(a.dtype(), "add", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = a.ptr<T>();
+    const T* pb = b.ptr<T>();
+    T* po = out.ptr<T>();
+    const int64_t n = a.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) po[i] = fromF<T>(toF(pa[i]) + toF(pb[i]));
+  });
+}
+
+void cast(const Tensor& src, const Tensor& dst) {
+  checkDefined(src, "cast", "src");
+  checkDefined(dst, "cast", "dst");
+  RC_CHECK_ARG(src.shape() == dst.shape(), "cast: shapes differ: " << src.describe() << " and " << dst.describe());
+  if (src.dtype() == dst.dtype()) {
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+  dispatchFloat(src.dtype(), "cast", [&](auto srcTag) {
+    dispatchFloat(dst.dtype(), "cast", [&](auto dstTag) {
+      using S = decltype(srcTag);
+      using D = decltype(dstTag);
+      const S* s = src.ptr<S>();
+      D* d = dst.ptr<D>();
+      const int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) d[i] = fromF<D>(toF(s[i]));
+    });
+  });
+}
+
+void fill(const Tensor& t, double value) {
+  checkDefined(t, "fill", "tensor");
+  const int64_t n = t.numel();
+  if (value == 0.0) {
+    std::memset(t.data(), 0, t.nbytes());
+    return;
+  }
+  switch (t.dtype()) {
+    case DType::I32: {
+      int32_t* p = t.ptr<int32_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value);
+      return;
+    }
+    case DType::I64: {
+      int64_t* p = t.ptr<int64_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int64_t>(value);
+      return;
+    }
+    case DType::U8: {
+      std::memset(t.data(), static_cast<int>(value) & 0xff, t.nbytes());
+      return;
+    }
+    default:
+      dispatchFloat(t.dtype(), "fill", [&](auto tag) {
+        using T = decltype(tag);
+        T* p = t.ptr<T>();
+        const T v = fromF<T>(static_cast<float>(value));
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) p[i] = v;
+      });
+  }
+}
+
+void convertInput(const ConvertInputArgs& args) {
+  validateConvertInput(args);
+  const int64_t n = args.src.dim(0), h = args.src.dim(1), w = args.src.dim(2), c = args.src.dim(3);
+  std::vector<float> scale(c), shift(c);
+  for (int64_t k = 0; k < c; ++k) {
+    scale[k] = 1.0f / (255.0f * args.std[k]);
+    shift[k] = -args.mean[k] / args.std[k];
+  }
+  const uint8_t* flip = args.flip.defined() ? args.flip.ptr<uint8_t>() : nullptr;
+  dispatchFloat(args.dst.dtype(), "convert input", [&](auto tag) {
+    using T = decltype(tag);
+    const uint8_t* src = args.src.ptr<uint8_t>();
+    T* dst = args.dst.ptr<T>();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t y = 0; y < h; ++y) {
+        const bool mirrored = flip && flip[i];
+        const uint8_t* srcRow = src + ((i * h + y) * w) * c;
+        T* dstRow = dst + ((i * h + y) * w) * c;
+        for (int64_t x = 0; x < w; ++x) {
+          const uint8_t* px = srcRow + (mirrored ? w - 1 - x : x) * c;
+          for (int64_t k = 0; k < c; ++k) dstRow[x * c + k] = fromF<T>(px[k] * scale[k] + shift[k]);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace rc::cpu

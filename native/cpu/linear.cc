@@ -1,0 +1,179 @@
+// linear on oneDNN's inner product: y = x W^T + b with W as [out, in] (torchvision's layout).
+#include <map>
+
+#include "cpu_ops.h"
+
+namespace rc::cpu {
+
+namespace {
+
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+using dnnl::memory;
+
+class CpuLinearPlan final : public LinearPlan {
+ public:
+  CpuLinearPlan(CpuContext& ctx, const LinearParams& p) : ctx_(ctx), p_(p) {
+    RC_CHECK_ARG(p.n > 0 && p.in > 0 && p.out > 0, "linear: all sizes must be positive: " << p.str());
+    RC_CHECK_ARG(isFloating(p.dtype), "linear: dtype must be floating point, got " << dtypeName(p.dtype));
+    dnnlGuard(p.str(), [&] { build(); });
+  }
+
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
+    const char* op = "linear forward";
+    checkActivation(x, p_.in, op, "x");
+    checkActivation(y, p_.out, op, "y");
+    checkWeight(weight, op);
+    if (p_.bias) {
+      checkShape(bias, {p_.out}, op, "bias");
+      checkDType(bias, DType::F32, op, "bias");
+    }
+    dnnlGuard(p_.str() + " forward", [&] {
+      auto& eng = ctx_.engine();
+      reorderWeight(weight, fwdPd_.weights_desc(), fwdWeight_, fwdReorders_);
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
+          {DNNL_ARG_WEIGHTS, memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
+          {DNNL_ARG_DST, memory(yMd_, eng, y.data())},
+          {DNNL_ARG_SCRATCHPAD,
+           memory(fwdPd_.scratchpad_desc(), eng, ctx_.scratch(fwdPd_.scratchpad_desc().get_size()))}};
+      if (p_.bias) args.emplace(DNNL_ARG_BIAS, memory(biasMd_, eng, bias.data()));
+      fwd_.execute(ctx_.stream(), args);
+    });
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    const char* op = "linear backward data";
+    checkActivation(dy, p_.out, op, "dy");
+    checkActivation(dx, p_.in, op, "dx");
+    checkWeight(weight, op);
+    dnnlGuard(p_.str() + " backward data", [&] {
+      auto& eng = ctx_.engine();
+      reorderWeight(weight, bwdDataPd_.weights_desc(), bwdWeight_, bwdReorders_);
+      bwdData_.execute(ctx_.stream(),
+                       {{DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
+                        {DNNL_ARG_WEIGHTS, memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
+                        {DNNL_ARG_DIFF_SRC, memory(xMd_, eng, dx.data())},
+                        {DNNL_ARG_SCRATCHPAD, memory(bwdDataPd_.scratchpad_desc(), eng,
+                                                     ctx_.scratch(bwdDataPd_.scratchpad_desc().get_size()))}});
+    });
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
+    const char* op = "linear backward weights";
+    checkActivation(x, p_.in, op, "x");
+    checkActivation(dy, p_.out, op, "dy");
+    checkShape(dWeight, {p_.out, p_.in}, op, "dWeight");
+    checkDType(dWeight, DType::F32, op, "dWeight");
+    if (p_.bias) {
+      checkShape(dBias, {p_.out}, op, "dBias");
+      checkDType(dBias, DType::F32, op, "dBias");
+    }
+    dnnlGuard(p_.str() + " backward weights", [&] {
+      auto& eng = ctx_.engine();
+      auto& s = ctx_.stream();
+      const auto dwMd = bwdWeightsPd_.diff_weights_desc();
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
+          {DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
+          {DNNL_ARG_DIFF_WEIGHTS, memory(dwMd, eng, diffWeight_.data())},
+          {DNNL_ARG_SCRATCHPAD, memory(bwdWeightsPd_.scratchpad_desc(), eng,
+                                       ctx_.scratch(bwdWeightsPd_.scratchpad_desc().get_size()))}};
+      if (p_.bias) args.emplace(DNNL_ARG_DIFF_BIAS, memory(biasMd_, eng, diffBias_.data()));
+      bwdWeights_.execute(s, args);
+      memory blocked(dwMd, eng, diffWeight_.data());
+      memory plain(weightF32Md_, eng, dWeight.data());
+      accumulateWeight_.execute(s, blocked, plain);
+      if (p_.bias) {
+        const float* src = diffBias_.ptr<float>();
+        float* dst = dBias.ptr<float>();
+        for (int64_t i = 0; i < p_.out; ++i) dst[i] += src[i];
+      }
+    });
+  }
+
+ private:
+  void build() {
+    auto& eng = ctx_.engine();
+    const dt act = toDnnl(p_.dtype);
+    xMd_ = memory::desc({p_.n, p_.in}, act, tag::nc);
+    yMd_ = memory::desc({p_.n, p_.out}, act, tag::nc);
+    weightF32Md_ = memory::desc({p_.out, p_.in}, dt::f32, tag::oi);
+    biasMd_ = memory::desc({p_.out}, dt::f32, tag::x);
+    const memory::desc wAny({p_.out, p_.in}, act, tag::any);
+    const memory::desc dwAny({p_.out, p_.in}, dt::f32, tag::any);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+
+    auto fwdDesc = p_.bias ? dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, xMd_, wAny,
+                                                               biasMd_, yMd_)
+                           : dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_training, xMd_, wAny, yMd_);
+    fwdPd_ = dnnl::inner_product_forward::primitive_desc(fwdDesc, attr, eng);
+    fwd_ = dnnl::inner_product_forward(fwdPd_);
+    dnnl::inner_product_backward_data::desc bwdDataDesc(xMd_, wAny, yMd_);
+    bwdDataPd_ = dnnl::inner_product_backward_data::primitive_desc(bwdDataDesc, attr, eng, fwdPd_);
+    bwdData_ = dnnl::inner_product_backward_data(bwdDataPd_);
+    auto bwdWDesc = p_.bias ? dnnl::inner_product_backward_weights::desc(xMd_, dwAny, biasMd_, yMd_)
+                            : dnnl::inner_product_backward_weights::desc(xMd_, dwAny, yMd_);
+    bwdWeightsPd_ = dnnl::inner_product_backward_weights::primitive_desc(bwdWDesc, attr, eng, fwdPd_);
+    bwdWeights_ = dnnl::inner_product_backward_weights(bwdWeightsPd_);
+
+    dnnl::primitive_attr sumAttr;
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    sumAttr.set_post_ops(sum);
+    accumulateWeight_ = dnnl::reorder(
+        dnnl::reorder::primitive_desc(eng, bwdWeightsPd_.diff_weights_desc(), eng, weightF32Md_, sumAttr));
+
+    fwdWeight_ = ctx_.allocateBytes(fwdPd_.weights_desc().get_size());
+    bwdWeight_ = ctx_.allocateBytes(bwdDataPd_.weights_desc().get_size());
+    diffWeight_ = ctx_.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
+    if (p_.bias) diffBias_ = ctx_.allocate({p_.out}, DType::F32);
+  }
+
+  void checkActivation(const Tensor& t, int64_t features, const char* op, const char* what) const {
+    checkShape(t, {p_.n, features}, op, what);
+    checkDType(t, p_.dtype, op, what);
+  }
+
+  void checkWeight(const Tensor& weight, const char* op) const {
+    checkShape(weight, {p_.out, p_.in}, op, "weight");
+    RC_CHECK_ARG(weight.dtype() == DType::F32 || weight.dtype() == p_.dtype,
+                 op << ": weight must be f32 or " << dtypeName(p_.dtype) << ", got " << weight.describe());
+  }
+
+  void reorderWeight(const Tensor& weight, const memory::desc& target, const Tensor& buffer,
+                     std::map<DType, dnnl::reorder>& cache) {
+    auto& eng = ctx_.engine();
+    const memory::desc plain({p_.out, p_.in}, toDnnl(weight.dtype()), tag::oi);
+    auto it = cache.find(weight.dtype());
+    if (it == cache.end()) {
+      it = cache.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target)))
+               .first;
+    }
+    memory src(plain, eng, weight.data());
+    memory dst(target, eng, buffer.data());
+    it->second.execute(ctx_.stream(), src, dst);
+  }
+
+  CpuContext& ctx_;
+  LinearParams p_;
+  memory::desc xMd_, yMd_, weightF32Md_, biasMd_;
+  dnnl::inner_product_forward::primitive_desc fwdPd_;
+  dnnl::inner_product_backward_data::primitive_desc bwdDataPd_;
+  dnnl::inner_product_backward_weights::primitive_desc bwdWeightsPd_;
+  dnnl::inner_product_forward fwd_;
+  dnnl::inner_product_backward_data bwdData_;
+  dnnl::inner_product_backward_weights bwdWeights_;
+  dnnl::reorder accumulateWeight_;
+  std::map<DType, dnnl::reorder> fwdReorders_, bwdReorders_;
+  Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
+};
+
+}  // namespace
+
+std::unique_ptr<LinearPlan> createLinearPlan(CpuContext& ctx, const LinearParams& params) {
+  return std::make_unique<CpuLinearPlan>(ctx, params);
+}
+
+}  // namespace rc::cpu

@@ -1,0 +1,13 @@
+#pragma once
+
+#include <napi.h>
+
+namespace rc::napi {
+
+struct AddonData {
+  Napi::FunctionReference tensorConstructor;
+};
+
+inline AddonData& addonData(Napi::Env env) { return *env.GetInstanceData<AddonData>(); }
+
+}  // namespace rc::napi

@@ -1,0 +1,51 @@
+#pragma once
+
+#include <napi.h>
+
+#include <memory>
+
+#include "../core/backend.h"
+
+namespace rc::napi {
+
+class Conv2dPlanWrap : public Napi::ObjectWrap<Conv2dPlanWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env);
+  explicit Conv2dPlanWrap(const Napi::CallbackInfo& info);
+
+ private:
+  Napi::Value Forward(const Napi::CallbackInfo& info);
+  Napi::Value BackwardData(const Napi::CallbackInfo& info);
+  Napi::Value BackwardWeights(const Napi::CallbackInfo& info);
+  Napi::Value Implementation(const Napi::CallbackInfo& info);
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+  std::unique_ptr<Conv2dPlan> plan_;
+};
+
+class LinearPlanWrap : public Napi::ObjectWrap<LinearPlanWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env);
+  explicit LinearPlanWrap(const Napi::CallbackInfo& info);
+
+ private:
+  Napi::Value Forward(const Napi::CallbackInfo& info);
+  Napi::Value BackwardData(const Napi::CallbackInfo& info);
+  Napi::Value BackwardWeights(const Napi::CallbackInfo& info);
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+  std::unique_ptr<LinearPlan> plan_;
+};
+
+class Pool2dPlanWrap : public Napi::ObjectWrap<Pool2dPlanWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env);
+  explicit Pool2dPlanWrap(const Napi::CallbackInfo& info);
+
+ private:
+  Napi::Value Forward(const Napi::CallbackInfo& info);
+  Napi::Value Backward(const Napi::CallbackInfo& info);
+  Napi::Value WorkspaceBytes(const Napi::CallbackInfo& info);
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+  std::unique_ptr<Pool2dPlan> plan_;
+};
+
+}  // namespace rc::napi
