@@ -1,0 +1,243 @@
+/**
+ * The raw native addon, typed, and its loader. Everything here mirrors `native/napi/` one to one;
+ * the public API in the rest of `lib/` validates arguments before they reach these calls.
+ * @packageDocumentation
+ */
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** Element types known to the native layer. */
+export type DTypeName = 'f32' | 'bf16' | 'f16' | 'i32' | 'i64' | 'u8';
+
+/** A tensor in native memory (host memory for `cpu`, device memory for `cuda:N`). */
+export interface RawTensor {
+  readonly shape: number[];
+  readonly dtype: DTypeName;
+  readonly device: string;
+  readonly nbytes: number;
+  readonly disposed: boolean;
+  view(options: { offset: number; shape: number[] }): RawTensor;
+  reshape(options: { shape: number[] }): RawTensor;
+  copyFromHost(data: ArrayBufferView | ArrayBuffer): void;
+  copyToHost(data: ArrayBufferView | ArrayBuffer): void;
+  copyFrom(src: RawTensor): void;
+  sharesStorage(other: RawTensor): boolean;
+  dispose(): void;
+}
+
+export interface RawConv2dOptions {
+  device: string;
+  dtype: DTypeName;
+  n: number;
+  h: number;
+  w: number;
+  c: number;
+  k: number;
+  r: number;
+  s: number;
+  strideH?: number;
+  strideW?: number;
+  padH?: number;
+  padW?: number;
+  dilationH?: number;
+  dilationW?: number;
+  bias?: boolean;
+}
+
+export interface RawConv2dPlan {
+  forward(args: { x: RawTensor; weight: RawTensor; bias?: RawTensor; y: RawTensor }): void;
+  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor }): void;
+  backwardWeights(args: { x: RawTensor; dy: RawTensor; dWeight: RawTensor; dBias?: RawTensor }): void;
+  implementation(): string;
+  dispose(): void;
+}
+
+export interface RawLinearOptions {
+  device: string;
+  dtype: DTypeName;
+  n: number;
+  in: number;
+  out: number;
+  bias?: boolean;
+}
+
+export interface RawLinearPlan {
+  forward(args: { x: RawTensor; weight: RawTensor; bias?: RawTensor; y: RawTensor }): void;
+  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor }): void;
+  backwardWeights(args: { x: RawTensor; dy: RawTensor; dWeight: RawTensor; dBias?: RawTensor }): void;
+  dispose(): void;
+}
+
+export interface RawPool2dOptions {
+  device: string;
+  dtype: DTypeName;
+  kind: 'max' | 'avg';
+  n: number;
+  h: number;
+  w: number;
+  c: number;
+  kernelH: number;
+  kernelW: number;
+  strideH?: number;
+  strideW?: number;
+  padH?: number;
+  padW?: number;
+}
+
+export interface RawPool2dPlan {
+  workspaceBytes(): number;
+  forward(args: { x: RawTensor; y: RawTensor; workspace?: RawTensor }): void;
+  backward(args: { dy: RawTensor; dx: RawTensor; workspace?: RawTensor }): void;
+  dispose(): void;
+}
+
+export interface RawSgdGroup {
+  lr: number;
+  momentum?: number;
+  dampening?: number;
+  weightDecay?: number;
+  nesterov?: boolean;
+}
+
+export interface RawMemoryStats {
+  allocatedBytes: number;
+  reservedBytes: number;
+  peakAllocatedBytes: number;
+  allocationCount: number;
+  systemAllocationCount: number;
+}
+
+/** What `listBackends()` reports for each backend. */
+export interface BackendStatus {
+  /** `cpu` or `cuda`. */
+  name: string;
+  /** Whether this binary includes the backend. */
+  built: boolean;
+  /** Whether it can be used now. */
+  available: boolean;
+  /** Number of usable devices. */
+  deviceCount: number;
+  /** Why it is not available, when it is not. */
+  reason?: string;
+  /** The device's name, when available. */
+  device?: string;
+  /** Library versions and capabilities, when available (e.g. `onednn`, `isa`, `threads`). */
+  properties?: Record<string, string>;
+}
+
+export interface RawAddon {
+  version: string;
+  NativeTensor: new (options: { shape: number[]; dtype: DTypeName; device: string }) => RawTensor;
+  Conv2dPlan: new (options: RawConv2dOptions) => RawConv2dPlan;
+  LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
+  Pool2dPlan: new (options: RawPool2dOptions) => RawPool2dPlan;
+  batchNormForward(args: {
+    x: RawTensor;
+    gamma: RawTensor;
+    beta: RawTensor;
+    residual?: RawTensor;
+    y: RawTensor;
+    runningMean: RawTensor;
+    runningVar: RawTensor;
+    saveMean?: RawTensor;
+    saveInvStd?: RawTensor;
+    training: boolean;
+    relu?: boolean;
+    momentum?: number;
+    eps?: number;
+  }): void;
+  batchNormBackward(args: {
+    x: RawTensor;
+    y?: RawTensor;
+    dy: RawTensor;
+    gamma: RawTensor;
+    saveMean: RawTensor;
+    saveInvStd: RawTensor;
+    dx: RawTensor;
+    dGamma: RawTensor;
+    dBeta: RawTensor;
+    dResidual?: RawTensor;
+    relu?: boolean;
+  }): void;
+  relu(args: { x: RawTensor; y: RawTensor }): void;
+  reluBackward(args: { y: RawTensor; dy: RawTensor; dx: RawTensor }): void;
+  add(args: { a: RawTensor; b: RawTensor; out: RawTensor }): void;
+  cast(args: { src: RawTensor; dst: RawTensor }): void;
+  fill(args: { tensor: RawTensor; value: number }): void;
+  crossEntropy(args: {
+    logits: RawTensor;
+    labels: RawTensor;
+    loss: RawTensor;
+    dLogits?: RawTensor;
+    labelSmoothing?: number;
+    gradScale?: number;
+  }): void;
+  sgdStep(args: {
+    params: RawTensor;
+    grads: RawTensor;
+    momentumBuffer?: RawTensor;
+    groups: RawSgdGroup[];
+    segments: Int32Array;
+    firstStep?: boolean;
+    foundInf?: RawTensor;
+    gradScaleInv?: number;
+  }): void;
+  convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
+  synchronize(args: { device: string }): void;
+  memoryStats(args: { device: string }): RawMemoryStats;
+  resetPeakMemory(args: { device: string }): void;
+  emptyCache(args: { device: string }): void;
+  listBackends(): BackendStatus[];
+}
+
+/** The package root: the nearest folder above this file that holds `package.json`. */
+export function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'CMakeLists.txt'))) return dir;
+    if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'prebuilds'))) return dir;
+    const parent = dirname(dir);
+    if (parent === dir) throw new Error('resnet-cuda: cannot find the package root above ' + fileURLToPath(import.meta.url));
+    dir = parent;
+  }
+}
+
+function explainLoadFailure(error: unknown, root: string): Error {
+  const message = error instanceof Error ? error.message : String(error);
+  const hints: string[] = [];
+  const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message);
+  if (missing && missing[1]?.startsWith('libdnnl')) {
+    hints.push(`The CPU backend needs oneDNN 2.6 (${missing[1]}): on Debian/Ubuntu, \`apt-get install libdnnl2\`.`);
+  } else if (missing && missing[1]?.startsWith('libgomp')) {
+    hints.push(`OpenMP's runtime (${missing[1]}) is missing: \`apt-get install libgomp1\`.`);
+  } else if (missing) {
+    hints.push(`A shared library the addon needs is missing: ${missing[1]}.`);
+  }
+  if (/No native build was found/.test(message)) {
+    hints.push(
+      `No prebuilt binary matches ${process.platform}-${process.arch} (Node ${process.versions.node}) and no local build exists in ${join(root, 'build/Release')}.`,
+      'Build from source with `npm run build:native` (needs CMake, a C++17 compiler and `libdnnl-dev`; `scripts/setup` installs them).',
+    );
+  }
+  const err = new Error(`resnet-cuda: the native addon failed to load.\n${message}${hints.length ? '\n' + hints.join('\n') : ''}`);
+  (err as Error & { code: string }).code = 'ERR_RC_ADDON_LOAD';
+  return err;
+}
+
+let cached: RawAddon | undefined;
+
+/** Loads the native addon once (a local build wins over a prebuilt binary) and returns it. */
+export function addon(): RawAddon {
+  if (cached) return cached;
+  const require = createRequire(import.meta.url);
+  const root = packageRoot();
+  try {
+    const load = require('node-gyp-build') as (dir: string) => unknown;
+    cached = load(root) as RawAddon;
+  } catch (error) {
+    throw explainLoadFailure(error, root);
+  }
+  return cached;
+}

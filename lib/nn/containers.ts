@@ -1,0 +1,118 @@
+/**
+ * Containers: a chain of named children, and a residual block. Their backward is derived from
+ * their children's.
+ * @packageDocumentation
+ */
+import { addon } from '../binding.js';
+import { ResnetError, invalid } from '../errors.js';
+import { Tensor, expectTensor } from '../tensor.js';
+import { BatchNorm2d } from './layers.js';
+import { Module, ShapeCache } from './module.js';
+
+/** Runs named children in order; backward runs them in reverse. */
+export class Chain extends Module {
+  readonly #sequence: Module[] = [];
+
+  /** @param entries - `[name, module]` pairs; names become state-dict prefixes. */
+  constructor(entries: readonly (readonly [string, Module])[]) {
+    super();
+    if (!Array.isArray(entries)) invalid('entries', 'an array of [name, module] pairs', entries);
+    for (const entry of entries) {
+      if (!Array.isArray(entry) || typeof entry[0] !== 'string' || !(entry[1] instanceof Module)) {
+        invalid('entries', 'an array of [name, module] pairs', entry);
+      }
+      this.#sequence.push(this.registerModule(entry[0], entry[1]));
+    }
+  }
+
+  /** The children in execution order. */
+  get modules(): readonly Module[] {
+    return this.#sequence;
+  }
+
+  override forward(x: Tensor): Tensor {
+    this.prepare(x, this.constructor.name);
+    let h = x;
+    for (const m of this.#sequence) h = m.forward(h);
+    return h;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    let g: Tensor | null = gradOutput;
+    const n = this.#sequence.length;
+    for (let i = n - 1; i >= 0; i--) {
+      const m = this.#sequence[i]!;
+      m.requiresInputGrad = i > 0 || this.requiresInputGrad;
+      g = m.backward(g!);
+    }
+    return n === 0 && !this.requiresInputGrad ? null : g;
+  }
+}
+
+/** `torch.nn.Sequential`: children named `0`, `1`, ... */
+export class Sequential extends Chain {
+  constructor(...modules: Module[]) {
+    modules.forEach((m, i) => {
+      if (!(m instanceof Module)) invalid(`Sequential argument ${i}`, 'a Module', m);
+    });
+    super(modules.map((m, i) => [String(i), m] as const));
+  }
+}
+
+/**
+ * A residual block: `y = relu(main(x) + shortcut(x))`, where `main` ends in a BatchNorm2d that
+ * performs the add and the ReLU in its own pass (create it with `relu: true`). Without a shortcut
+ * the identity is added. The children are registered under their own names (torchvision's
+ * `conv1`, `bn1`, ..., `downsample`).
+ */
+export class Residual extends Module {
+  readonly #main: Module[] = [];
+  readonly #last: BatchNorm2d;
+  readonly #shortcut: Module | null;
+  readonly #sums = new ShapeCache<Tensor>();
+  #input: Tensor | null = null;
+
+  constructor(main: readonly (readonly [string, Module])[], shortcut: readonly [string, Module] | null = null) {
+    super();
+    if (!Array.isArray(main) || main.length === 0) invalid('main', 'a non-empty array of [name, module] pairs', main);
+    for (const [name, m] of main) this.#main.push(this.registerModule(name, m));
+    const last = this.#main[this.#main.length - 1];
+    if (!(last instanceof BatchNorm2d)) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'Residual: the main branch must end in a BatchNorm2d, which fuses the residual add (and ReLU)');
+    }
+    this.#last = last;
+    this.#shortcut = shortcut ? this.registerModule(shortcut[0], shortcut[1]) : null;
+  }
+
+  override forward(x: Tensor): Tensor {
+    this.prepare(x, this.constructor.name);
+    const identity = this.#shortcut ? this.#shortcut.forward(x) : x;
+    let h = x;
+    for (let i = 0; i < this.#main.length - 1; i++) h = this.#main[i]!.forward(h);
+    expectTensor(`${this.constructor.name} shortcut output`, identity, { shape: h.shape, dtype: h.dtype });
+    this.#input = x;
+    return this.#last.forward(h, identity);
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    if (!this.#input) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name}.backward() was called before forward()`);
+    let g: Tensor | null = this.#last.backward(gradOutput);
+    const dIdentity = this.#last.residualGrad!;
+    for (let i = this.#main.length - 2; i >= 0; i--) {
+      const m = this.#main[i]!;
+      m.requiresInputGrad = i > 0 || this.requiresInputGrad;
+      g = m.backward(g!);
+    }
+    if (this.#shortcut) this.#shortcut.requiresInputGrad = this.requiresInputGrad;
+    const dShortcut = this.#shortcut ? this.#shortcut.backward(dIdentity) : dIdentity;
+    if (!this.requiresInputGrad) return null;
+    const sum = this.#sums.get(this.#input, () => Tensor.empty(this.#input!.shape, { dtype: this.#input!.dtype, device: this.#input!.device }));
+    addon().add({ a: g!.raw, b: dShortcut!.raw, out: sum.raw });
+    return sum;
+  }
+
+  protected override disposeCache(): void {
+    this.#sums.clear();
+    this.#input = null;
+  }
+}

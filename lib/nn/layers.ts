@@ -1,0 +1,497 @@
+/**
+ * The layers of the ResNet family: Conv2d, BatchNorm2d (with fused residual add and ReLU), ReLU,
+ * MaxPool2d, AdaptiveAvgPool2d, Flatten and Linear. Activations are NHWC.
+ * @packageDocumentation
+ */
+import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan } from '../binding.js';
+import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, expectPair, mismatch } from '../errors.js';
+import { Random } from '../random.js';
+import { Tensor, expectTensor } from '../tensor.js';
+import { FLOAT_DTYPES, Module, ShapeCache, disposeAll } from './module.js';
+import { Parameter } from './parameter.js';
+
+function uniform(n: number, bound: number, rng: Random): Float32Array {
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = rng.uniform(-bound, bound);
+  return out;
+}
+
+function backwardBeforeForward(name: string): never {
+  throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${name}.backward() was called before forward()`);
+}
+
+/** Options of {@link Conv2d}, as in `torch.nn.Conv2d`. */
+export interface Conv2dOptions {
+  inChannels: number;
+  outChannels: number;
+  kernelSize: number | [number, number];
+  stride?: number | [number, number];
+  padding?: number | [number, number];
+  dilation?: number | [number, number];
+  /** Default false (ResNets use none; PyTorch's default is true). */
+  bias?: boolean;
+  /** Seed of the initialisation. */
+  seed?: number;
+}
+
+interface ConvEntry {
+  plan: RawConv2dPlan;
+  y: Tensor;
+  dx: Tensor | null;
+  dispose(): void;
+}
+
+/**
+ * 2-D convolution over NHWC input `[N, H, W, inChannels]`. The weight is stored `[out, kh, kw, in]`
+ * and appears in state dicts as torchvision's `[out, in, kh, kw]`. Initialised as PyTorch does
+ * (`kaiming_uniform_(a=sqrt(5))`).
+ */
+export class Conv2d extends Module {
+  readonly inChannels: number;
+  readonly outChannels: number;
+  readonly kernelSize: [number, number];
+  readonly stride: [number, number];
+  readonly padding: [number, number];
+  readonly dilation: [number, number];
+  readonly weight: Parameter;
+  readonly bias: Parameter | null;
+  readonly #cache = new ShapeCache<ConvEntry>();
+  #input: Tensor | null = null;
+  #entry: ConvEntry | null = null;
+
+  constructor(options: Conv2dOptions) {
+    super();
+    const o = expectOptions<Conv2dOptions>('Conv2d options', options, ['inChannels', 'outChannels', 'kernelSize', 'stride', 'padding', 'dilation', 'bias', 'seed']);
+    this.inChannels = expectInt('inChannels', o.inChannels, 1);
+    this.outChannels = expectInt('outChannels', o.outChannels, 1);
+    this.kernelSize = expectPair('kernelSize', o.kernelSize, 1);
+    this.stride = expectPair('stride', o.stride ?? 1, 1);
+    this.padding = expectPair('padding', o.padding ?? 0, 0);
+    this.dilation = expectPair('dilation', o.dilation ?? 1, 1);
+    const rng = new Random(o.seed);
+    const [kh, kw] = this.kernelSize;
+    const fanIn = this.inChannels * kh * kw;
+    const bound = 1 / Math.sqrt(fanIn);
+    const shape = [this.outChannels, kh, kw, this.inChannels];
+    this.weight = this.registerParameter('weight', new Parameter(shape, uniform(this.outChannels * fanIn, bound, rng), 'ohwi', 'weight'));
+    this.bias = expectBool('bias', o.bias ?? false)
+      ? this.registerParameter('bias', new Parameter([this.outChannels], uniform(this.outChannels, bound, rng), 'plain', 'bias'))
+      : null;
+  }
+
+  /** The output shape for an NHWC input shape. */
+  outputShape(input: readonly number[]): number[] {
+    const [n, h, w] = input as [number, number, number];
+    const oh = Math.floor((h + 2 * this.padding[0] - this.dilation[0] * (this.kernelSize[0] - 1) - 1) / this.stride[0]) + 1;
+    const ow = Math.floor((w + 2 * this.padding[1] - this.dilation[1] * (this.kernelSize[1] - 1) - 1) / this.stride[1]) + 1;
+    return [n, oh, ow, this.outChannels];
+  }
+
+  override forward(x: Tensor): Tensor {
+    this.prepare(x, 'Conv2d');
+    expectTensor('Conv2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
+    if (x.shape[3] !== this.inChannels) {
+      mismatch('Conv2d input', `an NHWC tensor with ${this.inChannels} channels (last dimension)`, `shape [${x.shape.join(', ')}]`);
+    }
+    const out = this.outputShape(x.shape);
+    if (out[1]! <= 0 || out[2]! <= 0) mismatch('Conv2d input', 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
+    const entry = this.#cache.get(x, () => {
+      const [n, h, w, c] = x.shape as [number, number, number, number];
+      const plan = new (addon().Conv2dPlan)({
+        device: x.device, dtype: x.dtype, n, h, w, c, k: this.outChannels, r: this.kernelSize[0], s: this.kernelSize[1],
+        strideH: this.stride[0], strideW: this.stride[1], padH: this.padding[0], padW: this.padding[1],
+        dilationH: this.dilation[0], dilationW: this.dilation[1], bias: this.bias !== null,
+      });
+      const e: ConvEntry = { plan, y: Tensor.empty(out, { dtype: x.dtype, device: x.device }), dx: null, dispose: () => disposeAll(plan, e.y, e.dx) };
+      return e;
+    });
+    entry.plan.forward({ x: x.raw, weight: this.weight.data.raw, ...(this.bias ? { bias: this.bias.data.raw } : {}), y: entry.y.raw });
+    this.#input = x;
+    this.#entry = entry;
+    return entry.y;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    const e = this.#entry;
+    const x = this.#input;
+    if (!e || !x) return backwardBeforeForward('Conv2d');
+    expectTensor('Conv2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+    if (this.weight.requiresGrad) {
+      e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: this.weight.grad.raw, ...(this.bias ? { dBias: this.bias.grad.raw } : {}) });
+    }
+    if (!this.requiresInputGrad) return null;
+    e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+    e.plan.backwardData({ dy: gradOutput.raw, weight: this.weight.data.raw, dx: e.dx.raw });
+    return e.dx;
+  }
+
+  /** The implementation oneDNN/cuDNN chose for the last input shape (for logs and benchmarks). */
+  implementation(): string {
+    return this.#entry?.plan.implementation() ?? 'not yet planned';
+  }
+
+  protected override disposeCache(): void {
+    this.#cache.clear();
+    this.#entry = null;
+    this.#input = null;
+  }
+}
+
+/** Options of {@link BatchNorm2d}. */
+export interface BatchNorm2dOptions {
+  numFeatures: number;
+  eps?: number;
+  momentum?: number;
+  /** Apply ReLU to the output (after the residual, when one is given), fused into the same pass. */
+  relu?: boolean;
+}
+
+interface BnEntry {
+  y: Tensor;
+  saveMean: Tensor;
+  saveInvStd: Tensor;
+  dx: Tensor | null;
+  dResidual: Tensor | null;
+  dispose(): void;
+}
+
+/**
+ * Batch normalisation over `[N, H, W, C]` per channel, with PyTorch's semantics: batch statistics
+ * in training (running averages updated with `momentum`, unbiased variance), running statistics
+ * in evaluation. Optionally fuses a residual add and a ReLU: `y = relu(bn(x) + residual)`.
+ */
+export class BatchNorm2d extends Module {
+  readonly numFeatures: number;
+  readonly eps: number;
+  readonly momentum: number;
+  readonly relu: boolean;
+  readonly weight: Parameter;
+  readonly bias: Parameter;
+  readonly #runningMean;
+  readonly #runningVar;
+  readonly #cache = new ShapeCache<BnEntry>();
+  #input: Tensor | null = null;
+  #residual: Tensor | null = null;
+  #entry: BnEntry | null = null;
+
+  constructor(options: BatchNorm2dOptions) {
+    super();
+    const o = expectOptions<BatchNorm2dOptions>('BatchNorm2d options', options, ['numFeatures', 'eps', 'momentum', 'relu']);
+    this.numFeatures = expectInt('numFeatures', o.numFeatures, 1);
+    this.eps = expectNumber('eps', o.eps ?? 1e-5, Number.MIN_VALUE);
+    this.momentum = expectNumber('momentum', o.momentum ?? 0.1, 0, 1);
+    this.relu = expectBool('relu', o.relu ?? false);
+    const c = this.numFeatures;
+    this.weight = this.registerParameter('weight', new Parameter([c], new Float32Array(c).fill(1), 'plain', 'norm'));
+    this.bias = this.registerParameter('bias', new Parameter([c], new Float32Array(c), 'plain', 'norm'));
+    this.#runningMean = this.registerBuffer('running_mean', new Float32Array(c));
+    this.#runningVar = this.registerBuffer('running_var', new Float32Array(c).fill(1));
+    this.registerCounter('num_batches_tracked');
+  }
+
+  /** Normalises `x`; adds `residual` (same shape) before the optional ReLU. */
+  override forward(x: Tensor, residual?: Tensor): Tensor {
+    this.prepare(x, 'BatchNorm2d');
+    expectTensor('BatchNorm2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
+    if (x.shape[3] !== this.numFeatures) {
+      mismatch('BatchNorm2d input', `an NHWC tensor with ${this.numFeatures} channels (last dimension)`, `shape [${x.shape.join(', ')}]`);
+    }
+    if (residual !== undefined) expectTensor('BatchNorm2d residual', residual, { shape: x.shape, dtype: x.dtype, device: x.device });
+    if (this.training && x.numel / this.numFeatures <= 1) {
+      mismatch('BatchNorm2d input', 'more than one value per channel in training mode', `shape [${x.shape.join(', ')}]`);
+    }
+    const entry = this.#cache.get(x, () => {
+      const c = [this.numFeatures];
+      const e: BnEntry = {
+        y: Tensor.empty(x.shape, { dtype: x.dtype, device: x.device }),
+        saveMean: Tensor.empty(c, { device: x.device }),
+        saveInvStd: Tensor.empty(c, { device: x.device }),
+        dx: null,
+        dResidual: null,
+        dispose: () => disposeAll(e.y, e.saveMean, e.saveInvStd, e.dx, e.dResidual),
+      };
+      return e;
+    });
+    addon().batchNormForward({
+      x: x.raw, gamma: this.weight.data.raw, beta: this.bias.data.raw, ...(residual ? { residual: residual.raw } : {}),
+      y: entry.y.raw, runningMean: this.#runningMean.tensor!.raw, runningVar: this.#runningVar.tensor!.raw,
+      saveMean: entry.saveMean.raw, saveInvStd: entry.saveInvStd.raw, training: this.training, relu: this.relu,
+      momentum: this.momentum, eps: this.eps,
+    });
+    if (this.training) this.bumpCounter('num_batches_tracked');
+    this.#input = x;
+    this.#residual = residual ?? null;
+    this.#entry = entry;
+    return entry.y;
+  }
+
+  /** The gradient with respect to the residual of the last forward, after `backward`. */
+  get residualGrad(): Tensor | null {
+    return this.#residual ? this.#entry?.dResidual ?? null : null;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    const e = this.#entry;
+    const x = this.#input;
+    if (!e || !x) return backwardBeforeForward('BatchNorm2d');
+    if (!this.training) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'BatchNorm2d.backward() needs the batch statistics of a training-mode forward; call model.train() first');
+    }
+    expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+    e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+    if (this.#residual) e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+    const dGamma = this.weight.grad.raw;
+    const dBeta = this.bias.grad.raw;
+    addon().batchNormBackward({
+      x: x.raw, y: e.y.raw, dy: gradOutput.raw, gamma: this.weight.data.raw, saveMean: e.saveMean.raw,
+      saveInvStd: e.saveInvStd.raw, dx: e.dx.raw, dGamma, dBeta, relu: this.relu,
+      ...(this.#residual ? { dResidual: e.dResidual!.raw } : {}),
+    });
+    return e.dx;
+  }
+
+  protected override disposeCache(): void {
+    this.#cache.clear();
+    this.#entry = null;
+    this.#input = null;
+    this.#residual = null;
+  }
+}
+
+interface UnaryEntry {
+  y: Tensor;
+  dx: Tensor | null;
+  workspace: Tensor | null;
+  plan: RawPool2dPlan | null;
+  dispose(): void;
+}
+
+function unaryEntry(x: Tensor, outShape: readonly number[], plan: RawPool2dPlan | null): UnaryEntry {
+  const bytes = plan?.workspaceBytes() ?? 0;
+  const e: UnaryEntry = {
+    y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }),
+    dx: null,
+    workspace: bytes > 0 ? Tensor.empty([bytes], { dtype: 'u8', device: x.device }) : null,
+    plan,
+    dispose: () => disposeAll(e.y, e.dx, e.workspace, e.plan),
+  };
+  return e;
+}
+
+/** Element-wise `max(x, 0)`. (In ResNets it is fused into BatchNorm2d instead.) */
+export class ReLU extends Module {
+  readonly #cache = new ShapeCache<UnaryEntry>();
+  #entry: UnaryEntry | null = null;
+
+  override forward(x: Tensor): Tensor {
+    this.prepare(x, 'ReLU');
+    expectTensor('ReLU input', x, { dtype: FLOAT_DTYPES });
+    const entry = this.#cache.get(x, () => unaryEntry(x, x.shape, null));
+    addon().relu({ x: x.raw, y: entry.y.raw });
+    this.#entry = entry;
+    return entry.y;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    const e = this.#entry;
+    if (!e) return backwardBeforeForward('ReLU');
+    expectTensor('ReLU gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+    if (!this.requiresInputGrad) return null;
+    e.dx ??= Tensor.empty(e.y.shape, { dtype: e.y.dtype, device: e.y.device });
+    addon().reluBackward({ y: e.y.raw, dy: gradOutput.raw, dx: e.dx.raw });
+    return e.dx;
+  }
+
+  protected override disposeCache(): void {
+    this.#cache.clear();
+    this.#entry = null;
+  }
+}
+
+/** Shared forward/backward of the pooling layers. */
+export abstract class Pool2d extends Module {
+  readonly #cache = new ShapeCache<UnaryEntry>();
+  #entry: UnaryEntry | null = null;
+  #inputShape: readonly number[] = [];
+
+  protected abstract geometry(x: Tensor): { kind: 'max' | 'avg'; kernel: [number, number]; stride: [number, number]; padding: [number, number] };
+
+  override forward(x: Tensor): Tensor {
+    const name = this.constructor.name;
+    this.prepare(x, name);
+    expectTensor(`${name} input`, x, { rank: 4, dtype: FLOAT_DTYPES });
+    const g = this.geometry(x);
+    const [n, h, w, c] = x.shape as [number, number, number, number];
+    const oh = Math.floor((h + 2 * g.padding[0] - g.kernel[0]) / g.stride[0]) + 1;
+    const ow = Math.floor((w + 2 * g.padding[1] - g.kernel[1]) / g.stride[1]) + 1;
+    if (oh <= 0 || ow <= 0) mismatch(`${name} input`, 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
+    const entry = this.#cache.get(x, () => {
+      const plan = new (addon().Pool2dPlan)({
+        device: x.device, dtype: x.dtype, kind: g.kind, n, h, w, c, kernelH: g.kernel[0], kernelW: g.kernel[1],
+        strideH: g.stride[0], strideW: g.stride[1], padH: g.padding[0], padW: g.padding[1],
+      });
+      return unaryEntry(x, [n, oh, ow, c], plan);
+    });
+    entry.plan!.forward({ x: x.raw, y: entry.y.raw, ...(entry.workspace ? { workspace: entry.workspace.raw } : {}) });
+    this.#entry = entry;
+    this.#inputShape = x.shape;
+    return entry.y;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    const e = this.#entry;
+    const name = this.constructor.name;
+    if (!e) return backwardBeforeForward(name);
+    expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+    if (!this.requiresInputGrad) return null;
+    e.dx ??= Tensor.empty(this.#inputShape, { dtype: e.y.dtype, device: e.y.device });
+    e.plan!.backward({ dy: gradOutput.raw, dx: e.dx.raw, ...(e.workspace ? { workspace: e.workspace.raw } : {}) });
+    return e.dx;
+  }
+
+  protected override disposeCache(): void {
+    this.#cache.clear();
+    this.#entry = null;
+  }
+}
+
+/** Options of {@link MaxPool2d}, as in `torch.nn.MaxPool2d` (floor mode). */
+export interface MaxPool2dOptions {
+  kernelSize: number | [number, number];
+  /** Default: the kernel size. */
+  stride?: number | [number, number];
+  padding?: number | [number, number];
+}
+
+/** 2-D max pooling over NHWC input. */
+export class MaxPool2d extends Pool2d {
+  readonly kernelSize: [number, number];
+  readonly stride: [number, number];
+  readonly padding: [number, number];
+
+  constructor(options: MaxPool2dOptions) {
+    super();
+    const o = expectOptions<MaxPool2dOptions>('MaxPool2d options', options, ['kernelSize', 'stride', 'padding']);
+    this.kernelSize = expectPair('kernelSize', o.kernelSize, 1);
+    this.stride = expectPair('stride', o.stride ?? this.kernelSize, 1);
+    this.padding = expectPair('padding', o.padding ?? 0, 0);
+    if (this.padding[0] * 2 > this.kernelSize[0] || this.padding[1] * 2 > this.kernelSize[1]) {
+      mismatch('padding', 'at most half the kernel size (as PyTorch requires)', `[${this.padding.join(', ')}]`);
+    }
+  }
+
+  protected geometry() {
+    return { kind: 'max' as const, kernel: this.kernelSize, stride: this.stride, padding: this.padding };
+  }
+}
+
+/** Average pooling to a 1x1 output (`torch.nn.AdaptiveAvgPool2d(1)`), `[N,H,W,C]` to `[N,1,1,C]`. */
+export class AdaptiveAvgPool2d extends Pool2d {
+  /** @param outputSize - only 1 (or [1, 1]) is supported, which is what ResNets use. */
+  constructor(outputSize: number | [number, number] = 1) {
+    super();
+    const size = expectPair('outputSize', outputSize, 1);
+    if (size[0] !== 1 || size[1] !== 1) mismatch('outputSize', '1 (only global average pooling is supported)', `[${size.join(', ')}]`);
+  }
+
+  protected geometry(x: Tensor) {
+    const kernel: [number, number] = [x.shape[1]!, x.shape[2]!];
+    return { kind: 'avg' as const, kernel, stride: kernel, padding: [0, 0] as [number, number] };
+  }
+}
+
+/** Flattens `[N, ...]` to `[N, prod(...)]` without copying (NHWC order). */
+export class Flatten extends Module {
+  #inputShape: readonly number[] | null = null;
+
+  override forward(x: Tensor): Tensor {
+    this.prepare(x, 'Flatten');
+    expectTensor('Flatten input', x);
+    if (x.shape.length < 1) mismatch('Flatten input', 'a tensor of rank at least 1', 'a scalar');
+    this.#inputShape = x.shape;
+    return x.reshape([x.shape[0]!, x.numel / Math.max(x.shape[0]!, 1)]);
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    if (!this.#inputShape) return backwardBeforeForward('Flatten');
+    if (!this.requiresInputGrad) return null;
+    return gradOutput.reshape(this.#inputShape);
+  }
+}
+
+/** Options of {@link Linear}, as in `torch.nn.Linear`. */
+export interface LinearOptions {
+  inFeatures: number;
+  outFeatures: number;
+  /** Default true. */
+  bias?: boolean;
+  /** Seed of the initialisation. */
+  seed?: number;
+}
+
+interface LinearEntry {
+  plan: RawLinearPlan;
+  y: Tensor;
+  dx: Tensor | null;
+  dispose(): void;
+}
+
+/** `y = x W^T + b` over `[N, inFeatures]`, W `[out, in]`; initialised as PyTorch does. */
+export class Linear extends Module {
+  readonly inFeatures: number;
+  readonly outFeatures: number;
+  readonly weight: Parameter;
+  readonly bias: Parameter | null;
+  readonly #cache = new ShapeCache<LinearEntry>();
+  #input: Tensor | null = null;
+  #entry: LinearEntry | null = null;
+
+  constructor(options: LinearOptions) {
+    super();
+    const o = expectOptions<LinearOptions>('Linear options', options, ['inFeatures', 'outFeatures', 'bias', 'seed']);
+    this.inFeatures = expectInt('inFeatures', o.inFeatures, 1);
+    this.outFeatures = expectInt('outFeatures', o.outFeatures, 1);
+    const rng = new Random(o.seed);
+    const bound = 1 / Math.sqrt(this.inFeatures);
+    this.weight = this.registerParameter('weight', new Parameter([this.outFeatures, this.inFeatures], uniform(this.outFeatures * this.inFeatures, bound, rng), 'plain', 'weight'));
+    this.bias = expectBool('bias', o.bias ?? true)
+      ? this.registerParameter('bias', new Parameter([this.outFeatures], uniform(this.outFeatures, bound, rng), 'plain', 'bias'))
+      : null;
+  }
+
+  override forward(x: Tensor): Tensor {
+    this.prepare(x, 'Linear');
+    expectTensor('Linear input', x, { rank: 2, dtype: FLOAT_DTYPES });
+    if (x.shape[1] !== this.inFeatures) mismatch('Linear input', `a [N, ${this.inFeatures}] tensor`, `shape [${x.shape.join(', ')}]`);
+    const entry = this.#cache.get(x, () => {
+      const n = x.shape[0]!;
+      const plan = new (addon().LinearPlan)({ device: x.device, dtype: x.dtype, n, in: this.inFeatures, out: this.outFeatures, bias: this.bias !== null });
+      const e: LinearEntry = { plan, y: Tensor.empty([n, this.outFeatures], { dtype: x.dtype, device: x.device }), dx: null, dispose: () => disposeAll(plan, e.y, e.dx) };
+      return e;
+    });
+    entry.plan.forward({ x: x.raw, weight: this.weight.data.raw, ...(this.bias ? { bias: this.bias.data.raw } : {}), y: entry.y.raw });
+    this.#input = x;
+    this.#entry = entry;
+    return entry.y;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    const e = this.#entry;
+    const x = this.#input;
+    if (!e || !x) return backwardBeforeForward('Linear');
+    expectTensor('Linear gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+    if (this.weight.requiresGrad) {
+      e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: this.weight.grad.raw, ...(this.bias ? { dBias: this.bias.grad.raw } : {}) });
+    }
+    if (!this.requiresInputGrad) return null;
+    e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+    e.plan.backwardData({ dy: gradOutput.raw, weight: this.weight.data.raw, dx: e.dx.raw });
+    return e.dx;
+  }
+
+  protected override disposeCache(): void {
+    this.#cache.clear();
+    this.#entry = null;
+    this.#input = null;
+  }
+}

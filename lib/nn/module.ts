@@ -1,0 +1,336 @@
+/**
+ * Modules with explicit backward. A module owns its outputs and gradients, sized on the first call
+ * for an input shape and reused at every step; containers derive their backward from their
+ * children's.
+ * @packageDocumentation
+ */
+import { parseDevice } from '../device.js';
+import { ResnetError, mismatch } from '../errors.js';
+import { Tensor, type DType } from '../tensor.js';
+import { Parameter, ParameterArena } from './parameter.js';
+
+/** One entry of a state dict: a tensor in torchvision's layout, on the host. */
+export interface StateEntry {
+  /** torchvision's shape (conv weights `[out, in, kh, kw]`). */
+  shape: number[];
+  /** `f32` for parameters and statistics, `i64` for counters such as `num_batches_tracked`. */
+  dtype: 'f32' | 'i64';
+  /** Row-major values. */
+  data: Float32Array | BigInt64Array;
+}
+
+/** A model's parameters and buffers by torchvision name, e.g. `layer1.0.conv1.weight`. */
+export type StateDict = Map<string, StateEntry>;
+
+/** A persistent non-learnable tensor of a module (BN running statistics), in the state dict. */
+export interface BufferSlot {
+  /** Current value on the device, or null before placement. */
+  tensor: Tensor | null;
+  /** Initial or host-side value. */
+  initial: Float32Array;
+}
+
+/** Converts OHWI (internal) to OIHW (torchvision). */
+export function ohwiToOihw(src: Float32Array, shape: readonly number[]): Float32Array {
+  const [k, r, s, c] = shape as [number, number, number, number];
+  const out = new Float32Array(src.length);
+  for (let o = 0; o < k; o++)
+    for (let y = 0; y < r; y++)
+      for (let x = 0; x < s; x++)
+        for (let i = 0; i < c; i++) out[((o * c + i) * r + y) * s + x] = src[((o * r + y) * s + x) * c + i]!;
+  return out;
+}
+
+/** Converts OIHW (torchvision) to OHWI (internal). */
+export function oihwToOhwi(src: Float32Array, shape: readonly number[]): Float32Array {
+  const [k, r, s, c] = shape as [number, number, number, number];
+  const out = new Float32Array(src.length);
+  for (let o = 0; o < k; o++)
+    for (let y = 0; y < r; y++)
+      for (let x = 0; x < s; x++)
+        for (let i = 0; i < c; i++) out[((o * r + y) * s + x) * c + i] = src[((o * c + i) * r + y) * s + x]!;
+  return out;
+}
+
+/** Base class of all layers and containers. */
+export abstract class Module {
+  /** Training mode (batch statistics in BN) or evaluation mode. */
+  training = true;
+  /**
+   * Whether `backward` must compute the gradient of the input. A model's first layer sets this to
+   * false (an image needs no gradient), and then its `backward` returns null.
+   */
+  requiresInputGrad = true;
+  readonly #children = new Map<string, Module>();
+  readonly #params = new Map<string, Parameter>();
+  readonly #buffers = new Map<string, BufferSlot>();
+  #counters = new Map<string, bigint>();
+  #device: string | null = null;
+
+  /** Computes the output for `x`; the result is owned by the module and reused next call. */
+  abstract forward(x: Tensor): Tensor;
+
+  /**
+   * Given the gradient of the loss with respect to the last output, accumulates parameter
+   * gradients and returns the gradient with respect to the last input (null when
+   * `requiresInputGrad` is false).
+   */
+  abstract backward(gradOutput: Tensor): Tensor | null;
+
+  /** The device the module's parameters live on, or null before placement. */
+  get device(): string | null {
+    return this.#device;
+  }
+
+  /** Registers a child module under `name` (its parameters are named `name.*`). */
+  protected registerModule<M extends Module>(name: string, module: M): M {
+    this.#children.set(name, module);
+    return module;
+  }
+
+  /** Registers a parameter under `name`. */
+  protected registerParameter(name: string, p: Parameter): Parameter {
+    this.#params.set(name, p);
+    return p;
+  }
+
+  /** Registers a persistent f32 buffer (in the state dict, not optimised). */
+  protected registerBuffer(name: string, initial: Float32Array): BufferSlot {
+    const slot: BufferSlot = { tensor: null, initial };
+    this.#buffers.set(name, slot);
+    return slot;
+  }
+
+  /** Registers an integer counter kept on the host (e.g. `num_batches_tracked`). */
+  protected registerCounter(name: string): void {
+    this.#counters.set(name, 0n);
+  }
+
+  /** Adds `by` to a counter. */
+  protected bumpCounter(name: string, by = 1n): void {
+    this.#counters.set(name, (this.#counters.get(name) ?? 0n) + by);
+  }
+
+  /** Direct children, in registration order. */
+  children(): [string, Module][] {
+    return [...this.#children];
+  }
+
+  /** All parameters with their dotted names, depth first in registration order. */
+  namedParameters(prefix = ''): [string, Parameter][] {
+    const out: [string, Parameter][] = [];
+    for (const [name, p] of this.#params) out.push([prefix + name, p]);
+    for (const [name, child] of this.#children) out.push(...child.namedParameters(`${prefix}${name}.`));
+    return out;
+  }
+
+  /** All parameters. */
+  parameters(): Parameter[] {
+    return this.namedParameters().map(([, p]) => p);
+  }
+
+  /** The number of learnable values. */
+  numParameters(): number {
+    return this.parameters().reduce((n, p) => n + p.numel, 0);
+  }
+
+  /** All modules of the tree with dotted names (the root is ''). */
+  namedModules(prefix = ''): [string, Module][] {
+    const out: [string, Module][] = [[prefix.replace(/\.$/, ''), this]];
+    for (const [name, child] of this.#children) out.push(...child.namedModules(`${prefix}${name}.`));
+    return out;
+  }
+
+  /** Sets training mode on the whole tree. */
+  train(mode = true): this {
+    for (const [, m] of this.namedModules()) m.training = mode;
+    return this;
+  }
+
+  /** Sets evaluation mode on the whole tree. */
+  eval(): this {
+    return this.train(false);
+  }
+
+  /**
+   * Places the whole tree on `device`: one parameter arena for all parameters (values and
+   * gradients), and the buffers beside it. Gradients start at zero.
+   */
+  to(device: string): this {
+    const canonical = parseDevice(device);
+    const params = this.parameters();
+    const arena = params[0]?.arena;
+    const alreadyThere =
+      arena !== null && arena !== undefined && arena.device === canonical && params.length === arena.entries.length && params.every((p) => p.arena === arena);
+    if (!alreadyThere) new ParameterArena(params, canonical);
+    for (const [, m] of this.namedModules()) m.#placeBuffers(canonical);
+    return this;
+  }
+
+  /** The arena holding this module's parameters (materialising it on first use). */
+  arena(): ParameterArena {
+    const params = this.parameters();
+    if (params.length === 0) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} has no parameters`);
+    const arena = params[0]!.arena;
+    if (!arena || !params.every((p) => p.arena === arena)) this.to(arena?.device ?? 'cpu');
+    return params[0]!.arena!;
+  }
+
+  /** Sets the gradients of all parameters to zero. */
+  zeroGrad(): void {
+    const params = this.parameters();
+    const arena = params[0]?.arena;
+    if (arena && arena.entries.length === params.length && params.every((p) => p.arena === arena)) {
+      arena.zeroGrad();
+      return;
+    }
+    for (const p of params) if (p.arena) p.grad.raw.copyFromHost(new Float32Array(p.numel));
+  }
+
+  /** Parameters and buffers by torchvision name, on the host, in torchvision's layouts. */
+  stateDict(): StateDict {
+    const out: StateDict = new Map();
+    for (const [prefix, m] of this.namedModules()) {
+      const dot = prefix ? `${prefix}.` : '';
+      for (const [name, p] of m.#params) {
+        const values = p.values();
+        out.set(dot + name, { shape: p.stateShape, dtype: 'f32', data: p.layout === 'ohwi' ? ohwiToOihw(values, p.shape) : values });
+      }
+      for (const [name, slot] of m.#buffers) {
+        const data = slot.tensor ? slot.tensor.toFloat32Array() : slot.initial.slice();
+        out.set(dot + name, { shape: [data.length], dtype: 'f32', data });
+      }
+      for (const [name, value] of m.#counters) out.set(dot + name, { shape: [], dtype: 'i64', data: BigInt64Array.of(value) });
+    }
+    return out;
+  }
+
+  /**
+   * Loads a state dict (torchvision names and layouts). With `strict` (the default) every key
+   * must be present and no unknown key may appear; shapes must match exactly. Nothing is changed
+   * unless the whole dict is valid.
+   */
+  loadStateDict(state: StateDict, options: { strict?: boolean } = {}): void {
+    if (!(state instanceof Map)) throw new ResnetError('ERR_RC_STATE_DICT', 'loadStateDict expects a Map of name -> { shape, dtype, data }');
+    const strict = options.strict ?? true;
+    const targets = new Map<string, { shape: number[]; apply: (e: StateEntry) => void }>();
+    for (const [prefix, m] of this.namedModules()) {
+      const dot = prefix ? `${prefix}.` : '';
+      for (const [name, p] of m.#params) {
+        targets.set(dot + name, {
+          shape: p.stateShape,
+          apply: (e) => p.setValues(p.layout === 'ohwi' ? oihwToOhwi(e.data as Float32Array, p.shape) : Float32Array.from(e.data as Float32Array)),
+        });
+      }
+      for (const [name, slot] of m.#buffers) {
+        targets.set(dot + name, {
+          shape: [slot.initial.length],
+          apply: (e) => {
+            const values = Float32Array.from(e.data as Float32Array);
+            if (slot.tensor) slot.tensor.raw.copyFromHost(values);
+            else slot.initial = values;
+          },
+        });
+      }
+      for (const name of m.#counters.keys()) {
+        targets.set(dot + name, { shape: [], apply: (e) => m.#counters.set(name, BigInt((e.data as BigInt64Array)[0] ?? 0n)) });
+      }
+    }
+    const problems: string[] = [];
+    for (const [key, target] of targets) {
+      const entry = state.get(key);
+      if (!entry) {
+        if (strict) problems.push(`missing key '${key}'`);
+        continue;
+      }
+      const shapeOk = entry.shape.length === target.shape.length && entry.shape.every((d, i) => d === target.shape[i]);
+      const count = target.shape.reduce((a, b) => a * b, 1);
+      if (!shapeOk || entry.data?.length !== count) {
+        problems.push(`'${key}' has shape [${entry.shape.join(', ')}] (${entry.data?.length ?? 0} values) but the model expects [${target.shape.join(', ')}]`);
+      }
+      const isCounter = target.shape.length === 0;
+      if (isCounter ? !(entry.data instanceof BigInt64Array) : !(entry.data instanceof Float32Array)) {
+        problems.push(`'${key}' must hold a ${isCounter ? 'BigInt64Array' : 'Float32Array'}`);
+      }
+    }
+    if (strict) for (const key of state.keys()) if (!targets.has(key)) problems.push(`unexpected key '${key}'`);
+    if (problems.length) {
+      throw new ResnetError('ERR_RC_STATE_DICT', `Cannot load the state dict into ${this.constructor.name}: ${problems.slice(0, 10).join('; ')}${problems.length > 10 ? `; and ${problems.length - 10} more` : ''}`);
+    }
+    for (const [key, target] of targets) {
+      const entry = state.get(key);
+      if (entry) target.apply(entry);
+    }
+  }
+
+  /** Checks the input of a layer and places the module on the input's device on first use. */
+  protected prepare(x: Tensor, name: string): void {
+    if (!(x instanceof Tensor)) mismatch(`${name} input`, 'a Tensor', typeof x);
+    if (x.disposed) throw new ResnetError('ERR_RC_DISPOSED', `The input of ${name} was disposed and cannot be used`);
+    if (this.#device === null) {
+      const params = this.parameters();
+      if (params.some((p) => p.arena === null)) this.to(x.device);
+      else this.#placeBuffers(x.device);
+    }
+    if (x.device !== this.#device) {
+      mismatch(`${name} input`, `a tensor on ${this.#device} (the module's device; move the module with module.to())`, `a tensor on ${x.device}`);
+    }
+  }
+
+  /** Frees every buffer and cached plan of this tree (parameters stay). */
+  releaseBuffers(): void {
+    for (const [, m] of this.namedModules()) m.disposeCache();
+  }
+
+  /** Frees cached per-shape state; overridden by layers that keep some. */
+  protected disposeCache(): void {}
+
+  #placeBuffers(device: string): void {
+    this.#device = device;
+    for (const slot of this.#buffers.values()) {
+      const values = slot.tensor ? slot.tensor.toFloat32Array() : slot.initial;
+      if (slot.tensor && slot.tensor.device === device) continue;
+      slot.tensor?.dispose();
+      slot.tensor = Tensor.from(values, [values.length], { device });
+    }
+    this.disposeCache();
+  }
+}
+
+/** A per-input-shape cache of plans and buffers, disposing the least recently used past `limit`. */
+export class ShapeCache<T extends { dispose(): void }> {
+  readonly #entries = new Map<string, T>();
+  constructor(private readonly limit = 4) {}
+
+  /** The entry for `x`'s shape and dtype, created with `make` when missing. */
+  get(x: Tensor, make: () => T): T {
+    const key = `${x.shape.join(',')}|${x.dtype}`;
+    let entry = this.#entries.get(key);
+    if (entry) {
+      this.#entries.delete(key);
+    } else {
+      entry = make();
+      if (this.#entries.size >= this.limit) {
+        const [oldestKey, oldest] = this.#entries.entries().next().value as [string, T];
+        oldest.dispose();
+        this.#entries.delete(oldestKey);
+      }
+    }
+    this.#entries.set(key, entry);
+    return entry;
+  }
+
+  /** Disposes all entries. */
+  clear(): void {
+    for (const e of this.#entries.values()) e.dispose();
+    this.#entries.clear();
+  }
+}
+
+/** Disposes every Tensor-like field of an object (used by cache entries). */
+export function disposeAll(...items: ({ dispose(): void } | null | undefined)[]): void {
+  for (const item of items) item?.dispose();
+}
+
+/** A floating dtype check shared by layers. */
+export const FLOAT_DTYPES: readonly DType[] = ['f32', 'bf16', 'f16'];

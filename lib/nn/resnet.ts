@@ -1,0 +1,187 @@
+/**
+ * The ResNet family as in torchvision (v1.5: stride on the 3x3 convolution), built from
+ * containers so that no backward is written by hand. Parameter names match torchvision's.
+ * @packageDocumentation
+ */
+import { expectBool, expectInt, expectOneOf, expectOptions } from '../errors.js';
+import { Random } from '../random.js';
+import { Chain, Residual, Sequential } from './containers.js';
+import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
+import type { Module } from './module.js';
+
+/** Options shared by the ResNet constructors. */
+export interface ResNetOptions {
+  /** Output classes; default 1000. */
+  numClasses?: number;
+  /**
+   * A stem for 28-32 px images: a 3x3 stride-1 convolution and no max pooling (instead of the
+   * 7x7 stride-2 convolution and 3x3 max pooling for 224 px images).
+   */
+  smallInput?: boolean;
+  /** Start the last BN of each block at zero, so each block begins as the identity. */
+  zeroInitResidual?: boolean;
+  /** Input channels; default 3. */
+  inChannels?: number;
+  /** Device to place the model on; default `'cpu'`. */
+  device?: string;
+  /** Seed of the initialisation; random when omitted. */
+  seed?: number;
+}
+
+/** A block type: BasicBlock (expansion 1) or Bottleneck (expansion 4). */
+interface BlockType {
+  expansion: number;
+  create(inplanes: number, planes: number, stride: number, downsample: Module | null, rng: Random): Residual;
+}
+
+function conv(inC: number, outC: number, kernel: number, stride: number, rng: Random): Conv2d {
+  return new Conv2d({ inChannels: inC, outChannels: outC, kernelSize: kernel, stride, padding: Math.floor(kernel / 2), seed: Math.floor(rng.next() * 2 ** 31) });
+}
+
+/** torchvision's BasicBlock: 3x3 → BN → ReLU → 3x3 → BN, plus the shortcut, then ReLU. */
+export class BasicBlock extends Residual {
+  static readonly expansion = 1;
+  constructor(inplanes: number, planes: number, stride = 1, downsample: Module | null = null, rng: Random = new Random()) {
+    super(
+      [
+        ['conv1', conv(inplanes, planes, 3, stride, rng)],
+        ['bn1', new BatchNorm2d({ numFeatures: planes, relu: true })],
+        ['conv2', conv(planes, planes, 3, 1, rng)],
+        ['bn2', new BatchNorm2d({ numFeatures: planes, relu: true })],
+      ],
+      downsample ? ['downsample', downsample] : null,
+    );
+  }
+}
+
+/** torchvision's Bottleneck (v1.5): 1x1 → 3x3 (stride) → 1x1 (x4), each with BN, plus the shortcut. */
+export class Bottleneck extends Residual {
+  static readonly expansion = 4;
+  constructor(inplanes: number, planes: number, stride = 1, downsample: Module | null = null, rng: Random = new Random()) {
+    super(
+      [
+        ['conv1', conv(inplanes, planes, 1, 1, rng)],
+        ['bn1', new BatchNorm2d({ numFeatures: planes, relu: true })],
+        ['conv2', conv(planes, planes, 3, stride, rng)],
+        ['bn2', new BatchNorm2d({ numFeatures: planes, relu: true })],
+        ['conv3', conv(planes, planes * 4, 1, 1, rng)],
+        ['bn3', new BatchNorm2d({ numFeatures: planes * 4, relu: true })],
+      ],
+      downsample ? ['downsample', downsample] : null,
+    );
+  }
+}
+
+const BLOCKS: Record<'basic' | 'bottleneck', BlockType> = {
+  basic: { expansion: 1, create: (i, p, s, d, r) => new BasicBlock(i, p, s, d, r) },
+  bottleneck: { expansion: 4, create: (i, p, s, d, r) => new Bottleneck(i, p, s, d, r) },
+};
+
+/** Blocks per stage for each depth, as in torchvision. */
+export const RESNET_DEPTHS = {
+  18: { block: 'basic', layers: [2, 2, 2, 2] },
+  34: { block: 'basic', layers: [3, 4, 6, 3] },
+  50: { block: 'bottleneck', layers: [3, 4, 6, 3] },
+  101: { block: 'bottleneck', layers: [3, 4, 23, 3] },
+  152: { block: 'bottleneck', layers: [3, 8, 36, 3] },
+} as const;
+
+/** A supported depth. */
+export type ResNetDepth = keyof typeof RESNET_DEPTHS;
+
+/**
+ * A ResNet: stem, four stages, global average pooling and a linear classifier. Input is NHWC
+ * `[N, H, W, 3]`; output logits `[N, numClasses]`. Its `backward` returns null: the input image
+ * needs no gradient (set `requiresInputGrad = true` to get one).
+ */
+export class ResNet extends Chain {
+  /** The depth (18, 34, 50, 101 or 152). */
+  readonly depth: ResNetDepth;
+  /** The number of output classes. */
+  readonly numClasses: number;
+
+  constructor(depth: ResNetDepth, options: ResNetOptions = {}) {
+    const o = expectOptions<ResNetOptions>('ResNet options', options, ['numClasses', 'smallInput', 'zeroInitResidual', 'inChannels', 'device', 'seed']);
+    expectOneOf('depth', depth, [18, 34, 50, 101, 152] as const);
+    const numClasses = expectInt('numClasses', o.numClasses ?? 1000, 1);
+    const smallInput = expectBool('smallInput', o.smallInput ?? false);
+    const zeroInit = expectBool('zeroInitResidual', o.zeroInitResidual ?? false);
+    const inChannels = expectInt('inChannels', o.inChannels ?? 3, 1);
+    const rng = new Random(o.seed === undefined ? undefined : expectInt('seed', o.seed));
+    const spec = RESNET_DEPTHS[depth];
+    const block = BLOCKS[spec.block];
+
+    const entries: [string, Module][] = [];
+    entries.push(['conv1', smallInput ? conv(inChannels, 64, 3, 1, rng) : new Conv2d({ inChannels, outChannels: 64, kernelSize: 7, stride: 2, padding: 3 })]);
+    entries.push(['bn1', new BatchNorm2d({ numFeatures: 64, relu: true })]);
+    if (!smallInput) entries.push(['maxpool', new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1 })]);
+    let inplanes = 64;
+    spec.layers.forEach((blocks, stage) => {
+      const planes = 64 * 2 ** stage;
+      const stride = stage === 0 ? 1 : 2;
+      const layer: Module[] = [];
+      for (let b = 0; b < blocks; b++) {
+        const s = b === 0 ? stride : 1;
+        let downsample: Module | null = null;
+        if (b === 0 && (stride !== 1 || inplanes !== planes * block.expansion)) {
+          downsample = new Sequential(conv(inplanes, planes * block.expansion, 1, stride, rng), new BatchNorm2d({ numFeatures: planes * block.expansion }));
+        }
+        layer.push(block.create(inplanes, planes, s, downsample, rng));
+        inplanes = planes * block.expansion;
+      }
+      entries.push([`layer${stage + 1}`, new Sequential(...layer)]);
+    });
+    entries.push(['avgpool', new AdaptiveAvgPool2d(1)]);
+    entries.push(['flatten', new Flatten()]);
+    entries.push(['fc', new Linear({ inFeatures: 512 * block.expansion, outFeatures: numClasses, seed: Math.floor(rng.next() * 2 ** 31) })]);
+    super(entries);
+    this.depth = depth;
+    this.numClasses = numClasses;
+    this.requiresInputGrad = false;
+    this.#initialise(rng, zeroInit);
+    this.to(o.device ?? 'cpu');
+  }
+
+  /** torchvision's initialisation: He-normal (fan_out) convolutions, BN weight 1 and bias 0. */
+  #initialise(rng: Random, zeroInitResidual: boolean): void {
+    for (const [, m] of this.namedModules()) {
+      if (m instanceof Conv2d) {
+        const [kh, kw] = m.kernelSize;
+        const std = Math.sqrt(2 / (m.outChannels * kh * kw));
+        const values = new Float32Array(m.weight.numel);
+        for (let i = 0; i < values.length; i++) values[i] = std * rng.normal();
+        m.weight.setValues(values);
+      }
+    }
+    if (zeroInitResidual) {
+      for (const [, m] of this.namedModules()) {
+        if (m instanceof Residual) {
+          const bns = m.children().filter(([name, c]) => name.startsWith('bn') && c instanceof BatchNorm2d);
+          const last = bns[bns.length - 1]?.[1] as BatchNorm2d | undefined;
+          last?.weight.setValues(new Float32Array(last.numFeatures));
+        }
+      }
+    }
+  }
+}
+
+/** ResNet-18 (11,689,512 parameters with 1000 classes). */
+export function ResNet18(options: ResNetOptions = {}): ResNet {
+  return new ResNet(18, options);
+}
+/** ResNet-34 (21,797,672 parameters with 1000 classes). */
+export function ResNet34(options: ResNetOptions = {}): ResNet {
+  return new ResNet(34, options);
+}
+/** ResNet-50 (25,557,032 parameters with 1000 classes). */
+export function ResNet50(options: ResNetOptions = {}): ResNet {
+  return new ResNet(50, options);
+}
+/** ResNet-101 (44,549,160 parameters with 1000 classes). */
+export function ResNet101(options: ResNetOptions = {}): ResNet {
+  return new ResNet(101, options);
+}
+/** ResNet-152 (60,192,808 parameters with 1000 classes). */
+export function ResNet152(options: ResNetOptions = {}): ResNet {
+  return new ResNet(152, options);
+}
