@@ -1,0 +1,29 @@
+/**
+ * Every op case of test/ops/cases.ts on every backend of this build, against the float64
+ * reference. Inputs are fresh each run; the seed is printed, and OPS_SEED=<seed> replays it.
+ */
+import { describe, it } from 'vitest';
+import { addon } from '../lib/binding.js';
+import { cases, gradientChecks, suiteSeed } from './ops/cases.js';
+
+const seed = suiteSeed();
+console.log(`op tests: seed ${seed} (replay with OPS_SEED=${seed})`);
+
+for (const backend of addon().listBackends()) {
+  const device = backend.name;
+  const register = (test: typeof it | typeof it.skip): void => {
+    for (const c of cases) {
+      for (const dtype of c.dtypes) test(`${device} ${c.name} ${dtype}`, () => c.run({ device, dtype, seed }));
+    }
+  };
+  if (backend.available) {
+    describe(`${device}: ${backend.device ?? 'available'}`, () => register(it));
+  } else {
+    // Registered and skipped, so the report counts them as skipped rather than hiding them.
+    describe.skip(`${device}: skipped — ${backend.reason ?? 'not available'}`, () => register(it.skip));
+  }
+}
+
+describe('reference gradients vs finite differences', () => {
+  for (const check of gradientChecks) it(check.name, () => check.run({ seed }));
+});

@@ -1,0 +1,193 @@
+/**
+ * Batch normalisation cases: training forward (every residual/ReLU combination), inference
+ * forward, and backward.
+ * @packageDocumentation
+ */
+import type { DTypeName } from '../../lib/binding.js';
+import { batchNormBackward, batchNormInferenceForward, batchNormTrainingForward } from '../reference/index.js';
+import { checkAccumulated, rms } from './conv-cases.js';
+import { fmtShape, session, tolerance, type OpCase, type Session } from './harness.js';
+
+const BOTH: DTypeName[] = ['f32', 'bf16'];
+
+// The op takes these as f32; the reference uses the same f32 values.
+const MOMENTUM = Math.fround(0.1);
+const EPS = Math.fround(1e-5);
+
+/**
+ * BN parameters, statistics and their gradients are f32 and computed in double from the
+ * (already rounded) inputs, so they get the f32 tolerance whatever the activation dtype.
+ */
+const STATS_TOL = tolerance('f32');
+
+interface BnVariant {
+  shape: [number, number, number, number];
+  residual: boolean;
+  relu: boolean;
+  /** Centre and spread of the per-channel means of x (default 2 and 1) and its std range (default 0.5..2). */
+  mean?: [number, number];
+  std?: [number, number];
+}
+
+function label(v: BnVariant): string {
+  const spread = v.mean ? ` mean~${v.mean[0]} std~${v.std?.[0] ?? 0.5}` : '';
+  return `x${fmtShape(v.shape)}${v.residual ? ' +residual' : ''}${v.relu ? ' relu' : ''}${spread}`;
+}
+
+function count(shape: readonly number[]): number {
+  return shape.reduce((a, b) => a * b, 1);
+}
+
+// Inputs with a mean far from 0 relative to their spread, as after a ReLU: exercises the
+// variance computation's cancellation.
+function inputs(s: Session, v: BnVariant) {
+  const c = v.shape[3];
+  const n = count(v.shape);
+  const channelMean = s.rng.normals(c, v.mean?.[0] ?? 2, v.mean?.[1] ?? 1);
+  const channelStd = s.rng.uniforms(c, v.std?.[0] ?? 0.5, v.std?.[1] ?? 2);
+  const xRaw = new Float64Array(n);
+  for (let i = 0; i < n; ++i) xRaw[i] = channelMean[i % c]! + channelStd[i % c]! * s.rng.normal();
+  return {
+    c,
+    n,
+    x: s.q(xRaw),
+    gamma: s.q(s.rng.uniforms(c, 0.5, 1.5), 'f32'),
+    beta: s.q(s.rng.normals(c, 0, 0.5), 'f32'),
+    residual: v.residual ? s.q(s.rng.normals(n)) : undefined,
+    runningMean: s.q(s.rng.normals(c), 'f32'),
+    runningVar: s.q(s.rng.uniforms(c, 0.5, 2), 'f32'),
+  };
+}
+
+function trainingForwardCase(v: BnVariant): OpCase {
+  return {
+    name: `batchnorm.forward.training ${label(v)}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'batchnorm.forward.training', label(v), (s) => {
+        const i = inputs(s, v);
+        const runningMean = s.tensor([i.c], 'f32', i.runningMean);
+        const runningVar = s.tensor([i.c], 'f32', i.runningVar);
+        const saveMean = s.poisoned([i.c], 'f32');
+        const saveInvStd = s.poisoned([i.c], 'f32');
+        const y = s.poisoned(v.shape);
+        s.native.batchNormForward({
+          x: s.tensor(v.shape, ctx.dtype, i.x),
+          gamma: s.tensor([i.c], 'f32', i.gamma),
+          beta: s.tensor([i.c], 'f32', i.beta),
+          ...(i.residual ? { residual: s.tensor(v.shape, ctx.dtype, i.residual) } : {}),
+          y,
+          runningMean,
+          runningVar,
+          saveMean,
+          saveInvStd,
+          training: true,
+          relu: v.relu,
+          momentum: MOMENTUM,
+          eps: EPS,
+        });
+        const ref = batchNormTrainingForward(i.x, { channels: i.c, ...i, relu: v.relu, momentum: MOMENTUM, eps: EPS });
+        s.check('y', s.read(y), ref.y, tolerance(ctx.dtype));
+        s.check('saveMean', s.read(saveMean), ref.saveMean, STATS_TOL);
+        s.check('saveInvStd', s.read(saveInvStd), ref.saveInvStd, STATS_TOL);
+        s.check('runningMean', s.read(runningMean), ref.runningMean, STATS_TOL);
+        s.check('runningVar (unbiased)', s.read(runningVar), ref.runningVar, STATS_TOL);
+      }),
+  };
+}
+
+function inferenceForwardCase(v: BnVariant): OpCase {
+  return {
+    name: `batchnorm.forward.inference ${label(v)}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'batchnorm.forward.inference', label(v), (s) => {
+        const i = inputs(s, v);
+        // Centre x on the running statistics so that y is O(1), as in a trained network.
+        const x = new Float64Array(i.n);
+        for (let j = 0; j < i.n; ++j) x[j] = i.runningMean[j % i.c]! + Math.sqrt(i.runningVar[j % i.c]!) * s.rng.normal();
+        const xq = s.q(x);
+        const runningMean = s.tensor([i.c], 'f32', i.runningMean);
+        const runningVar = s.tensor([i.c], 'f32', i.runningVar);
+        const y = s.poisoned(v.shape);
+        s.native.batchNormForward({
+          x: s.tensor(v.shape, ctx.dtype, xq),
+          gamma: s.tensor([i.c], 'f32', i.gamma),
+          beta: s.tensor([i.c], 'f32', i.beta),
+          ...(i.residual ? { residual: s.tensor(v.shape, ctx.dtype, i.residual) } : {}),
+          y,
+          runningMean,
+          runningVar,
+          training: false,
+          relu: v.relu,
+          eps: EPS,
+        });
+        s.check('y', s.read(y), batchNormInferenceForward(xq, { channels: i.c, ...i, relu: v.relu, eps: EPS }), tolerance(ctx.dtype));
+        // Inference must leave the running statistics alone.
+        s.checkExact('runningMean (unchanged)', s.read(runningMean), i.runningMean);
+        s.checkExact('runningVar (unchanged)', s.read(runningVar), i.runningVar);
+      }),
+  };
+}
+
+function backwardCase(v: BnVariant): OpCase {
+  const text = `x${fmtShape(v.shape)}${v.residual ? ' dResidual' : ''}${v.relu ? ' relu' : ''}`;
+  return {
+    name: `batchnorm.backward ${text}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'batchnorm.backward', text, (s) => {
+        const i = inputs(s, v);
+        const fwd = batchNormTrainingForward(i.x, { channels: i.c, ...i, relu: v.relu, momentum: MOMENTUM, eps: EPS });
+        // What the forward saved and produced, as stored: f32 statistics, y in the dtype.
+        const saveMean = s.q(fwd.saveMean, 'f32');
+        const saveInvStd = s.q(fwd.saveInvStd, 'f32');
+        const y = s.q(fwd.y);
+        const dy = s.q(s.rng.normals(i.n));
+        const ref = batchNormBackward(i.x, dy, { channels: i.c, gamma: i.gamma, saveMean, saveInvStd, y, relu: v.relu });
+        const gBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dGamma)), 'f32');
+        const bBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dBeta)), 'f32');
+        const dGamma = s.tensor([i.c], 'f32', gBefore);
+        const dBeta = s.tensor([i.c], 'f32', bBefore);
+        const dx = s.poisoned(v.shape);
+        const dResidual = v.residual ? s.poisoned(v.shape) : undefined;
+        s.native.batchNormBackward({
+          x: s.tensor(v.shape, ctx.dtype, i.x),
+          ...(v.relu ? { y: s.tensor(v.shape, ctx.dtype, y) } : {}),
+          dy: s.tensor(v.shape, ctx.dtype, dy),
+          gamma: s.tensor([i.c], 'f32', i.gamma),
+          saveMean: s.tensor([i.c], 'f32', saveMean),
+          saveInvStd: s.tensor([i.c], 'f32', saveInvStd),
+          dx,
+          dGamma,
+          dBeta,
+          ...(dResidual ? { dResidual } : {}),
+          relu: v.relu,
+        });
+        s.check('dx', s.read(dx), ref.dx, tolerance(ctx.dtype));
+        checkAccumulated(s, 'dGamma', s.read(dGamma), gBefore, ref.dGamma, STATS_TOL);
+        checkAccumulated(s, 'dBeta', s.read(dBeta), bBefore, ref.dBeta, STATS_TOL);
+        if (dResidual) s.check('dResidual', s.read(dResidual), ref.dResidual, tolerance(ctx.dtype));
+      }),
+  };
+}
+
+/** Training forward with all four residual/ReLU combinations, inference, and backward likewise. */
+export const batchNormCases: OpCase[] = [
+  trainingForwardCase({ shape: [2, 5, 5, 8], residual: false, relu: false }),
+  trainingForwardCase({ shape: [1, 7, 7, 16], residual: false, relu: true }),
+  trainingForwardCase({ shape: [3, 4, 4, 4], residual: true, relu: false }),
+  trainingForwardCase({ shape: [2, 6, 6, 8], residual: true, relu: true }),
+  // Many rows: statistics reduced over several blocks and threads.
+  trainingForwardCase({ shape: [4, 14, 14, 8], residual: false, relu: false }),
+  // |mean| / std ≈ 50: sums of squares would cancel badly without a shift. Much larger ratios
+  // would fail y for a reason shared with PyTorch, not a bug: y = x·scale + shift in f32 cancels.
+  trainingForwardCase({ shape: [2, 8, 8, 4], residual: false, relu: true, mean: [25, 1], std: [0.4, 0.6] }),
+  inferenceForwardCase({ shape: [2, 5, 5, 8], residual: false, relu: false }),
+  inferenceForwardCase({ shape: [2, 4, 4, 8], residual: true, relu: true }),
+  backwardCase({ shape: [2, 5, 5, 8], residual: false, relu: false }),
+  backwardCase({ shape: [2, 6, 6, 8], residual: false, relu: true }),
+  backwardCase({ shape: [1, 5, 5, 4], residual: true, relu: false }),
+  backwardCase({ shape: [3, 4, 4, 16], residual: true, relu: true }),
+  backwardCase({ shape: [4, 14, 14, 8], residual: false, relu: true }),
+];

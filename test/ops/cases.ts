@@ -1,0 +1,30 @@
+/**
+ * The op test table, shared by the vitest suite (test/ops.test.ts) and the plain Node runner
+ * (test/run-ops.ts): every case uploads fresh random inputs, runs one native op and compares it
+ * with the float64 reference in test/reference/. No test framework is imported here.
+ * @packageDocumentation
+ */
+import { badInputCases } from './bad-input-cases.js';
+import { batchNormCases } from './batchnorm-cases.js';
+import { convCases } from './conv-cases.js';
+import type { OpCase } from './harness.js';
+import { miscCases } from './misc-cases.js';
+import { poolCases } from './pool-cases.js';
+
+export { badInputCases } from './bad-input-cases.js';
+export { gradientChecks } from './gradient-checks.js';
+export { suiteSeed, TOLERANCE, type CaseContext, type GradientCheck, type OpCase } from './harness.js';
+
+/** Every op case compared against the reference. */
+export const opCases: OpCase[] = [...convCases, ...poolCases, ...batchNormCases, ...miscCases];
+
+/** The whole table: op cases, then the inputs that must be rejected. */
+export const cases: OpCase[] = [...opCases, ...badInputCases];
+
+{
+  const seen = new Set<string>();
+  for (const c of cases) {
+    if (seen.has(c.name)) throw new Error(`duplicate op case name: ${c.name}`);
+    seen.add(c.name);
+  }
+}

@@ -1,0 +1,270 @@
+/**
+ * conv2d and linear cases: forward, backward data, and backward weights (which accumulates).
+ * @packageDocumentation
+ */
+import type { DTypeName } from '../../lib/binding.js';
+import {
+  conv2dBackwardData,
+  conv2dBackwardWeights,
+  conv2dForward,
+  linearBackwardData,
+  linearBackwardWeights,
+  linearForward,
+  resolveConv2d,
+  type Conv2dGeometry,
+  type LinearGeometry,
+} from '../reference/index.js';
+import { fmtShape, session, tolerance, type OpCase, type Session } from './harness.js';
+
+const BOTH: DTypeName[] = ['f32', 'bf16'];
+
+/**
+ * Weight gradients reduce over N·OH·OW (conv) or N (linear) products, the longest reductions
+ * here (up to 162 terms); f32 accumulation error grows like √length·2^-24 ≈ 1e-6 at worst, and
+ * we measured ≤ 3e-7 over 20 runs, so the f32 tolerance stays 1e-5, not loosened.
+ */
+function weightGradTolerance(dtype: DTypeName): number {
+  return tolerance(dtype);
+}
+
+interface ConvShape extends Conv2dGeometry {
+  bias: boolean;
+}
+
+// Strides 1 and 2, padding 0/1/2/3, odd and non-square inputs, 1x1 and rectangular kernels,
+// batch 1, dilation 2, with and without bias.
+const CONV_SHAPES: ConvShape[] = [
+  { n: 2, h: 17, w: 17, c: 3, k: 8, r: 7, s: 7, strideH: 2, strideW: 2, padH: 3, padW: 3, bias: false },
+  { n: 2, h: 8, w: 8, c: 8, k: 16, r: 3, s: 3, padH: 1, padW: 1, bias: true },
+  { n: 1, h: 9, w: 7, c: 5, k: 6, r: 3, s: 3, strideH: 2, strideW: 2, padH: 1, padW: 1, bias: true },
+  { n: 2, h: 6, w: 6, c: 16, k: 8, r: 1, s: 1, bias: false },
+  { n: 2, h: 7, w: 7, c: 8, k: 16, r: 1, s: 1, strideH: 2, strideW: 2, bias: true },
+  { n: 1, h: 9, w: 9, c: 4, k: 4, r: 3, s: 3, padH: 2, padW: 2, dilationH: 2, dilationW: 2, bias: false },
+  { n: 3, h: 7, w: 6, c: 4, k: 5, r: 3, s: 1, strideH: 2, strideW: 1, padH: 1, padW: 0, bias: true },
+];
+
+function convLabel(shape: ConvShape): string {
+  const g = resolveConv2d(shape);
+  const pair = (a: number, b: number): string => (a === b ? `${a}` : `${a}x${b}`);
+  return (
+    `x${fmtShape([g.n, g.h, g.w, g.c])} w${fmtShape([g.k, g.r, g.s, g.c])} s${pair(g.strideH, g.strideW)} ` +
+    `p${pair(g.padH, g.padW)}${g.dilationH !== 1 || g.dilationW !== 1 ? ` d${pair(g.dilationH, g.dilationW)}` : ''}` +
+    (shape.bias ? ' bias' : '')
+  );
+}
+
+function convPlan(s: Session, shape: ConvShape) {
+  const { bias, ...geometry } = shape;
+  return s.own(new s.native.Conv2dPlan({ device: s.ctx.device, dtype: s.ctx.dtype, ...geometry, bias }));
+}
+
+// Master weights are f32 whatever the compute dtype; scaled by 1/sqrt(fan-in) so outputs are O(1).
+function masterWeights(s: Session, count: number, fanIn: number): Float64Array {
+  return s.q(s.rng.normals(count, 0, 1 / Math.sqrt(fanIn)), 'f32');
+}
+
+/**
+ * The weights the plan computes with: a plan given f32 weights and a lower-precision dtype
+ * converts them itself (round to nearest even), so the reference sees them rounded too.
+ */
+function computeWeights(s: Session, master: Float64Array): Float64Array {
+  return s.q(master);
+}
+
+function convForwardCase(shape: ConvShape, weightsInComputeDtype = false): OpCase {
+  const name = `conv2d.forward ${convLabel(shape)}${weightsInComputeDtype ? ' weights-in-dtype' : ''}`;
+  return {
+    name,
+    dtypes: weightsInComputeDtype ? ['bf16'] : BOTH,
+    run: (ctx) =>
+      session(ctx, 'conv2d.forward', convLabel(shape), (s) => {
+        const g = resolveConv2d(shape);
+        const x = s.q(s.rng.normals(g.n * g.h * g.w * g.c));
+        const master = masterWeights(s, g.k * g.r * g.s * g.c, g.r * g.s * g.c);
+        const w = computeWeights(s, master);
+        const bias = shape.bias ? s.q(s.rng.normals(g.k), 'f32') : undefined;
+        const plan = convPlan(s, shape);
+        const y = s.poisoned([g.n, g.outH, g.outW, g.k]);
+        plan.forward({
+          x: s.tensor([g.n, g.h, g.w, g.c], ctx.dtype, x),
+          weight: weightsInComputeDtype
+            ? s.tensor([g.k, g.r, g.s, g.c], ctx.dtype, w)
+            : s.tensor([g.k, g.r, g.s, g.c], 'f32', master),
+          ...(bias ? { bias: s.tensor([g.k], 'f32', bias) } : {}),
+          y,
+        });
+        s.check('y', s.read(y), conv2dForward(g, x, w, bias), tolerance(ctx.dtype));
+      }),
+  };
+}
+
+function convBackwardDataCase(shape: ConvShape): OpCase {
+  return {
+    name: `conv2d.backwardData ${convLabel(shape)}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'conv2d.backwardData', convLabel(shape), (s) => {
+        const g = resolveConv2d(shape);
+        const dy = s.q(s.rng.normals(g.n * g.outH * g.outW * g.k));
+        const master = masterWeights(s, g.k * g.r * g.s * g.c, g.k * g.r * g.s);
+        const plan = convPlan(s, shape);
+        // Poisoned: dx is overwritten, including the elements no window reads (1x1 stride 2).
+        const dx = s.poisoned([g.n, g.h, g.w, g.c]);
+        plan.backwardData({
+          dy: s.tensor([g.n, g.outH, g.outW, g.k], ctx.dtype, dy),
+          weight: s.tensor([g.k, g.r, g.s, g.c], 'f32', master),
+          dx,
+        });
+        s.check('dx', s.read(dx), conv2dBackwardData(g, dy, computeWeights(s, master)), tolerance(ctx.dtype));
+      }),
+  };
+}
+
+function convBackwardWeightsCase(shape: ConvShape): OpCase {
+  return {
+    name: `conv2d.backwardWeights ${convLabel(shape)}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'conv2d.backwardWeights', convLabel(shape), (s) => {
+        const g = resolveConv2d(shape);
+        const x = s.q(s.rng.normals(g.n * g.h * g.w * g.c));
+        const dy = s.q(s.rng.normals(g.n * g.outH * g.outW * g.k));
+        const ref = conv2dBackwardWeights(g, x, dy);
+        const wShape = [g.k, g.r, g.s, g.c];
+        // Gradients accumulate (+=): start from values of the gradient's own magnitude.
+        const wBefore = s.q(s.rng.normals(ref.dWeight.length, 0, rms(ref.dWeight)), 'f32');
+        const bBefore = s.q(s.rng.normals(g.k, 0, rms(ref.dBias)), 'f32');
+        const dWeight = s.tensor(wShape, 'f32', wBefore);
+        const dBias = shape.bias ? s.tensor([g.k], 'f32', bBefore) : undefined;
+        convPlan(s, shape).backwardWeights({
+          x: s.tensor([g.n, g.h, g.w, g.c], ctx.dtype, x),
+          dy: s.tensor([g.n, g.outH, g.outW, g.k], ctx.dtype, dy),
+          dWeight,
+          ...(dBias ? { dBias } : {}),
+        });
+        checkAccumulated(s, 'dWeight', s.read(dWeight), wBefore, ref.dWeight, weightGradTolerance(ctx.dtype));
+        if (dBias) checkAccumulated(s, 'dBias', s.read(dBias), bBefore, ref.dBias, weightGradTolerance(ctx.dtype));
+      }),
+  };
+}
+
+/** Root mean square, at least 1e-3 so that an all-zero gradient still gets a non-zero start. */
+export function rms(v: ArrayLike<number>): number {
+  let s = 0;
+  for (let i = 0; i < v.length; ++i) s += v[i]! * v[i]!;
+  return Math.max(Math.sqrt(s / Math.max(v.length, 1)), 1e-3);
+}
+
+/**
+ * Checks after = before + grad twice: on the whole tensor, and on the increment after − before,
+ * which is what an overwrite instead of += would get wrong.
+ */
+export function checkAccumulated(
+  s: Session,
+  what: string,
+  after: Float64Array,
+  before: Float64Array,
+  grad: Float64Array,
+  tol: number,
+): void {
+  const expected = new Float64Array(grad.length);
+  const increment = new Float64Array(grad.length);
+  for (let i = 0; i < grad.length; ++i) {
+    expected[i] = before[i]! + grad[i]!;
+    increment[i] = after[i]! - before[i]!;
+  }
+  s.check(`${what} (accumulated)`, after, expected, tol);
+  s.check(`${what} increment (after - before)`, increment, grad, tol);
+}
+
+interface LinearShape extends LinearGeometry {
+  bias: boolean;
+}
+
+const LINEAR_SHAPES: LinearShape[] = [
+  { n: 4, in: 32, out: 10, bias: true },
+  { n: 1, in: 17, out: 5, bias: false },
+  { n: 7, in: 64, out: 33, bias: true },
+];
+
+function linearLabel(shape: LinearShape): string {
+  return `x${fmtShape([shape.n, shape.in])} w${fmtShape([shape.out, shape.in])}${shape.bias ? ' bias' : ''}`;
+}
+
+function linearPlan(s: Session, shape: LinearShape) {
+  return s.own(new s.native.LinearPlan({ device: s.ctx.device, dtype: s.ctx.dtype, ...shape }));
+}
+
+function linearCases(shape: LinearShape): OpCase[] {
+  const label = linearLabel(shape);
+  const g = shape;
+  return [
+    {
+      name: `linear.forward ${label}`,
+      dtypes: BOTH,
+      run: (ctx) =>
+        session(ctx, 'linear.forward', label, (s) => {
+          const x = s.q(s.rng.normals(g.n * g.in));
+          const master = masterWeights(s, g.out * g.in, g.in);
+          const bias = g.bias ? s.q(s.rng.normals(g.out), 'f32') : undefined;
+          const y = s.poisoned([g.n, g.out]);
+          linearPlan(s, shape).forward({
+            x: s.tensor([g.n, g.in], ctx.dtype, x),
+            weight: s.tensor([g.out, g.in], 'f32', master),
+            ...(bias ? { bias: s.tensor([g.out], 'f32', bias) } : {}),
+            y,
+          });
+          s.check('y', s.read(y), linearForward(g, x, computeWeights(s, master), bias), tolerance(ctx.dtype));
+        }),
+    },
+    {
+      name: `linear.backwardData ${label}`,
+      dtypes: BOTH,
+      run: (ctx) =>
+        session(ctx, 'linear.backwardData', label, (s) => {
+          const dy = s.q(s.rng.normals(g.n * g.out));
+          const master = masterWeights(s, g.out * g.in, g.out);
+          const dx = s.poisoned([g.n, g.in]);
+          linearPlan(s, shape).backwardData({
+            dy: s.tensor([g.n, g.out], ctx.dtype, dy),
+            weight: s.tensor([g.out, g.in], 'f32', master),
+            dx,
+          });
+          s.check('dx', s.read(dx), linearBackwardData(g, dy, computeWeights(s, master)), tolerance(ctx.dtype));
+        }),
+    },
+    {
+      name: `linear.backwardWeights ${label}`,
+      dtypes: BOTH,
+      run: (ctx) =>
+        session(ctx, 'linear.backwardWeights', label, (s) => {
+          const x = s.q(s.rng.normals(g.n * g.in));
+          const dy = s.q(s.rng.normals(g.n * g.out));
+          const ref = linearBackwardWeights(g, x, dy);
+          const wBefore = s.q(s.rng.normals(ref.dWeight.length, 0, rms(ref.dWeight)), 'f32');
+          const bBefore = s.q(s.rng.normals(g.out, 0, rms(ref.dBias)), 'f32');
+          const dWeight = s.tensor([g.out, g.in], 'f32', wBefore);
+          const dBias = g.bias ? s.tensor([g.out], 'f32', bBefore) : undefined;
+          linearPlan(s, shape).backwardWeights({
+            x: s.tensor([g.n, g.in], ctx.dtype, x),
+            dy: s.tensor([g.n, g.out], ctx.dtype, dy),
+            dWeight,
+            ...(dBias ? { dBias } : {}),
+          });
+          checkAccumulated(s, 'dWeight', s.read(dWeight), wBefore, ref.dWeight, weightGradTolerance(ctx.dtype));
+          if (dBias) checkAccumulated(s, 'dBias', s.read(dBias), bBefore, ref.dBias, weightGradTolerance(ctx.dtype));
+        }),
+    },
+  ];
+}
+
+/** conv2d forward / backward data / backward weights over every shape, then linear likewise. */
+export const convCases: OpCase[] = [
+  ...CONV_SHAPES.map((shape) => convForwardCase(shape)),
+  // bf16 weights handed over directly (no conversion inside the plan).
+  convForwardCase(CONV_SHAPES[1]!, true),
+  ...CONV_SHAPES.map(convBackwardDataCase),
+  ...CONV_SHAPES.map(convBackwardWeightsCase),
+  ...LINEAR_SHAPES.flatMap(linearCases),
+];
+

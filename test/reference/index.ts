@@ -1,0 +1,13 @@
+/**
+ * Float64 reference implementations of the native ops, in the native layouts, for the op tests.
+ * @packageDocumentation
+ */
+export * from './rng.js';
+export * from './numeric.js';
+export * from './conv.js';
+export * from './pool.js';
+export * from './batchnorm.js';
+export * from './elementwise.js';
+export * from './loss.js';
+export * from './sgd.js';
+export * from './gradcheck.js';
