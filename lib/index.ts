@@ -64,3 +64,4 @@ export {
 export { CrossEntropyLoss, type CrossEntropyLossOptions } from './nn/loss.js';
 export { IMAGENET_MEAN, IMAGENET_STD, InputNormalize, type InputNormalizeOptions } from './nn/input.js';
 export { SGD, type SGDGroup, type SGDGroupInput, type SGDOptions } from './optim/sgd.js';
+export { SHAPE_CLASSES, generateShapes, type GenerateShapesOptions, type GeneratedImages } from './data/generated.js';

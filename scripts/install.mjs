@@ -1,1 +1,177 @@
-console.log("skip")
+#!/usr/bin/env node
+// The package's `install` step: make sure a loadable native addon exists.
+//
+//   1. A binary that loads already (build/Release/ or prebuilds/<platform>-<arch>/): nothing to do.
+//   2. A source tree with cmake-js at hand (this repository after `npm ci`): build it with CMake.
+//   3. Otherwise: explain what is missing and fail.
+//
+// `node scripts/install.mjs --build` always builds from source (`npm run build:native`).
+//
+// Environment:
+//   RESNET_CUDA_SKIP_NATIVE_BUILD=1  do nothing at all.
+//   RESNET_CUDA_FORBID_BUILD=1       fail instead of compiling (checks that a prebuilt binary is used).
+//
+// The build uses the headers of the Node.js that runs this script (<prefix>/include/node) and never
+// downloads Node.js headers: when they are absent, it falls back to the Node-API headers of the
+// `node-api-headers` package, which is all the addon includes.
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, realpathSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { availableParallelism } from 'node:os';
+import { dirname, join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = dirname(dirname(fileURLToPath(import.meta.url)));
+const tuple = `${process.platform}-${process.arch}`;
+const forceBuild = process.argv.includes('--build');
+const log = (line) => console.log(`resnet-cuda: ${line}`);
+const rel = (path) => relative(root, path) || '.';
+
+function fail(lines, code = 1) {
+  console.error(['', ...lines.map((l) => `resnet-cuda: ${l}`), ''].join('\n'));
+  process.exit(code);
+}
+
+function envFlag(name) {
+  const value = process.env[name];
+  return value !== undefined && value !== '' && value !== '0' && value.toLowerCase() !== 'false';
+}
+
+/** Finds and loads the addon the way the package does at run time, in a child process. */
+function probe() {
+  const code = `
+    const path = require('node:path');
+    const root = process.argv[1];
+    const out = (o) => process.stdout.write(JSON.stringify(o));
+    let file;
+    try {
+      file = require('node:module').createRequire(path.join(root, 'package.json'))('node-gyp-build').resolve(root);
+    } catch (e) { out({ found: false, error: String(e && e.message || e) }); process.exit(0); }
+    try { const addon = require(file); out({ found: true, loaded: true, file, version: addon.version }); }
+    catch (e) { out({ found: true, loaded: false, file, error: String(e && e.message || e) }); }
+  `;
+  const r = spawnSync(process.execPath, ['-e', code, root], { cwd: root, encoding: 'utf8' });
+  try {
+    return JSON.parse(r.stdout);
+  } catch {
+    const why = r.signal ? `signal ${r.signal}` : `exit code ${r.status}`;
+    return { found: true, loaded: false, error: `loading the addon crashed (${why})\n${r.stderr.trim()}` };
+  }
+}
+
+/** cmake-js and node-addon-api as seen from the package root, or why the source build is impossible. */
+function buildTools() {
+  const missing = [];
+  for (const f of ['CMakeLists.txt', 'native']) if (!existsSync(join(root, f))) missing.push(f);
+  const req = createRequire(join(root, 'package.json'));
+  let cmakeJs;
+  try {
+    const pkgFile = req.resolve('cmake-js/package.json');
+    const bin = req(pkgFile).bin;
+    cmakeJs = join(dirname(pkgFile), typeof bin === 'string' ? bin : bin['cmake-js']);
+  } catch {
+    missing.push('cmake-js (a devDependency)');
+  }
+  try {
+    req.resolve('node-addon-api');
+  } catch {
+    missing.push('node-addon-api (a devDependency)');
+  }
+  return { cmakeJs, missing };
+}
+
+function hasNodeHeaders(prefix) {
+  return Boolean(prefix) && existsSync(join(prefix, 'include/node/node.h')) && existsSync(join(prefix, 'include/node/node_api.h'));
+}
+
+/**
+ * A `nodedir` for cmake-js that holds include/node/: the running Node's own prefix when it ships its
+ * headers, else a folder under build/ filled from `node-api-headers`.
+ */
+function nodeDir(cmakeJs) {
+  const prefix = (exe) => dirname(dirname(exe));
+  const candidates = [...new Set([process.env.npm_config_nodedir, prefix(process.execPath), prefix(realpathSync(process.execPath))])];
+  for (const prefix of candidates) if (hasNodeHeaders(prefix)) return { dir: prefix, what: `Node.js headers in ${join(prefix, 'include/node')}` };
+
+  const cmakeJsRequire = createRequire(join(dirname(dirname(cmakeJs)), 'package.json'));
+  const includeDir = cmakeJsRequire('node-api-headers').include_dir;
+  const dir = join(root, 'build', 'node-api-headers');
+  const target = join(dir, 'include', 'node');
+  mkdirSync(target, { recursive: true });
+  for (const f of readdirSync(includeDir)) if (f.endsWith('.h')) copyFileSync(join(includeDir, f), join(target, f));
+  // cmake-js checks for node.h before it would download headers; the addon itself includes only Node-API.
+  writeFileSync(join(target, 'node.h'), '#error "resnet-cuda builds against Node-API only (node_api.h)"\n');
+  return { dir, what: `Node-API headers from node-api-headers (no Node.js headers under ${candidates.filter(Boolean).join(', ')})` };
+}
+
+function build(cmakeJs) {
+  if (envFlag('RESNET_CUDA_FORBID_BUILD')) {
+    fail([
+      `RESNET_CUDA_FORBID_BUILD is set, but this install would compile the native addon from source`,
+      `(no loadable binary for ${tuple} in ${rel(join(root, 'build/Release'))}/ or ${rel(join(root, 'prebuilds', tuple))}/).`,
+    ]);
+  }
+  const headers = nodeDir(cmakeJs);
+  const jobs = String(Math.max(1, availableParallelism()));
+  log(`building the native addon from source with CMake (${jobs} jobs), using ${headers.what}`);
+  const args = [cmakeJs, 'build', '--out', 'build', '--parallel', jobs];
+  const r = spawnSync(process.execPath, args, {
+    cwd: root,
+    stdio: 'inherit',
+    env: { ...process.env, npm_config_nodedir: headers.dir },
+  });
+  if (r.error) fail([`could not run cmake-js: ${r.error.message}`]);
+  if (r.status !== 0) {
+    fail(
+      [
+        `the native build failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
+        'It needs CMake >= 3.18, a C++17 compiler, OpenMP and oneDNN 2.6 with its CMake files;',
+        'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 ocl-icd-opencl-dev',
+        '(scripts/setup in the source repository installs all of it).',
+      ],
+      r.status || 1,
+    );
+  }
+  const after = probe();
+  if (!after.loaded) fail([`the build finished, but the addon does not load:`, after.error ?? 'not found']);
+  log(`addon ready: ${rel(after.file)} (native ${after.version})`);
+}
+
+if (envFlag('RESNET_CUDA_SKIP_NATIVE_BUILD')) {
+  log('RESNET_CUDA_SKIP_NATIVE_BUILD is set: skipping the native addon');
+  process.exit(0);
+}
+
+const tools = buildTools();
+if (forceBuild) {
+  if (tools.missing.length) fail([`cannot build from source: missing ${tools.missing.join(', ')}.`, 'Run `npm ci` in a source checkout first.']);
+  build(tools.cmakeJs);
+  process.exit(0);
+}
+
+const found = probe();
+if (found.loaded) {
+  log(`using ${rel(found.file)} (native ${found.version})`);
+  process.exit(0);
+}
+if (tools.missing.length === 0) {
+  if (found.found) log(`${rel(found.file)} does not load, rebuilding:\n${found.error}`);
+  build(tools.cmakeJs);
+  process.exit(0);
+}
+
+if (found.found) {
+  const lib = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(found.error ?? '')?.[1];
+  fail([
+    `the prebuilt native addon ${rel(found.file)} does not load:`,
+    found.error,
+    ...(lib ? [`A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgomp1 ocl-icd-libopencl1`] : []),
+  ]);
+}
+fail([
+  `no prebuilt native addon matches ${tuple} (Node ${process.versions.node}), and this is not a source checkout`,
+  `that can be built here (missing: ${tools.missing.join(', ')}).`,
+  'Prebuilt binaries ship for linux-x64 (glibc). To build from source, clone the repository and run',
+  '`bash scripts/setup` (Debian/Ubuntu: installs CMake, g++ and oneDNN 2.6, then `npm ci`), or, with those',
+  'installed, `npm ci && npm run build:native`. To install without the addon: RESNET_CUDA_SKIP_NATIVE_BUILD=1.',
+]);

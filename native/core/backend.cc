@@ -1,5 +1,6 @@
 #include "backend.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "error.h"
@@ -126,6 +127,13 @@ void validateSgd(const SgdArgs& a) {
                  op << ": segment names group " << s.group << " of " << a.groups.size());
   }
   if (a.foundInf.defined()) checkShape(a.foundInf, Shape{1}, op, "foundInf");
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& s : a.segments) ranges.emplace_back(s.offset, s.offset + s.count);
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    RC_CHECK_ARG(ranges[i].first >= ranges[i - 1].second,
+                 op << ": segments overlap at element " << ranges[i].first << "; each parameter may appear once");
+  }
 }
 
 void validateConvertInput(const ConvertInputArgs& a) {

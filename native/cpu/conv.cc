@@ -16,6 +16,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
  public:
   CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : ctx_(ctx), p_(p) {
     validateConv2dParams(p);
+    checkCpuComputeType(p.dtype, "conv2d");
     dnnlGuard(p.str(), [&] { build(); });
   }
 
@@ -68,6 +69,8 @@ class CpuConv2dPlan final : public Conv2dPlan {
     if (p_.bias) {
       checkShape(dBias, {p_.k}, "conv2d backward weights", "dBias");
       checkDType(dBias, DType::F32, "conv2d backward weights", "dBias");
+    } else {
+      RC_CHECK_ARG(!dBias.defined(), "conv2d backward weights: this plan was created without a bias, but dBias was given");
     }
     dnnlGuard(p_.str() + " backward weights", [&] {
       auto& eng = ctx_.engine();
@@ -158,7 +161,10 @@ class CpuConv2dPlan final : public Conv2dPlan {
   }
 
   void checkBias(const Tensor& bias, const char* op) const {
-    if (!p_.bias) return;
+    if (!p_.bias) {
+      RC_CHECK_ARG(!bias.defined(), op << ": this plan was created without a bias, but one was given");
+      return;
+    }
     checkShape(bias, {p_.k}, op, "bias");
     checkDType(bias, DType::F32, op, "bias");
   }

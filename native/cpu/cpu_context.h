@@ -73,6 +73,13 @@ void dispatchFloat(DType dtype, const char* op, Body&& body) {
   }
 }
 
+// The oneDNN plans compute in f32 or bf16 on the CPU (f16 tensors are storage only there).
+inline void checkCpuComputeType(DType t, const char* op) {
+  RC_CHECK_ARG(t == DType::F32 || t == DType::BF16,
+               op << ": the CPU backend computes in f32 or bf16, got " << dtypeName(t)
+                  << " (use bf16 for mixed precision on the CPU)");
+}
+
 // Padding on the far side that makes oneDNN produce PyTorch's floor-mode output size.
 inline int64_t farPadding(int64_t in, int64_t out, int64_t kernelExtent, int64_t stride, int64_t padNear) {
   const int64_t pad = (out - 1) * stride + kernelExtent - in - padNear;

@@ -15,7 +15,7 @@ class CpuLinearPlan final : public LinearPlan {
  public:
   CpuLinearPlan(CpuContext& ctx, const LinearParams& p) : ctx_(ctx), p_(p) {
     RC_CHECK_ARG(p.n > 0 && p.in > 0 && p.out > 0, "linear: all sizes must be positive: " << p.str());
-    RC_CHECK_ARG(isFloating(p.dtype), "linear: dtype must be floating point, got " << dtypeName(p.dtype));
+    checkCpuComputeType(p.dtype, "linear");
     dnnlGuard(p.str(), [&] { build(); });
   }
 
@@ -27,6 +27,8 @@ class CpuLinearPlan final : public LinearPlan {
     if (p_.bias) {
       checkShape(bias, {p_.out}, op, "bias");
       checkDType(bias, DType::F32, op, "bias");
+    } else {
+      RC_CHECK_ARG(!bias.defined(), op << ": this plan was created without a bias, but one was given");
     }
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
@@ -68,6 +70,8 @@ class CpuLinearPlan final : public LinearPlan {
     if (p_.bias) {
       checkShape(dBias, {p_.out}, op, "dBias");
       checkDType(dBias, DType::F32, op, "dBias");
+    } else {
+      RC_CHECK_ARG(!dBias.defined(), op << ": this plan was created without a bias, but dBias was given");
     }
     dnnlGuard(p_.str() + " backward weights", [&] {
       auto& eng = ctx_.engine();

@@ -18,6 +18,7 @@ class CpuPool2dPlan final : public Pool2dPlan {
     RC_CHECK_ARG(p.padH * 2 <= p.kernelH && p.padW * 2 <= p.kernelW,
                  "pool2d: padding must be at most half the kernel: " << p.str());
     RC_CHECK_ARG(p.outH() > 0 && p.outW() > 0, "pool2d: the kernel does not fit the padded input: " << p.str());
+    checkCpuComputeType(p.dtype, "pool2d");
     dnnlGuard(p.str(), [&] { build(); });
   }
 

@@ -1,0 +1,184 @@
+/**
+ * `npm run bench`: CPU training benchmarks with tinybench.
+ *
+ * 1. Every distinct convolution of ResNet-50 at the benchmark's batch and image size, forward plus
+ *    backward (data and weights), in f32 and bf16, with achieved GFLOP/s.
+ * 2. A whole ResNet-50 training step (forward, loss, backward, SGD) in f32 and bf16: step time,
+ *    images/s, GFLOP/s, and the ratio to the conv-only time of the same step.
+ * 3. Memory: resident set size and allocator statistics before and after the timed steps.
+ *
+ * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
+ * Prints a table and writes JSON under bench/results/.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Bench } from 'tinybench';
+import { Conv2d, CrossEntropyLoss, Linear, ResNet, SGD, Tensor, listBackends, memoryStats, type DType } from '../lib/index.js';
+
+const { values } = parseArgs({
+  options: {
+    batch: { type: 'string', default: '16' },
+    size: { type: 'string', default: '224' },
+    depth: { type: 'string', default: '50' },
+    iterations: { type: 'string', default: '5' },
+    device: { type: 'string', default: 'cpu' },
+    dtypes: { type: 'string', default: 'f32,bf16' },
+  },
+});
+const batch = Number(values.batch);
+const size = Number(values.size);
+const depth = Number(values.depth) as 50;
+const iterations = Number(values.iterations);
+const device = values.device;
+const dtypes = values.dtypes.split(',') as DType[];
+
+interface ConvShape {
+  key: string;
+  input: number[];
+  inChannels: number;
+  outChannels: number;
+  kernel: number;
+  stride: number;
+  padding: number;
+  count: number;
+  /** Multiply-accumulates of the forward pass. */
+  macs: number;
+}
+
+/** The convolutions of the model with their input shapes, found by running one forward. */
+function convShapes(model: ResNet, x: Tensor): { convs: ConvShape[]; linearMacs: number } {
+  const found = new Map<string, ConvShape>();
+  let linearMacs = 0;
+  for (const [, m] of model.namedModules()) {
+    if (m instanceof Conv2d) {
+      const forward = m.forward.bind(m);
+      m.forward = (input: Tensor) => {
+        const out = m.outputShape(input.shape);
+        const key = `${input.shape.join('x')} ${m.inChannels}->${m.outChannels} k${m.kernelSize[0]} s${m.stride[0]}`;
+        const entry = found.get(key);
+        if (entry) entry.count++;
+        else {
+          found.set(key, {
+            key, input: [...input.shape], inChannels: m.inChannels, outChannels: m.outChannels, kernel: m.kernelSize[0],
+            stride: m.stride[0], padding: m.padding[0], count: 1,
+            macs: out[0]! * out[1]! * out[2]! * m.outChannels * m.inChannels * m.kernelSize[0] * m.kernelSize[1],
+          });
+        }
+        return forward(input);
+      };
+    } else if (m instanceof Linear) {
+      linearMacs += batch * m.inFeatures * m.outFeatures;
+    }
+  }
+  model.forward(x);
+  return { convs: [...found.values()], linearMacs };
+}
+
+function rssMiB(): number {
+  return process.memoryUsage().rss / 2 ** 20;
+}
+
+const cpu = listBackends().find((b) => b.name === 'cpu');
+console.log(`resnet-cuda bench: ResNet-${depth}, batch ${batch}, ${size}px, ${device}; ${cpu?.device ?? ''} [oneDNN ${cpu?.properties?.onednn}, ${cpu?.properties?.isa}, ${cpu?.properties?.threads} threads]`);
+
+const results: Record<string, unknown> = {
+  date: new Date().toISOString(),
+  device,
+  cpu: cpu?.device,
+  properties: cpu?.properties,
+  batch,
+  size,
+  depth,
+  layers: [] as unknown[],
+  models: [] as unknown[],
+};
+
+for (const dtype of dtypes) {
+  const model = new ResNet(depth, { numClasses: 1000, seed: 1, device });
+  const x = Tensor.randn([batch, size, size, 3], { seed: 2, device, dtype });
+  const { convs, linearMacs } = convShapes(model, x);
+  const convMacs = convs.reduce((n, c) => n + c.macs * c.count, 0);
+  const stepFlops = 3 * 2 * (convMacs + linearMacs); // forward + backward data + backward weights
+
+  // 1. The convolutions one by one.
+  const layerBench = new Bench({ iterations: Math.max(2, Math.ceil(iterations / 2)), warmupIterations: 1, time: 0, warmupTime: 0 });
+  const layerData = convs.map((c) => {
+    const conv = new Conv2d({ inChannels: c.inChannels, outChannels: c.outChannels, kernelSize: c.kernel, stride: c.stride, padding: c.padding, seed: 3 });
+    const input = Tensor.randn(c.input, { seed: 4, device, dtype });
+    const dy = Tensor.randn(conv.outputShape(c.input), { seed: 5, device, dtype });
+    layerBench.add(c.key, () => {
+      conv.forward(input);
+      conv.backward(dy);
+    });
+    return { c, conv, input, dy };
+  });
+  await layerBench.run();
+  let convSeconds = 0;
+  console.log(`\n${dtype}: convolutions of one ResNet-${depth} step, forward + backward (${layerBench.tasks[0]?.name ? 'tinybench mean' : ''})`);
+  console.log('  input shape        conv            count   ms/call   GFLOP/s   implementation');
+  for (const [i, task] of layerBench.tasks.entries()) {
+    const r = task.result;
+    if (r.state !== 'completed') throw new Error(`${task.name}: ${r.state === 'errored' ? r.error.message : r.state}`);
+    const { c, conv } = layerData[i]!;
+    const ms = r.latency.mean;
+    convSeconds += (ms / 1000) * c.count;
+    const gflops = (3 * 2 * c.macs) / (ms / 1000) / 1e9;
+    console.log(`  ${c.input.join('x').padEnd(18)} ${`${c.inChannels}->${c.outChannels} ${c.kernel}x${c.kernel}/${c.stride}`.padEnd(15)} ${String(c.count).padStart(5)} ${ms.toFixed(2).padStart(9)} ${gflops.toFixed(1).padStart(9)}   ${conv.implementation()}`);
+    (results.layers as unknown[]).push({ dtype, shape: c.input, inChannels: c.inChannels, outChannels: c.outChannels, kernel: c.kernel, stride: c.stride, count: c.count, ms, gflops, implementation: conv.implementation() });
+  }
+  for (const { conv, input, dy } of layerData) {
+    conv.releaseBuffers();
+    input.dispose();
+    dy.dispose();
+  }
+  const convOnlyGflops = (3 * 2 * convMacs) / convSeconds / 1e9;
+  console.log(`  conv-only: ${(convSeconds * 1000).toFixed(0)} ms per step, ${convOnlyGflops.toFixed(1)} GFLOP/s`);
+
+  // 2. The whole training step.
+  const loss = new CrossEntropyLoss();
+  const optimizer = new SGD(model, { lr: 0.01, momentum: 0.9, weightDecay: 1e-4 });
+  const labels = Tensor.from(Array.from({ length: batch }, (_, i) => i % 1000), [batch], { dtype: 'i32', device });
+  const step = () => {
+    const value = loss.forward(model.forward(x), labels);
+    model.backward(loss.backward());
+    optimizer.step();
+    optimizer.zeroGrad();
+    return value;
+  };
+  step();
+  const rssBefore = rssMiB();
+  const allocBefore = memoryStats(device);
+  const modelBench = new Bench({ iterations, warmupIterations: 1, time: 0, warmupTime: 0 });
+  let last = 0;
+  modelBench.add(`ResNet-${depth} ${dtype} training step`, () => {
+    last = step().item();
+  });
+  await modelBench.run();
+  const r = modelBench.tasks[0]!.result;
+  if (r.state !== 'completed') throw new Error(`training step: ${r.state === 'errored' ? r.error.message : r.state}`);
+  const stepMs = r.latency.mean;
+  const allocAfter = memoryStats(device);
+  const rssAfter = rssMiB();
+  const gflops = stepFlops / (stepMs / 1000) / 1e9;
+  const ratio = stepMs / (convSeconds * 1000);
+  console.log(`  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s, ${ratio.toFixed(2)}x the conv-only time; loss ${last.toFixed(3)}`);
+  console.log(`  memory: RSS ${rssBefore.toFixed(0)} -> ${rssAfter.toFixed(0)} MiB over ${iterations + 1} steps; allocator ${(allocAfter.allocatedBytes / 2 ** 20).toFixed(0)} MiB live, ${(allocAfter.reservedBytes / 2 ** 20).toFixed(0)} MiB reserved, ${allocAfter.systemAllocationCount - allocBefore.systemAllocationCount} new system allocations`);
+  (results.models as unknown[]).push({
+    dtype, stepMs, stepSd: r.latency.sd, imagesPerSecond: (batch * 1000) / stepMs, gflops, convOnlyMs: convSeconds * 1000, convOnlyGflops,
+    ratioToConvOnly: ratio, stepGflop: stepFlops / 1e9, rssMiB: { before: rssBefore, after: rssAfter },
+    allocator: allocAfter, newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,
+  });
+  model.releaseBuffers();
+  optimizer.dispose();
+  loss.dispose();
+  x.dispose();
+}
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
+const outDir = join(root, 'bench', 'results');
+mkdirSync(outDir, { recursive: true });
+const file = join(outDir, `${new Date().toISOString().replace(/[:.]/g, '-')}-${device.replace(':', '')}.json`);
+writeFileSync(file, JSON.stringify(results, null, 2) + '\n');
+console.log(`\nwrote ${file}`);
