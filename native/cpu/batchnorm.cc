@@ -1,5 +1,5 @@
 // Batch normalisation over NHWC rows with fused residual add and ReLU. Statistics are summed in
-// float over short blocks of rows and in double across blocks: one pass, vectorisable, accurate.
+// float over short blocks of rows (vectorised along channels) and in double across blocks.
 #include <omp.h>
 
 #include <algorithm>
@@ -7,25 +7,138 @@
 #include <vector>
 
 #include "cpu_ops.h"
+#include "isa.h"
 
 namespace rc::cpu {
 
 namespace {
 
-// Per-channel sums over all rows, reduced over threads. `body(firstRow, rowCount, a, b)` adds a
-// block of rows into float accumulators a[C], b[C]; blocks are short so float stays accurate, and
-// blocks are summed in double.
 constexpr int64_t kBlockRows = 64;
 
-template <typename Body>
-void channelSums(int64_t rows, int64_t channels, std::vector<double>& a, std::vector<double>& b, Body body) {
+// ---- row kernels, compiled per ISA ---------------------------------------------------------
+
+// s[c] += x[r,c] - pivot[c]; s2[c] += (x[r,c] - pivot[c])^2
+template <typename T>
+RC_ALWAYS_INLINE void statsRowsImpl(const T* x, const float* pivot, int64_t rows, int64_t channels, float* s, float* s2) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = x + r * channels;
+    for (int64_t c = 0; c < channels; ++c) {
+      const float v = toF(row[c]) - pivot[c];
+      s[c] += v;
+      s2[c] += v * v;
+    }
+  }
+}
+RC_ISA_DISPATCH(statsRows, statsRowsImpl,
+                (const T* x, const float* pivot, int64_t rows, int64_t channels, float* s, float* s2),
+                (x, pivot, rows, channels, s, s2))
+
+// y = relu?(x * scale + shift + residual?)
+template <typename T>
+RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const float* scale, const float* shift, int64_t rows,
+                                        int64_t channels, bool relu) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * channels;
+    T* yr = y + r * channels;
+    if (res) {
+      const T* rr = res + r * channels;
+      if (relu) {
+        for (int64_t c = 0; c < channels; ++c) {
+          const float v = toF(xr[c]) * scale[c] + shift[c] + toF(rr[c]);
+          yr[c] = fromF<T>(v > 0.0f ? v : 0.0f);
+        }
+      } else {
+        for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c] + toF(rr[c]));
+      }
+    } else if (relu) {
+      for (int64_t c = 0; c < channels; ++c) {
+        const float v = toF(xr[c]) * scale[c] + shift[c];
+        yr[c] = fromF<T>(v > 0.0f ? v : 0.0f);
+      }
+    } else {
+      for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c]);
+    }
+  }
+}
+RC_ISA_DISPATCH(normalizeRows, normalizeRowsImpl,
+                (const T* x, const T* res, T* y, const float* scale, const float* shift, int64_t rows, int64_t channels,
+                 bool relu),
+                (x, res, y, scale, shift, rows, channels, relu))
+
+// g = dy masked by y > 0 (when y is given); sg[c] += g; sgx[c] += g * (x - mean)
+template <typename T>
+RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, const float* mean, int64_t rows, int64_t channels,
+                                        float* sg, float* sgx) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * channels;
+    const T* dyr = dy + r * channels;
+    if (y) {
+      const T* yr = y + r * channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        const float g = toF(yr[c]) > 0.0f ? toF(dyr[c]) : 0.0f;
+        sg[c] += g;
+        sgx[c] += g * (toF(xr[c]) - mean[c]);
+      }
+    } else {
+      for (int64_t c = 0; c < channels; ++c) {
+        const float g = toF(dyr[c]);
+        sg[c] += g;
+        sgx[c] += g * (toF(xr[c]) - mean[c]);
+      }
+    }
+  }
+}
+RC_ISA_DISPATCH(gradStatsRows, gradStatsRowsImpl,
+                (const T* x, const T* y, const T* dy, const float* mean, int64_t rows, int64_t channels, float* sg,
+                 float* sgx),
+                (x, y, dy, mean, rows, channels, sg, sgx))
+
+// dx = a * (g - b - (x - mean) * k); dres = g
+template <typename T>
+RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a,
+                                        const float* b, const float* k, int64_t rows, int64_t channels) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * channels;
+    const T* dyr = dy + r * channels;
+    T* dxr = dx + r * channels;
+    if (y) {
+      const T* yr = y + r * channels;
+      for (int64_t c = 0; c < channels; ++c) {
+        const float g = toF(yr[c]) > 0.0f ? toF(dyr[c]) : 0.0f;
+        dxr[c] = fromF<T>(a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]));
+      }
+      if (dres) {
+        T* drr = dres + r * channels;
+        for (int64_t c = 0; c < channels; ++c) drr[c] = toF(yr[c]) > 0.0f ? dyr[c] : fromF<T>(0.0f);
+      }
+    } else {
+      for (int64_t c = 0; c < channels; ++c) {
+        dxr[c] = fromF<T>(a[c] * (toF(dyr[c]) - b[c] - (toF(xr[c]) - mean[c]) * k[c]));
+      }
+      if (dres) {
+        T* drr = dres + r * channels;
+        for (int64_t c = 0; c < channels; ++c) drr[c] = dyr[c];
+      }
+    }
+  }
+}
+RC_ISA_DISPATCH(gradInputRows, gradInputRowsImpl,
+                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a,
+                 const float* b, const float* k, int64_t rows, int64_t channels),
+                (x, y, dy, dx, dres, mean, a, b, k, rows, channels))
+
+// ---- drivers ---------------------------------------------------------------------------------
+
+// Per-channel sums over all rows: `block(firstRow, rowCount, a, b)` adds one block of rows into
+// float accumulators a[C], b[C]; blocks are summed in double per thread, then across threads.
+template <typename Block>
+void channelSums(int64_t rows, int64_t channels, std::vector<double>& a, std::vector<double>& b, Block block) {
   const int threads = omp_get_max_threads();
   std::vector<double> partial(static_cast<size_t>(threads) * 2 * channels, 0.0);
   const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel num_threads(threads)
   {
-    const int t = omp_get_thread_num();
-    double* pa = partial.data() + static_cast<size_t>(t) * 2 * channels;
+    double* pa = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * channels;
     double* pb = pa + channels;
     std::vector<float> fa(channels), fb(channels);
 #pragma omp for schedule(static)
@@ -33,7 +146,7 @@ void channelSums(int64_t rows, int64_t channels, std::vector<double>& a, std::ve
       std::fill(fa.begin(), fa.end(), 0.0f);
       std::fill(fb.begin(), fb.end(), 0.0f);
       const int64_t first = blk * kBlockRows;
-      body(first, std::min(kBlockRows, rows - first), fa.data(), fb.data());
+      block(first, std::min(kBlockRows, rows - first), fa.data(), fb.data());
       for (int64_t c = 0; c < channels; ++c) {
         pa[c] += fa[c];
         pb[c] += fb[c];
@@ -51,6 +164,17 @@ void channelSums(int64_t rows, int64_t channels, std::vector<double>& a, std::ve
   }
 }
 
+// Runs body(firstRow, rowCount) over blocks of rows in parallel.
+template <typename Body>
+void forRowBlocks(int64_t rows, Body body) {
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * kBlockRows;
+    body(first, std::min(kBlockRows, rows - first));
+  }
+}
+
 template <typename T>
 void forwardTyped(const BatchNormForwardArgs& args) {
   const int64_t channels = args.x.dim(args.x.rank() - 1);
@@ -65,21 +189,14 @@ void forwardTyped(const BatchNormForwardArgs& args) {
   std::vector<float> scale(channels), shift(channels);
 
   if (args.training) {
-    // Sums of (x - shift) with shift = the first row: exact mean/variance algebra, without the
-    // cancellation that plain sums of squares suffer when |mean| >> std.
+    // Sums of (x - pivot) with the first row as pivot: exact algebra for mean and variance, without
+    // the cancellation of plain sums of squares when |mean| >> std.
     std::vector<float> pivot(channels);
     for (int64_t c = 0; c < channels; ++c) pivot[c] = toF(x[c]);
     const float* pv = pivot.data();
     std::vector<double> sum, sumSq;
     channelSums(rows, channels, sum, sumSq, [&](int64_t first, int64_t count, float* s, float* s2) {
-      for (int64_t r = first; r < first + count; ++r) {
-        const T* row = x + r * channels;
-        for (int64_t c = 0; c < channels; ++c) {
-          const float v = toF(row[c]) - pv[c];
-          s[c] += v;
-          s2[c] += v * v;
-        }
-      }
+      statsRows<T>(x + first * channels, pv, count, channels, s, s2);
     });
     float* saveMean = args.saveMean.ptr<float>();
     float* saveInvStd = args.saveInvStd.ptr<float>();
@@ -103,27 +220,12 @@ void forwardTyped(const BatchNormForwardArgs& args) {
       shift[c] = static_cast<float>(beta[c] - runMean[c] * gamma[c] * invStd);
     }
   }
-
   const float* sc = scale.data();
   const float* sh = shift.data();
-  const bool relu = args.relu;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * channels;
-    const T* rr = res ? res + r * channels : nullptr;
-    T* yr = y + r * channels;
-    if (rr) {
-      for (int64_t c = 0; c < channels; ++c) {
-        const float v = toF(xr[c]) * sc[c] + sh[c] + toF(rr[c]);
-        yr[c] = fromF<T>(relu ? std::max(v, 0.0f) : v);
-      }
-    } else {
-      for (int64_t c = 0; c < channels; ++c) {
-        const float v = toF(xr[c]) * sc[c] + sh[c];
-        yr[c] = fromF<T>(relu ? std::max(v, 0.0f) : v);
-      }
-    }
-  }
+  forRowBlocks(rows, [&](int64_t first, int64_t count) {
+    const int64_t at = first * channels;
+    normalizeRows<T>(x + at, res ? res + at : nullptr, y + at, sc, sh, count, channels, args.relu);
+  });
 }
 
 template <typename T>
@@ -141,17 +243,8 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
 
   std::vector<double> sumG, sumGX;
   channelSums(rows, channels, sumG, sumGX, [&](int64_t first, int64_t count, float* sg, float* sgx) {
-    for (int64_t r = first; r < first + count; ++r) {
-      const T* xr = x + r * channels;
-      const T* dyr = dy + r * channels;
-      const T* yr = y ? y + r * channels : nullptr;
-      for (int64_t c = 0; c < channels; ++c) {
-        float g = toF(dyr[c]);
-        if (yr) g = toF(yr[c]) > 0.0f ? g : 0.0f;
-        sg[c] += g;
-        sgx[c] += g * (toF(xr[c]) - mean[c]);
-      }
-    }
+    const int64_t at = first * channels;
+    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, mean, count, channels, sg, sgx);
   });
 
   float* dGamma = args.dGamma.ptr<float>();
@@ -167,23 +260,11 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
     b[c] = static_cast<float>(sumG[c] / m);
     k[c] = static_cast<float>(is * is * sumGX[c] / m);
   }
-  const float* pa = a.data();
-  const float* pb = b.data();
-  const float* pk = k.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * channels;
-    const T* dyr = dy + r * channels;
-    const T* yr = y ? y + r * channels : nullptr;
-    T* dxr = dx + r * channels;
-    T* drr = dres ? dres + r * channels : nullptr;
-    for (int64_t c = 0; c < channels; ++c) {
-      float g = toF(dyr[c]);
-      if (yr) g = toF(yr[c]) > 0.0f ? g : 0.0f;
-      if (drr) drr[c] = fromF<T>(g);
-      dxr[c] = fromF<T>(pa[c] * (g - pb[c] - (toF(xr[c]) - mean[c]) * pk[c]));
-    }
-  }
+  forRowBlocks(rows, [&](int64_t first, int64_t count) {
+    const int64_t at = first * channels;
+    gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(), b.data(),
+                     k.data(), count, channels);
+  });
 }
 
 }  // namespace

@@ -50,15 +50,15 @@ struct Bf16 {
 struct Half {
   uint16_t bits;
 };
-inline float toF(float v) { return v; }
-inline float toF(Bf16 v) { return bf16ToFloat(v.bits); }
+inline __attribute__((always_inline)) float toF(float v) { return v; }
+inline __attribute__((always_inline)) float toF(Bf16 v) { return bf16ToFloat(v.bits); }
 inline float toF(Half v) { return halfToFloat(v.bits); }
 template <typename T>
 inline T fromF(float v);
 template <>
-inline float fromF<float>(float v) { return v; }
+inline __attribute__((always_inline)) float fromF<float>(float v) { return v; }
 template <>
-inline Bf16 fromF<Bf16>(float v) { return Bf16{floatToBf16(v)}; }
+inline __attribute__((always_inline)) Bf16 fromF<Bf16>(float v) { return Bf16{floatToBf16(v)}; }
 template <>
 inline Half fromF<Half>(float v) { return Half{floatToHalf(v)}; }
 

@@ -1,11 +1,48 @@
 // Element-wise kernels: relu and its gradient, add, dtype casts, fill, and the input conversion
 // (u8 NHWC -> normalised float with optional horizontal flip).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "cpu_ops.h"
+#include "isa.h"
 
 namespace rc::cpu {
+
+namespace {
+
+constexpr int64_t kChunk = 1 << 14;
+
+template <typename T>
+RC_ALWAYS_INLINE void reluImpl(const T* x, T* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = toF(x[i]);
+    y[i] = fromF<T>(v > 0.0f ? v : 0.0f);
+  }
+}
+RC_ISA_DISPATCH(reluChunk, reluImpl, (const T* x, T* y, int64_t n), (x, y, n))
+
+template <typename T>
+RC_ALWAYS_INLINE void reluBackwardImpl(const T* y, const T* dy, T* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = toF(y[i]) > 0.0f ? dy[i] : fromF<T>(0.0f);
+}
+RC_ISA_DISPATCH(reluBackwardChunk, reluBackwardImpl, (const T* y, const T* dy, T* dx, int64_t n), (y, dy, dx, n))
+
+template <typename T>
+RC_ALWAYS_INLINE void addImpl(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = fromF<T>(toF(a[i]) + toF(b[i]));
+}
+RC_ISA_DISPATCH(addChunk, addImpl, (const T* a, const T* b, T* out, int64_t n), (a, b, out, n))
+
+// Runs body(offset, count) over chunks of [0, n) in parallel.
+template <typename Body>
+void forChunks(int64_t n, Body body) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < chunks; ++i) body(i * kChunk, std::min(kChunk, n - i * kChunk));
+}
+
+}  // namespace
 
 void relu(const Tensor& x, const Tensor& y) {
   validateSameLayout(x, y, "relu");
@@ -13,12 +50,7 @@ void relu(const Tensor& x, const Tensor& y) {
     using T = decltype(tag);
     const T* src = x.ptr<T>();
     T* dst = y.ptr<T>();
-    const int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = toF(src[i]);
-      dst[i] = fromF<T>(v > 0.0f ? v : 0.0f);
-    }
+    forChunks(x.numel(), [&](int64_t at, int64_t count) { reluChunk<T>(src + at, dst + at, count); });
   });
 }
 
@@ -30,9 +62,7 @@ void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
     const T* out = y.ptr<T>();
     const T* g = dy.ptr<T>();
     T* dst = dx.ptr<T>();
-    const int64_t n = y.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) dst[i] = toF(out[i]) > 0.0f ? g[i] : fromF<T>(0.0f);
+    forChunks(y.numel(), [&](int64_t at, int64_t count) { reluBackwardChunk<T>(out + at, g + at, dst + at, count); });
   });
 }
 
@@ -44,9 +74,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     const T* pa = a.ptr<T>();
     const T* pb = b.ptr<T>();
     T* po = out.ptr<T>();
-    const int64_t n = a.numel();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) po[i] = fromF<T>(toF(pa[i]) + toF(pb[i]));
+    forChunks(a.numel(), [&](int64_t at, int64_t count) { addChunk<T>(pa + at, pb + at, po + at, count); });
   });
 }
 
