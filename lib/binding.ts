@@ -127,12 +127,27 @@ export interface BackendStatus {
   properties?: Record<string, string>;
 }
 
+export interface RawCommunicator {
+  readonly rank: number;
+  readonly size: number;
+  allReduce(args: { tensor: RawTensor; average?: boolean }): void;
+  broadcast(args: { tensor: RawTensor; root?: number }): void;
+  synchronize(args: { timeoutSeconds?: number }): void;
+  dispose(): void;
+}
+
 export interface RawAddon {
   version: string;
   NativeTensor: new (options: { shape: number[]; dtype: DTypeName; device: string }) => RawTensor;
   Conv2dPlan: new (options: RawConv2dOptions) => RawConv2dPlan;
   LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
   Pool2dPlan: new (options: RawPool2dOptions) => RawPool2dPlan;
+  Communicator: new (options: { device: string; uniqueId: string; rank: number; worldSize: number; timeoutSeconds?: number }) => RawCommunicator;
+  beginCapture(args: { device: string }): void;
+  endCapture(args: { device: string }): number;
+  replayGraph(args: { device: string; graph: number }): void;
+  destroyGraph(args: { device: string; graph: number }): void;
+  createUniqueId(args: { device: string }): string;
   batchNormForward(args: {
     x: RawTensor;
     gamma: RawTensor;

@@ -65,3 +65,4 @@ export { CrossEntropyLoss, type CrossEntropyLossOptions } from './nn/loss.js';
 export { IMAGENET_MEAN, IMAGENET_STD, InputNormalize, type InputNormalizeOptions } from './nn/input.js';
 export { SGD, type SGDGroup, type SGDGroupInput, type SGDOptions } from './optim/sgd.js';
 export { SHAPE_CLASSES, generateShapes, type GenerateShapesOptions, type GeneratedImages } from './data/generated.js';
+export { Communicator, CudaGraph, createUniqueId, type CommunicatorOptions } from './cuda.js';

@@ -141,6 +141,22 @@ struct ConvertInputArgs {
   std::vector<float> mean, std;
 };
 
+// A collective-communication group over devices of one kind (NCCL on CUDA). Collectives are
+// enqueued on the backend's stream in program order; errors and timeouts surface from
+// `synchronize`, which aborts the group so that no rank is left waiting for a dead peer.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In-place sum (or mean) of `t` over all ranks.
+  virtual void allReduce(const Tensor& t, bool average) = 0;
+  // In-place copy of rank `root`'s `t` to every rank.
+  virtual void broadcast(const Tensor& t, int root) = 0;
+  // Waits for the queued collectives; throws (and aborts the group) on error or after `timeoutSeconds`.
+  virtual void synchronize(double timeoutSeconds) = 0;
+};
+
 struct BackendInfo {
   std::string name;     // "cpu", "cuda"
   std::string device;   // "Intel(R) Xeon(R) ...", "NVIDIA H200"
@@ -171,6 +187,18 @@ class Backend {
   virtual void crossEntropy(const CrossEntropyArgs& args) = 0;
   virtual void sgdStep(const SgdArgs& args) = 0;
   virtual void convertInput(const ConvertInputArgs& args) = 0;
+
+  // CUDA graphs: everything enqueued between beginCapture and endCapture is recorded, not run;
+  // replay runs it again with the same buffers. Backends without graphs throw.
+  virtual void beginCapture() = 0;
+  virtual int64_t endCapture() = 0;
+  virtual void replay(int64_t graph) = 0;
+  virtual void destroyGraph(int64_t graph) = 0;
+
+  // Collectives: rank 0 creates the unique id and publishes it; every rank then joins.
+  virtual std::string createUniqueId() = 0;
+  virtual std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
+                                                           double timeoutSeconds) = 0;
 
   virtual void copyFromHost(const void* src, size_t bytes, const Tensor& dst) = 0;
   virtual void copyToHost(const Tensor& src, void* dst, size_t bytes) = 0;

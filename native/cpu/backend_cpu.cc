@@ -24,6 +24,11 @@ std::string cpuModelName() {
 }
 
 class CpuBackend final : public Backend {
+ private:
+  [[noreturn]] static void unsupported(const char* what) {
+    RC_THROW(code::kInvalidArgument, what << " needs a CUDA device; the CPU backend runs ops as they are called");
+  }
+
  public:
   Device device() const override { return Device{DeviceType::Cpu, 0}; }
   Allocator& allocator() override { return ctx_.allocator(); }
@@ -56,6 +61,15 @@ class CpuBackend final : public Backend {
   void crossEntropy(const CrossEntropyArgs& a) override { cpu::crossEntropy(a); }
   void sgdStep(const SgdArgs& a) override { cpu::sgdStep(a); }
   void convertInput(const ConvertInputArgs& a) override { cpu::convertInput(a); }
+
+  void beginCapture() override { unsupported("graph capture"); }
+  int64_t endCapture() override { unsupported("graph capture"); }
+  void replay(int64_t) override { unsupported("graph replay"); }
+  void destroyGraph(int64_t) override { unsupported("graph replay"); }
+  std::string createUniqueId() override { unsupported("NCCL collectives"); }
+  std::unique_ptr<Communicator> createCommunicator(const std::string&, int, int, double) override {
+    unsupported("NCCL collectives");
+  }
 
   void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
     checkDefined(dst, "copy from host", "dst");

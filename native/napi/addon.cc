@@ -215,6 +215,43 @@ Napi::Value EmptyCache(const Napi::CallbackInfo& info) {
   });
 }
 
+Napi::Value BeginCapture(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    backendFor(getDevice(optionsArg(info, "beginCapture"), "device")).beginCapture();
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value EndCapture(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    const int64_t id = backendFor(getDevice(optionsArg(info, "endCapture"), "device")).endCapture();
+    return Napi::Value(Napi::Number::New(info.Env(), static_cast<double>(id)));
+  });
+}
+
+Napi::Value ReplayGraph(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "replayGraph");
+    backendFor(getDevice(o, "device")).replay(getInt(o, "graph"));
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value DestroyGraph(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "destroyGraph");
+    backendFor(getDevice(o, "device")).destroyGraph(getInt(o, "graph"));
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value CreateUniqueId(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    const std::string id = backendFor(getDevice(optionsArg(info, "createUniqueId"), "device")).createUniqueId();
+    return Napi::Value(Napi::String::New(info.Env(), id));
+  });
+}
+
 Napi::Value ListBackends(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Env env = info.Env();
@@ -251,6 +288,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Conv2dPlan", Conv2dPlanWrap::Init(env));
   exports.Set("LinearPlan", LinearPlanWrap::Init(env));
   exports.Set("Pool2dPlan", Pool2dPlanWrap::Init(env));
+  exports.Set("Communicator", CommunicatorWrap::Init(env));
   const std::pair<const char*, Fn> functions[] = {
       {"batchNormForward", BatchNormForward}, {"batchNormBackward", BatchNormBackward},
       {"relu", Relu},                         {"reluBackward", ReluBackward},
@@ -259,7 +297,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"sgdStep", SgdStep},                   {"convertInput", ConvertInput},
       {"synchronize", Synchronize},           {"memoryStats", MemoryStatsFn},
       {"resetPeakMemory", ResetPeakMemory},   {"emptyCache", EmptyCache},
-      {"listBackends", ListBackends},
+      {"listBackends", ListBackends},         {"beginCapture", BeginCapture},
+      {"endCapture", EndCapture},             {"replayGraph", ReplayGraph},
+      {"destroyGraph", DestroyGraph},         {"createUniqueId", CreateUniqueId},
   };
   for (const auto& [name, fn] : functions) exports.Set(name, Napi::Function::New(env, fn, name));
   exports.Set("version", Napi::String::New(env, RC_VERSION));

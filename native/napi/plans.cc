@@ -206,4 +206,70 @@ Napi::Value Pool2dPlanWrap::Dispose(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// ---- Communicator --------------------------------------------------------------------------
+
+Napi::Function CommunicatorWrap::Init(Napi::Env env) {
+  return DefineClass(env, "Communicator",
+                     {InstanceMethod<&CommunicatorWrap::AllReduce>("allReduce"),
+                      InstanceMethod<&CommunicatorWrap::Broadcast>("broadcast"),
+                      InstanceMethod<&CommunicatorWrap::Synchronize>("synchronize"),
+                      InstanceAccessor<&CommunicatorWrap::Rank>("rank"),
+                      InstanceAccessor<&CommunicatorWrap::Size>("size"),
+                      InstanceMethod<&CommunicatorWrap::Dispose>("dispose")});
+}
+
+// new Communicator({ device, uniqueId, rank, worldSize, timeoutSeconds })
+CommunicatorWrap::CommunicatorWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<CommunicatorWrap>(info) {
+  guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "Communicator");
+    const int64_t rank = getInt(o, "rank");
+    const int64_t worldSize = getInt(o, "worldSize");
+    RC_CHECK_ARG(worldSize >= 1 && worldSize <= 65536 && rank >= 0 && rank < worldSize,
+                 "Communicator: rank " << rank << " is outside a world of " << worldSize);
+    const double timeout = getNumber(o, "timeoutSeconds", 300.0);
+    RC_CHECK_ARG(timeout > 0, "Communicator: timeoutSeconds must be positive, got " << timeout);
+    comm_ = backendFor(getDevice(o, "device"))
+                .createCommunicator(getString(o, "uniqueId"), static_cast<int>(rank), static_cast<int>(worldSize), timeout);
+  });
+}
+
+Napi::Value CommunicatorWrap::AllReduce(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "Communicator.allReduce");
+    live(comm_, "Communicator").allReduce(getTensor(o, "tensor"), getBool(o, "average", false));
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value CommunicatorWrap::Broadcast(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "Communicator.broadcast");
+    live(comm_, "Communicator").broadcast(getTensor(o, "tensor"), static_cast<int>(getInt(o, "root", 0)));
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value CommunicatorWrap::Synchronize(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "Communicator.synchronize");
+    const double timeout = getNumber(o, "timeoutSeconds", 300.0);
+    RC_CHECK_ARG(timeout > 0, "Communicator.synchronize: timeoutSeconds must be positive, got " << timeout);
+    live(comm_, "Communicator").synchronize(timeout);
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value CommunicatorWrap::Rank(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] { return Napi::Value(Napi::Number::New(info.Env(), live(comm_, "Communicator").rank())); });
+}
+
+Napi::Value CommunicatorWrap::Size(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] { return Napi::Value(Napi::Number::New(info.Env(), live(comm_, "Communicator").size())); });
+}
+
+Napi::Value CommunicatorWrap::Dispose(const Napi::CallbackInfo& info) {
+  comm_.reset();
+  return info.Env().Undefined();
+}
+
 }  // namespace rc::napi

@@ -48,4 +48,20 @@ class Pool2dPlanWrap : public Napi::ObjectWrap<Pool2dPlanWrap> {
   std::unique_ptr<Pool2dPlan> plan_;
 };
 
+// A collective-communication group (NCCL on CUDA devices).
+class CommunicatorWrap : public Napi::ObjectWrap<CommunicatorWrap> {
+ public:
+  static Napi::Function Init(Napi::Env env);
+  explicit CommunicatorWrap(const Napi::CallbackInfo& info);
+
+ private:
+  Napi::Value AllReduce(const Napi::CallbackInfo& info);
+  Napi::Value Broadcast(const Napi::CallbackInfo& info);
+  Napi::Value Synchronize(const Napi::CallbackInfo& info);
+  Napi::Value Rank(const Napi::CallbackInfo& info);
+  Napi::Value Size(const Napi::CallbackInfo& info);
+  Napi::Value Dispose(const Napi::CallbackInfo& info);
+  std::unique_ptr<Communicator> comm_;
+};
+
 }  // namespace rc::napi
