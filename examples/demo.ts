@@ -2,19 +2,19 @@
  * The demo: trains a small ResNet-18 on the built-in generated dataset (coloured shapes on noise)
  * with a plain training loop, printing the falling loss and the validation accuracy.
  *
- *   npm run demo -- [--steps 150] [--batch 32] [--dtype f32|bf16] [--device cpu] [--size 32]
+ *   npm run demo -- [--steps 100] [--batch 32] [--dtype f32|bf16] [--device cpu] [--size 32] [--lr 0.01]
  */
 import { parseArgs } from 'node:util';
 import { CrossEntropyLoss, InputNormalize, ResNet18, SGD, Tensor, generateShapes, listBackends } from '../lib/index.js';
 
 const { values } = parseArgs({
   options: {
-    steps: { type: 'string', default: '150' },
+    steps: { type: 'string', default: '100' },
     batch: { type: 'string', default: '32' },
     dtype: { type: 'string', default: 'f32' },
     device: { type: 'string', default: 'cpu' },
     size: { type: 'string', default: '32' },
-    lr: { type: 'string', default: '0.05' },
+    lr: { type: 'string', default: '0.01' },
     seed: { type: 'string', default: '1' },
   },
 });
@@ -33,7 +33,8 @@ const val = generateShapes({ count: 512, size, classes: 4, seed: seed + 1 });
 const model = ResNet18({ numClasses: 4, smallInput: true, seed, device });
 const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
 const loss = new CrossEntropyLoss({ labelSmoothing: 0.05 });
-const optimizer = new SGD(model, { lr: Number(values.lr), momentum: 0.9, weightDecay: 5e-4, nesterov: true });
+const peakLr = Number(values.lr);
+const optimizer = new SGD(model, { lr: peakLr, momentum: 0.9, weightDecay: 5e-4, nesterov: true });
 const imageBytes = size * size * 3;
 const images = Tensor.empty([batch, size, size, 3], { dtype: 'u8', device });
 const labels = Tensor.empty([batch], { dtype: 'i32', device });
@@ -42,6 +43,8 @@ const flip = new Uint8Array(batch);
 const started = performance.now();
 let recent = 0;
 for (let step = 0; step < steps; step++) {
+  // Linear warm-up over ten steps, then cosine decay to zero.
+  optimizer.paramGroups[0]!.lr = peakLr * Math.min(1, (step + 1) / 10) * 0.5 * (1 + Math.cos((Math.PI * step) / steps));
   images.raw.copyFromHost(train.images.subarray(step * batch * imageBytes, (step + 1) * batch * imageBytes));
   labels.raw.copyFromHost(train.labels.subarray(step * batch, (step + 1) * batch));
   for (let i = 0; i < batch; i++) flip[i] = Math.random() < 0.5 ? 1 : 0;

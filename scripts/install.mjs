@@ -7,15 +7,20 @@
 //
 // `node scripts/install.mjs --build` always builds from source (`npm run build:native`).
 //
+// The CUDA backend (build/Release/libresnet_cuda_backend.so) is built too when a CUDA 13 toolkit
+// with cuDNN and NCCL is at hand: the SDK of scripts/setup-cuda-sdk (or the system toolkit it
+// accepts), else whatever CMake finds through CUDA_HOME / CUDA_PATH / /usr/local/cuda.
+//
 // Environment:
 //   RESNET_CUDA_SKIP_NATIVE_BUILD=1  do nothing at all.
 //   RESNET_CUDA_FORBID_BUILD=1       fail instead of compiling (checks that a prebuilt binary is used).
+//   RESNET_CUDA_BUILD_CUDA=1 / =0    require / skip the CUDA backend (default: build it when possible).
 //
 // The build uses the headers of the Node.js that runs this script (<prefix>/include/node) and never
 // downloads Node.js headers: when they are absent, it falls back to the Node-API headers of the
 // `node-api-headers` package, which is all the addon includes.
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readdirSync, realpathSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join, relative } from 'node:path';
@@ -104,6 +109,43 @@ function nodeDir(cmakeJs) {
   return { dir, what: `Node-API headers from node-api-headers (no Node.js headers under ${candidates.filter(Boolean).join(', ')})` };
 }
 
+/**
+ * What to tell CMake about CUDA: RC_CUDA (AUTO, ON or OFF) and RC_CUDA_ROOT. In a source checkout,
+ * the toolkit is the one scripts/setup-cuda-sdk reports (its SDK, or a system CUDA 13 with cuDNN and
+ * NCCL), and without one the build is CPU only; elsewhere CMake looks at CUDA_HOME, CUDA_PATH and
+ * /usr/local/cuda itself. The root is always passed explicitly because CMake would otherwise keep
+ * the one cached by an earlier configuration (cmake-js cannot pass an empty value).
+ */
+function cudaOptions() {
+  const wanted = process.env.RESNET_CUDA_BUILD_CUDA;
+  const mode = wanted === undefined || wanted === '' ? 'AUTO' : envFlag('RESNET_CUDA_BUILD_CUDA') ? 'ON' : 'OFF';
+  if (mode === 'OFF') return { enabled: false, args: ['--CDRC_CUDA=OFF'], what: 'without the CUDA backend (RESNET_CUDA_BUILD_CUDA=0)' };
+  const script = join(root, 'scripts', 'setup-cuda-sdk');
+  if (!existsSync(script)) {
+    return { enabled: true, args: [`--CDRC_CUDA=${mode}`], what: 'with the CUDA backend if CMake finds a CUDA 13 toolkit (CUDA_HOME)' };
+  }
+  const r = spawnSync('bash', [script, '--print-root'], { cwd: root, encoding: 'utf8' });
+  const cudaRoot = r.status === 0 ? (r.stdout.trim().split('\n').pop() ?? '') : '';
+  if (cudaRoot) {
+    return { enabled: true, cudaRoot, args: [`--CDRC_CUDA=${mode}`, `--CDRC_CUDA_ROOT=${cudaRoot}`], what: `with the CUDA backend (toolkit ${cudaRoot})` };
+  }
+  if (mode === 'ON') {
+    fail([
+      'RESNET_CUDA_BUILD_CUDA=1, but there is no CUDA 13 toolkit with cuDNN and NCCL to build the CUDA backend with',
+      '(scripts/setup-cuda-sdk --print-root found none): run scripts/setup-cuda-sdk first, or set CUDA_HOME.',
+    ]);
+  }
+  return { enabled: false, args: ['--CDRC_CUDA=OFF'], what: 'CPU only (no CUDA toolkit: scripts/setup-cuda-sdk installs one)' };
+}
+
+/** The value of a variable in build/CMakeCache.txt, or undefined when it is not there. */
+function cachedValue(name) {
+  const cache = join(root, 'build', 'CMakeCache.txt');
+  if (!existsSync(cache)) return undefined;
+  const line = readFileSync(cache, 'utf8').split('\n').find((l) => l.startsWith(`${name}:`));
+  return line === undefined ? undefined : line.slice(line.indexOf('=') + 1);
+}
+
 function build(cmakeJs) {
   if (envFlag('RESNET_CUDA_FORBID_BUILD')) {
     fail([
@@ -111,26 +153,45 @@ function build(cmakeJs) {
       `(no loadable binary for ${tuple} in ${rel(join(root, 'build/Release'))}/ or ${rel(join(root, 'prebuilds', tuple))}/).`,
     ]);
   }
+  const cuda = cudaOptions();
+  // CMake keeps the CUDA compiler it first detected for the life of a build folder (RC_CUDA_NVCC
+  // records it), so a change of toolkit starts the configuration afresh.
+  const previous = cachedValue('RC_CUDA_NVCC');
+  if (cuda.enabled && previous) {
+    const candidates = cuda.cudaRoot ? [cuda.cudaRoot] : [process.env.CUDA_HOME, process.env.CUDA_PATH, '/usr/local/cuda'];
+    const toolkit = candidates.find((dir) => dir && existsSync(join(dir, 'bin', 'nvcc')));
+    if (toolkit && previous !== join(realpathSync(toolkit), 'bin', 'nvcc')) {
+      log(`the CUDA toolkit changed (${previous} -> ${join(toolkit, 'bin', 'nvcc')}): configuring build/ afresh`);
+      for (const f of ['CMakeCache.txt', 'CMakeFiles']) rmSync(join(root, 'build', f), { recursive: true, force: true });
+    }
+  }
   const headers = nodeDir(cmakeJs);
   const jobs = String(Math.max(1, availableParallelism()));
-  log(`building the native addon from source with CMake (${jobs} jobs), using ${headers.what}`);
-  const args = [cmakeJs, 'build', '--out', 'build', '--parallel', jobs];
-  const r = spawnSync(process.execPath, args, {
-    cwd: root,
-    stdio: 'inherit',
-    env: { ...process.env, npm_config_nodedir: headers.dir },
-  });
-  if (r.error) fail([`could not run cmake-js: ${r.error.message}`]);
-  if (r.status !== 0) {
-    fail(
-      [
-        `the native build failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
-        'It needs CMake >= 3.18, a C++17 compiler, OpenMP and oneDNN 2.6 with its CMake files;',
-        'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 ocl-icd-opencl-dev',
-        '(scripts/setup in the source repository installs all of it).',
-      ],
-      r.status || 1,
-    );
+  log(`building the native addon from source with CMake (${jobs} jobs) ${cuda.what}, using ${headers.what}`);
+  const env = { ...process.env, npm_config_nodedir: headers.dir };
+  // Configured every time, so that the CUDA settings above always apply (cmake-js alone configures
+  // only a new build folder); an unchanged configuration rebuilds nothing.
+  const steps = [
+    [cmakeJs, 'configure', '--out', 'build', ...cuda.args],
+    [cmakeJs, 'build', '--out', 'build', '--parallel', jobs],
+  ];
+  for (const args of steps) {
+    const r = spawnSync(process.execPath, args, { cwd: root, stdio: 'inherit', env });
+    if (r.error) fail([`could not run cmake-js: ${r.error.message}`]);
+    if (r.status !== 0) {
+      fail(
+        [
+          `the native ${args[1]} step failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
+          'It needs CMake >= 3.18, a C++17 compiler, OpenMP and oneDNN 2.6 with its CMake files;',
+          'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 ocl-icd-opencl-dev',
+          '(scripts/setup in the source repository installs all of it).',
+          ...(cuda.enabled
+            ? ['The CUDA backend (native/cuda) is part of this build; RESNET_CUDA_BUILD_CUDA=0 builds the CPU backend only.']
+            : []),
+        ],
+        r.status || 1,
+      );
+    }
   }
   const after = probe();
   if (!after.loaded) fail([`the build finished, but the addon does not load:`, after.error ?? 'not found']);

@@ -12,11 +12,15 @@ function trainAndEvaluate(dtype: DType, steps: number, seed: number): { accuracy
   const model = ResNet18({ numClasses: CLASSES, smallInput: true, seed });
   const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
   const loss = new CrossEntropyLoss();
-  const optimizer = new SGD(model, { lr: 0.02, momentum: 0.9, nesterov: true, weightDecay: 5e-4 });
+  const peak = 0.01;
+  const optimizer = new SGD(model, { lr: peak, momentum: 0.9, nesterov: true, weightDecay: 5e-4 });
   const bytes = SIZE * SIZE * 3;
   const images = Tensor.empty([BATCH, SIZE, SIZE, 3], { dtype: 'u8' });
   const losses: number[] = [];
   for (let s = 0; s < steps; s++) {
+    // Ten steps of linear warm-up, then a cosine decay to zero: without warm-up the first steps of
+    // a freshly initialised ResNet overshoot, and the outcome depends on the seed.
+    optimizer.paramGroups[0]!.lr = peak * Math.min(1, (s + 1) / 10) * 0.5 * (1 + Math.cos((Math.PI * s) / steps));
     images.raw.copyFromHost(train.images.subarray(s * BATCH * bytes, (s + 1) * BATCH * bytes));
     const value = loss.forward(model.forward(normalize.forward(images)), train.labels.subarray(s * BATCH, (s + 1) * BATCH));
     model.backward(loss.backward());
@@ -38,17 +42,18 @@ function trainAndEvaluate(dtype: DType, steps: number, seed: number): { accuracy
 }
 
 describe('end to end on the CPU', () => {
-  // Chance is 25%; the shapes are easy once learnt, so a working step gets far above it.
-  it('a small-stem ResNet-18 learns the generated shapes to at least 90% validation accuracy in 120 steps (f32)', () => {
-    const { accuracy, firstLoss, lastLoss } = trainAndEvaluate('f32', 120, 11);
-    expect(lastLoss).toBeLessThan(firstLoss / 2);
-    expect(accuracy).toBeGreaterThanOrEqual(0.9);
+  // Chance is 25%. Seeds 11-13 reached 99.6-100% in f32 and bf16 when this was written, so 95%
+  // leaves room for rounding differences between machines without hiding a broken step.
+  it('a small-stem ResNet-18 learns the generated shapes to at least 95% validation accuracy in 150 steps (f32)', () => {
+    const { accuracy, firstLoss, lastLoss } = trainAndEvaluate('f32', 150, 11);
+    expect(lastLoss).toBeLessThan(firstLoss / 10);
+    expect(accuracy).toBeGreaterThanOrEqual(0.95);
   });
 
-  it('learns in bf16 mixed precision too: at least 85% in 120 steps', () => {
-    const { accuracy, lastLoss, firstLoss } = trainAndEvaluate('bf16', 120, 12);
-    expect(lastLoss).toBeLessThan(firstLoss / 2);
-    expect(accuracy).toBeGreaterThanOrEqual(0.85);
+  it('learns in bf16 mixed precision too: at least 95% in 150 steps', () => {
+    const { accuracy, lastLoss, firstLoss } = trainAndEvaluate('bf16', 150, 12);
+    expect(lastLoss).toBeLessThan(firstLoss / 10);
+    expect(accuracy).toBeGreaterThanOrEqual(0.95);
   });
 
   it('allocates nothing and keeps resident memory flat over 200 training steps after warm-up', () => {

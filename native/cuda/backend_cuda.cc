@@ -1,0 +1,323 @@
+// The CUDA backend: cuDNN/cuBLAS plans and our own kernels behind the common Backend interface,
+// every op enqueued on one stream per device; CUDA graph capture and replay; NCCL collectives.
+// The addon opens this library on demand through the two C entry points at the end.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "cuda_check.h"
+#include "cuda_ops.h"
+#include "kernels.h"
+
+namespace rc::cuda {
+
+namespace {
+
+constexpr int kBackendAbi = 1;
+
+std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
+  std::ostringstream out;
+  out << packed / majorDiv << "." << (packed / minorDiv) % minorMod;
+  return out.str();
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : ctx_(device) {}
+
+  ~CudaBackend() override {
+    for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
+  }
+
+  Device device() const override { return ctx_.rcDevice(); }
+  Allocator& allocator() override { return ctx_.allocator(); }
+  bool supports(DType) const override { return true; }
+
+  BackendInfo info() override {
+    DeviceGuard guard(ctx_.device());
+    cudaDeviceProp prop{};
+    RC_CUDA_CHECK(cudaGetDeviceProperties(&prop, ctx_.device()));
+    int driver = 0, runtime = 0, nccl = 0, cublas = 0;
+    RC_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    RC_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    RC_NCCL_CHECK(ncclGetVersion(&nccl));
+    RC_CUBLAS_CHECK(cublasGetVersion(ctx_.cublas(), &cublas), "cublasGetVersion");
+    const size_t cudnn = cudnnGetVersion();
+    BackendInfo out;
+    out.name = "cuda";
+    out.device = prop.name;
+    out.properties = {
+        {"computeCapability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
+        {"memory", formatBytes(prop.totalGlobalMem)},
+        {"multiprocessors", std::to_string(prop.multiProcessorCount)},
+        {"driver", versionString(driver, 1000, 10, 100)},
+        {"runtime", versionString(runtime, 1000, 10, 100)},
+        {"cudnn", std::to_string(cudnn / 10000) + "." + std::to_string((cudnn / 100) % 100) + "." + std::to_string(cudnn % 100)},
+        {"cublas", std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." + std::to_string(cublas % 100)},
+        {"nccl", std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) + "." + std::to_string(nccl % 100)},
+        {"tf32", ctx_.allowTf32() ? "allowed" : "off"},
+    };
+    return out;
+  }
+
+  std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override { return createConv2dPlan(ctx_, p); }
+  std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
+  std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
+
+  void batchNormForward(const BatchNormForwardArgs& a) override {
+    validateBatchNormForward(a);
+    here({&a.x, &a.y, &a.residual, &a.gamma, &a.beta, &a.runningMean, &a.runningVar, &a.saveMean, &a.saveInvStd},
+         "batchnorm forward");
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
+    const void* residual = a.residual.defined() ? a.residual.data() : nullptr;
+    if (a.training) {
+      cuda::batchNormForwardTraining(a.x.dtype(), a.x.data(), residual, a.y.data(), a.gamma.ptr<float>(),
+                                     a.beta.ptr<float>(), a.runningMean.ptr<float>(), a.runningVar.ptr<float>(),
+                                     a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(), rows, c, a.momentum, a.eps,
+                                     a.relu, partial(rows, c), ctx_.stream());
+    } else {
+      cuda::batchNormForwardInference(a.x.dtype(), a.x.data(), residual, a.y.data(), a.gamma.ptr<float>(),
+                                      a.beta.ptr<float>(), a.runningMean.ptr<float>(), a.runningVar.ptr<float>(), rows,
+                                      c, a.eps, a.relu, ctx_.stream());
+    }
+  }
+
+  void batchNormBackward(const BatchNormBackwardArgs& a) override {
+    validateBatchNormBackward(a);
+    here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.dx, &a.dGamma, &a.dBeta, &a.dResidual},
+         "batchnorm backward");
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
+    cuda::batchNormBackward(a.x.dtype(), a.x.data(), a.relu ? a.y.data() : nullptr, a.dy.data(), a.dx.data(),
+                            a.dResidual.defined() ? a.dResidual.data() : nullptr, a.gamma.ptr<float>(),
+                            a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(), a.dGamma.ptr<float>(),
+                            a.dBeta.ptr<float>(), rows, c, a.relu, partial(rows, c), ctx_.stream());
+  }
+
+  void relu(const Tensor& x, const Tensor& y) override {
+    validateSameLayout(x, y, "relu");
+    floating(x, "relu");
+    here({&x, &y}, "relu");
+    DeviceGuard guard(ctx_.device());
+    cuda::relu(x.dtype(), x.data(), y.data(), x.numel(), ctx_.stream());
+  }
+
+  void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
+    validateSameLayout(y, dy, "relu backward");
+    validateSameLayout(y, dx, "relu backward");
+    floating(y, "relu backward");
+    here({&y, &dy, &dx}, "relu backward");
+    DeviceGuard guard(ctx_.device());
+    cuda::reluBackward(y.dtype(), y.data(), dy.data(), dx.data(), y.numel(), ctx_.stream());
+  }
+
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    validateSameLayout(a, b, "add");
+    validateSameLayout(a, out, "add");
+    floating(a, "add");
+    here({&a, &b, &out}, "add");
+    DeviceGuard guard(ctx_.device());
+    cuda::add(a.dtype(), a.data(), b.data(), out.data(), a.numel(), ctx_.stream());
+  }
+
+  void cast(const Tensor& src, const Tensor& dst) override {
+    checkDefined(src, "cast", "src");
+    checkDefined(dst, "cast", "dst");
+    RC_CHECK_ARG(src.shape() == dst.shape(), "cast: shapes differ: " << src.describe() << " and " << dst.describe());
+    here({&src, &dst}, "cast");
+    DeviceGuard guard(ctx_.device());
+    if (src.dtype() == dst.dtype()) {
+      RC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream()));
+      return;
+    }
+    floating(src, "cast");
+    floating(dst, "cast");
+    cuda::cast(src.dtype(), src.data(), dst.dtype(), dst.data(), src.numel(), ctx_.stream());
+  }
+
+  void fill(const Tensor& t, double value) override {
+    checkDefined(t, "fill", "tensor");
+    here({&t}, "fill");
+    DeviceGuard guard(ctx_.device());
+    if (value == 0.0) {
+      RC_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), ctx_.stream()));
+      return;
+    }
+    cuda::fill(t.dtype(), t.data(), t.numel(), value, ctx_.stream());
+  }
+
+  void crossEntropy(const CrossEntropyArgs& a) override {
+    validateCrossEntropy(a);
+    here({&a.logits, &a.labels, &a.loss, &a.dLogits}, "cross entropy");
+    DeviceGuard guard(ctx_.device());
+    const int64_t n = a.logits.dim(0), k = a.logits.dim(1);
+    cuda::crossEntropy(a.logits.dtype(), a.logits.data(), a.labels.ptr<int32_t>(), a.loss.ptr<float>(),
+                       a.dLogits.defined() ? a.dLogits.data() : nullptr, n, k, a.labelSmoothing, a.gradScale,
+                       ctx_.invalidLabelFlag(), partial(n, 1), ctx_.stream());
+  }
+
+  void sgdStep(const SgdArgs& a) override {
+    validateSgd(a);
+    here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf}, "sgd step");
+    if (a.segments.empty()) return;
+    DeviceGuard guard(ctx_.device());
+    std::vector<ArenaSegment> sorted = a.segments;
+    std::sort(sorted.begin(), sorted.end(), [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
+    std::vector<int64_t> segments;
+    int64_t total = 0;
+    for (const ArenaSegment& s : sorted) {
+      segments.insert(segments.end(), {s.offset, s.count, static_cast<int64_t>(s.group)});
+      total += s.count;
+    }
+    std::vector<SgdGroupParams> groups;
+    for (const SgdGroup& g : a.groups) groups.push_back({g.lr, g.momentum, g.dampening, g.weightDecay, g.nesterov ? 1 : 0});
+    const auto* deviceSegments = static_cast<const int64_t*>(ctx_.upload("sgd segments", segments.data(), segments.size() * sizeof(int64_t)));
+    const auto* deviceGroups = static_cast<const SgdGroupParams*>(ctx_.upload("sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
+    cuda::sgdStep(a.params.ptr<float>(), a.grads.ptr<float>(),
+                  a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, deviceSegments,
+                  static_cast<int64_t>(sorted.size()), total, deviceGroups, a.firstStep,
+                  a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr, a.gradScaleInv, ctx_.stream());
+  }
+
+  void convertInput(const ConvertInputArgs& a) override {
+    validateConvertInput(a);
+    here({&a.src, &a.dst, &a.flip}, "convert input");
+    RC_CHECK_ARG(a.src.dim(3) <= 16, "convert input: at most 16 channels on CUDA, got " << a.src.dim(3));
+    DeviceGuard guard(ctx_.device());
+    std::vector<float> meanStd(a.mean);
+    meanStd.insert(meanStd.end(), a.std.begin(), a.std.end());
+    const auto* table = static_cast<const float*>(ctx_.upload("input normalisation", meanStd.data(), meanStd.size() * sizeof(float)));
+    cuda::convertInput(a.src.ptr<uint8_t>(), a.dst.dtype(), a.dst.data(), a.flip.defined() ? a.flip.ptr<uint8_t>() : nullptr,
+                       table, a.src.dim(0), a.src.dim(1), a.src.dim(2), a.src.dim(3), ctx_.stream());
+  }
+
+  void beginCapture() override {
+    DeviceGuard guard(ctx_.device());
+    RC_CHECK_ARG(!ctx_.capturing(), "a CUDA graph capture is already in progress on cuda:" << ctx_.device());
+    RC_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream(), cudaStreamCaptureModeThreadLocal));
+  }
+
+  int64_t endCapture() override {
+    DeviceGuard guard(ctx_.device());
+    cudaGraph_t graph = nullptr;
+    RC_CUDA_CHECK(cudaStreamEndCapture(ctx_.stream(), &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    RC_CUDA_CHECK(status);
+    const int64_t id = nextGraph_++;
+    graphs_[id] = exec;
+    return id;
+  }
+
+  void replay(int64_t id) override {
+    DeviceGuard guard(ctx_.device());
+    auto it = graphs_.find(id);
+    RC_CHECK_ARG(it != graphs_.end(), "CUDA graph " << id << " does not exist (destroyed, or from another device)");
+    RC_CUDA_CHECK(cudaGraphLaunch(it->second, ctx_.stream()));
+  }
+
+  void destroyGraph(int64_t id) override {
+    auto it = graphs_.find(id);
+    if (it == graphs_.end()) return;
+    DeviceGuard guard(ctx_.device());
+    RC_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+    RC_CUDA_CHECK(cudaGraphExecDestroy(it->second));
+    graphs_.erase(it);
+  }
+
+  std::string createUniqueId() override { return createNcclUniqueId(); }
+
+  std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
+                                                   double timeoutSeconds) override {
+    return createNcclCommunicator(ctx_, uniqueId, rank, worldSize, timeoutSeconds);
+  }
+
+  // Host copies wait for the device: the host buffer belongs to the caller once this returns.
+  void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
+    checkDefined(dst, "copy from host", "dst");
+    RC_CHECK_ARG(bytes == dst.nbytes(), "copy from host: " << bytes << " bytes do not fit " << dst.describe() << " ("
+                                                           << dst.nbytes() << " bytes)");
+    notCapturing("copy from host");
+    DeviceGuard guard(ctx_.device());
+    RC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, ctx_.stream()));
+    RC_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
+  }
+
+  void copyToHost(const Tensor& src, void* dst, size_t bytes) override {
+    checkDefined(src, "copy to host", "src");
+    RC_CHECK_ARG(bytes == src.nbytes(), "copy to host: " << src.describe() << " (" << src.nbytes()
+                                                         << " bytes) does not fit " << bytes << " bytes");
+    notCapturing("copy to host");
+    DeviceGuard guard(ctx_.device());
+    RC_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), bytes, cudaMemcpyDeviceToHost, ctx_.stream()));
+    ctx_.checkDeferredErrors();
+  }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    validateSameLayout(src, dst, "copy");
+    here({&src, &dst}, "copy");
+    DeviceGuard guard(ctx_.device());
+    if (src.data() != dst.data()) {
+      RC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream()));
+    }
+  }
+
+  void synchronize() override {
+    notCapturing("synchronize");
+    DeviceGuard guard(ctx_.device());
+    ctx_.checkDeferredErrors();
+  }
+
+ private:
+  void here(std::initializer_list<const Tensor*> tensors, const char* op) const {
+    for (const Tensor* t : tensors) {
+      if (t->defined() && t->device() != ctx_.rcDevice()) {
+        RC_THROW(code::kInvalidArgument, op << ": " << t->describe() << " is not on cuda:" << ctx_.device());
+      }
+    }
+  }
+
+  static void floating(const Tensor& t, const char* op) {
+    RC_CHECK_ARG(isFloating(t.dtype()), op << ": expected a floating-point tensor, got " << t.describe());
+  }
+
+  void notCapturing(const char* op) const {
+    RC_CHECK_ARG(!ctx_.capturing(), op << " waits for the device and cannot be part of a CUDA graph capture");
+  }
+
+  float* partial(int64_t rows, int64_t channels) {
+    return static_cast<float*>(ctx_.scratch(batchNormScratchFloats(rows, channels) * sizeof(float)));
+  }
+
+  CudaContext ctx_;
+  std::map<int64_t, cudaGraphExec_t> graphs_;
+  int64_t nextGraph_ = 1;
+};
+
+}  // namespace
+
+}  // namespace rc::cuda
+
+// Creates the backend for one device; returns null for an addon built against another interface.
+extern "C" __attribute__((visibility("default"))) rc::Backend* rc_cuda_create_backend(int deviceIndex, int abiVersion) {
+  if (abiVersion != rc::cuda::kBackendAbi) return nullptr;
+  return new rc::cuda::CudaBackend(deviceIndex);
+}
+
+// The number of visible CUDA devices; on failure 0, with the reason in `error`.
+extern "C" __attribute__((visibility("default"))) int rc_cuda_device_count(char* error, size_t errorSize) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    if (error != nullptr && errorSize > 0) {
+      std::snprintf(error, errorSize, "the CUDA runtime found no usable device: %s (%s)", cudaGetErrorName(status),
+                    cudaGetErrorString(status));
+    }
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}

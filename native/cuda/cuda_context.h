@@ -1,0 +1,108 @@
+// Per-device state of the CUDA backend: the stream every op is enqueued on, library handles, the
+// stream-ordered caching allocator, and scratch buffers that only grow outside graph capture.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "../core/backend.h"
+
+namespace rc::cuda {
+
+// Device memory from the device's stream-ordered memory pool (cudaMallocAsync on the backend's
+// stream), with the pool told to keep freed memory: blocks are reused without returning to the
+// driver, allocation is capturable in CUDA graphs, and frees are ordered after the work using them.
+class StreamAllocator final : public Allocator {
+ public:
+  StreamAllocator(int device, cudaStream_t stream);
+  void* allocate(size_t bytes) override;
+  void release(void* ptr) override;
+  MemoryStats stats() const override;
+  void resetPeak() override;
+  void emptyCache() override;
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  cudaMemPool_t pool_ = nullptr;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, size_t> live_;
+  MemoryStats stats_;
+};
+
+// Makes `device` current for the lifetime of the guard.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+class CudaContext {
+ public:
+  explicit CudaContext(int device);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device() const { return device_; }
+  Device rcDevice() const { return Device{DeviceType::Cuda, device_}; }
+  cudaStream_t stream() const { return stream_; }
+  cudnnHandle_t cudnn() const { return cudnn_; }
+  cublasHandle_t cublas() const { return cublas_; }
+  StreamAllocator& allocator() { return *allocator_; }
+  // TF32 tensor cores for f32 convolutions and matrix products (RESNET_CUDA_ALLOW_TF32=1).
+  bool allowTf32() const { return allowTf32_; }
+  bool capturing() const;
+
+  Tensor allocate(const Shape& shape, DType dtype);
+  // A device buffer of at least `bytes`, valid until the next call with a larger size. It grows only
+  // outside graph capture (a captured graph keeps the address it saw).
+  void* scratch(size_t bytes);
+  // The device flag crossEntropy raises for labels out of range; checked (and cleared) whenever
+  // the host waits for the device.
+  int32_t* invalidLabelFlag() const { return invalidLabel_; }
+  void checkDeferredErrors();
+  // Device copy of a small host table (SGD segments and groups, normalisation constants), sent again
+  // only when its bytes differ from the last ones sent under `key`. The copy is asynchronous, from a
+  // pinned buffer that is reused only after its previous copy has run.
+  const void* upload(const std::string& key, const void* host, size_t bytes);
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<StreamAllocator> allocator_;
+  bool allowTf32_ = false;
+  Tensor scratch_;
+  Tensor cublasWorkspace_;
+  int32_t* invalidLabel_ = nullptr;
+  struct Uploaded {
+    std::string bytes;
+    Tensor device;
+    void* pinned = nullptr;
+    size_t capacity = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  std::map<std::string, Uploaded> uploads_;
+};
+
+// cuDNN's name for an element type.
+cudnnDataType_t toCudnn(DType t);
+// cuBLAS's name for an element type.
+cudaDataType_t toCudaDataType(DType t);
+
+}  // namespace rc::cuda

@@ -1,0 +1,90 @@
+// Host launchers of the CUDA kernels of our own (one op per .cu file, kernels first, launchers
+// last). Every launcher enqueues on `stream`, never synchronises, never allocates, and checks the
+// launch with cudaGetLastError (throwing rc::Error with code ERR_RC_CUDA). Element types are given
+// as rc::DType; activations may be f32, bf16 or f16; statistics, parameters and their gradients
+// are f32. All tensors are contiguous; "rows" is the product of all dims but the last (C).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../core/dtype.h"
+
+namespace rc::cuda {
+
+// ---- batchnorm.cu ------------------------------------------------------------------------------
+// Training forward: per-channel mean and biased variance over `rows` rows of x[rows, C]; writes
+// saveMean, saveInvStd = 1/sqrt(var + eps); updates runningMean/runningVar with `momentum` (running
+// variance unbiased: var * rows / (rows - 1)); then y = relu?(x * gamma * invStd + (beta - mean *
+// gamma * invStd) + residual?). `partial` is scratch of batchNormScratchFloats(rows, C) floats.
+size_t batchNormScratchFloats(int64_t rows, int64_t channels);
+void batchNormForwardTraining(DType dtype, const void* x, const void* residual, void* y, const float* gamma,
+                              const float* beta, float* runningMean, float* runningVar, float* saveMean,
+                              float* saveInvStd, int64_t rows, int64_t channels, float momentum, float eps, bool relu,
+                              float* partial, cudaStream_t stream);
+// Inference forward with the running statistics.
+void batchNormForwardInference(DType dtype, const void* x, const void* residual, void* y, const float* gamma,
+                               const float* beta, const float* runningMean, const float* runningVar, int64_t rows,
+                               int64_t channels, float eps, bool relu, cudaStream_t stream);
+// Backward: g = relu ? (y > 0 ? dy : 0) : dy; dResidual = g (if non-null); dGamma += sum(g * xhat);
+// dBeta += sum(g); dx = gamma * invStd * (g - mean_rows(g) - xhat * mean_rows(g * xhat)).
+void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy, void* dx, void* dResidual,
+                       const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
+                       int64_t rows, int64_t channels, bool relu, float* partial, cudaStream_t stream);
+
+// ---- elementwise.cu ----------------------------------------------------------------------------
+void relu(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
+void reluBackward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, cudaStream_t stream);
+void add(DType dtype, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+// Converts between f32, bf16 and f16 (round to nearest even); same dtype copies.
+void cast(DType srcType, const void* src, DType dstType, void* dst, int64_t n, cudaStream_t stream);
+// Fills n elements of any dtype (f32, bf16, f16, i32, i64, u8) with value.
+void fill(DType dtype, void* data, int64_t n, double value, cudaStream_t stream);
+// y[r, c] += bias[c] for y[rows, C] of dtype (bias f32).
+void addBias(DType dtype, void* y, const float* bias, int64_t rows, int64_t channels, cudaStream_t stream);
+// dBias[c] += sum_r dy[r, c] (f32 accumulation); partial is batchNormScratchFloats(rows, C) floats.
+void accumulateBiasGrad(DType dtype, const void* dy, float* dBias, int64_t rows, int64_t channels, float* partial,
+                        cudaStream_t stream);
+// dst[i] += src[i], src of dtype, dst f32 (accumulating low-precision weight gradients).
+void accumulateF32(DType srcType, const void* src, float* dst, int64_t n, cudaStream_t stream);
+// dst[n,h,w,c] = (src[n,h,w,c] / 255 - mean[c]) / std[c], sample i mirrored when flip[i] != 0
+// (flip may be null). meanStd is a device array of 2*C floats: C means then C stds. C <= 16.
+void convertInput(const uint8_t* src, DType dstType, void* dst, const uint8_t* flip, const float* meanStd, int64_t n,
+                  int64_t h, int64_t w, int64_t c, cudaStream_t stream);
+
+// ---- pool.cu -----------------------------------------------------------------------------------
+// NHWC pooling in floor mode. Max pooling writes the argmax (int32 index of the input element
+// within its sample's H*W plane, per channel) to `argmax` (n*oh*ow*c int32) and backward scatters
+// through it (dx is zeroed first). Average pooling counts padding (PyTorch's count_include_pad).
+void maxPoolForward(DType dtype, const void* x, void* y, int32_t* argmax, int64_t n, int64_t h, int64_t w, int64_t c,
+                    int64_t oh, int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw, cudaStream_t stream);
+void maxPoolBackward(DType dtype, const void* dy, void* dx, const int32_t* argmax, int64_t n, int64_t h, int64_t w,
+                     int64_t c, int64_t oh, int64_t ow, cudaStream_t stream);
+void avgPoolForward(DType dtype, const void* x, void* y, int64_t n, int64_t h, int64_t w, int64_t c, int64_t oh,
+                    int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw, cudaStream_t stream);
+void avgPoolBackward(DType dtype, const void* dy, void* dx, int64_t n, int64_t h, int64_t w, int64_t c, int64_t oh,
+                     int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw, cudaStream_t stream);
+
+// ---- loss.cu -----------------------------------------------------------------------------------
+// Mean softmax cross-entropy with label smoothing over logits[n, k]; loss is one f32 on the device;
+// dLogits (may be null) = gradScale * (softmax - q) / n, q = (1-s) onehot + s/k. A label outside
+// [0, k) sets *invalidLabel = 1 (device int32, may be null) and contributes nothing.
+void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float* loss, void* dLogits, int64_t n,
+                  int64_t k, float labelSmoothing, float gradScale, int32_t* invalidLabel, float* partial,
+                  cudaStream_t stream);
+
+// ---- sgd.cu ------------------------------------------------------------------------------------
+struct SgdGroupParams {
+  float lr, momentum, dampening, weightDecay;
+  int32_t nesterov;
+};
+// One multi-tensor SGD step (torch.optim.SGD semantics) over `segmentCount` device-resident
+// (offset, count, group) int64 triples; `groups` is a device array. Skipped entirely (on the
+// device, no host sync) when foundInf is non-null and *foundInf != 0. grads are scaled by
+// gradScaleInv first. momentumBuffer may be null when no group uses momentum.
+void sgdStep(float* params, const float* grads, float* momentumBuffer, const int64_t* segments, int64_t segmentCount,
+             int64_t totalElements, const SgdGroupParams* groups, bool firstStep, const float* foundInf,
+             float gradScaleInv, cudaStream_t stream);
+
+}  // namespace rc::cuda

@@ -1,0 +1,148 @@
+// Softmax cross-entropy with label smoothing: one block per row (blocks stride over the rows when
+// there are more than kCrossEntropyBlocks), an online max/sum-exp pass, then the gradient pass.
+// The batch mean is deterministic: each block adds its rows' losses in row order into one partial,
+// and a single block adds the partials in a fixed tree.
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace rc::cuda {
+
+namespace {
+
+// Running log-sum-exp state: m = max seen, s = sum exp(z - m).
+struct SoftmaxState {
+  float m, s;
+};
+
+__device__ __forceinline__ SoftmaxState mergeSoftmax(SoftmaxState a, SoftmaxState b) {
+  // Empty states (threads that saw no element) must not turn -inf - -inf into NaN.
+  if (b.m == -INFINITY) return a;
+  if (a.m == -INFINITY) return b;
+  const float m = fmaxf(a.m, b.m);
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+
+__device__ __forceinline__ SoftmaxState shuffleDown(SoftmaxState v, int offset) {
+  return {__shfl_down_sync(0xffffffffu, v.m, offset), __shfl_down_sync(0xffffffffu, v.s, offset)};
+}
+
+constexpr int kMaxWarps = kThreads / 32;
+
+// Block-wide reduction of (softmax state, sum of logits) in a fixed order; the result is returned
+// to every thread. Ends with a barrier, so the shared arrays can be reused right away.
+__device__ void blockReduce(SoftmaxState& state, float& sum, SoftmaxState* sState, float* sSum) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int offset = 16; offset > 0; offset /= 2) {
+    state = mergeSoftmax(state, shuffleDown(state, offset));
+    sum += __shfl_down_sync(0xffffffffu, sum, offset);
+  }
+  if (lane == 0) {
+    sState[warp] = state;
+    sSum[warp] = sum;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    state = lane < warps ? sState[lane] : SoftmaxState{-INFINITY, 0.0f};
+    sum = lane < warps ? sSum[lane] : 0.0f;
+    for (int offset = kMaxWarps / 2; offset > 0; offset /= 2) {
+      state = mergeSoftmax(state, shuffleDown(state, offset));
+      sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    }
+    if (lane == 0) {
+      sState[kMaxWarps] = state;
+      sSum[kMaxWarps] = sum;
+    }
+  }
+  __syncthreads();
+  state = sState[kMaxWarps];
+  sum = sSum[kMaxWarps];
+  __syncthreads();
+}
+
+// loss_i = logsumexp(z) - (1 - s) z[label] - s/k sum(z);
+// dz_j = gradScale / n * (softmax_j - (1 - s) [j == label] - s/k).
+// An invalid label flags *invalidLabel, adds 0 to the loss and leaves a zero gradient row.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* __restrict__ logits,
+                                                                const int32_t* __restrict__ labels,
+                                                                T* __restrict__ dLogits, int64_t n, int64_t k,
+                                                                float smoothing, float gradScale,
+                                                                int32_t* __restrict__ invalidLabel,
+                                                                float* __restrict__ partial) {
+  __shared__ SoftmaxState sState[kMaxWarps + 1];
+  __shared__ float sSum[kMaxWarps + 1];
+  const float scale = gradScale / static_cast<float>(n);
+  const float offLabel = smoothing / static_cast<float>(k);
+  float blockLoss = 0.0f;  // meaningful in thread 0 only
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const T* z = logits + row * k;
+    const int32_t label = labels[row];
+    const bool valid = label >= 0 && label < k;
+    if (!valid) {
+      if (threadIdx.x == 0 && invalidLabel) *invalidLabel = 1;
+      if (dLogits) {
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) dLogits[row * k + j] = fromFloat<T>(0.0f);
+      }
+      continue;
+    }
+    SoftmaxState state{-INFINITY, 0.0f};
+    float sumZ = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+      const float v = toFloat(z[j]);
+      state = mergeSoftmax(state, SoftmaxState{v, 1.0f});
+      sumZ += v;
+    }
+    blockReduce(state, sumZ, sState, sSum);
+    const float logSumExp = state.m + logf(state.s);
+    if (threadIdx.x == 0) {
+      blockLoss += logSumExp - (1.0f - smoothing) * toFloat(z[label]) - offLabel * sumZ;
+    }
+    if (dLogits) {
+      T* g = dLogits + row * k;
+      for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+        const float q = (j == label ? 1.0f - smoothing : 0.0f) + offLabel;
+        g[j] = fromFloat<T>((expf(toFloat(z[j]) - logSumExp) - q) * scale);
+      }
+    }
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = blockLoss;
+}
+
+// One block: *loss = sum(partial) / n, strided per thread then a fixed tree.
+__global__ void __launch_bounds__(kThreads) cross_entropy_mean_kernel(const float* __restrict__ partial, int64_t count,
+                                                                     int64_t n, float* __restrict__ loss) {
+  __shared__ float sSum[kThreads];
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
+  sSum[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sSum[threadIdx.x] += sSum[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss = sSum[0] / static_cast<float>(n);
+}
+
+}  // namespace
+
+// partial: min(n, kCrossEntropyBlocks) floats (<= batchNormScratchFloats(n, 1)). *invalidLabel is
+// only ever set, never cleared: the caller zeroes it.
+void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float* loss, void* dLogits, int64_t n,
+                  int64_t k, float labelSmoothing, float gradScale, int32_t* invalidLabel, float* partial,
+                  cudaStream_t stream) {
+  RC_CHECK_ARG(n > 0 && k > 0, "cross entropy: needs at least one row and one class, got [" << n << ", " << k << "]");
+  const int64_t blocks = std::min(n, kCrossEntropyBlocks);
+  // Threads for about four logits each: a full warp for small k, 256 from k = 1024 up.
+  const int threads = static_cast<int>(std::clamp<int64_t>(ceilDiv(ceilDiv(k, 4), 32) * 32, 32, kThreads));
+  dispatchFloat(dtype, "cross entropy", [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        static_cast<const T*>(logits), labels, static_cast<T*>(dLogits), n, k, labelSmoothing, gradScale,
+        invalidLabel, partial);
+    checkLaunch("cross_entropy_kernel");
+  });
+  cross_entropy_mean_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, n, loss);
+  checkLaunch("cross_entropy_mean_kernel");
+}
+
+}  // namespace rc::cuda
