@@ -45,8 +45,8 @@ let recent = 0;
 for (let step = 0; step < steps; step++) {
   // Linear warm-up over ten steps, then cosine decay to zero.
   optimizer.paramGroups[0]!.lr = peakLr * Math.min(1, (step + 1) / 10) * 0.5 * (1 + Math.cos((Math.PI * step) / steps));
-  images.raw.copyFromHost(train.images.subarray(step * batch * imageBytes, (step + 1) * batch * imageBytes));
-  labels.raw.copyFromHost(train.labels.subarray(step * batch, (step + 1) * batch));
+  images.copyFromHost(train.images.subarray(step * batch * imageBytes, (step + 1) * batch * imageBytes));
+  labels.copyFromHost(train.labels.subarray(step * batch, (step + 1) * batch));
   for (let i = 0; i < batch; i++) flip[i] = Math.random() < 0.5 ? 1 : 0;
   const logits = model.forward(normalize.forward(images, flip));
   const value = loss.forward(logits, labels);
@@ -67,7 +67,7 @@ let correct = 0;
 const evalBatch = 128;
 const evalImages = Tensor.empty([evalBatch, size, size, 3], { dtype: 'u8', device });
 for (let start = 0; start + evalBatch <= val.labels.length; start += evalBatch) {
-  evalImages.raw.copyFromHost(val.images.subarray(start * imageBytes, (start + evalBatch) * imageBytes));
+  evalImages.copyFromHost(val.images.subarray(start * imageBytes, (start + evalBatch) * imageBytes));
   const logits = model.forward(normalize.forward(evalImages)).toFloat32Array();
   for (let i = 0; i < evalBatch; i++) {
     let best = 0;

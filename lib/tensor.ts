@@ -224,6 +224,18 @@ export class Tensor {
     return new Tensor(this.raw.view({ offset, shape: [...shape] }));
   }
 
+  /**
+   * Overwrites this tensor with host data in its own element type (Float32Array for f32,
+   * Uint8Array for u8, Int32Array for i32, BigInt64Array for i64, the raw bits for bf16/f16 as a
+   * Uint16Array). Use `Tensor.from` to convert numbers to bf16/f16.
+   */
+  copyFromHost(data: ArrayBufferView): void {
+    if (!ArrayBuffer.isView(data)) invalid('data', 'a typed array', data);
+    const bytes = this.numel * ({ f32: 4, bf16: 2, f16: 2, i32: 4, i64: 8, u8: 1 } as const)[this.dtype];
+    if (data.byteLength !== bytes) mismatch('data', `${bytes} bytes for ${this.toString()}`, `${data.byteLength} bytes`);
+    this.raw.copyFromHost(data);
+  }
+
   /** Copies `src` (same shape and dtype, any device) into this tensor. */
   copyFrom(src: Tensor): void {
     this.raw.copyFrom(src.raw);

@@ -21,7 +21,7 @@ function trainAndEvaluate(dtype: DType, steps: number, seed: number): { accuracy
     // Ten steps of linear warm-up, then a cosine decay to zero: without warm-up the first steps of
     // a freshly initialised ResNet overshoot, and the outcome depends on the seed.
     optimizer.paramGroups[0]!.lr = peak * Math.min(1, (s + 1) / 10) * 0.5 * (1 + Math.cos((Math.PI * s) / steps));
-    images.raw.copyFromHost(train.images.subarray(s * BATCH * bytes, (s + 1) * BATCH * bytes));
+    images.copyFromHost(train.images.subarray(s * BATCH * bytes, (s + 1) * BATCH * bytes));
     const value = loss.forward(model.forward(normalize.forward(images)), train.labels.subarray(s * BATCH, (s + 1) * BATCH));
     model.backward(loss.backward());
     optimizer.step();
