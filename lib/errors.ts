@@ -9,7 +9,9 @@ export type ErrorCode =
   | 'ERR_RC_INVALID_ARGUMENT'
   | 'ERR_RC_DISPOSED'
   | 'ERR_RC_DEVICE'
-  | 'ERR_RC_STATE_DICT';
+  | 'ERR_RC_STATE_DICT'
+  | 'ERR_RC_DATASET'
+  | 'ERR_RC_CORRUPT_FILE';
 
 /** An Error with a stable `code`, like Node's own errors. */
 export class ResnetError extends Error {

@@ -34,7 +34,10 @@ export interface GeneratedImages {
   classNames: string[];
 }
 
-function inside(kind: (typeof SHAPE_CLASSES)[number], dx: number, dy: number, r: number): boolean {
+/** One of {@link SHAPE_CLASSES}. */
+export type ShapeClass = (typeof SHAPE_CLASSES)[number];
+
+function inside(kind: ShapeClass, dx: number, dy: number, r: number): boolean {
   const ax = Math.abs(dx);
   const ay = Math.abs(dy);
   switch (kind) {
@@ -55,6 +58,30 @@ function inside(kind: (typeof SHAPE_CLASSES)[number], dx: number, dy: number, r:
   }
 }
 
+/**
+ * Draws one image of `kind` into `out` at byte `offset` (`size * size * 3` bytes, HWC, RGB),
+ * drawing its background, tint, size, position and noise from `rng`. {@link generateShapes} feeds
+ * it one stream for the whole batch, `ShapesDataset` a stream per index, so the two share the
+ * drawing but not the images.
+ */
+export function drawShape(out: Uint8Array, offset: number, size: number, kind: ShapeClass, rng: Random): void {
+  const background = [rng.uniform(20, 110), rng.uniform(20, 110), rng.uniform(20, 110)];
+  const colour = [rng.uniform(140, 255), rng.uniform(140, 255), rng.uniform(140, 255)];
+  const r = rng.uniform(0.2, 0.38) * size;
+  const cx = rng.uniform(r, size - r);
+  const cy = rng.uniform(r, size - r);
+  for (let y = 0; y < size; y++) {
+    for (let x = 0; x < size; x++) {
+      const on = inside(kind, x + 0.5 - cx, y + 0.5 - cy, r);
+      const p = offset + (y * size + x) * 3;
+      for (let c = 0; c < 3; c++) {
+        const v = (on ? colour[c]! : background[c]!) + rng.normal() * 18;
+        out[p + c] = v < 0 ? 0 : v > 255 ? 255 : Math.round(v);
+      }
+    }
+  }
+}
+
 /** Draws `count` labelled images; classes are balanced and shuffled. */
 export function generateShapes(options: GenerateShapesOptions): GeneratedImages {
   const o = expectOptions<GenerateShapesOptions>('generateShapes options', options, ['count', 'size', 'classes', 'seed']);
@@ -71,24 +98,6 @@ export function generateShapes(options: GenerateShapesOptions): GeneratedImages 
     labels[i] = labels[j]!;
     labels[j] = t;
   }
-  for (let i = 0; i < count; i++) {
-    const kind = SHAPE_CLASSES[labels[i]!]!;
-    const background = [rng.uniform(20, 110), rng.uniform(20, 110), rng.uniform(20, 110)];
-    const colour = [rng.uniform(140, 255), rng.uniform(140, 255), rng.uniform(140, 255)];
-    const r = rng.uniform(0.2, 0.38) * size;
-    const cx = rng.uniform(r, size - r);
-    const cy = rng.uniform(r, size - r);
-    const base = i * size * size * 3;
-    for (let y = 0; y < size; y++) {
-      for (let x = 0; x < size; x++) {
-        const on = inside(kind, x + 0.5 - cx, y + 0.5 - cy, r);
-        const p = base + (y * size + x) * 3;
-        for (let c = 0; c < 3; c++) {
-          const v = (on ? colour[c]! : background[c]!) + rng.normal() * 18;
-          images[p + c] = v < 0 ? 0 : v > 255 ? 255 : Math.round(v);
-        }
-      }
-    }
-  }
+  for (let i = 0; i < count; i++) drawShape(images, i * size * size * 3, size, SHAPE_CLASSES[labels[i]!]!, rng);
   return { images, labels, shape: [count, size, size, 3], classNames: SHAPE_CLASSES.slice(0, classes) as string[] };
 }
