@@ -101,6 +101,32 @@ export interface RawSgdGroup {
   nesterov?: boolean;
 }
 
+/** Hyperparameters of one AdamW or LAMB group, as the native op takes them (f32). */
+export interface RawAdamGroup {
+  lr: number;
+  beta1?: number;
+  beta2?: number;
+  eps?: number;
+  weightDecay?: number;
+  /** LAMB only: apply the trust ratio even without weight decay (timm's `always_adapt`). */
+  alwaysAdapt?: boolean;
+}
+
+/** The arguments AdamW and LAMB share (see `AdamWArgs` in native/core/backend.h). */
+export interface RawAdamArgs {
+  params: RawTensor;
+  grads: RawTensor;
+  expAvg: RawTensor;
+  expAvgSq: RawTensor;
+  groups: RawAdamGroup[];
+  /** (offset, count, group) triples. */
+  segments: Int32Array;
+  /** t, 1 on the first step (bias corrections 1 - beta^t). */
+  step: number;
+  foundInf?: RawTensor;
+  gradScaleInv?: number;
+}
+
 export interface RawMemoryStats {
   allocatedBytes: number;
   reservedBytes: number;
@@ -200,6 +226,20 @@ export interface RawAddon {
     gradScaleInv?: number;
   }): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
+  adamwStep(args: RawAdamArgs): void;
+  lambStep(args: RawAdamArgs): void;
+  /** `segments` (triples, groups ignored) absent: the whole tensor. */
+  gradNorm(args: { grads: RawTensor; out: RawTensor; foundInf?: RawTensor; segments?: Int32Array }): void;
+  unscaleAndCheck(args: { grads: RawTensor; invScale: number; foundInf: RawTensor; segments?: Int32Array }): void;
+  clipGradNorm(args: { grads: RawTensor; norm: RawTensor; maxNorm: number; segments?: Int32Array }): void;
+  scalerUpdate(args: {
+    scale: RawTensor;
+    growthTracker: RawTensor;
+    foundInf: RawTensor;
+    growthFactor: number;
+    backoffFactor: number;
+    growthInterval: number;
+  }): void;
   synchronize(args: { device: string }): void;
   memoryStats(args: { device: string }): RawMemoryStats;
   resetPeakMemory(args: { device: string }): void;

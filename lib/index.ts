@@ -64,5 +64,91 @@ export {
 export { CrossEntropyLoss, type CrossEntropyLossOptions } from './nn/loss.js';
 export { IMAGENET_MEAN, IMAGENET_STD, InputNormalize, type InputNormalizeOptions } from './nn/input.js';
 export { SGD, type SGDGroup, type SGDGroupInput, type SGDOptions } from './optim/sgd.js';
+export {
+  Optimizer,
+  parameterGroups,
+  type Group,
+  type GroupInput,
+  type OptimizerState,
+  type OptimizerStepOptions,
+  type ParameterGroupsOptions,
+  type ParamsInput,
+  type StepContext,
+} from './optim/optimizer.js';
+export {
+  AdamW,
+  LAMB,
+  type AdamWGroup,
+  type AdamWGroupInput,
+  type AdamWOptions,
+  type LAMBGroup,
+  type LAMBGroupInput,
+  type LAMBOptions,
+} from './optim/adam.js';
+export {
+  GradScaler,
+  type GradScalerOptions,
+  type GradScalerState,
+  type ScalableLoss,
+  type ScalerOptimizer,
+} from './optim/grad-scaler.js';
+export { clipGradNorm, gradNorm, type GradTarget } from './optim/clip.js';
 export { SHAPE_CLASSES, generateShapes, type GenerateShapesOptions, type GeneratedImages } from './data/generated.js';
 export { Communicator, CudaGraph, createUniqueId, type CommunicatorOptions } from './cuda.js';
+export { DataLoader, DataLoaderError, defaultWorkers, type Batch, type DataLoaderOptions } from './data/loader.js';
+export {
+  DistributedSampler,
+  RandomSampler,
+  SequentialSampler,
+  permutation,
+  type DistributedSamplerOptions,
+  type RandomSamplerOptions,
+  type Sampler,
+  type SequentialSamplerOptions,
+} from './data/sampler.js';
+export type { Dataset, DatasetSpec, DecodedImage, RawSample, SampleRandom, TransformSpec } from './data/types.js';
+export { IMG_EXTENSIONS, ImageFolder, type ImageFolderOptions, type SkippedFile } from './data/image-folder.js';
+export { IdxDataset, type IdxOptions } from './data/idx.js';
+export { CIFAR10_CLASSES, CifarDataset, type CifarOptions } from './data/cifar.js';
+export { SyntheticDataset, type SyntheticDatasetOptions } from './data/synthetic.js';
+export { ShapesDataset, type ShapesDatasetOptions, type WriteShapesOptions } from './data/shapes-dataset.js';
+export { Subset, randomSplit, type RandomSplitOptions } from './data/split.js';
+export { DATASET_KINDS, datasetFromSpec } from './data/registry.js';
+export { sampleRandom } from './data/sample-random.js';
+export {
+  CenterCrop,
+  ColorJitter,
+  Compose,
+  Grayscale,
+  Normalize,
+  RandomHorizontalFlip,
+  RandomResizedCrop,
+  RandomRotation,
+  Resize,
+  ToRGB,
+  Transform,
+  transformFromSpec,
+  type ColorJitterOptions,
+  type ComposeOptions,
+  type RandomResizedCropOptions,
+  type ResizeOptions,
+} from './data/transforms.js';
+export {
+  ConstantSchedule,
+  ConstantWarmup,
+  CosineAnnealing,
+  ExponentialLR,
+  LinearWarmup,
+  MultiStepLR,
+  OneCycleLR,
+  ReduceLROnPlateau,
+  Schedule,
+  Scheduler,
+  SequentialSchedule,
+  StepLR,
+  scaleLrForBatch,
+} from './train/schedules.js';
+export { ConfusionMatrix, RunningAverage, accuracy, argmax, topkCorrect } from './train/metrics.js';
+export { SummaryWriter, crc32c } from './train/tensorboard.js';
+export { plotConfusionMatrix, plotCurves, writePng } from './train/plots.js';
+export { JsonLinesLogger, ProgressBar, formatDuration } from './train/logging.js';

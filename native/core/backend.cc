@@ -1,6 +1,8 @@
 #include "backend.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "error.h"
@@ -134,6 +136,107 @@ void validateSgd(const SgdArgs& a) {
     RC_CHECK_ARG(ranges[i].first >= ranges[i - 1].second,
                  op << ": segments overlap at element " << ranges[i].first << "; each parameter may appear once");
   }
+}
+
+namespace {
+
+// Segments must lie inside an arena of `numel` elements and not overlap (each parameter appears
+// once); `groups` < 0 means the op has no groups and ignores the group field.
+void validateSegments(const std::vector<ArenaSegment>& segments, int64_t numel, int64_t groups, const char* op) {
+  for (const auto& s : segments) {
+    RC_CHECK_ARG(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= numel,
+                 op << ": segment [" << s.offset << ", +" << s.count << ") is outside the arena of " << numel);
+    RC_CHECK_ARG(groups < 0 || (s.group >= 0 && s.group < groups),
+                 op << ": segment names group " << s.group << " of " << groups);
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& s : segments) ranges.emplace_back(s.offset, s.offset + s.count);
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    RC_CHECK_ARG(ranges[i].first >= ranges[i - 1].second,
+                 op << ": segments overlap at element " << ranges[i].first << "; each parameter may appear once");
+  }
+}
+
+void validateFlag(const Tensor& t, DType dtype, const char* op, const char* what) {
+  checkDType(t, dtype, op, what);
+  checkShape(t, Shape{1}, op, what);
+}
+
+void validateArenaTensor(const Tensor& t, const Tensor& params, const char* op, const char* what) {
+  checkDType(t, DType::F32, op, what);
+  checkSameDevice(params, t, op);
+  RC_CHECK_ARG(t.numel() == params.numel(),
+               op << ": " << what << " " << t.describe() << " does not match params " << params.describe());
+}
+
+}  // namespace
+
+void validateAdamW(const AdamWArgs& a, const char* op) {
+  checkDType(a.params, DType::F32, op, "params");
+  validateArenaTensor(a.grads, a.params, op, "grads");
+  validateArenaTensor(a.expAvg, a.params, op, "expAvg");
+  validateArenaTensor(a.expAvgSq, a.params, op, "expAvgSq");
+  RC_CHECK_ARG(a.step >= 1, op << ": step must be at least 1 (the first step is 1), got " << a.step);
+  for (size_t i = 0; i < a.groups.size(); ++i) {
+    const AdamGroup& g = a.groups[i];
+    RC_CHECK_ARG(g.lr >= 0.0f && g.eps >= 0.0f && g.weightDecay >= 0.0f && g.beta1 >= 0.0f && g.beta1 < 1.0f &&
+                     g.beta2 >= 0.0f && g.beta2 < 1.0f,
+                 op << ": group " << i << " needs lr, eps, weightDecay >= 0 and betas in [0, 1), got lr=" << g.lr
+                    << " betas=(" << g.beta1 << ", " << g.beta2 << ") eps=" << g.eps
+                    << " weightDecay=" << g.weightDecay);
+  }
+  validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
+  if (a.foundInf.defined()) {
+    validateFlag(a.foundInf, DType::F32, op, "foundInf");
+    checkSameDevice(a.params, a.foundInf, op);
+  }
+}
+
+void validateLamb(const LambArgs& a) { validateAdamW(a, "lamb step"); }
+
+void validateGradNorm(const GradNormArgs& a) {
+  const char* op = "grad norm";
+  checkDType(a.grads, DType::F32, op, "grads");
+  validateFlag(a.out, DType::F32, op, "out");
+  checkSameDevice(a.grads, a.out, op);
+  if (a.foundInf.defined()) {
+    validateFlag(a.foundInf, DType::F32, op, "foundInf");
+    checkSameDevice(a.grads, a.foundInf, op);
+  }
+  validateSegments(a.segments, a.grads.numel(), -1, op);
+}
+
+void validateUnscale(const UnscaleArgs& a) {
+  const char* op = "unscale and check";
+  checkDType(a.grads, DType::F32, op, "grads");
+  validateFlag(a.foundInf, DType::F32, op, "foundInf");
+  checkSameDevice(a.grads, a.foundInf, op);
+  validateSegments(a.segments, a.grads.numel(), -1, op);
+}
+
+void validateClipGradNorm(const ClipGradNormArgs& a) {
+  const char* op = "clip grad norm";
+  checkDType(a.grads, DType::F32, op, "grads");
+  validateFlag(a.norm, DType::F32, op, "norm");
+  checkSameDevice(a.grads, a.norm, op);
+  RC_CHECK_ARG(std::isfinite(a.maxNorm) && a.maxNorm >= 0.0f, op << ": maxNorm must be finite and >= 0, got " << a.maxNorm);
+  validateSegments(a.segments, a.grads.numel(), -1, op);
+}
+
+void validateScalerUpdate(const ScalerUpdateArgs& a) {
+  const char* op = "scaler update";
+  validateFlag(a.scale, DType::F32, op, "scale");
+  validateFlag(a.growthTracker, DType::I32, op, "growthTracker");
+  validateFlag(a.foundInf, DType::F32, op, "foundInf");
+  checkSameDevice(a.scale, a.growthTracker, op);
+  checkSameDevice(a.scale, a.foundInf, op);
+  RC_CHECK_ARG(std::isfinite(a.growthFactor) && std::isfinite(a.backoffFactor) && a.growthFactor > 0.0f &&
+                   a.backoffFactor > 0.0f,
+               op << ": growthFactor and backoffFactor must be positive, got " << a.growthFactor << " and "
+                  << a.backoffFactor);
+  RC_CHECK_ARG(a.growthInterval >= 1 && a.growthInterval <= INT32_MAX,
+               op << ": growthInterval must be a positive 32-bit integer, got " << a.growthInterval);
 }
 
 void validateConvertInput(const ConvertInputArgs& a) {

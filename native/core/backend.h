@@ -134,6 +134,74 @@ struct SgdArgs {
   float gradScaleInv = 1.0f;
 };
 
+// Per-group hyperparameters of AdamW and LAMB (the op receives them as f32).
+struct AdamGroup {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
+  // LAMB only. false: a group without weight decay takes the plain Adam step (trust ratio 1), as in
+  // NVIDIA's FusedLAMB and timm's Lamb; true: the trust ratio applies whatever the weight decay
+  // (timm's always_adapt). Ignored by AdamW.
+  bool alwaysAdapt = false;
+};
+
+// One multi-tensor AdamW step (torch.optim.AdamW, amsgrad off) over segments of the flat f32
+// parameter arena. Per element, with g = grad * gradScaleInv:
+//   p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2;
+//   p -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// expAvg and expAvgSq start as zeros; `step` is t, 1 on the first step (the caller keeps the
+// count, so that a skipped step can be taken again with the same t, as PyTorch never counts it).
+// Skipped entirely when `foundInf` (f32[1]) is defined and non-zero, without a host sync on CUDA.
+struct AdamWArgs {
+  Tensor params, grads, expAvg, expAvgSq;
+  std::vector<AdamGroup> groups;
+  std::vector<ArenaSegment> segments;
+  int64_t step = 1;
+  Tensor foundInf;
+  float gradScaleInv = 1.0f;
+};
+
+// One LAMB step (You et al. 2019, as NVIDIA's FusedLAMB and timm's Lamb, bias correction on, no
+// built-in gradient clipping): m and v as AdamW, then per element u = mhat / (sqrt(vhat) + eps)
+// + wd*p, and per segment (one parameter tensor) r = ||p|| / ||u||, 1 when either norm is 0 or
+// the group does not adapt (see AdamGroup::alwaysAdapt); p -= lr * r * u. The norms are
+// reduced in a fixed order, so results are deterministic on every backend.
+struct LambArgs : AdamWArgs {};
+
+// Global L2 norm sqrt(sum g^2) of `grads` (the segments listed, else all of it) into `out`
+// (f32[1] on the device, deterministic). If `foundInf` (f32[1]) is defined it is set to 1 when an
+// element is inf or NaN, and left as it was otherwise. Segment groups are ignored.
+struct GradNormArgs {
+  Tensor grads, out, foundInf;
+  std::vector<ArenaSegment> segments;
+};
+
+// PyTorch's _amp_foreach_non_finite_check_and_unscale_: grads *= invScale in place (the segments
+// listed, else all of `grads`), and foundInf (f32[1], required) is set to 1 when an element was
+// inf or NaN. foundInf is never cleared here: zeroing it once per step is the caller's job.
+struct UnscaleArgs {
+  Tensor grads, foundInf;
+  std::vector<ArenaSegment> segments;
+  float invScale = 1.0f;
+};
+
+// torch.nn.utils.clip_grad_norm_'s scaling, with the total norm read on the device (no host
+// sync): grads *= min(1, maxNorm / (norm + 1e-6)), computed in f32 (a NaN norm gives NaN grads,
+// as in PyTorch). `norm` is f32[1], usually gradNorm's `out`.
+struct ClipGradNormArgs {
+  Tensor grads, norm;
+  std::vector<ArenaSegment> segments;
+  float maxNorm = 1.0f;
+};
+
+// PyTorch's _amp_update_scale_ on the device: if *foundInf != 0, scale *= backoffFactor and
+// growthTracker = 0; else growthTracker += 1, and when it reaches growthInterval, scale *=
+// growthFactor (unless that overflows f32) and growthTracker = 0. scale and foundInf are f32[1],
+// growthTracker i32[1].
+struct ScalerUpdateArgs {
+  Tensor scale, growthTracker, foundInf;
+  float growthFactor = 2.0f, backoffFactor = 0.5f;
+  int64_t growthInterval = 2000;
+};
+
 // dst[n,h,w,c] = (src[n,h,w,c] / 255 - mean[c]) / std[c], with sample i mirrored left-right when
 // flip[i] != 0 (flip may be undefined). src is u8; dst f32, bf16 or f16.
 struct ConvertInputArgs {
@@ -187,6 +255,13 @@ class Backend {
   virtual void crossEntropy(const CrossEntropyArgs& args) = 0;
   virtual void sgdStep(const SgdArgs& args) = 0;
   virtual void convertInput(const ConvertInputArgs& args) = 0;
+  // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
+  virtual void adamwStep(const AdamWArgs& args) = 0;
+  virtual void lambStep(const LambArgs& args) = 0;
+  virtual void gradNorm(const GradNormArgs& args) = 0;
+  virtual void unscaleAndCheck(const UnscaleArgs& args) = 0;
+  virtual void clipGradNorm(const ClipGradNormArgs& args) = 0;
+  virtual void scalerUpdate(const ScalerUpdateArgs& args) = 0;
 
   // CUDA graphs: everything enqueued between beginCapture and endCapture is recorded, not run;
   // replay runs it again with the same buffers. Backends without graphs throw.
@@ -213,6 +288,12 @@ void validateBatchNormBackward(const BatchNormBackwardArgs& args);
 void validateCrossEntropy(const CrossEntropyArgs& args);
 void validateSgd(const SgdArgs& args);
 void validateConvertInput(const ConvertInputArgs& args);
+void validateAdamW(const AdamWArgs& args, const char* op = "adamw step");
+void validateLamb(const LambArgs& args);
+void validateGradNorm(const GradNormArgs& args);
+void validateUnscale(const UnscaleArgs& args);
+void validateClipGradNorm(const ClipGradNormArgs& args);
+void validateScalerUpdate(const ScalerUpdateArgs& args);
 void validateConv2dParams(const Conv2dParams& p);
 void validateSameLayout(const Tensor& a, const Tensor& b, const char* op);
 

@@ -61,6 +61,12 @@ class CpuBackend final : public Backend {
   void crossEntropy(const CrossEntropyArgs& a) override { cpu::crossEntropy(a); }
   void sgdStep(const SgdArgs& a) override { cpu::sgdStep(a); }
   void convertInput(const ConvertInputArgs& a) override { cpu::convertInput(a); }
+  void adamwStep(const AdamWArgs& a) override { cpu::adamwStep(a); }
+  void lambStep(const LambArgs& a) override { cpu::lambStep(a); }
+  void gradNorm(const GradNormArgs& a) override { cpu::gradNorm(a); }
+  void unscaleAndCheck(const UnscaleArgs& a) override { cpu::unscaleAndCheck(a); }
+  void clipGradNorm(const ClipGradNormArgs& a) override { cpu::clipGradNorm(a); }
+  void scalerUpdate(const ScalerUpdateArgs& a) override { cpu::scalerUpdate(a); }
 
   void beginCapture() override { unsupported("graph capture"); }
   int64_t endCapture() override { unsupported("graph capture"); }

@@ -19,5 +19,11 @@ void fill(const Tensor& t, double value);
 void crossEntropy(const CrossEntropyArgs& args);
 void sgdStep(const SgdArgs& args);
 void convertInput(const ConvertInputArgs& args);
+void adamwStep(const AdamWArgs& args);
+void lambStep(const LambArgs& args);
+void gradNorm(const GradNormArgs& args);
+void unscaleAndCheck(const UnscaleArgs& args);
+void clipGradNorm(const ClipGradNormArgs& args);
+void scalerUpdate(const ScalerUpdateArgs& args);
 
 }  // namespace rc::cpu

@@ -14,7 +14,8 @@ namespace rc::cuda {
 
 namespace {
 
-constexpr int kBackendAbi = 1;
+// Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops.
+constexpr int kBackendAbi = 2;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -193,6 +194,52 @@ class CudaBackend final : public Backend {
                        table, a.src.dim(0), a.src.dim(1), a.src.dim(2), a.src.dim(3), ctx_.stream());
   }
 
+  void adamwStep(const AdamWArgs& a) override {
+    validateAdamW(a);
+    adamStep(a, false);
+  }
+
+  void lambStep(const LambArgs& a) override {
+    validateLamb(a);
+    adamStep(a, true);
+  }
+
+  void gradNorm(const GradNormArgs& a) override {
+    validateGradNorm(a);
+    here({&a.grads, &a.out, &a.foundInf}, "grad norm");
+    DeviceGuard guard(ctx_.device());
+    const OptimTable table = optimTable("grad norm segments", a.segments, a.grads.numel());
+    cuda::gradNorm(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.out.ptr<float>(),
+                   a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr,
+                   ctx_.scratch(gradNormScratchBytes(table.chunks)), ctx_.stream());
+  }
+
+  void unscaleAndCheck(const UnscaleArgs& a) override {
+    validateUnscale(a);
+    here({&a.grads, &a.foundInf}, "unscale and check");
+    DeviceGuard guard(ctx_.device());
+    const OptimTable table = optimTable("unscale segments", a.segments, a.grads.numel());
+    cuda::unscaleAndCheck(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.invScale,
+                          a.foundInf.ptr<float>(), ctx_.stream());
+  }
+
+  void clipGradNorm(const ClipGradNormArgs& a) override {
+    validateClipGradNorm(a);
+    here({&a.grads, &a.norm}, "clip grad norm");
+    DeviceGuard guard(ctx_.device());
+    const OptimTable table = optimTable("clip segments", a.segments, a.grads.numel());
+    cuda::clipGradNorm(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.norm.ptr<float>(),
+                       a.maxNorm, ctx_.stream());
+  }
+
+  void scalerUpdate(const ScalerUpdateArgs& a) override {
+    validateScalerUpdate(a);
+    here({&a.scale, &a.growthTracker, &a.foundInf}, "scaler update");
+    DeviceGuard guard(ctx_.device());
+    cuda::scalerUpdate(a.scale.ptr<float>(), a.growthTracker.ptr<int32_t>(), a.foundInf.ptr<float>(), a.growthFactor,
+                       a.backoffFactor, static_cast<int32_t>(a.growthInterval), ctx_.stream());
+  }
+
   void beginCapture() override {
     DeviceGuard guard(ctx_.device());
     RC_CHECK_ARG(!ctx_.capturing(), "a CUDA graph capture is already in progress on cuda:" << ctx_.device());
@@ -286,6 +333,55 @@ class CudaBackend final : public Backend {
 
   void notCapturing(const char* op) const {
     RC_CHECK_ARG(!ctx_.capturing(), op << " waits for the device and cannot be part of a CUDA graph capture");
+  }
+
+  // The segment table of the optimizer kernels (kernels.h): the non-empty segments sorted by
+  // offset, or the whole arena of `numel` elements when none are listed (wholeWhenEmpty).
+  struct OptimTable {
+    const int64_t* device = nullptr;
+    int64_t segments = 0, chunks = 0;
+  };
+
+  OptimTable optimTable(const char* key, const std::vector<ArenaSegment>& given, int64_t numel,
+                        bool wholeWhenEmpty = true) {
+    std::vector<ArenaSegment> sorted;
+    if (given.empty() && wholeWhenEmpty) sorted.push_back(ArenaSegment{0, numel, 0});
+    for (const ArenaSegment& s : given) if (s.count > 0) sorted.push_back(s);
+    std::sort(sorted.begin(), sorted.end(), [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
+    std::vector<int64_t> rows;
+    OptimTable table;
+    for (const ArenaSegment& s : sorted) {
+      rows.insert(rows.end(), {s.offset, s.count, static_cast<int64_t>(s.group), table.chunks});
+      table.chunks += optimChunkCount(s.count);
+      ++table.segments;
+    }
+    // Each op uploads under its own key, so that the table is sent again only when it changes.
+    if (!rows.empty()) table.device = static_cast<const int64_t*>(ctx_.upload(key, rows.data(), rows.size() * sizeof(int64_t)));
+    return table;
+  }
+
+  void adamStep(const AdamWArgs& a, bool lamb) {
+    const char* op = lamb ? "lamb step" : "adamw step";
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, op);
+    if (a.segments.empty()) return;
+    DeviceGuard guard(ctx_.device());
+    const OptimTable table = optimTable(lamb ? "lamb segments" : "adamw segments", a.segments, a.params.numel(), false);
+    if (table.segments == 0) return;
+    std::vector<AdamGroupParams> groups;
+    for (const AdamGroup& g : a.groups) groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, g.alwaysAdapt ? 1 : 0});
+    const auto* deviceGroups = static_cast<const AdamGroupParams*>(
+        ctx_.upload(lamb ? "lamb groups" : "adamw groups", groups.data(), groups.size() * sizeof(AdamGroupParams)));
+    const float* foundInf = a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr;
+    const auto groupCount = static_cast<int64_t>(groups.size());
+    if (lamb) {
+      cuda::lambStep(a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(), a.expAvgSq.ptr<float>(),
+                     table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, foundInf,
+                     a.gradScaleInv, ctx_.scratch(lambScratchBytes(table.segments, table.chunks)), ctx_.stream());
+    } else {
+      cuda::adamwStep(a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(), a.expAvgSq.ptr<float>(),
+                      table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, foundInf,
+                      a.gradScaleInv, ctx_.stream());
+    }
   }
 
   float* partial(int64_t rows, int64_t channels) {

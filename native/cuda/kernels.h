@@ -87,4 +87,47 @@ void sgdStep(float* params, const float* grads, float* momentumBuffer, const int
              int64_t totalElements, const SgdGroupParams* groups, bool firstStep, const float* foundInf,
              float gradScaleInv, cudaStream_t stream);
 
+// ---- optim.cu ----------------------------------------------------------------------------------
+// AdamW, LAMB, the gradient norm, GradScaler's unscale-and-check and scale update, and gradient
+// clipping, over arena segments (semantics in core/backend.h). The segment table is a device
+// array of `segmentCount` int64 quadruples (offset, count, group, firstChunk) of non-empty
+// segments, where firstChunk is the number of kOptimChunk-element chunks in the segments before
+// it and `chunkCount` is their total (optimChunkCount). Blocks take whole chunks; a reduction
+// leaves one partial per chunk, and a second kernel adds the partials in chunk order, so results
+// are deterministic (no float atomics) and independent of the device. Steps are skipped on the
+// device when foundInf is non-null and *foundInf != 0.
+constexpr int64_t kOptimChunk = 4096;
+// The chunks of a segment of `count` elements.
+constexpr int64_t optimChunkCount(int64_t count) { return (count + kOptimChunk - 1) / kOptimChunk; }
+// Groups the AdamW and LAMB kernels accept (their per-step coefficients live in shared memory).
+constexpr int64_t kMaxOptimGroups = 512;
+
+struct AdamGroupParams {
+  float lr, beta1, beta2, eps, weightDecay;
+  int32_t alwaysAdapt;
+};
+// `step` is t >= 1; the bias corrections 1 - beta^t are computed in double on the device.
+void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
+               int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
+               int64_t step, const float* foundInf, float gradScaleInv, cudaStream_t stream);
+// Bytes of scratch lambStep needs: per-chunk partial norms and per-segment trust ratios.
+size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount);
+void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
+              int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
+              int64_t step, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream);
+// Bytes of scratch gradNorm needs: one partial sum per chunk.
+size_t gradNormScratchBytes(int64_t chunkCount);
+// *out = sqrt(sum g^2) over the segments; *foundInf = 1 (if non-null) when an element is inf/NaN.
+void gradNorm(const float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float* out,
+              float* foundInf, void* scratch, cudaStream_t stream);
+// grads *= invScale over the segments; *foundInf = 1 when an element was inf/NaN (never cleared).
+void unscaleAndCheck(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float invScale,
+                     float* foundInf, cudaStream_t stream);
+// grads *= min(1, maxNorm / (*norm + 1e-6)) over the segments, the norm read on the device.
+void clipGradNorm(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, const float* norm,
+                  float maxNorm, cudaStream_t stream);
+// PyTorch's _amp_update_scale_ in one thread.
+void scalerUpdate(float* scale, int32_t* growthTracker, const float* foundInf, float growthFactor, float backoffFactor,
+                  int32_t growthInterval, cudaStream_t stream);
+
 }  // namespace rc::cuda

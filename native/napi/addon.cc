@@ -166,6 +166,125 @@ Napi::Value SgdStep(const Napi::CallbackInfo& info) {
   });
 }
 
+// Option 'segments': an Int32Array of (offset, count, group) triples; absent (when allowed) is
+// an empty list, which the ops without groups read as "the whole arena".
+std::vector<ArenaSegment> getSegments(const Napi::Object& o, bool required) {
+  std::vector<ArenaSegment> out;
+  if (!required && !has(o, "segments")) return out;
+  Napi::Value segments = o.Get("segments");
+  RC_CHECK_ARG(segments.IsTypedArray(), "option 'segments' must be an Int32Array of (offset, count, group) triples");
+  Napi::TypedArray ta = segments.As<Napi::TypedArray>();
+  RC_CHECK_ARG(ta.TypedArrayType() == napi_int32_array && ta.ElementLength() % 3 == 0,
+               "option 'segments' must be an Int32Array whose length is a multiple of 3");
+  const int32_t* s = reinterpret_cast<const int32_t*>(static_cast<const char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+  for (size_t i = 0; i < ta.ElementLength(); i += 3) out.push_back(ArenaSegment{s[i], s[i + 1], s[i + 2]});
+  return out;
+}
+
+// The fields AdamW and LAMB share: { params, grads, expAvg, expAvgSq, groups: [{lr, beta1, beta2,
+// eps, weightDecay, alwaysAdapt}], segments, step, foundInf?, gradScaleInv? }.
+void getAdamArgs(const Napi::Object& o, AdamWArgs& a) {
+  a.params = getTensor(o, "params");
+  a.grads = getTensor(o, "grads");
+  a.expAvg = getTensor(o, "expAvg");
+  a.expAvgSq = getTensor(o, "expAvgSq");
+  a.foundInf = getTensor(o, "foundInf", false);
+  a.step = getInt(o, "step");
+  a.gradScaleInv = static_cast<float>(getNumber(o, "gradScaleInv", 1.0));
+  Napi::Value groups = o.Get("groups");
+  RC_CHECK_ARG(groups.IsArray(), "option 'groups' must be an array of parameter groups");
+  Napi::Array ga = groups.As<Napi::Array>();
+  for (uint32_t i = 0; i < ga.Length(); ++i) {
+    RC_CHECK_ARG(ga.Get(i).IsObject(), "option 'groups'[" << i << "] must be an object");
+    Napi::Object g = ga.Get(i).As<Napi::Object>();
+    AdamGroup group;
+    group.lr = static_cast<float>(getNumber(g, "lr"));
+    group.beta1 = static_cast<float>(getNumber(g, "beta1", 0.9));
+    group.beta2 = static_cast<float>(getNumber(g, "beta2", 0.999));
+    group.eps = static_cast<float>(getNumber(g, "eps", 1e-8));
+    group.weightDecay = static_cast<float>(getNumber(g, "weightDecay", 0.0));
+    group.alwaysAdapt = getBool(g, "alwaysAdapt", false);
+    a.groups.push_back(group);
+  }
+  a.segments = getSegments(o, true);
+}
+
+Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    AdamWArgs a;
+    getAdamArgs(optionsArg(info, "adamwStep"), a);
+    backendOf(a.params).adamwStep(a);
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value LambStep(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    LambArgs a;
+    getAdamArgs(optionsArg(info, "lambStep"), a);
+    backendOf(a.params).lambStep(a);
+    return info.Env().Undefined();
+  });
+}
+
+// gradNorm({ grads, out, foundInf?, segments? })
+Napi::Value GradNorm(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "gradNorm");
+    GradNormArgs a;
+    a.grads = getTensor(o, "grads");
+    a.out = getTensor(o, "out");
+    a.foundInf = getTensor(o, "foundInf", false);
+    a.segments = getSegments(o, false);
+    backendOf(a.grads).gradNorm(a);
+    return info.Env().Undefined();
+  });
+}
+
+// unscaleAndCheck({ grads, invScale, foundInf, segments? })
+Napi::Value UnscaleAndCheck(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "unscaleAndCheck");
+    UnscaleArgs a;
+    a.grads = getTensor(o, "grads");
+    a.foundInf = getTensor(o, "foundInf");
+    a.invScale = static_cast<float>(getNumber(o, "invScale"));
+    a.segments = getSegments(o, false);
+    backendOf(a.grads).unscaleAndCheck(a);
+    return info.Env().Undefined();
+  });
+}
+
+// clipGradNorm({ grads, norm, maxNorm, segments? })
+Napi::Value ClipGradNorm(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "clipGradNorm");
+    ClipGradNormArgs a;
+    a.grads = getTensor(o, "grads");
+    a.norm = getTensor(o, "norm");
+    a.maxNorm = static_cast<float>(getNumber(o, "maxNorm"));
+    a.segments = getSegments(o, false);
+    backendOf(a.grads).clipGradNorm(a);
+    return info.Env().Undefined();
+  });
+}
+
+// scalerUpdate({ scale, growthTracker, foundInf, growthFactor, backoffFactor, growthInterval })
+Napi::Value ScalerUpdate(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "scalerUpdate");
+    ScalerUpdateArgs a;
+    a.scale = getTensor(o, "scale");
+    a.growthTracker = getTensor(o, "growthTracker");
+    a.foundInf = getTensor(o, "foundInf");
+    a.growthFactor = static_cast<float>(getNumber(o, "growthFactor"));
+    a.backoffFactor = static_cast<float>(getNumber(o, "backoffFactor"));
+    a.growthInterval = getInt(o, "growthInterval");
+    backendOf(a.scale).scalerUpdate(a);
+    return info.Env().Undefined();
+  });
+}
+
 Napi::Value ConvertInput(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "convertInput");
@@ -300,6 +419,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"listBackends", ListBackends},         {"beginCapture", BeginCapture},
       {"endCapture", EndCapture},             {"replayGraph", ReplayGraph},
       {"destroyGraph", DestroyGraph},         {"createUniqueId", CreateUniqueId},
+      {"adamwStep", AdamwStep},               {"lambStep", LambStep},
+      {"gradNorm", GradNorm},                 {"unscaleAndCheck", UnscaleAndCheck},
+      {"clipGradNorm", ClipGradNorm},         {"scalerUpdate", ScalerUpdate},
   };
   for (const auto& [name, fn] : functions) exports.Set(name, Napi::Function::New(env, fn, name));
   exports.Set("version", Napi::String::New(env, RC_VERSION));

@@ -99,9 +99,18 @@ std::pair<void*, size_t> hostBytes(const Napi::Value& v, const char* fn) {
     auto ab = v.As<Napi::ArrayBuffer>();
     return {ab.Data(), ab.ByteLength()};
   }
-  auto ta = v.As<Napi::TypedArray>();
-  return {static_cast<char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset(), ta.ByteLength()};
+  // napi_get_typedarray_info also works for views of a SharedArrayBuffer (the data loader's batch
+  // slots), which Napi::TypedArray::ArrayBuffer() rejects; `data` already includes the offset.
+  napi_typedarray_type type;
+  size_t length = 0;
+  void* data = nullptr;
+  napi_value buffer;
+  size_t offset = 0;
+  const napi_status status = napi_get_typedarray_info(v.Env(), v, &type, &length, &data, &buffer, &offset);
+  RC_CHECK_ARG(status == napi_ok, fn << ": could not read the typed array");
+  return {data, v.As<Napi::TypedArray>().ByteLength()};
 }
+
 }  // namespace
 
 Napi::Value TensorWrap::CopyFromHost(const Napi::CallbackInfo& info) {

@@ -4,11 +4,27 @@
  * - the backend reports the device and library versions;
  * - a ResNet-50 bf16 training step runs, and the same steps replayed from a captured CUDA graph give
  *   the same losses and parameters as eager execution;
+ * - LAMB, AdamW and the gradient norm over the ResNet-50 arena give the same bits twice and agree
+ *   with the CPU backend;
  * - an NCCL communicator with one rank all-reduces and broadcasts in place;
  * - an impossible allocation fails with ERR_RC_OUT_OF_MEMORY naming the sizes.
  * Ends with "N passed, N failed".
  */
-import { Communicator, CrossEntropyLoss, CudaGraph, ResNet50, SGD, Tensor, createUniqueId, listBackends, synchronize } from '../../lib/index.js';
+import {
+  AdamW,
+  Communicator,
+  CrossEntropyLoss,
+  CudaGraph,
+  LAMB,
+  ResNet50,
+  SGD,
+  Tensor,
+  createUniqueId,
+  gradNorm,
+  listBackends,
+  parameterGroups,
+  synchronize,
+} from '../../lib/index.js';
 
 const device = process.argv[2] ?? 'cuda:0';
 let passed = 0;
@@ -81,6 +97,36 @@ check('ResNet-50 bf16 steps replayed from a CUDA graph match eager steps', () =>
   const err = relativeError(captured.model.arena().params.toFloat32Array(), eager.model.arena().params.toFloat32Array());
   assert(err < 1e-3, `parameters after three steps differ by ${err}`);
   graph.dispose();
+});
+
+check('LAMB, AdamW and the gradient norm over the ResNet-50 arena are deterministic and match the CPU', () => {
+  // The same random gradients on the CPU and twice on the device; two steps of each optimizer.
+  const grads = Tensor.randn([ResNet50({ seed: 5 }).arena().size], { seed: 6, std: 1e-2 }).toFloat32Array();
+  const run = (where: string, kind: 'lamb' | 'adamw') => {
+    const model = ResNet50({ seed: 5, device: where });
+    const arena = model.arena();
+    const before = arena.params.toFloat32Array();
+    arena.grads.raw.copyFromHost(grads);
+    const groups = parameterGroups(model, { weightDecay: 0.01 });
+    const optimizer = kind === 'lamb' ? new LAMB(groups, { lr: 0.01 }) : new AdamW(groups, { lr: 1e-3 });
+    const norm = gradNorm(model).item();
+    optimizer.step();
+    optimizer.step();
+    const after = arena.params.toFloat32Array();
+    optimizer.dispose();
+    return { norm, delta: after.map((p, i) => p - before[i]!), after };
+  };
+  for (const kind of ['lamb', 'adamw'] as const) {
+    const cpu = run('cpu', kind);
+    const first = run(device, kind);
+    const second = run(device, kind);
+    assert(first.norm === second.norm, `${kind}: gradient norms of two runs differ: ${first.norm} and ${second.norm}`);
+    assert(first.after.every((v, i) => Object.is(v, second.after[i])), `${kind}: two runs on ${device} differ`);
+    assert(Math.abs(first.norm - cpu.norm) <= 1e-5 * cpu.norm, `${kind}: gradient norm ${first.norm} on ${device}, ${cpu.norm} on cpu`);
+    const err = relativeError(first.delta, cpu.delta);
+    console.log(`      ${kind}: update vs cpu ${err.toExponential(2)}, norm ${first.norm}`);
+    assert(err < 1e-5, `${kind}: the update differs from the CPU's by ${err}`);
+  }
 });
 
 check('an NCCL communicator of one rank all-reduces and broadcasts in place', () => {

@@ -9,6 +9,7 @@ import { batchNormCases } from './batchnorm-cases.js';
 import { convCases } from './conv-cases.js';
 import type { OpCase } from './harness.js';
 import { miscCases } from './misc-cases.js';
+import { optimBadInputCases, optimCases } from './optim-cases.js';
 import { poolCases } from './pool-cases.js';
 
 export { badInputCases } from './bad-input-cases.js';
@@ -16,10 +17,10 @@ export { gradientChecks } from './gradient-checks.js';
 export { suiteSeed, TOLERANCE, type CaseContext, type GradientCheck, type OpCase } from './harness.js';
 
 /** Every op case compared against the reference. */
-export const opCases: OpCase[] = [...convCases, ...poolCases, ...batchNormCases, ...miscCases];
+export const opCases: OpCase[] = [...convCases, ...poolCases, ...batchNormCases, ...miscCases, ...optimCases];
 
 /** The whole table: op cases, then the inputs that must be rejected. */
-export const cases: OpCase[] = [...opCases, ...badInputCases];
+export const cases: OpCase[] = [...opCases, ...badInputCases, ...optimBadInputCases];
 
 {
   const seen = new Set<string>();

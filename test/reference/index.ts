@@ -11,3 +11,4 @@ export * from './elementwise.js';
 export * from './loss.js';
 export * from './sgd.js';
 export * from './gradcheck.js';
+export * from './optim.js';

@@ -1,0 +1,200 @@
+/**
+ * The DataLoader's batch filler and its worker-thread entry point.
+ *
+ * {@link BatchFiller} turns a job (a batch's dataset indices and their positions in the batch) into
+ * pixels, labels and flip flags written straight into a shared batch slot. The main thread uses it
+ * as is when the loader runs with `workers: 0`; in a worker thread (this module loaded with the
+ * loader's `workerData`) it rebuilds the dataset and the transform from their specs once and then
+ * serves jobs from the parent, one at a time, replying `done` or `error` per job.
+ * @packageDocumentation
+ */
+import { isMainThread, parentPort, workerData } from 'node:worker_threads';
+import { datasetFromSpec } from './registry.js';
+import { sampleRandom } from './sample-random.js';
+import { Compose, type ComposeSpec } from './transforms.js';
+import type { Dataset, DatasetSpec, RawSample } from './types.js';
+
+/** Marks `workerData` as the loader's, so that importing this module elsewhere does nothing. @internal */
+export const WORKER_TAG = 'resnet-cuda/data-loader-worker';
+
+/** The shared memory of a loader's batch slots and what one sample occupies. @internal */
+export interface SlotLayout {
+  /** `slots * batchSize * height * width * channels` bytes of NHWC pixels. */
+  images: SharedArrayBuffer;
+  /** `slots * batchSize` int32 labels. */
+  labels: SharedArrayBuffer;
+  /** `slots * batchSize` flip flags (1 = mirror left-right). */
+  flips: SharedArrayBuffer;
+  /** Samples per slot. */
+  batchSize: number;
+  /** `[height, width, channels]` of every sample. */
+  sampleShape: [number, number, number];
+}
+
+/** What a worker is started with. @internal */
+export interface WorkerInit {
+  tag: typeof WORKER_TAG;
+  workerId: number;
+  dataset: DatasetSpec;
+  transform: ComposeSpec;
+  deferFlip: boolean;
+  layout: SlotLayout;
+}
+
+/** One batch to fill: sample `items[i].index` goes to position `items[i].position` of `slot`. @internal */
+export interface Job {
+  /** Identifies the epoch run that posted the job, so replies from an abandoned run are ignored. */
+  run: number;
+  slot: number;
+  batchIndexInEpoch: number;
+  items: { index: number; position: number }[];
+  epoch: number;
+  seed: number;
+}
+
+/** A failure, as plain data that crosses threads. @internal */
+export interface FailureInfo {
+  message: string;
+  /** The original error's `code` (e.g. `ERR_RC_INVALID_ARGUMENT`, `ENOENT`), when it had one. */
+  code?: string;
+  name?: string;
+  stack?: string;
+  /** The dataset index being processed. */
+  index?: number;
+  /** The file, for encoded sources. */
+  path?: string;
+  /** The worker (0-based), or undefined for the main thread. */
+  worker?: number;
+}
+
+/** A worker's reply. @internal */
+export type WorkerReply =
+  | { type: 'ready'; workerId: number }
+  | { type: 'fatal'; workerId: number; error: FailureInfo }
+  | { type: 'done'; run: number; slot: number; batchIndexInEpoch: number }
+  | { type: 'error'; run: number; slot: number; batchIndexInEpoch: number; error: FailureInfo };
+
+/** Thrown by {@link BatchFiller.fill} with the failing sample's details. @internal */
+export class SampleFailure extends Error {
+  readonly info: FailureInfo;
+  constructor(info: FailureInfo) {
+    super(info.message);
+    this.info = info;
+  }
+}
+
+/** Plain data describing any thrown value. @internal */
+export function failureInfo(error: unknown, extra: Partial<FailureInfo> = {}): FailureInfo {
+  if (error instanceof SampleFailure) return { ...error.info, ...extra };
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    return {
+      message: error.message,
+      name: error.name,
+      ...(error.stack !== undefined ? { stack: error.stack } : {}),
+      ...(typeof code === 'string' ? { code } : {}),
+      ...extra,
+    };
+  }
+  return { message: String(error), ...extra };
+}
+
+/**
+ * Fills batch slots: for each item, `dataset.get(index)`, then the transform seeded by
+ * `sampleRandom(seed, epoch, index)` (so the result does not depend on which thread runs it), then
+ * a size check and a copy of the pixels, the label and the flip flag into the slot.
+ * @internal
+ */
+export class BatchFiller {
+  readonly #dataset: Dataset;
+  readonly #transform: Compose;
+  readonly #deferFlip: boolean;
+  readonly #images: Uint8Array;
+  readonly #labels: Int32Array;
+  readonly #flips: Uint8Array;
+  readonly #batchSize: number;
+  readonly #shape: [number, number, number];
+  readonly #sampleBytes: number;
+
+  constructor(dataset: Dataset, transform: Compose, deferFlip: boolean, layout: SlotLayout) {
+    this.#dataset = dataset;
+    this.#transform = transform;
+    this.#deferFlip = deferFlip;
+    this.#images = new Uint8Array(layout.images);
+    this.#labels = new Int32Array(layout.labels);
+    this.#flips = new Uint8Array(layout.flips);
+    this.#batchSize = layout.batchSize;
+    this.#shape = layout.sampleShape;
+    this.#sampleBytes = layout.sampleShape[0] * layout.sampleShape[1] * layout.sampleShape[2];
+  }
+
+  /** Fills `job.slot`; throws a {@link SampleFailure} naming the sample (and file) that failed. */
+  async fill(job: Job): Promise<void> {
+    for (const { index, position } of job.items) {
+      let sample: RawSample | undefined;
+      try {
+        sample = await this.#dataset.get(index);
+        const rng = sampleRandom(job.seed, job.epoch, index);
+        const { image, flip } = await this.#transform.run(sample, rng, { deferFlip: this.#deferFlip });
+        const [h, w, c] = this.#shape;
+        if (image.height !== h || image.width !== w || image.channels !== c || image.data.length < this.#sampleBytes) {
+          throw new Error(
+            `the transform produced a ${image.height}x${image.width}x${image.channels} image (${image.data.length} bytes) ` +
+              `but the loader's batches hold ${h}x${w}x${c} (height x width x channels)`,
+          );
+        }
+        const slotSample = job.slot * this.#batchSize + position;
+        this.#images.set(image.data.subarray(0, this.#sampleBytes), slotSample * this.#sampleBytes);
+        this.#labels[slotSample] = sample.label;
+        // A flip the transform applied itself is already in the pixels; only a deferred one is
+        // left for the consumer (InputNormalize's flip argument).
+        this.#flips[slotSample] = this.#deferFlip && flip ? 1 : 0;
+      } catch (error) {
+        const path = sample?.source.kind === 'encoded' ? sample.source.path : undefined;
+        throw new SampleFailure(failureInfo(error, { index, ...(path !== undefined ? { path } : {}) }));
+      }
+    }
+  }
+}
+
+/** The worker thread's main: build once, then fill jobs in the order they arrive. */
+function serve(init: WorkerInit): void {
+  const port = parentPort!;
+  // The listener is attached before the (asynchronous) rebuild so that no job is missed; jobs wait
+  // for the rebuild and then run one at a time, each using one thread of decoding at most.
+  const ready: Promise<BatchFiller> = (async () => {
+    const dataset = await datasetFromSpec(init.dataset);
+    const transform = Compose.fromSpec(init.transform);
+    return new BatchFiller(dataset, transform, init.deferFlip, init.layout);
+  })();
+  let queue: Promise<void> = Promise.resolve();
+  port.on('message', (job: Job) => {
+    queue = queue.then(async () => {
+      let filler: BatchFiller;
+      try {
+        filler = await ready;
+      } catch {
+        return; // reported once as 'fatal' below
+      }
+      try {
+        await filler.fill(job);
+        port.postMessage({ type: 'done', run: job.run, slot: job.slot, batchIndexInEpoch: job.batchIndexInEpoch } satisfies WorkerReply);
+      } catch (error) {
+        const reply: WorkerReply = {
+          type: 'error',
+          run: job.run,
+          slot: job.slot,
+          batchIndexInEpoch: job.batchIndexInEpoch,
+          error: failureInfo(error, { worker: init.workerId }),
+        };
+        port.postMessage(reply);
+      }
+    });
+  });
+  ready.then(
+    () => port.postMessage({ type: 'ready', workerId: init.workerId } satisfies WorkerReply),
+    (error: unknown) => port.postMessage({ type: 'fatal', workerId: init.workerId, error: failureInfo(error, { worker: init.workerId }) } satisfies WorkerReply),
+  );
+}
+
+if (!isMainThread && (workerData as Partial<WorkerInit> | null)?.tag === WORKER_TAG) serve(workerData as WorkerInit);

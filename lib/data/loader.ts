@@ -1,0 +1,753 @@
+/**
+ * The DataLoader: batches of decoded, augmented uint8 NHWC images produced by worker threads into
+ * shared memory, delivered in sampler order, like `torch.utils.data.DataLoader`.
+ *
+ * ```ts
+ * const loader = new DataLoader(dataset, { batchSize: 256, shuffle: true, seed: 0, transform });
+ * const normalize = new InputNormalize({ dtype: 'bf16' });
+ * for (let epoch = 0; epoch < 90; epoch++) {
+ *   for await (const batch of loader) {               // epochs are counted automatically
+ *     const { images, labels } = batch.toTensors('cuda:0');
+ *     const logits = model.forward(normalize.forward(images, batch.flips));
+ *     ...
+ *   }
+ * }
+ * await loader.close();
+ * ```
+ *
+ * How it works: each worker rebuilds the dataset (`datasetFromSpec(dataset.spec())`) and the
+ * transform (`Compose.fromSpec(transform.spec())`) once, then fills whole batches. Batches live in a
+ * ring of `workers * prefetch + 1` slots of one SharedArrayBuffer, so pixels are written once by the
+ * worker and never copied between threads. A slot is handed to a worker again only after the
+ * consumer has moved past the batch in it: a batch's arrays are valid until the next iteration
+ * step. Every sample's random draws come from `sampleRandom(seed, epoch, index)`, so results do
+ * not depend on the number of workers or on which worker served a sample.
+ *
+ * Worker threads cannot load TypeScript sources, so the worker is always the compiled
+ * `loader-worker.js`: next to this module when it runs from `dist/`, or, when this module runs as
+ * TypeScript (vitest), the package's `dist/lib/data/loader-worker.js` (build it with
+ * `npm run build:ts`; a warning names sources newer than their compiled files).
+ * @packageDocumentation
+ */
+import { existsSync, readdirSync, statSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { dirname, join, relative } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { Worker } from 'node:worker_threads';
+import { ResnetError, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
+import { Tensor } from '../tensor.js';
+import { expectDataset } from './dataset.js';
+import { BatchFiller, SampleFailure, WORKER_TAG, failureInfo, type FailureInfo, type Job, type SlotLayout, type WorkerInit, type WorkerReply } from './loader-worker.js';
+import { DistributedSampler, RandomSampler, SequentialSampler, randomSeed, type Sampler } from './sampler.js';
+import { Compose } from './transforms.js';
+import type { Dataset } from './types.js';
+
+/** Options of {@link DataLoader}. */
+export interface DataLoaderOptions {
+  /** Samples per batch. */
+  batchSize: number;
+  /**
+   * The per-sample transform; it must end in a fixed output size (`Resize` to a pair,
+   * `CenterCrop`, `RandomResizedCrop`), which sets the batches' height and width.
+   */
+  transform: Compose;
+  /** Visit the samples in a fresh seeded random order each epoch; default false. */
+  shuffle?: boolean;
+  /**
+   * Seed of the shuffling and of every sample's augmentation draws; random (fixed for this
+   * loader's lifetime) when omitted. With `distributed`, the default is 0, the same on every rank.
+   */
+  seed?: number;
+  /** A custom sampler (excludes `shuffle` and `distributed`). */
+  sampler?: Sampler;
+  /** Drop the last batch when it is smaller than `batchSize`; default false. */
+  dropLast?: boolean;
+  /**
+   * Worker threads; default `os.availableParallelism() - 1` (at least 1). `0` fills batches in the
+   * main thread, one at a time when the consumer asks for it.
+   */
+  workers?: number;
+  /** Batches in flight per worker; default 2. */
+  prefetch?: number;
+  /**
+   * Keep the workers (and their rebuilt datasets) between epochs until {@link DataLoader.close};
+   * default false: workers start at the beginning of each epoch and end with it. Idle persistent
+   * workers do not keep the process alive.
+   */
+  persistentWorkers?: boolean;
+  /**
+   * Leave horizontal flips to the consumer: the pixels stay unflipped and `batch.flips` says which
+   * samples to mirror (pass it to `InputNormalize.forward`, which flips on the device); default true.
+   */
+  deferFlip?: boolean;
+  /** Default device of {@link Batch.toTensors}; default `'cpu'`. */
+  device?: string;
+  /**
+   * Data-parallel training: this process reads only its share of each epoch, through a
+   * {@link DistributedSampler} (shuffled when `shuffle` is true, padded unless `dropLast` here).
+   */
+  distributed?: { rank: number; worldSize: number; dropLast?: boolean };
+}
+
+/**
+ * One batch. `images` is a view of a shared slot that the loader refills once the consumer has
+ * moved on: it is valid until the next iteration step (copy it, or call `toTensors`, to keep the
+ * pixels). `labels`, `flips` and `indices` are the batch's own small arrays, valid for good.
+ */
+export interface Batch {
+  /**
+   * `size * height * width * channels` bytes, uint8 NHWC (RGB), a view of shared memory; valid
+   * until the next iteration step. Move it to a tensor with `toTensors` (the addon's
+   * `copyFromHost` does not take SharedArrayBuffer views).
+   */
+  readonly images: Uint8Array;
+  /** The class label of each sample (ordinary memory: pass it to the loss as it is). */
+  readonly labels: Int32Array;
+  /** 1 where the sample is to be mirrored left-right (deferred flips), else 0: `InputNormalize.forward`'s `flip`. */
+  readonly flips: Uint8Array;
+  /** Number of samples (the last batch of an epoch can be smaller than `batchSize`). */
+  readonly size: number;
+  /** `[size, height, width, channels]`. */
+  readonly shape: readonly [number, number, number, number];
+  /** The dataset index of each sample. */
+  readonly indices: Int32Array;
+  /** The epoch this batch belongs to. */
+  readonly epoch: number;
+  /** The batch's position in its epoch, from 0. */
+  readonly index: number;
+  /**
+   * Copies the batch into tensors on `device` (default: the loader's `device`): `images` u8
+   * `[size, H, W, C]` and `labels` i32 `[size]`. The tensors are owned by the loader and reused by
+   * the next call (one pair per device and batch size); they stay valid after the iteration moves
+   * on, until that next call. Throws once the batch is no longer current.
+   */
+  toTensors(device?: string): { images: Tensor; labels: Tensor };
+}
+
+/** An error from loading a sample, with the original message and code and the sample's identity. */
+export class DataLoaderError extends Error {
+  /** The original error's code (`ENOENT`, `ERR_RC_INVALID_ARGUMENT`, …), or `ERR_RC_DATA_LOADER`. */
+  readonly code: string;
+  /** The dataset index of the failing sample, when the failure concerned one. */
+  readonly index: number | undefined;
+  /** The file of the failing sample, for datasets of encoded files. */
+  readonly path: string | undefined;
+  /** The worker that failed (0-based), or undefined for the main thread. */
+  readonly worker: number | undefined;
+  /** The original error's stack, as printed in the thread that threw it. */
+  readonly originalStack: string | undefined;
+
+  /** @internal */
+  constructor(info: FailureInfo, context: string) {
+    const where = [
+      info.index !== undefined ? `dataset index ${info.index}` : undefined,
+      info.path !== undefined ? `file ${info.path}` : undefined,
+      info.worker !== undefined ? `loader worker ${info.worker}` : 'main thread',
+    ].filter((s) => s !== undefined);
+    super(`${context}: ${info.message} (${where.join(', ')})`);
+    this.name = 'DataLoaderError';
+    this.code = info.code ?? 'ERR_RC_DATA_LOADER';
+    this.index = info.index;
+    this.path = info.path;
+    this.worker = info.worker;
+    this.originalStack = info.stack;
+  }
+}
+
+/** A promise with its settle functions. */
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve(value: T): void;
+  reject(error: unknown): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  let reject!: (error: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  promise.catch(() => {}); // awaited later, or never when an epoch is abandoned
+  return { promise, resolve, reject };
+}
+
+let workerUrlCache: URL | undefined;
+
+/**
+ * The compiled worker module. From `dist/` it sits next to this file; from TypeScript sources
+ * (vitest), Node cannot run a `.ts` file in a worker thread, so the package's compiled copy in
+ * `dist/` serves instead, with a warning when sources are newer than it.
+ */
+function workerUrl(): URL {
+  if (workerUrlCache) return workerUrlCache;
+  const own = import.meta.url;
+  if (own.endsWith('.js')) return (workerUrlCache = new URL('./loader-worker.js', own));
+  let dir = dirname(fileURLToPath(own));
+  for (;;) {
+    if (existsSync(join(dir, 'package.json'))) break;
+    const parent = dirname(dir);
+    if (parent === dir) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `DataLoader: no package.json above ${fileURLToPath(own)} to find the compiled worker`);
+    dir = parent;
+  }
+  const compiled = join(dir, 'dist', 'lib', 'data', 'loader-worker.js');
+  if (!existsSync(compiled)) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `DataLoader workers need the compiled ${relative(dir, compiled)} (worker threads cannot load TypeScript sources): run 'npm run build:ts', or use workers: 0`,
+    );
+  }
+  warnIfStale(join(dir, 'lib'), join(dir, 'dist', 'lib'));
+  return (workerUrlCache = pathToFileURL(compiled));
+}
+
+/** Warns (once) when library sources are newer than the compiled files the workers will run. */
+function warnIfStale(sources: string, compiled: string): void {
+  const stale: string[] = [];
+  const walk = (dir: string): void => {
+    for (const entry of readdirSync(dir, { withFileTypes: true })) {
+      const path = join(dir, entry.name);
+      if (entry.isDirectory()) walk(path);
+      else if (entry.name.endsWith('.ts') && !entry.name.endsWith('.d.ts')) {
+        const js = join(compiled, relative(sources, path)).replace(/\.ts$/, '.js');
+        if (!existsSync(js) || statSync(js).mtimeMs < statSync(path).mtimeMs) stale.push(relative(sources, path));
+      }
+    }
+  };
+  try {
+    walk(sources);
+  } catch {
+    return; // a best-effort hint, never a failure
+  }
+  if (stale.length > 0) {
+    process.emitWarning(
+      `DataLoader workers run the compiled library in dist/, which is older than lib/${stale.slice(0, 5).join(', lib/')}${stale.length > 5 ? ', …' : ''}; run 'npm run build:ts'`,
+    );
+  }
+}
+
+let threadpoolWarned = false;
+
+/**
+ * Warns (once) when the workers outnumber libuv's threadpool: sharp decodes and resizes on that
+ * pool, which every thread of a process shares, so more workers than pool threads wait for one.
+ */
+function warnIfThreadpoolSmall(workers: number): void {
+  const size = Number(process.env.UV_THREADPOOL_SIZE) || 4;
+  if (workers <= size || threadpoolWarned) return;
+  threadpoolWarned = true;
+  process.emitWarning(
+    `DataLoader: ${workers} workers decode with sharp on libuv's threadpool, which all threads of the process share and which has ` +
+      `${size} threads, so at most ${size} images decode at a time; start Node with UV_THREADPOOL_SIZE=${workers + 1} in its environment`,
+  );
+}
+
+/** The loader's worker threads, their outstanding jobs and their liveness. */
+class WorkerPool {
+  readonly #workers: Worker[] = [];
+  readonly #outstanding: number[] = [];
+  readonly #alive = new Set<Worker>();
+  readonly #ready: Promise<void>;
+  #onReply: (reply: WorkerReply) => void = () => {};
+  #onFailure: (error: Error) => void = () => {};
+  #closing = false;
+
+  constructor(count: number, init: Omit<WorkerInit, 'workerId'>) {
+    const url = workerUrl();
+    warnIfThreadpoolSmall(count);
+    const readies: Promise<void>[] = [];
+    for (let id = 0; id < count; id++) {
+      const worker = new Worker(url, { workerData: { ...init, workerId: id } satisfies WorkerInit, name: `resnet-cuda loader ${id}` });
+      const ready = deferred<void>();
+      readies.push(ready.promise);
+      this.#workers.push(worker);
+      this.#outstanding.push(0);
+      this.#alive.add(worker);
+      worker.on('message', (reply: WorkerReply) => {
+        if (reply.type === 'ready') ready.resolve();
+        else if (reply.type === 'fatal') {
+          const error = new DataLoaderError(reply.error, `DataLoader worker ${id} could not rebuild the dataset and transform`);
+          ready.reject(error);
+          this.#onFailure(error);
+        } else {
+          this.#outstanding[id]!--;
+          this.#onReply(reply);
+        }
+      });
+      worker.on('error', (error: Error) => {
+        const wrapped = new DataLoaderError(failureInfo(error, { worker: id }), 'DataLoader worker crashed');
+        ready.reject(wrapped);
+        this.#onFailure(wrapped);
+      });
+      worker.on('exit', (code) => {
+        this.#alive.delete(worker);
+        if (!this.#closing) {
+          const error = new DataLoaderError({ message: `exited with code ${code}`, worker: id }, 'DataLoader worker stopped unexpectedly');
+          ready.reject(error);
+          this.#onFailure(error);
+        }
+      });
+    }
+    this.#ready = Promise.all(readies).then(() => {});
+    this.#ready.catch(() => {});
+  }
+
+  /** Resolves when every worker has rebuilt its dataset and transform. */
+  get ready(): Promise<void> {
+    return this.#ready;
+  }
+
+  /** Number of worker threads that have not exited. */
+  get alive(): number {
+    return this.#alive.size;
+  }
+
+  /** Number of workers. */
+  get size(): number {
+    return this.#workers.length;
+  }
+
+  /** Jobs posted to worker `id` and not yet answered. */
+  outstanding(id: number): number {
+    return this.#outstanding[id]!;
+  }
+
+  /** Sets where replies and failures go (the current epoch run). */
+  listen(onReply: (reply: WorkerReply) => void, onFailure: (error: Error) => void): void {
+    this.#onReply = onReply;
+    this.#onFailure = onFailure;
+  }
+
+  /** Posts a job to worker `id`. */
+  post(id: number, job: Job): void {
+    this.#outstanding[id]!++;
+    this.#workers[id]!.postMessage(job);
+  }
+
+  /** The worker with the fewest outstanding jobs. */
+  leastBusy(): number {
+    let best = 0;
+    for (let i = 1; i < this.#workers.length; i++) if (this.#outstanding[i]! < this.#outstanding[best]!) best = i;
+    return best;
+  }
+
+  /** Total outstanding jobs. */
+  get totalOutstanding(): number {
+    return this.#outstanding.reduce((a, b) => a + b, 0);
+  }
+
+  /** Lets the workers keep the process alive (while an epoch runs) or not (while idle). */
+  setRef(ref: boolean): void {
+    for (const worker of this.#alive) ref ? worker.ref() : worker.unref();
+  }
+
+  /** Terminates every worker and waits for them to exit. */
+  async terminate(): Promise<void> {
+    this.#closing = true;
+    this.#onReply = () => {};
+    this.#onFailure = () => {};
+    await Promise.all([...this.#alive].map((w) => w.terminate()));
+  }
+}
+
+const OPTION_KEYS = [
+  'batchSize',
+  'transform',
+  'shuffle',
+  'seed',
+  'sampler',
+  'dropLast',
+  'workers',
+  'prefetch',
+  'persistentWorkers',
+  'deferFlip',
+  'device',
+  'distributed',
+] as const;
+
+/** The default number of workers: one core is left to the training loop. */
+export function defaultWorkers(): number {
+  return Math.max(1, availableParallelism() - 1);
+}
+
+/**
+ * Iterates a {@link Dataset} in batches, with the samples decoded and transformed by worker
+ * threads. `for await (const batch of loader)` runs one epoch; epochs are numbered automatically
+ * from 0 (each iteration takes the next) unless set with {@link DataLoader.setEpoch}. One epoch
+ * runs at a time. Leaving the loop early (`break`, an exception) stops the epoch and, unless
+ * `persistentWorkers`, its workers. Call {@link DataLoader.close} when done. An epoch's iterator
+ * taken by hand and dropped without `return()` keeps its workers running (and the process
+ * alive) until `close()`.
+ */
+export class DataLoader implements AsyncIterable<Batch> {
+  /** The dataset. */
+  readonly dataset: Dataset;
+  /** The transform applied to every sample. */
+  readonly transform: Compose;
+  /** Samples per batch. */
+  readonly batchSize: number;
+  /** Whether a last, smaller batch is dropped. */
+  readonly dropLast: boolean;
+  /** The order of the samples. */
+  readonly sampler: Sampler;
+  /** Seed of the shuffling and the augmentations. */
+  readonly seed: number;
+  /** Worker threads (0: the main thread fills the batches). */
+  readonly workers: number;
+  /** Batches in flight per worker. */
+  readonly prefetch: number;
+  /** Whether workers outlive an epoch. */
+  readonly persistentWorkers: boolean;
+  /** Whether horizontal flips are left to the consumer (`batch.flips`). */
+  readonly deferFlip: boolean;
+  /** Default device of `toTensors`. */
+  readonly device: string;
+  /** `[height, width]` of every image, from the transform. */
+  readonly outputSize: readonly [number, number];
+
+  #epoch = 0;
+  #runCounter = 0;
+  #active = false;
+  #closed = false;
+  #layout: SlotLayout | undefined;
+  #pool: WorkerPool | undefined;
+  #filler: BatchFiller | undefined;
+  /** Fails the running epoch's pending batches (set while an epoch with workers runs). */
+  #abortRun: ((error: Error) => void) | undefined;
+  readonly #tensors = new Map<string, { images: Tensor; labels: Tensor }>();
+  /** Whether the addon takes shared-memory arrays directly (unknown until the first copy). */
+  #directCopy: boolean | undefined;
+  /** Host staging memory for `toTensors` when it does not: one slot's pixels. */
+  #staging: Uint8Array | undefined;
+
+  constructor(dataset: Dataset, options: DataLoaderOptions) {
+    const o = expectOptions<DataLoaderOptions>('DataLoader options', options, OPTION_KEYS);
+    this.dataset = expectDataset('dataset', dataset);
+    this.batchSize = expectInt('batchSize', o.batchSize, 1);
+    if (!(o.transform instanceof Compose)) invalid('transform', 'a Compose (e.g. Compose.fromSpec([...]))', o.transform);
+    this.transform = o.transform;
+    const size = this.transform.fixedOutputSize();
+    if (size === null) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `DataLoader needs a transform with a fixed output size, so that every sample fits the batch; this one ` +
+          `(${this.transform.transforms.map((t) => t.kind).join(', ') || 'empty'}) can yield images of any size: ` +
+          `end it with RandomResizedCrop({ size }), CenterCrop({ size }) or Resize({ size: [height, width] })`,
+      );
+    }
+    this.outputSize = Object.freeze([size[0], size[1]] as const);
+    const shuffle = o.shuffle === undefined ? false : expectBool('shuffle', o.shuffle);
+    this.dropLast = o.dropLast === undefined ? false : expectBool('dropLast', o.dropLast);
+    if (o.sampler !== undefined && (o.shuffle !== undefined || o.distributed !== undefined)) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'DataLoader: give either sampler or shuffle/distributed, not both (a custom sampler decides the order)');
+    }
+    if (o.distributed !== undefined) {
+      const d = expectOptions<{ rank: number; worldSize: number; dropLast?: boolean }>('distributed', o.distributed, ['rank', 'worldSize', 'dropLast']);
+      this.seed = o.seed === undefined ? 0 : expectInt('seed', o.seed, 0, 2 ** 32 - 1);
+      this.sampler = new DistributedSampler({
+        length: dataset.length,
+        rank: d.rank as number,
+        worldSize: d.worldSize as number,
+        shuffle,
+        seed: this.seed,
+        dropLast: d.dropLast ?? false,
+      });
+    } else {
+      this.seed = o.seed === undefined ? randomSeed() : expectInt('seed', o.seed, 0, 2 ** 32 - 1);
+      if (o.sampler !== undefined) {
+        const s = o.sampler as unknown;
+        if (s === null || typeof s !== 'object' || typeof (s as Sampler)[Symbol.iterator] !== 'function' || typeof (s as Sampler).length !== 'number') {
+          invalid('sampler', 'a Sampler (iterable of indices with a length)', s);
+        }
+        this.sampler = o.sampler;
+      } else {
+        this.sampler = shuffle ? new RandomSampler({ length: dataset.length, seed: this.seed }) : new SequentialSampler({ length: dataset.length });
+      }
+    }
+    this.workers = o.workers === undefined ? defaultWorkers() : expectInt('workers', o.workers, 0, 1024);
+    this.prefetch = o.prefetch === undefined ? 2 : expectInt('prefetch', o.prefetch, 1, 1024);
+    this.persistentWorkers = o.persistentWorkers === undefined ? false : expectBool('persistentWorkers', o.persistentWorkers);
+    this.deferFlip = o.deferFlip === undefined ? true : expectBool('deferFlip', o.deferFlip);
+    if (o.device !== undefined && typeof o.device !== 'string') invalid('device', "a device name such as 'cpu' or 'cuda:0'", o.device);
+    this.device = o.device ?? 'cpu';
+  }
+
+  /** Batches per epoch. */
+  get length(): number {
+    const n = this.sampler.length;
+    return this.dropLast ? Math.floor(n / this.batchSize) : Math.ceil(n / this.batchSize);
+  }
+
+  /** The epoch the next iteration runs. */
+  get epoch(): number {
+    return this.#epoch;
+  }
+
+  /** Sets the epoch the next iteration runs (later iterations continue from it). */
+  setEpoch(epoch: number): void {
+    this.#epoch = expectInt('epoch', epoch, 0);
+  }
+
+  /** Worker threads currently running (0 between epochs unless `persistentWorkers`). */
+  get activeWorkers(): number {
+    return this.#pool?.alive ?? 0;
+  }
+
+  /** The `Normalize` step's mean and std (in [0, 1] units) for `InputNormalize`, if the transform has one. */
+  normalization(): { mean: number[]; std: number[] } | null {
+    const n = this.transform.normalization();
+    return n === null ? null : { mean: [...n.mean], std: [...n.std] };
+  }
+
+  /** Runs the next epoch. */
+  [Symbol.asyncIterator](): AsyncIterator<Batch> {
+    if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'This DataLoader was closed');
+    const epoch = this.#epoch++;
+    return this.#run(epoch);
+  }
+
+  /** Stops the workers and frees the tensors of `toTensors`; the loader cannot be used afterwards. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#abortRun?.(new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running'));
+    const pool = this.#pool;
+    this.#pool = undefined;
+    await pool?.terminate();
+    for (const { images, labels } of this.#tensors.values()) {
+      images.dispose();
+      labels.dispose();
+    }
+    this.#tensors.clear();
+  }
+
+  /** The slot layout: the transform's fixed size and channels, allocated on first use and kept. */
+  #ensureLayout(): SlotLayout {
+    if (this.#layout) return this.#layout;
+    const [h, w] = this.outputSize;
+    const c = this.transform.outputChannels;
+    const slots = this.#slotCount();
+    const sampleBytes = h * w * c;
+    return (this.#layout = {
+      images: new SharedArrayBuffer(slots * this.batchSize * sampleBytes),
+      labels: new SharedArrayBuffer(slots * this.batchSize * 4),
+      flips: new SharedArrayBuffer(slots * this.batchSize),
+      batchSize: this.batchSize,
+      sampleShape: [h, w, c],
+    });
+  }
+
+  /**
+   * Batch slots: one per batch in flight plus the one the consumer holds. Without workers the
+   * next batch is filled only when asked for, after the consumer has left the previous one.
+   */
+  #slotCount(): number {
+    return this.workers === 0 ? 1 : this.workers * this.prefetch + 1;
+  }
+
+  /** The batches of one epoch, as dataset indices. */
+  #plan(epoch: number): Int32Array[] {
+    this.sampler.setEpoch?.(epoch);
+    const order = Int32Array.from(this.sampler);
+    const batches: Int32Array[] = [];
+    for (let start = 0; start < order.length; start += this.batchSize) {
+      const batch = order.subarray(start, Math.min(order.length, start + this.batchSize));
+      if (batch.length < this.batchSize && this.dropLast) break;
+      batches.push(batch);
+    }
+    return batches;
+  }
+
+  async *#run(epoch: number): AsyncGenerator<Batch, void, undefined> {
+    if (this.#active) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'DataLoader runs one epoch at a time: finish or break out of the previous epoch\'s loop (or call return() on its iterator) before starting another',
+      );
+    }
+    this.#active = true;
+    const run = ++this.#runCounter;
+    let current: { valid: boolean } | undefined;
+    let failed = false;
+    try {
+      const plan = this.#plan(epoch);
+      if (plan.length === 0) return;
+      const layout = this.#ensureLayout();
+      const slots = this.#slotCount();
+      if (this.workers === 0) {
+        this.#filler ??= new BatchFiller(this.dataset, this.transform, this.deferFlip, layout);
+        for (let k = 0; k < plan.length; k++) {
+          if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
+          const job = this.#job(run, 0, k, plan[k]!, epoch);
+          try {
+            await this.#filler.fill(job);
+          } catch (error) {
+            failed = true;
+            throw this.#sampleError(error);
+          }
+          current = { valid: true };
+          yield this.#batch(layout, 0, plan[k]!, epoch, k, current);
+          current.valid = false;
+        }
+        return;
+      }
+
+      const pool = (this.#pool ??= new WorkerPool(this.workers, {
+        tag: WORKER_TAG,
+        dataset: this.dataset.spec(),
+        transform: this.transform.spec(),
+        deferFlip: this.deferFlip,
+        layout,
+      }));
+      pool.setRef(true);
+      const done = plan.map(() => deferred<number>());
+      let failure: Error | undefined;
+      const fail = (error: Error): void => {
+        failure ??= error;
+        for (const d of done) d.reject(error);
+      };
+      this.#abortRun = fail;
+      pool.listen((reply) => {
+        if (reply.type === 'ready' || reply.type === 'fatal' || reply.run !== run) return;
+        if (reply.type === 'done') done[reply.batchIndexInEpoch]!.resolve(reply.slot);
+        else done[reply.batchIndexInEpoch]!.reject(new DataLoaderError(reply.error, 'DataLoader failed to load a sample'));
+      }, fail);
+      const free: number[] = [];
+      for (let s = slots - 1; s >= 0; s--) free.push(s);
+      let next = 0;
+      const dispatch = (): void => {
+        // A slot is free once its batch was consumed; a worker takes at most `prefetch` jobs.
+        while (next < plan.length && free.length > 0 && failure === undefined) {
+          const id = pool.leastBusy();
+          if (pool.outstanding(id) >= this.prefetch) break;
+          pool.post(id, this.#job(run, free.pop()!, next, plan[next]!, epoch));
+          next++;
+        }
+      };
+      dispatch();
+      for (let k = 0; k < plan.length; k++) {
+        let slot: number;
+        try {
+          slot = await done[k]!.promise;
+        } catch (error) {
+          failed = true;
+          throw error;
+        }
+        current = { valid: true };
+        yield this.#batch(layout, slot, plan[k]!, epoch, k, current);
+        current.valid = false;
+        free.push(slot);
+        dispatch();
+      }
+    } finally {
+      if (current) current.valid = false;
+      this.#abortRun = undefined;
+      await this.#endEpoch(failed);
+      this.#active = false;
+    }
+  }
+
+  /** After an epoch (finished, abandoned or failed): drain or stop the workers. */
+  async #endEpoch(failed: boolean): Promise<void> {
+    const pool = this.#pool;
+    if (!pool) return;
+    if (!this.persistentWorkers || failed || this.#closed) {
+      this.#pool = undefined;
+      await pool.terminate();
+      return;
+    }
+    // Persistent workers keep the slots: wait for jobs of an abandoned epoch to finish writing
+    // before the next epoch hands their slots out again.
+    // A persistent pool whose worker dies (while draining or idle) is retired; the next epoch
+    // starts a new one.
+    const retire = (): void => {
+      if (this.#pool === pool) this.#pool = undefined;
+      void pool.terminate();
+    };
+    if (pool.totalOutstanding > 0) {
+      await new Promise<void>((resolve) => {
+        const check = (): void => {
+          if (pool.totalOutstanding === 0) resolve();
+        };
+        pool.listen(check, () => {
+          retire();
+          resolve();
+        });
+        check();
+      });
+    }
+    pool.listen(() => {}, retire);
+    pool.setRef(false);
+  }
+
+  #job(run: number, slot: number, k: number, indices: Int32Array, epoch: number): Job {
+    return {
+      run,
+      slot,
+      batchIndexInEpoch: k,
+      items: Array.from(indices, (index, position) => ({ index, position })),
+      epoch,
+      seed: this.seed,
+    };
+  }
+
+  #sampleError(error: unknown): Error {
+    if (error instanceof SampleFailure) return new DataLoaderError(error.info, 'DataLoader failed to load a sample');
+    return error instanceof Error ? error : new Error(String(error));
+  }
+
+  #batch(layout: SlotLayout, slot: number, indices: Int32Array, epoch: number, index: number, current: { valid: boolean }): Batch {
+    const [h, w, c] = layout.sampleShape;
+    const size = indices.length;
+    const sampleBytes = h * w * c;
+    const images = new Uint8Array(layout.images, slot * this.batchSize * sampleBytes, size * sampleBytes);
+    // Labels and flips are copied out of shared memory (a few bytes per sample): the addon, and so
+    // the loss and InputNormalize, read host arrays through N-API calls that refuse shared memory.
+    const labels = new Int32Array(layout.labels, slot * this.batchSize * 4, size).slice();
+    const flips = new Uint8Array(layout.flips, slot * this.batchSize, size).slice();
+    const shape = Object.freeze([size, h, w, c] as const);
+    const batch: Batch = {
+      images,
+      labels,
+      flips,
+      size,
+      shape,
+      indices: Int32Array.from(indices),
+      epoch,
+      index,
+      toTensors: (device?: string) => {
+        if (!current.valid) {
+          throw new ResnetError('ERR_RC_DISPOSED', `Batch ${index} of epoch ${epoch} is no longer current: its slot is being refilled; call toTensors() before moving to the next batch`);
+        }
+        return this.#toTensors(batch, device ?? this.device);
+      },
+    };
+    return batch;
+  }
+
+  #toTensors(batch: Batch, device: string): { images: Tensor; labels: Tensor } {
+    const key = `${device}|${batch.shape.join('x')}`;
+    let pair = this.#tensors.get(key);
+    if (!pair) {
+      pair = { images: Tensor.empty(batch.shape, { dtype: 'u8', device }), labels: Tensor.empty([batch.size], { dtype: 'i32', device }) };
+      this.#tensors.set(key, pair);
+    }
+    pair.labels.raw.copyFromHost(batch.labels);
+    if (this.#directCopy !== false) {
+      try {
+        pair.images.raw.copyFromHost(batch.images);
+        this.#directCopy = true;
+        return pair;
+      } catch (error) {
+        if (this.#directCopy === true) throw error;
+        this.#directCopy = false;
+      }
+    }
+    // The addon reads host arrays through their ArrayBuffer, which N-API refuses for a
+    // SharedArrayBuffer: stage the pixels through ordinary memory (one extra host copy per batch).
+    this.#staging ??= new Uint8Array(this.#layout!.images.byteLength / this.#slotCount());
+    const images = this.#staging.subarray(0, batch.images.length);
+    images.set(batch.images);
+    pair.images.raw.copyFromHost(images);
+    return pair;
+  }
+}

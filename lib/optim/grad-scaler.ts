@@ -1,0 +1,252 @@
+/**
+ * Dynamic loss scaling for mixed-precision training, with the API and semantics of
+ * `torch.amp.GradScaler`: the scale, the found-inf flag and the growth tracker live on the
+ * device, the optimizer skips a step with inf/NaN gradients on the device, and the scale backs off
+ * on overflow and grows after a run of clean steps.
+ * @packageDocumentation
+ */
+import { addon } from '../binding.js';
+import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
+import { Tensor } from '../tensor.js';
+import type { ParameterArena } from '../nn/parameter.js';
+import type { OptimizerStepOptions } from './optimizer.js';
+
+/** Options of {@link GradScaler}, with PyTorch's defaults. */
+export interface GradScalerOptions {
+  /** The first scale; default 65536 (2^16). */
+  initScale?: number;
+  /** Multiplies the scale after `growthInterval` clean steps in a row; default 2. */
+  growthFactor?: number;
+  /** Multiplies the scale after a step with inf/NaN gradients; default 0.5. */
+  backoffFactor?: number;
+  /** Clean steps before the scale grows; default 2000. */
+  growthInterval?: number;
+  /** false: every method passes through (scale 1, no unscaling, plain steps); default true. */
+  enabled?: boolean;
+}
+
+/** A GradScaler's checkpoint (PyTorch's `state_dict` keys, in camelCase). */
+export interface GradScalerState {
+  scale: number;
+  growthFactor: number;
+  backoffFactor: number;
+  growthInterval: number;
+  growthTracker: number;
+}
+
+/** What the scaler needs of an optimizer; every {@link Optimizer} has it. */
+export interface ScalerOptimizer {
+  arena(): ParameterArena;
+  segmentTable(): Int32Array;
+  step(options?: OptimizerStepOptions): void;
+  stepSkipped(): void;
+}
+
+function positive(name: string, value: unknown): number {
+  const n = expectNumber(name, value);
+  if (!(n > 0)) invalid(name, 'a positive finite number', value);
+  return n;
+}
+
+/** Anything whose loss gradient can be scaled, such as {@link CrossEntropyLoss}. */
+export interface ScalableLoss {
+  gradScale: number;
+}
+
+/**
+ * Loss scaling for fp16/bf16 training, in PyTorch's shape:
+ *
+ * ```ts
+ * const scaler = new GradScaler();
+ * // every step:
+ * scaler.scale(loss);                    // loss.gradScale = the current scale
+ * loss.forward(model.forward(x), labels);
+ * model.backward(loss.backward());
+ * scaler.unscale(optimizer);             // optional: only needed to clip
+ * clipGradNorm(model, 1.0);
+ * scaler.step(optimizer);                // skipped on the device if a gradient is inf/NaN
+ * scaler.update();
+ * optimizer.zeroGrad();
+ * ```
+ *
+ * The scale, the found-inf flag and the growth tracker are device tensors, updated by
+ * `scalerUpdate` on the device; unscaling and the skip happen on the device too. The loss takes
+ * its gradient scale as a host number, though, so {@link GradScaler.update} reads the new scale
+ * and the found-inf flag back (8 bytes, one host synchronisation per step, the same one PyTorch's
+ * GradScaler makes in `step()` for optimizers without fused AMP support) into the host mirror
+ * {@link GradScaler.lossScale}. That read also tells the optimizers whose step was skipped, so
+ * that their step counts stay as PyTorch's. Not for CUDA graph capture.
+ *
+ * One found-inf flag serves all optimizers stepped in a step: an overflow in any gradient
+ * unscaled in that step skips every optimizer stepped after it was unscaled.
+ */
+export class GradScaler {
+  /** Whether scaling is on. */
+  readonly enabled: boolean;
+  readonly #growthFactor: number;
+  readonly #backoffFactor: number;
+  readonly #growthInterval: number;
+  #scale: number;
+  #growthTracker = 0;
+  #skipped = false;
+  // Device state, made on first use on the optimizer's device: [scale, foundInf] in one f32[2]
+  // tensor so that update() reads both with one copy; the growth tracker as i32[1].
+  #flags: Tensor | null = null;
+  #scaleView: Tensor | null = null;
+  #foundInfView: Tensor | null = null;
+  #tracker: Tensor | null = null;
+  readonly #unscaled = new Set<ScalerOptimizer>();
+  readonly #stepped = new Set<ScalerOptimizer>();
+
+  constructor(options: GradScalerOptions = {}) {
+    const o = expectOptions<GradScalerOptions>('GradScaler options', options, ['initScale', 'growthFactor', 'backoffFactor', 'growthInterval', 'enabled']);
+    this.#scale = Math.fround(positive('initScale', o.initScale ?? 65536));
+    this.#growthFactor = expectNumber('growthFactor', o.growthFactor ?? 2, 1);
+    if (this.#growthFactor <= 1) invalid('growthFactor', 'a number above 1', o.growthFactor);
+    this.#backoffFactor = positive('backoffFactor', o.backoffFactor ?? 0.5);
+    if (this.#backoffFactor >= 1) invalid('backoffFactor', 'a number in (0, 1)', o.backoffFactor);
+    this.#growthInterval = expectInt('growthInterval', o.growthInterval ?? 2000, 1, 0x7fffffff);
+    this.enabled = expectBool('enabled', o.enabled ?? true);
+  }
+
+  /**
+   * The current scale as a host number (1 when disabled); no synchronisation. It is refreshed
+   * by every {@link GradScaler.update}, so it is exact at the start of each step.
+   */
+  get lossScale(): number {
+    return this.enabled ? this.#scale : 1;
+  }
+
+  /** Sets `loss.gradScale` to the current scale times `multiplier` (e.g. 1/k when accumulating k micro-batches). */
+  scale(loss: ScalableLoss, multiplier = 1): void {
+    if (loss === null || typeof loss !== 'object' || typeof loss.gradScale !== 'number') invalid('loss', 'a loss with a numeric gradScale', loss);
+    loss.gradScale = this.lossScale * expectNumber('multiplier', multiplier, 0);
+  }
+
+  /**
+   * Divides the optimizer's gradients by the scale in place and records whether any is inf or
+   * NaN (on the device). Call it before clipping; {@link GradScaler.step} calls it otherwise.
+   */
+  unscale(optimizer: ScalerOptimizer): void {
+    if (!this.enabled) return;
+    if (this.#unscaled.has(optimizer)) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.unscale() has already been called on this optimizer since the last update()');
+    }
+    if (this.#stepped.has(optimizer)) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.unscale() must come before step() for this optimizer');
+    }
+    const arena = optimizer.arena();
+    this.#ensureDevice(arena.device);
+    // The flag is cleared once per step, by the first unscale after update().
+    if (this.#unscaled.size === 0) addon().fill({ tensor: this.#foundInfView!.raw, value: 0 });
+    addon().unscaleAndCheck({
+      grads: arena.grads.raw,
+      invScale: 1 / this.#scale,
+      foundInf: this.#foundInfView!.raw,
+      segments: optimizer.segmentTable(),
+    });
+    this.#unscaled.add(optimizer);
+  }
+
+  /**
+   * Unscales the gradients (unless {@link GradScaler.unscale} already did) and steps the
+   * optimizer, which skips the update on the device when a gradient was inf or NaN.
+   */
+  step(optimizer: ScalerOptimizer): void {
+    if (!this.enabled) {
+      optimizer.step();
+      return;
+    }
+    if (this.#stepped.has(optimizer)) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.step() has already been called on this optimizer since the last update()');
+    }
+    if (!this.#unscaled.has(optimizer)) this.unscale(optimizer);
+    optimizer.step({ foundInf: this.#foundInfView! });
+    this.#stepped.add(optimizer);
+  }
+
+  /**
+   * Updates the scale on the device (back off after inf/NaN, grow after `growthInterval` clean
+   * steps), or sets it to `newScale`; then reads the scale and the found-inf flag to the host
+   * (one synchronisation), refreshing {@link GradScaler.lossScale}.
+   */
+  update(newScale?: number): void {
+    if (!this.enabled) return;
+    if (this.#unscaled.size === 0) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.update(): no gradients were unscaled since the last update(); call step() first');
+    }
+    if (newScale !== undefined) {
+      addon().fill({ tensor: this.#scaleView!.raw, value: positive('newScale', newScale) });
+    } else {
+      addon().scalerUpdate({
+        scale: this.#scaleView!.raw,
+        growthTracker: this.#tracker!.raw,
+        foundInf: this.#foundInfView!.raw,
+        growthFactor: this.#growthFactor,
+        backoffFactor: this.#backoffFactor,
+        growthInterval: this.#growthInterval,
+      });
+    }
+    const flags = this.#flags!.toFloat32Array();
+    this.#scale = flags[0]!;
+    this.#skipped = flags[1]! !== 0;
+    if (this.#skipped) for (const optimizer of this.#stepped) optimizer.stepSkipped();
+    this.#unscaled.clear();
+    this.#stepped.clear();
+  }
+
+  /** Whether the last updated step found inf/NaN gradients (and its optimizer steps were skipped). */
+  get skippedLastStep(): boolean {
+    return this.#skipped;
+  }
+
+  /** The scale read from the device (a synchronisation), for logging. */
+  scaleValue(): number {
+    if (!this.enabled) return 1;
+    return this.#scaleView ? this.#scaleView.item() : this.#scale;
+  }
+
+  /** A checkpoint (reads the device state, a synchronisation). */
+  state(): GradScalerState {
+    return {
+      scale: this.scaleValue(),
+      growthFactor: this.#growthFactor,
+      backoffFactor: this.#backoffFactor,
+      growthInterval: this.#growthInterval,
+      growthTracker: this.#tracker ? this.#tracker.item() : this.#growthTracker,
+    };
+  }
+
+  /** Restores the scale and growth tracker of a {@link GradScaler.state} checkpoint. */
+  loadState(state: GradScalerState): void {
+    if (state === null || typeof state !== 'object') invalid('state', 'a GradScaler state object', state);
+    const scale = positive('state.scale', state.scale);
+    const tracker = expectInt('state.growthTracker', state.growthTracker ?? 0, 0, 0x7fffffff);
+    if (this.#unscaled.size > 0) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.loadState() in the middle of a step (after unscale or step, before update)');
+    this.#scale = Math.fround(scale);
+    this.#growthTracker = tracker;
+    if (this.#flags) {
+      this.#scaleView!.raw.copyFromHost(Float32Array.of(this.#scale));
+      this.#tracker!.raw.copyFromHost(Int32Array.of(tracker));
+    }
+  }
+
+  /** Frees the device state. */
+  dispose(): void {
+    for (const t of [this.#scaleView, this.#foundInfView, this.#flags, this.#tracker]) t?.dispose();
+    this.#scaleView = this.#foundInfView = this.#flags = this.#tracker = null;
+  }
+
+  // Creates the device state on `device`, or moves it there (keeping the scale and tracker).
+  #ensureDevice(device: string): void {
+    if (this.#flags && this.#flags.device === device) return;
+    if (this.#flags) {
+      this.#growthTracker = this.#tracker!.item();
+      this.dispose();
+    }
+    this.#flags = Tensor.from([this.#scale, 0], [2], { device });
+    this.#scaleView = this.#flags.view(0, [1]);
+    this.#foundInfView = this.#flags.view(1, [1]);
+    this.#tracker = Tensor.from([this.#growthTracker], [1], { dtype: 'i32', device });
+  }
+}

@@ -1,0 +1,297 @@
+/**
+ * What every optimizer shares: parameter groups over one model's parameter arena, the segment
+ * table the native multi-tensor ops take, per-element state arenas, the step count, and
+ * checkpoints of all of it.
+ * @packageDocumentation
+ */
+import { addon } from '../binding.js';
+import { ResnetError, expectInt, expectNumber, invalid } from '../errors.js';
+import { Module } from '../nn/module.js';
+import { Parameter, type ParameterArena } from '../nn/parameter.js';
+import { Tensor } from '../tensor.js';
+
+/** A parameter group as given to an optimizer: its parameters and any settings it overrides. */
+export type GroupInput<O extends object> = Partial<O> & { params: Parameter[] };
+
+/** A parameter group with every setting resolved; settings such as `lr` may change between steps. */
+export type Group<O extends object> = Required<O> & { params: Parameter[] };
+
+/** What an optimizer's constructor accepts: a module (all its parameters), parameters, or groups. */
+export type ParamsInput<O extends object> = Module | Parameter[] | GroupInput<O>[];
+
+/** Options of {@link Optimizer.step}, which {@link GradScaler.step} passes. */
+export interface OptimizerStepOptions {
+  /**
+   * An f32[1] tensor on the arena's device: when it holds a non-zero value the step is skipped on
+   * the device, with no host synchronisation (the GradScaler found inf or NaN gradients).
+   */
+  foundInf?: Tensor;
+  /** Gradients are multiplied by this first (an unscale fused into the step); default 1. */
+  gradScaleInv?: number;
+}
+
+/** An optimizer's checkpoint, plain data (typed arrays and numbers). */
+export interface OptimizerState {
+  /** Steps taken; the next step is `step + 1`. */
+  step: number;
+  /** Each group's settings, in order (numbers and booleans; `betas` as a pair). */
+  paramGroups: Record<string, unknown>[];
+  /**
+   * Per-element state over the whole arena (one value per arena element, padding included), by
+   * name: `momentum` (SGD), `expAvg` and `expAvgSq` (AdamW, LAMB). Absent before it exists.
+   */
+  buffers: Record<string, Float32Array>;
+}
+
+/** What {@link Optimizer.applyStep} receives. */
+export interface StepContext<O extends object> {
+  arena: ParameterArena;
+  /** (offset, count, group) triples of the parameters to update. */
+  segments: Int32Array;
+  /** The groups' validated settings. */
+  groups: Required<O>[];
+  /** t of this step: 1 on the first. */
+  step: number;
+  foundInf: Tensor | undefined;
+  gradScaleInv: number;
+}
+
+/**
+ * The base of the optimizers: resolves parameter groups, keeps the step count and the state
+ * arenas, and calls {@link Optimizer.applyStep} with the segment table of the parameters that
+ * require gradients (rebuilt every step, so freezing and unfreezing take effect at once).
+ */
+export abstract class Optimizer<O extends object> {
+  /** The parameter groups; change `lr` (or any setting) here between steps. */
+  readonly paramGroups: Group<O>[];
+  readonly #name: string;
+  readonly #check: (where: string, group: Partial<O>, defaults: Partial<O>) => Required<O>;
+  readonly #buffers = new Map<string, Tensor>();
+  #steps = 0;
+
+  /**
+   * @param name - the optimizer's name, for messages.
+   * @param params - a module (all its parameters), a list of parameters, or a list of groups.
+   * @param defaults - settings for groups that do not override them, already validated.
+   * @param keys - the settings a group may carry.
+   * @param check - validates a group's settings (falling back to `defaults`) and resolves them.
+   */
+  protected constructor(
+    name: string,
+    params: ParamsInput<O>,
+    defaults: Required<O>,
+    keys: readonly string[],
+    check: (where: string, group: Partial<O>, defaults: Partial<O>) => Required<O>,
+  ) {
+    this.#name = name;
+    this.#check = check;
+    let groups: GroupInput<O>[];
+    if (params instanceof Module) groups = [{ params: params.parameters() } as GroupInput<O>];
+    else if (Array.isArray(params) && params.every((p) => p instanceof Parameter)) groups = [{ params: params as Parameter[] } as GroupInput<O>];
+    else if (Array.isArray(params)) groups = params as GroupInput<O>[];
+    else groups = invalid('params', 'a Module, an array of Parameters or an array of parameter groups', params);
+    const seen = new Set<Parameter>();
+    this.paramGroups = groups.map((g, i) => {
+      const where = `paramGroups[${i}]`;
+      if (g === null || typeof g !== 'object' || !Array.isArray(g.params)) invalid(where, 'an object with a params array', g);
+      for (const key of Object.keys(g)) {
+        if (key !== 'params' && !keys.includes(key)) {
+          throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Unknown option '${key}' in ${where}; known options: params, ${keys.join(', ')}`);
+        }
+      }
+      for (const p of g.params) {
+        if (!(p instanceof Parameter)) invalid(`${where}.params`, 'an array of Parameters', p);
+        if (seen.has(p)) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${where}: a parameter appears in more than one group`);
+        seen.add(p);
+      }
+      return { ...check(where, g as Partial<O>, defaults), params: [...g.params] } as Group<O>;
+    });
+  }
+
+  /** Steps taken so far (steps skipped by a GradScaler do not count, as in PyTorch). */
+  get stepCount(): number {
+    return this.#steps;
+  }
+
+  /** Applies one update to every parameter that requires a gradient. */
+  step(options: OptimizerStepOptions = {}): void {
+    const arena = this.arena();
+    const foundInf = options.foundInf;
+    if (foundInf !== undefined) {
+      if (!(foundInf instanceof Tensor) || foundInf.dtype !== 'f32' || foundInf.numel !== 1 || foundInf.device !== arena.device) {
+        invalid('foundInf', `an f32 tensor of one element on ${arena.device}`, foundInf);
+      }
+    }
+    const gradScaleInv = expectNumber('gradScaleInv', options.gradScaleInv ?? 1);
+    const groups = this.paramGroups.map((g, i) => this.#check(`paramGroups[${i}]`, g as Partial<O>, g as Partial<O>));
+    this.applyStep({ arena, segments: this.segmentTable(), groups, step: this.#steps + 1, foundInf, gradScaleInv });
+    this.#steps++;
+  }
+
+  /** Runs the native step; `ctx.step` is t of this step. */
+  protected abstract applyStep(ctx: StepContext<O>): void;
+
+  /** The names of the per-element state arenas this optimizer may keep. */
+  protected abstract bufferNames(): readonly string[];
+
+  /** Whether the state arena `name` exists yet. */
+  protected hasBuffer(name: string): boolean {
+    return this.#buffers.has(name);
+  }
+
+  /**
+   * The state arena `name`, one f32 per arena element: zeros when new; carried over when the
+   * model moved to another device (same arena size); zeros again if the arena's size changed.
+   */
+  protected buffer(name: string, arena: ParameterArena): Tensor {
+    const existing = this.#buffers.get(name);
+    if (existing && existing.device === arena.device && existing.numel === arena.size) return existing;
+    let fresh: Tensor;
+    if (existing && existing.numel === arena.size) fresh = Tensor.from(existing.toFloat32Array(), [arena.size], { device: arena.device });
+    else fresh = Tensor.zeros([arena.size], { device: arena.device });
+    existing?.dispose();
+    this.#buffers.set(name, fresh);
+    return fresh;
+  }
+
+  /**
+   * Records that the last step was skipped on the device (a GradScaler found inf or NaN), so that
+   * the step count, and with it Adam's bias corrections and SGD's first-step momentum, stay as in
+   * PyTorch, where a skipped step never runs. {@link GradScaler.update} calls it.
+   */
+  stepSkipped(): void {
+    if (this.#steps > 0) this.#steps--;
+  }
+
+  /** Sets the gradients of this optimizer's parameters to zero. */
+  zeroGrad(): void {
+    const arena = this.arena();
+    const all = this.paramGroups.reduce((n, g) => n + g.params.length, 0);
+    if (all === arena.entries.length) {
+      arena.zeroGrad();
+      return;
+    }
+    for (const g of this.paramGroups) for (const p of g.params) addon().fill({ tensor: p.grad.raw, value: 0 });
+  }
+
+  /** The arena all parameters of this optimizer live in (throws if they are not in one). */
+  arena(): ParameterArena {
+    const first = this.paramGroups.find((g) => g.params.length > 0)?.params[0];
+    const arena = first?.arena;
+    if (!first || !arena) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.#name}: the parameters have not been placed on a device; call model.to(device) first`);
+    }
+    for (const g of this.paramGroups) {
+      for (const p of g.params) {
+        if (p.arena !== arena) {
+          throw new ResnetError(
+            'ERR_RC_INVALID_ARGUMENT',
+            `${this.#name}: all parameters must belong to one model (one parameter arena); call model.to(device) on the whole model`,
+          );
+        }
+      }
+    }
+    return arena;
+  }
+
+  /** The (offset, count, group) triples of the parameters that require gradients, as of now. */
+  segmentTable(): Int32Array {
+    const triples: number[] = [];
+    this.paramGroups.forEach((g, gi) => {
+      for (const p of g.params) if (p.requiresGrad) triples.push(p.offset, p.numel, gi);
+    });
+    return Int32Array.from(triples);
+  }
+
+  /**
+   * A checkpoint: step count, group settings and the state arenas, copied to the host (this waits
+   * for the device).
+   */
+  state(): OptimizerState {
+    const buffers: Record<string, Float32Array> = {};
+    for (const [name, t] of this.#buffers) buffers[name] = t.toFloat32Array();
+    const paramGroups = this.paramGroups.map((g) => {
+      const settings: Record<string, unknown> = {};
+      for (const [key, value] of Object.entries(g)) if (key !== 'params') settings[key] = Array.isArray(value) ? [...value] : value;
+      return settings;
+    });
+    return { step: this.#steps, paramGroups, buffers };
+  }
+
+  /**
+   * Restores a checkpoint of {@link Optimizer.state} into this optimizer, whose groups must hold as
+   * many parameters as the saved ones and whose arena must be as large. Everything is checked
+   * before anything changes.
+   */
+  loadState(state: OptimizerState): void {
+    if (state === null || typeof state !== 'object') invalid('state', 'an optimizer state object', state);
+    const step = expectInt('state.step', state.step, 0);
+    if (!Array.isArray(state.paramGroups) || state.paramGroups.length !== this.paramGroups.length) {
+      invalid('state.paramGroups', `an array of ${this.paramGroups.length} groups`, state.paramGroups);
+    }
+    const settings = state.paramGroups.map((g, i) => {
+      if (g === null || typeof g !== 'object') invalid(`state.paramGroups[${i}]`, 'an object of settings', g);
+      const { params: _ignored, ...rest } = g as Record<string, unknown>;
+      return this.#check(`state.paramGroups[${i}]`, rest as Partial<O>, rest as Partial<O>);
+    });
+    const arena = this.arena();
+    const buffers = state.buffers ?? {};
+    if (typeof buffers !== 'object') invalid('state.buffers', 'an object of Float32Arrays', buffers);
+    const known = this.bufferNames();
+    for (const [name, data] of Object.entries(buffers)) {
+      if (!known.includes(name)) invalid(`state.buffers`, `only ${known.join(', ')}`, name);
+      if (!(data instanceof Float32Array) || data.length !== arena.size) {
+        invalid(`state.buffers.${name}`, `a Float32Array of ${arena.size} values (the arena's size)`, data);
+      }
+    }
+    settings.forEach((s, i) => Object.assign(this.paramGroups[i]!, s));
+    for (const t of this.#buffers.values()) t.dispose();
+    this.#buffers.clear();
+    for (const [name, data] of Object.entries(buffers)) this.#buffers.set(name, Tensor.from(data, [arena.size], { device: arena.device }));
+    this.#steps = step;
+  }
+
+  /** Frees the state arenas. */
+  dispose(): void {
+    for (const t of this.#buffers.values()) t.dispose();
+    this.#buffers.clear();
+  }
+}
+
+/** Options of {@link parameterGroups}. */
+export interface ParameterGroupsOptions {
+  /** Weight decay of the weights (conv and linear weights). */
+  weightDecay: number;
+  /** Put normalisation parameters and biases in a second group without weight decay; default true. */
+  noWeightDecayOnNormAndBias?: boolean;
+}
+
+/**
+ * Parameter groups for the usual recipe: weight decay on conv and linear weights only, none on
+ * batch-norm parameters and biases (by {@link Parameter.kind}). Empty groups are left out; with
+ * `noWeightDecayOnNormAndBias: false` there is one group with `weightDecay` for everything.
+ *
+ * ```ts
+ * const opt = new AdamW(parameterGroups(model, { weightDecay: 0.05 }), { lr: 1e-3 });
+ * ```
+ */
+export function parameterGroups(model: Module, options: ParameterGroupsOptions): { params: Parameter[]; weightDecay: number }[] {
+  if (!(model instanceof Module)) invalid('model', 'a Module', model);
+  if (options === null || typeof options !== 'object') invalid('options', 'an options object', options);
+  for (const key of Object.keys(options)) {
+    if (key !== 'weightDecay' && key !== 'noWeightDecayOnNormAndBias') {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Unknown option '${key}' in parameterGroups options; known options: weightDecay, noWeightDecayOnNormAndBias`);
+    }
+  }
+  const weightDecay = expectNumber('weightDecay', options.weightDecay, 0);
+  const split = options.noWeightDecayOnNormAndBias ?? true;
+  if (typeof split !== 'boolean') invalid('noWeightDecayOnNormAndBias', 'a boolean', split);
+  const params = model.parameters();
+  if (!split) return params.length > 0 ? [{ params, weightDecay }] : [];
+  const decay = params.filter((p) => p.kind === 'weight');
+  const noDecay = params.filter((p) => p.kind !== 'weight');
+  return [
+    ...(decay.length > 0 ? [{ params: decay, weightDecay }] : []),
+    ...(noDecay.length > 0 ? [{ params: noDecay, weightDecay: 0 }] : []),
+  ];
+}

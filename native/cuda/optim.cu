@@ -1,0 +1,386 @@
+// AdamW, LAMB, the gradient norm, unscale-and-check, gradient clipping and the GradScaler's scale
+// update over arena segments (semantics in core/backend.h, the segment table in kernels.h).
+// Chunk g of the table goes to block g % gridDim.x, which finds its segment by binary search over
+// the firstChunk column. Every element is updated by exactly one thread, and every reduction
+// adds per-thread values in a fixed order, per-block values with cub's fixed tree, and per-chunk
+// partials in chunk order in a second kernel, so nothing depends on the grid or on timing.
+#include <cub/block/block_reduce.cuh>
+
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace rc::cuda {
+
+namespace {
+
+struct ChunkRange {
+  int64_t begin, end;
+  int64_t segment, group;
+};
+
+__device__ __forceinline__ ChunkRange findChunk(const int64_t* __restrict__ segments, int64_t segmentCount,
+                                                int64_t chunk) {
+  int64_t lo = 0, hi = segmentCount - 1;  // the last segment whose firstChunk <= chunk
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (segments[4 * mid + 3] <= chunk) lo = mid; else hi = mid - 1;
+  }
+  const int64_t* seg = segments + 4 * lo;
+  const int64_t local = chunk - seg[3];
+  return {seg[0] + local * kOptimChunk, seg[0] + min(seg[1], (local + 1) * kOptimChunk), lo, seg[2]};
+}
+
+__device__ __forceinline__ bool skipStep(const float* foundInf) { return foundInf != nullptr && *foundInf != 0.0f; }
+
+// A group's coefficients for step t, from the f32 hyperparameters in double and rounded once (the
+// CPU backend computes the same values).
+struct AdamCoeffs {
+  float beta1, beta2, oneMinusBeta1, oneMinusBeta2, eps, lr, weightDecay;
+  float decay;     // AdamW: 1 - lr * wd
+  float stepSize;  // AdamW: lr / (1 - beta1^t)
+  float bc1;       // LAMB: 1 - beta1^t
+  float bc2Sqrt;   // sqrt(1 - beta2^t)
+  int32_t adapt;   // LAMB: whether the trust ratio applies
+};
+
+// base^e for e >= 0 by repeated squaring: a few double products (error ~1e-15, far below f32),
+// and light on registers, unlike the general pow. The CPU backend computes it the same way.
+__device__ double powInt(double base, int64_t e) {
+  double result = 1.0;
+  for (; e > 0; e >>= 1) {
+    if (e & 1) result *= base;
+    base *= base;
+  }
+  return result;
+}
+
+__device__ AdamCoeffs adamCoeffs(const AdamGroupParams& g, int64_t step) {
+  const double bc1 = 1.0 - powInt(static_cast<double>(g.beta1), step);
+  const double bc2 = 1.0 - powInt(static_cast<double>(g.beta2), step);
+  AdamCoeffs c;
+  c.beta1 = g.beta1;
+  c.beta2 = g.beta2;
+  c.oneMinusBeta1 = static_cast<float>(1.0 - static_cast<double>(g.beta1));
+  c.oneMinusBeta2 = static_cast<float>(1.0 - static_cast<double>(g.beta2));
+  c.eps = g.eps;
+  c.lr = g.lr;
+  c.weightDecay = g.weightDecay;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(g.lr) * static_cast<double>(g.weightDecay));
+  c.stepSize = static_cast<float>(static_cast<double>(g.lr) / bc1);
+  c.bc1 = static_cast<float>(bc1);
+  c.bc2Sqrt = static_cast<float>(sqrt(bc2));
+  c.adapt = (g.weightDecay != 0.0f || g.alwaysAdapt != 0) ? 1 : 0;
+  return c;
+}
+
+// Every block computes the coefficients of all groups once into shared memory (groupCount <=
+// kMaxOptimGroups, sized at launch), so no per-step table has to be uploaded.
+__device__ void loadCoeffs(AdamCoeffs* sCoeffs, const AdamGroupParams* __restrict__ groups, int64_t groupCount,
+                           int64_t step) {
+  for (int64_t k = threadIdx.x; k < groupCount; k += blockDim.x) sCoeffs[k] = adamCoeffs(groups[k], step);
+  __syncthreads();
+}
+
+// LAMB's update direction from the stored moments: u = mhat / (sqrt(vhat) + eps) + wd * p.
+__device__ __forceinline__ float lambDirection(float m, float v, float p, const AdamCoeffs& c) {
+  return (m / c.bc1) / (sqrtf(v) / c.bc2Sqrt + c.eps) + c.weightDecay * p;
+}
+
+__global__ void __launch_bounds__(kThreads) adamw_kernel(float* __restrict__ params, const float* __restrict__ grads,
+                                                        float* __restrict__ expAvg, float* __restrict__ expAvgSq,
+                                                        const int64_t* __restrict__ segments, int64_t segmentCount,
+                                                        int64_t chunkCount, const AdamGroupParams* __restrict__ groups,
+                                                        int64_t groupCount, int64_t step,
+                                                        const float* __restrict__ foundInf, float gradScaleInv) {
+  extern __shared__ AdamCoeffs sCoeffs[];
+  if (skipStep(foundInf)) return;  // GradScaler found inf/NaN: the same for every thread
+  loadCoeffs(sCoeffs, groups, groupCount, step);
+  for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
+    const AdamCoeffs c = sCoeffs[r.group];
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const float g = grads[i] * gradScaleInv;
+      const float p = params[i] * c.decay;
+      const float m = c.beta1 * expAvg[i] + c.oneMinusBeta1 * g;
+      const float v = c.beta2 * expAvgSq[i] + c.oneMinusBeta2 * g * g;
+      expAvg[i] = m;
+      expAvgSq[i] = v;
+      params[i] = p - c.stepSize * (m / (sqrtf(v) / c.bc2Sqrt + c.eps));
+    }
+  }
+}
+
+using BlockReduceDouble = cub::BlockReduce<double, kThreads>;
+
+// LAMB pass one: moments, and per chunk the sums of p^2 and u^2 into partial[2 * chunk + {0, 1}].
+__global__ void __launch_bounds__(kThreads) lamb_moments_kernel(const float* __restrict__ params,
+                                                               const float* __restrict__ grads,
+                                                               float* __restrict__ expAvg, float* __restrict__ expAvgSq,
+                                                               const int64_t* __restrict__ segments,
+                                                               int64_t segmentCount, int64_t chunkCount,
+                                                               const AdamGroupParams* __restrict__ groups,
+                                                               int64_t groupCount, int64_t step,
+                                                               const float* __restrict__ foundInf, float gradScaleInv,
+                                                               double* __restrict__ partial) {
+  extern __shared__ AdamCoeffs sCoeffs[];
+  __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
+  if (skipStep(foundInf)) return;
+  loadCoeffs(sCoeffs, groups, groupCount, step);
+  for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
+    const AdamCoeffs c = sCoeffs[r.group];
+    double pp = 0.0, uu = 0.0;
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const float g = grads[i] * gradScaleInv;
+      const float p = params[i];
+      const float m = c.beta1 * expAvg[i] + c.oneMinusBeta1 * g;
+      const float v = c.beta2 * expAvgSq[i] + c.oneMinusBeta2 * g * g;
+      expAvg[i] = m;
+      expAvgSq[i] = v;
+      const float u = lambDirection(m, v, p, c);
+      pp += static_cast<double>(p) * p;
+      uu += static_cast<double>(u) * u;
+    }
+    const double blockPp = BlockReduceDouble(reduceStorage).Sum(pp);
+    __syncthreads();  // the temp storage is reused right away
+    const double blockUu = BlockReduceDouble(reduceStorage).Sum(uu);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      partial[2 * chunk] = blockPp;
+      partial[2 * chunk + 1] = blockUu;
+    }
+  }
+}
+
+// LAMB's trust ratio of each segment from its chunks' partials, added in chunk order.
+__global__ void __launch_bounds__(kThreads) lamb_ratio_kernel(const int64_t* __restrict__ segments,
+                                                             int64_t segmentCount,
+                                                             const AdamGroupParams* __restrict__ groups,
+                                                             const float* __restrict__ foundInf,
+                                                             const double* __restrict__ partial,
+                                                             float* __restrict__ ratio) {
+  __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
+  if (skipStep(foundInf)) return;
+  for (int64_t s = blockIdx.x; s < segmentCount; s += gridDim.x) {
+    const int64_t* seg = segments + 4 * s;
+    const int64_t first = seg[3], chunks = ceilDiv(seg[1], kOptimChunk);
+    double pp = 0.0, uu = 0.0;
+    for (int64_t k = threadIdx.x; k < chunks; k += blockDim.x) {
+      pp += partial[2 * (first + k)];
+      uu += partial[2 * (first + k) + 1];
+    }
+    const double sumPp = BlockReduceDouble(reduceStorage).Sum(pp);
+    __syncthreads();
+    const double sumUu = BlockReduceDouble(reduceStorage).Sum(uu);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const AdamGroupParams& g = groups[seg[2]];
+      const bool adapt = g.weightDecay != 0.0f || g.alwaysAdapt != 0;
+      ratio[s] = adapt && sumPp > 0.0 && sumUu > 0.0 ? static_cast<float>(sqrt(sumPp) / sqrt(sumUu)) : 1.0f;
+    }
+  }
+}
+
+// LAMB pass two: u again from the stored moments, then p -= lr * ratio * u.
+__global__ void __launch_bounds__(kThreads) lamb_update_kernel(float* __restrict__ params,
+                                                              const float* __restrict__ expAvg,
+                                                              const float* __restrict__ expAvgSq,
+                                                              const int64_t* __restrict__ segments,
+                                                              int64_t segmentCount, int64_t chunkCount,
+                                                              const AdamGroupParams* __restrict__ groups,
+                                                              int64_t groupCount, int64_t step,
+                                                              const float* __restrict__ foundInf,
+                                                              const float* __restrict__ ratio) {
+  extern __shared__ AdamCoeffs sCoeffs[];
+  if (skipStep(foundInf)) return;
+  loadCoeffs(sCoeffs, groups, groupCount, step);
+  for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
+    const AdamCoeffs c = sCoeffs[r.group];
+    const float trust = ratio[r.segment];
+#pragma unroll 4
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const float p = params[i];
+      const float u = lambDirection(expAvg[i], expAvgSq[i], p, c);
+      params[i] = p - c.lr * (u * trust);
+    }
+  }
+}
+
+// Per chunk: the sum of squares into partial[chunk]; an inf/NaN element raises *foundInf.
+__global__ void __launch_bounds__(kThreads) sum_squares_kernel(const float* __restrict__ grads,
+                                                              const int64_t* __restrict__ segments,
+                                                              int64_t segmentCount, int64_t chunkCount,
+                                                              float* __restrict__ foundInf,
+                                                              double* __restrict__ partial) {
+  __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
+  bool nonFinite = false;
+  for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
+    double sum = 0.0;
+#pragma unroll 4
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const float g = grads[i];
+      sum += static_cast<double>(g) * g;
+      nonFinite = nonFinite || !isfinite(g);
+    }
+    const double blockSum = BlockReduceDouble(reduceStorage).Sum(sum);
+    __syncthreads();
+    if (threadIdx.x == 0) partial[chunk] = blockSum;
+  }
+  // Every writer stores the same value, so the race is benign (as in PyTorch's kernels).
+  if (nonFinite && foundInf != nullptr) *foundInf = 1.0f;
+}
+
+// One block: *out = sqrt(sum of the partials), added per thread in order, then a fixed tree.
+__global__ void __launch_bounds__(kThreads) norm_finish_kernel(const double* __restrict__ partial, int64_t count,
+                                                              float* __restrict__ out) {
+  __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
+  double sum = 0.0;
+  for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += partial[k];
+  const double total = BlockReduceDouble(reduceStorage).Sum(sum);
+  if (threadIdx.x == 0) *out = static_cast<float>(sqrt(total));
+}
+
+__global__ void __launch_bounds__(kThreads) unscale_kernel(float* __restrict__ grads,
+                                                          const int64_t* __restrict__ segments, int64_t segmentCount,
+                                                          int64_t chunkCount, float invScale,
+                                                          float* __restrict__ foundInf) {
+  bool nonFinite = false;
+  for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
+#pragma unroll 4
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
+      const float g = grads[i];
+      nonFinite = nonFinite || !isfinite(g);
+      grads[i] = g * invScale;
+    }
+  }
+  if (nonFinite) *foundInf = 1.0f;  // benign race: every writer stores 1
+}
+
+__global__ void __launch_bounds__(kThreads) clip_kernel(float* __restrict__ grads, const int64_t* __restrict__ segments,
+                                                       int64_t segmentCount, int64_t chunkCount,
+                                                       const float* __restrict__ norm, float maxNorm) {
+  const float coef = maxNorm / (*norm + 1e-6f);
+  // min(1, coef), keeping a NaN coefficient (NaN norm) as NaN, as torch.clamp does.
+  const float factor = coef > 1.0f ? 1.0f : coef;
+  if (factor == 1.0f) return;  // x * 1 == x: nothing to write
+  for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
+#pragma unroll 4
+    for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) grads[i] *= factor;
+  }
+}
+
+__global__ void scaler_update_kernel(float* __restrict__ scale, int32_t* __restrict__ growthTracker,
+                                     const float* __restrict__ foundInf, float growthFactor, float backoffFactor,
+                                     int32_t growthInterval) {
+  if (*foundInf != 0.0f) {
+    *scale *= backoffFactor;
+    *growthTracker = 0;
+    return;
+  }
+  const int64_t successful = static_cast<int64_t>(*growthTracker) + 1;
+  if (successful >= growthInterval) {
+    const float grown = *scale * growthFactor;
+    if (isfinite(grown)) *scale = grown;  // never grow past the f32 range to inf
+    *growthTracker = 0;
+  } else {
+    *growthTracker = static_cast<int32_t>(successful);
+  }
+}
+
+unsigned optimBlocks(int64_t chunkCount) {
+  return static_cast<unsigned>(std::clamp<int64_t>(chunkCount, 1, kMaxGridStrideBlocks));
+}
+
+size_t coeffBytes(int64_t groupCount) { return static_cast<size_t>(groupCount) * sizeof(AdamCoeffs); }
+
+void checkGroups(int64_t groupCount, const char* op) {
+  RC_CHECK_ARG(groupCount >= 1 && groupCount <= kMaxOptimGroups,
+               op << ": the CUDA backend takes 1 to " << kMaxOptimGroups << " parameter groups, got " << groupCount);
+}
+
+size_t alignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
+               int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
+               int64_t step, const float* foundInf, float gradScaleInv, cudaStream_t stream) {
+  if (segmentCount <= 0 || chunkCount <= 0) return;
+  checkGroups(groupCount, "adamw step");
+  adamw_kernel<<<optimBlocks(chunkCount), kThreads, coeffBytes(groupCount), stream>>>(
+      params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, foundInf,
+      gradScaleInv);
+  checkLaunch("adamw_kernel");
+}
+
+size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount) {
+  return alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)) + static_cast<size_t>(segmentCount) * sizeof(float);
+}
+
+void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
+              int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
+              int64_t step, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream) {
+  if (segmentCount <= 0 || chunkCount <= 0) return;
+  checkGroups(groupCount, "lamb step");
+  auto* partial = static_cast<double*>(scratch);
+  auto* ratio = reinterpret_cast<float*>(static_cast<char*>(scratch) +
+                                         alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)));
+  const unsigned blocks = optimBlocks(chunkCount);
+  lamb_moments_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
+      params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, foundInf,
+      gradScaleInv, partial);
+  checkLaunch("lamb_moments_kernel");
+  lamb_ratio_kernel<<<optimBlocks(segmentCount), kThreads, 0, stream>>>(segments, segmentCount, groups, foundInf,
+                                                                        partial, ratio);
+  checkLaunch("lamb_ratio_kernel");
+  lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
+      params, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, foundInf, ratio);
+  checkLaunch("lamb_update_kernel");
+}
+
+size_t gradNormScratchBytes(int64_t chunkCount) {
+  return static_cast<size_t>(std::max<int64_t>(chunkCount, 1)) * sizeof(double);
+}
+
+void gradNorm(const float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float* out,
+              float* foundInf, void* scratch, cudaStream_t stream) {
+  auto* partial = static_cast<double*>(scratch);
+  if (segmentCount > 0 && chunkCount > 0) {
+    sum_squares_kernel<<<optimBlocks(chunkCount), kThreads, 0, stream>>>(grads, segments, segmentCount, chunkCount,
+                                                                         foundInf, partial);
+    checkLaunch("sum_squares_kernel");
+  } else {
+    chunkCount = 0;  // nothing to add: the norm of no elements is 0
+  }
+  norm_finish_kernel<<<1, kThreads, 0, stream>>>(partial, chunkCount, out);
+  checkLaunch("norm_finish_kernel");
+}
+
+void unscaleAndCheck(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float invScale,
+                     float* foundInf, cudaStream_t stream) {
+  if (segmentCount <= 0 || chunkCount <= 0) return;
+  unscale_kernel<<<optimBlocks(chunkCount), kThreads, 0, stream>>>(grads, segments, segmentCount, chunkCount, invScale,
+                                                                   foundInf);
+  checkLaunch("unscale_kernel");
+}
+
+void clipGradNorm(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, const float* norm,
+                  float maxNorm, cudaStream_t stream) {
+  if (segmentCount <= 0 || chunkCount <= 0) return;
+  clip_kernel<<<optimBlocks(chunkCount), kThreads, 0, stream>>>(grads, segments, segmentCount, chunkCount, norm,
+                                                                maxNorm);
+  checkLaunch("clip_kernel");
+}
+
+void scalerUpdate(float* scale, int32_t* growthTracker, const float* foundInf, float growthFactor, float backoffFactor,
+                  int32_t growthInterval, cudaStream_t stream) {
+  scaler_update_kernel<<<1, 1, 0, stream>>>(scale, growthTracker, foundInf, growthFactor, backoffFactor,
+                                            growthInterval);
+  checkLaunch("scaler_update_kernel");
+}
+
+}  // namespace rc::cuda
