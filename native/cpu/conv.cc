@@ -1,6 +1,6 @@
 // conv2d on oneDNN: NHWC activations, OHWI f32 master weights reordered into the primitive's
 // preferred layout each call, weight gradients reordered back with a sum post-op (+=).
-#include <map>
+#include <optional>
 
 #include "cpu_ops.h"
 
@@ -29,7 +29,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
     checkBias(bias, "conv2d forward");
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
-      reorderWeight(weight, fwdPd_.weights_desc(), fwdWeight_, fwdWeightReorders_);
+      fwdReorder_->run(weight, fwdWeight_);
       std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
           {DNNL_ARG_WEIGHTS, memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
@@ -49,7 +49,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
     checkWeight(weight, "conv2d backward data");
     dnnlGuard(p_.str() + " backward data", [&] {
       auto& eng = ctx_.engine();
-      reorderWeight(weight, bwdDataPd_.weights_desc(), bwdWeight_, bwdWeightReorders_);
+      bwdReorder_->run(weight, bwdWeight_);
       bwdData_.execute(ctx_.stream(),
                        {{DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
                         {DNNL_ARG_WEIGHTS, memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
@@ -141,12 +141,9 @@ class CpuConv2dPlan final : public Conv2dPlan {
     bwdWeightsPd_ = dnnl::convolution_backward_weights::primitive_desc(bwdWDesc, attr, eng, fwdPd_);
     bwdWeights_ = dnnl::convolution_backward_weights(bwdWeightsPd_);
 
-    dnnl::primitive_attr sumAttr;
-    dnnl::post_ops sum;
-    sum.append_sum(1.0f);
-    sumAttr.set_post_ops(sum);
-    accumulateWeight_ = dnnl::reorder(
-        dnnl::reorder::primitive_desc(eng, bwdWeightsPd_.diff_weights_desc(), eng, weightF32Md_, sumAttr));
+    accumulateWeight_ = accumulatingReorder(ctx_, bwdWeightsPd_.diff_weights_desc(), weightF32Md_);
+    fwdReorder_.emplace(ctx_, memory::dims{p_.k, p_.c, p_.r, p_.s}, tag::acdb, fwdPd_.weights_desc());
+    bwdReorder_.emplace(ctx_, memory::dims{p_.k, p_.c, p_.r, p_.s}, tag::acdb, bwdDataPd_.weights_desc());
 
     fwdWeight_ = ctx_.allocateBytes(fwdPd_.weights_desc().get_size());
     bwdWeight_ = ctx_.allocateBytes(bwdDataPd_.weights_desc().get_size());
@@ -169,21 +166,6 @@ class CpuConv2dPlan final : public Conv2dPlan {
     checkDType(bias, DType::F32, op, "bias");
   }
 
-  // Reorders OHWI weights of either dtype into the layout `target` wants, into `buffer`.
-  void reorderWeight(const Tensor& weight, const memory::desc& target, const Tensor& buffer,
-                     std::map<DType, dnnl::reorder>& cache) {
-    auto& eng = ctx_.engine();
-    const memory::desc plain({p_.k, p_.c, p_.r, p_.s}, toDnnl(weight.dtype()), tag::acdb);
-    auto it = cache.find(weight.dtype());
-    if (it == cache.end()) {
-      it = cache.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target)))
-               .first;
-    }
-    memory src(plain, eng, weight.data());
-    memory dst(target, eng, buffer.data());
-    it->second.execute(ctx_.stream(), src, dst);
-  }
-
   CpuContext& ctx_;
   Conv2dParams p_;
   memory::desc xMd_, yMd_, weightF32Md_, biasMd_;
@@ -194,7 +176,7 @@ class CpuConv2dPlan final : public Conv2dPlan {
   dnnl::convolution_backward_data bwdData_;
   dnnl::convolution_backward_weights bwdWeights_;
   dnnl::reorder accumulateWeight_;
-  std::map<DType, dnnl::reorder> fwdWeightReorders_, bwdWeightReorders_;
+  std::optional<WeightReorder> fwdReorder_, bwdReorder_;
   Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
 };
 

@@ -42,6 +42,26 @@ Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
 
 Tensor CpuContext::allocateBytes(size_t bytes) { return allocate(Shape{static_cast<int64_t>(bytes)}, DType::U8); }
 
+void WeightReorder::run(const Tensor& weight, const Tensor& buffer) {
+  auto& eng = ctx_->engine();
+  const dnnl::memory::desc plain(dims_, toDnnl(weight.dtype()), plainTag_);
+  auto it = reorders_.find(weight.dtype());
+  if (it == reorders_.end()) {
+    it = reorders_.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target_))).first;
+  }
+  dnnl::memory src(plain, eng, weight.data());
+  dnnl::memory dst(target_, eng, buffer.data());
+  it->second.execute(ctx_->stream(), src, dst);
+}
+
+dnnl::reorder accumulatingReorder(CpuContext& ctx, const dnnl::memory::desc& from, const dnnl::memory::desc& to) {
+  dnnl::primitive_attr attr;
+  dnnl::post_ops sum;
+  sum.append_sum(1.0f);
+  attr.set_post_ops(sum);
+  return dnnl::reorder(dnnl::reorder::primitive_desc(ctx.engine(), from, ctx.engine(), to, attr));
+}
+
 dnnl::memory::data_type toDnnl(DType t) {
   switch (t) {
     case DType::F32: return dnnl::memory::data_type::f32;

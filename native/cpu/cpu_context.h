@@ -4,6 +4,7 @@
 
 #include <dnnl.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,26 @@ class CpuContext {
 
 dnnl::memory::data_type toDnnl(DType t);
 std::string isaName();
+
+// Reorders plain weights (f32 masters, or already in the compute type) into the layout a primitive
+// prefers, keeping one reorder primitive per source type.
+class WeightReorder {
+ public:
+  WeightReorder(CpuContext& ctx, dnnl::memory::dims dims, dnnl::memory::format_tag plainTag, dnnl::memory::desc target)
+      : ctx_(&ctx), dims_(std::move(dims)), plainTag_(plainTag), target_(std::move(target)) {}
+  void run(const Tensor& weight, const Tensor& buffer);
+
+ private:
+  CpuContext* ctx_;
+  dnnl::memory::dims dims_;
+  dnnl::memory::format_tag plainTag_;
+  dnnl::memory::desc target_;
+  std::map<DType, dnnl::reorder> reorders_;
+};
+
+// A reorder from a primitive's f32 weight-gradient layout to the plain f32 gradient that adds (+=)
+// instead of overwriting, so parameter gradients accumulate as in PyTorch.
+dnnl::reorder accumulatingReorder(CpuContext& ctx, const dnnl::memory::desc& from, const dnnl::memory::desc& to);
 
 // Runs `body`, turning oneDNN exceptions into rc::Error naming the op and its shapes.
 template <typename F>

@@ -1,5 +1,5 @@
 // linear on oneDNN's inner product: y = x W^T + b with W as [out, in] (torchvision's layout).
-#include <map>
+#include <optional>
 
 #include "cpu_ops.h"
 
@@ -32,7 +32,7 @@ class CpuLinearPlan final : public LinearPlan {
     }
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
-      reorderWeight(weight, fwdPd_.weights_desc(), fwdWeight_, fwdReorders_);
+      fwdReorder_->run(weight, fwdWeight_);
       std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
           {DNNL_ARG_WEIGHTS, memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
@@ -51,7 +51,7 @@ class CpuLinearPlan final : public LinearPlan {
     checkWeight(weight, op);
     dnnlGuard(p_.str() + " backward data", [&] {
       auto& eng = ctx_.engine();
-      reorderWeight(weight, bwdDataPd_.weights_desc(), bwdWeight_, bwdReorders_);
+      bwdReorder_->run(weight, bwdWeight_);
       bwdData_.execute(ctx_.stream(),
                        {{DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
                         {DNNL_ARG_WEIGHTS, memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
@@ -122,12 +122,9 @@ class CpuLinearPlan final : public LinearPlan {
     bwdWeightsPd_ = dnnl::inner_product_backward_weights::primitive_desc(bwdWDesc, attr, eng, fwdPd_);
     bwdWeights_ = dnnl::inner_product_backward_weights(bwdWeightsPd_);
 
-    dnnl::primitive_attr sumAttr;
-    dnnl::post_ops sum;
-    sum.append_sum(1.0f);
-    sumAttr.set_post_ops(sum);
-    accumulateWeight_ = dnnl::reorder(
-        dnnl::reorder::primitive_desc(eng, bwdWeightsPd_.diff_weights_desc(), eng, weightF32Md_, sumAttr));
+    accumulateWeight_ = accumulatingReorder(ctx_, bwdWeightsPd_.diff_weights_desc(), weightF32Md_);
+    fwdReorder_.emplace(ctx_, memory::dims{p_.out, p_.in}, tag::oi, fwdPd_.weights_desc());
+    bwdReorder_.emplace(ctx_, memory::dims{p_.out, p_.in}, tag::oi, bwdDataPd_.weights_desc());
 
     fwdWeight_ = ctx_.allocateBytes(fwdPd_.weights_desc().get_size());
     bwdWeight_ = ctx_.allocateBytes(bwdDataPd_.weights_desc().get_size());
@@ -146,20 +143,6 @@ class CpuLinearPlan final : public LinearPlan {
                  op << ": weight must be f32 or " << dtypeName(p_.dtype) << ", got " << weight.describe());
   }
 
-  void reorderWeight(const Tensor& weight, const memory::desc& target, const Tensor& buffer,
-                     std::map<DType, dnnl::reorder>& cache) {
-    auto& eng = ctx_.engine();
-    const memory::desc plain({p_.out, p_.in}, toDnnl(weight.dtype()), tag::oi);
-    auto it = cache.find(weight.dtype());
-    if (it == cache.end()) {
-      it = cache.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target)))
-               .first;
-    }
-    memory src(plain, eng, weight.data());
-    memory dst(target, eng, buffer.data());
-    it->second.execute(ctx_.stream(), src, dst);
-  }
-
   CpuContext& ctx_;
   LinearParams p_;
   memory::desc xMd_, yMd_, weightF32Md_, biasMd_;
@@ -170,7 +153,7 @@ class CpuLinearPlan final : public LinearPlan {
   dnnl::inner_product_backward_data bwdData_;
   dnnl::inner_product_backward_weights bwdWeights_;
   dnnl::reorder accumulateWeight_;
-  std::map<DType, dnnl::reorder> fwdReorders_, bwdReorders_;
+  std::optional<WeightReorder> fwdReorder_, bwdReorder_;
   Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
 };
 
