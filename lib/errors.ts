@@ -10,6 +10,7 @@ export type ErrorCode =
   | 'ERR_RC_DISPOSED'
   | 'ERR_RC_DEVICE'
   | 'ERR_RC_STATE_DICT'
+  | 'ERR_RC_CHECKPOINT'
   | 'ERR_RC_DATASET'
   | 'ERR_RC_CORRUPT_FILE';
 

@@ -152,3 +152,15 @@ export { ConfusionMatrix, RunningAverage, accuracy, argmax, topkCorrect } from '
 export { SummaryWriter, crc32c } from './train/tensorboard.js';
 export { plotConfusionMatrix, plotCurves, writePng } from './train/plots.js';
 export { JsonLinesLogger, ProgressBar, formatDuration } from './train/logging.js';
+export {
+  decodeSafetensors,
+  encodeSafetensors,
+  loadCheckpoint,
+  loadWeights,
+  saveCheckpoint,
+  saveWeights,
+  writeFileAtomic,
+  type CheckpointParts,
+  type CheckpointProgress,
+  type Stateful,
+} from './train/checkpoint.js';
