@@ -3,7 +3,7 @@
  * MaxPool2d, AdaptiveAvgPool2d, Flatten and Linear. Activations are NHWC.
  * @packageDocumentation
  */
-import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan } from '../binding.js';
+import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan, type RawTensor } from '../binding.js';
 import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, expectPair, mismatch } from '../errors.js';
 import { Random } from '../random.js';
 import { Tensor, expectTensor } from '../tensor.js';
@@ -20,6 +20,51 @@ function backwardBeforeForward(name: string): never {
   throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${name}.backward() was called before forward()`);
 }
 
+/** The plan interface that convolution and linear layers share. */
+interface WeightedPlan {
+  forward(args: { x: RawTensor; weight: RawTensor; bias?: RawTensor; y: RawTensor }): void;
+  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor }): void;
+  backwardWeights(args: { x: RawTensor; dy: RawTensor; dWeight: RawTensor; dBias?: RawTensor }): void;
+  dispose(): void;
+}
+
+/** A layer's plan and buffers for one input shape. */
+interface WeightedEntry<P extends WeightedPlan> {
+  plan: P;
+  y: Tensor;
+  dx: Tensor | null;
+  dispose(): void;
+}
+
+function weightedEntry<P extends WeightedPlan>(plan: P, x: Tensor, outShape: readonly number[]): WeightedEntry<P> {
+  const e: WeightedEntry<P> = { plan, y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }), dx: null, dispose: () => disposeAll(plan, e.y, e.dx) };
+  return e;
+}
+
+function weightedForward(e: WeightedEntry<WeightedPlan>, x: Tensor, weight: Parameter, bias: Parameter | null): Tensor {
+  e.plan.forward({ x: x.raw, weight: weight.data.raw, ...(bias ? { bias: bias.data.raw } : {}), y: e.y.raw });
+  return e.y;
+}
+
+// Weight gradients accumulate unless the weight is frozen; the input gradient only when asked for.
+function weightedBackward(
+  layer: Module & { weight: Parameter; bias: Parameter | null },
+  e: WeightedEntry<WeightedPlan> | null,
+  x: Tensor | null,
+  gradOutput: Tensor,
+): Tensor | null {
+  const name = layer.constructor.name;
+  if (!e || !x) return backwardBeforeForward(name);
+  expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+  if (layer.weight.requiresGrad) {
+    e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: layer.weight.grad.raw, ...(layer.bias ? { dBias: layer.bias.grad.raw } : {}) });
+  }
+  if (!layer.requiresInputGrad) return null;
+  e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+  e.plan.backwardData({ dy: gradOutput.raw, weight: layer.weight.data.raw, dx: e.dx.raw });
+  return e.dx;
+}
+
 /** Options of {@link Conv2d}, as in `torch.nn.Conv2d`. */
 export interface Conv2dOptions {
   inChannels: number;
@@ -34,12 +79,7 @@ export interface Conv2dOptions {
   seed?: number;
 }
 
-interface ConvEntry {
-  plan: RawConv2dPlan;
-  y: Tensor;
-  dx: Tensor | null;
-  dispose(): void;
-}
+type ConvEntry = WeightedEntry<RawConv2dPlan>;
 
 /**
  * 2-D convolution over NHWC input `[N, H, W, inChannels]`. The weight is stored `[out, kh, kw, in]`
@@ -102,27 +142,15 @@ export class Conv2d extends Module {
         strideH: this.stride[0], strideW: this.stride[1], padH: this.padding[0], padW: this.padding[1],
         dilationH: this.dilation[0], dilationW: this.dilation[1], bias: this.bias !== null,
       });
-      const e: ConvEntry = { plan, y: Tensor.empty(out, { dtype: x.dtype, device: x.device }), dx: null, dispose: () => disposeAll(plan, e.y, e.dx) };
-      return e;
+      return weightedEntry(plan, x, out);
     });
-    entry.plan.forward({ x: x.raw, weight: this.weight.data.raw, ...(this.bias ? { bias: this.bias.data.raw } : {}), y: entry.y.raw });
     this.#input = x;
     this.#entry = entry;
-    return entry.y;
+    return weightedForward(entry, x, this.weight, this.bias);
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    const e = this.#entry;
-    const x = this.#input;
-    if (!e || !x) return backwardBeforeForward('Conv2d');
-    expectTensor('Conv2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
-    if (this.weight.requiresGrad) {
-      e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: this.weight.grad.raw, ...(this.bias ? { dBias: this.bias.grad.raw } : {}) });
-    }
-    if (!this.requiresInputGrad) return null;
-    e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
-    e.plan.backwardData({ dy: gradOutput.raw, weight: this.weight.data.raw, dx: e.dx.raw });
-    return e.dx;
+    return weightedBackward(this, this.#entry, this.#input, gradOutput);
   }
 
   /** The implementation oneDNN/cuDNN chose for the last input shape (for logs and benchmarks). */
@@ -429,12 +457,7 @@ export interface LinearOptions {
   seed?: number;
 }
 
-interface LinearEntry {
-  plan: RawLinearPlan;
-  y: Tensor;
-  dx: Tensor | null;
-  dispose(): void;
-}
+type LinearEntry = WeightedEntry<RawLinearPlan>;
 
 /** `y = x W^T + b` over `[N, inFeatures]`, W `[out, in]`; initialised as PyTorch does. */
 export class Linear extends Module {
@@ -466,27 +489,15 @@ export class Linear extends Module {
     const entry = this.#cache.get(x, () => {
       const n = x.shape[0]!;
       const plan = new (addon().LinearPlan)({ device: x.device, dtype: x.dtype, n, in: this.inFeatures, out: this.outFeatures, bias: this.bias !== null });
-      const e: LinearEntry = { plan, y: Tensor.empty([n, this.outFeatures], { dtype: x.dtype, device: x.device }), dx: null, dispose: () => disposeAll(plan, e.y, e.dx) };
-      return e;
+      return weightedEntry(plan, x, [n, this.outFeatures]);
     });
-    entry.plan.forward({ x: x.raw, weight: this.weight.data.raw, ...(this.bias ? { bias: this.bias.data.raw } : {}), y: entry.y.raw });
     this.#input = x;
     this.#entry = entry;
-    return entry.y;
+    return weightedForward(entry, x, this.weight, this.bias);
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    const e = this.#entry;
-    const x = this.#input;
-    if (!e || !x) return backwardBeforeForward('Linear');
-    expectTensor('Linear gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
-    if (this.weight.requiresGrad) {
-      e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: this.weight.grad.raw, ...(this.bias ? { dBias: this.bias.grad.raw } : {}) });
-    }
-    if (!this.requiresInputGrad) return null;
-    e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
-    e.plan.backwardData({ dy: gradOutput.raw, weight: this.weight.data.raw, dx: e.dx.raw });
-    return e.dx;
+    return weightedBackward(this, this.#entry, this.#input, gradOutput);
   }
 
   protected override disposeCache(): void {
