@@ -3,23 +3,10 @@
  * weights OHWI `[K,R,S,C]`, linear weights `[out,in]`.
  * @packageDocumentation
  */
+import type { RawConv2dOptions } from '../../lib/binding.js';
 
-/** A convolution's sizes; strides default to 1, padding to 0, dilation to 1. */
-export interface Conv2dGeometry {
-  n: number;
-  h: number;
-  w: number;
-  c: number;
-  k: number;
-  r: number;
-  s: number;
-  strideH?: number;
-  strideW?: number;
-  padH?: number;
-  padW?: number;
-  dilationH?: number;
-  dilationW?: number;
-}
+/** A convolution's sizes, as the native plan takes them; strides default to 1, padding to 0, dilation to 1. */
+export type Conv2dGeometry = Omit<RawConv2dOptions, 'device' | 'dtype' | 'bias'>;
 
 /** Geometry with every optional field filled in and the output size (PyTorch's floor mode). */
 export interface ResolvedConv2d extends Required<Conv2dGeometry> {

@@ -3,20 +3,10 @@
  * padding never wins a max, average pooling counts padding (count_include_pad=True).
  * @packageDocumentation
  */
+import type { RawPool2dOptions } from '../../lib/binding.js';
 
-/** A pooling window's sizes; stride defaults to the kernel, padding to 0. */
-export interface Pool2dGeometry {
-  n: number;
-  h: number;
-  w: number;
-  c: number;
-  kernelH: number;
-  kernelW: number;
-  strideH?: number;
-  strideW?: number;
-  padH?: number;
-  padW?: number;
-}
+/** A pooling window's sizes, as the native plan takes them; stride defaults to the kernel, padding to 0. */
+export type Pool2dGeometry = Omit<RawPool2dOptions, 'device' | 'dtype' | 'kind'>;
 
 /** Geometry with every optional field filled in and the output size. */
 export interface ResolvedPool2d extends Required<Pool2dGeometry> {
