@@ -240,6 +240,11 @@ export interface RawAddon {
     backoffFactor: number;
     growthInterval: number;
   }): void;
+  /**
+   * `a += weight * (b - a)` in place (torch.lerp_ with a scalar weight: weight 1 copies `b`
+   * exactly). f32 tensors of equal element count on one device; `weight` in [0, 1].
+   */
+  lerp(args: { a: RawTensor; b: RawTensor; weight: number }): void;
   synchronize(args: { device: string }): void;
   memoryStats(args: { device: string }): RawMemoryStats;
   resetPeakMemory(args: { device: string }): void;

@@ -33,11 +33,19 @@ interface WeightedEntry<P extends WeightedPlan> {
   plan: P;
   y: Tensor;
   dx: Tensor | null;
+  /** Receives the weight gradient the plan computes when the weight is frozen but the bias is not. */
+  discard: Tensor | null;
   dispose(): void;
 }
 
 function weightedEntry<P extends WeightedPlan>(plan: P, x: Tensor, outShape: readonly number[]): WeightedEntry<P> {
-  const e: WeightedEntry<P> = { plan, y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }), dx: null, dispose: () => disposeAll(plan, e.y, e.dx) };
+  const e: WeightedEntry<P> = {
+    plan,
+    y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }),
+    dx: null,
+    discard: null,
+    dispose: () => disposeAll(plan, e.y, e.dx, e.discard),
+  };
   return e;
 }
 
@@ -46,7 +54,8 @@ function weightedForward(e: WeightedEntry<WeightedPlan>, x: Tensor, weight: Para
   return e.y;
 }
 
-// Weight gradients accumulate unless the weight is frozen; the input gradient only when asked for.
+// Parameter gradients accumulate unless the parameter is frozen (its gradient is then left as it
+// is); the input gradient only when asked for.
 function weightedBackward(
   layer: Module & { weight: Parameter; bias: Parameter | null },
   e: WeightedEntry<WeightedPlan> | null,
@@ -56,8 +65,11 @@ function weightedBackward(
   const name = layer.constructor.name;
   if (!e || !x) return backwardBeforeForward(name);
   expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
-  if (layer.weight.requiresGrad) {
-    e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: layer.weight.grad.raw, ...(layer.bias ? { dBias: layer.bias.grad.raw } : {}) });
+  const biasGrad = layer.bias !== null && layer.bias.requiresGrad;
+  if (layer.weight.requiresGrad || biasGrad) {
+    // The plan always computes the weight gradient: a frozen weight's goes to a scratch tensor.
+    const dWeight = layer.weight.requiresGrad ? layer.weight.grad : (e.discard ??= Tensor.zeros(layer.weight.shape, { device: x.device }));
+    e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: dWeight.raw, ...(biasGrad ? { dBias: layer.bias!.grad.raw } : {}) });
   }
   if (!layer.requiresInputGrad) return null;
   e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
@@ -180,6 +192,9 @@ interface BnEntry {
   saveInvStd: Tensor;
   dx: Tensor | null;
   dResidual: Tensor | null;
+  /** Receive the gradients of a frozen weight and bias, which the native op always computes. */
+  discardGamma: Tensor | null;
+  discardBeta: Tensor | null;
   dispose(): void;
 }
 
@@ -236,7 +251,9 @@ export class BatchNorm2d extends Module {
         saveInvStd: Tensor.empty(c, { device: x.device }),
         dx: null,
         dResidual: null,
-        dispose: () => disposeAll(e.y, e.saveMean, e.saveInvStd, e.dx, e.dResidual),
+        discardGamma: null,
+        discardBeta: null,
+        dispose: () => disposeAll(e.y, e.saveMean, e.saveInvStd, e.dx, e.dResidual, e.discardGamma, e.discardBeta),
       };
       return e;
     });
@@ -268,8 +285,9 @@ export class BatchNorm2d extends Module {
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
     if (this.#residual) e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
-    const dGamma = this.weight.grad.raw;
-    const dBeta = this.bias.grad.raw;
+    const c = [this.numFeatures];
+    const dGamma = this.weight.requiresGrad ? this.weight.grad.raw : (e.discardGamma ??= Tensor.zeros(c, { device: x.device })).raw;
+    const dBeta = this.bias.requiresGrad ? this.bias.grad.raw : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
     addon().batchNormBackward({
       x: x.raw, y: e.y.raw, dy: gradOutput.raw, gamma: this.weight.data.raw, saveMean: e.saveMean.raw,
       saveInvStd: e.saveInvStd.raw, dx: e.dx.raw, dGamma, dBeta, relu: this.relu,

@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import { parseDevice } from '../device.js';
-import { ResnetError, mismatch } from '../errors.js';
+import { ResnetError, expectBool, mismatch } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';
 import { Parameter, ParameterArena } from './parameter.js';
 
@@ -127,6 +127,41 @@ export abstract class Module {
   /** All parameters. */
   parameters(): Parameter[] {
     return this.namedParameters().map(([, p]) => p);
+  }
+
+  /**
+   * Sets `requiresGrad` on every parameter of this subtree, as `requires_grad_(flag)` over a
+   * submodule does in PyTorch: frozen parameters get no gradient in `backward` and keep their
+   * values through optimizer steps (the optimizers and gradient clipping skip them).
+   */
+  setRequiresGrad(flag: boolean): this {
+    expectBool('flag', flag);
+    for (const p of this.parameters()) p.requiresGrad = flag;
+    return this;
+  }
+
+  /**
+   * The persistent f32 buffers of this subtree (BatchNorm2d's `running_mean` and `running_var`)
+   * with their dotted torchvision names, depth first in registration order, as the device tensors
+   * themselves (writing to one changes the module). Integer counters such as
+   * `num_batches_tracked` are kept on the host and are not listed.
+   *
+   * Buffers exist on a device only once the module is placed (`to(device)` or a first forward):
+   * before that this throws `ERR_RC_INVALID_ARGUMENT` rather than return tensors that do not exist.
+   */
+  namedBuffers(prefix = ''): [string, Tensor][] {
+    const out: [string, Tensor][] = [];
+    for (const [name, slot] of this.#buffers) {
+      if (!slot.tensor) {
+        throw new ResnetError(
+          'ERR_RC_INVALID_ARGUMENT',
+          `The buffer '${prefix}${name}' of ${this.constructor.name} is not on a device yet; call module.to(device) or run forward once first`,
+        );
+      }
+      out.push([prefix + name, slot.tensor]);
+    }
+    for (const [name, child] of this.#children) out.push(...child.namedBuffers(`${prefix}${name}.`));
+    return out;
   }
 
   /** The number of learnable values. */

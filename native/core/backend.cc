@@ -239,6 +239,17 @@ void validateScalerUpdate(const ScalerUpdateArgs& a) {
                op << ": growthInterval must be a positive 32-bit integer, got " << a.growthInterval);
 }
 
+void validateLerp(const LerpArgs& a) {
+  const char* op = "lerp";
+  checkDType(a.a, DType::F32, op, "a");
+  checkDType(a.b, DType::F32, op, "b");
+  checkSameDevice(a.a, a.b, op);
+  RC_CHECK_ARG(a.a.numel() == a.b.numel(),
+               op << ": a " << a.a.describe() << " and b " << a.b.describe() << " differ in element count");
+  RC_CHECK_ARG(std::isfinite(a.weight) && a.weight >= 0.0f && a.weight <= 1.0f,
+               op << ": weight must be finite and in [0, 1], got " << a.weight);
+}
+
 void validateConvertInput(const ConvertInputArgs& a) {
   const char* op = "convert input";
   checkDType(a.src, DType::U8, op, "src");

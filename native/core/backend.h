@@ -202,6 +202,15 @@ struct ScalerUpdateArgs {
   int64_t growthInterval = 2000;
 };
 
+// torch.lerp_ with a scalar weight, the step of weight averaging (_foreach_lerp_ in AveragedModel
+// and EMA): a[i] += weight * (b[i] - a[i]) over f32 tensors of equal numel on one device, computed
+// as PyTorch does (a + w * (b - a) for w < 0.5, else b - (b - a) * (1 - w)), so weight 1 copies b
+// exactly. weight must be finite and in [0, 1].
+struct LerpArgs {
+  Tensor a, b;
+  float weight = 1.0f;
+};
+
 // dst[n,h,w,c] = (src[n,h,w,c] / 255 - mean[c]) / std[c], with sample i mirrored left-right when
 // flip[i] != 0 (flip may be undefined). src is u8; dst f32, bf16 or f16.
 struct ConvertInputArgs {
@@ -262,6 +271,7 @@ class Backend {
   virtual void unscaleAndCheck(const UnscaleArgs& args) = 0;
   virtual void clipGradNorm(const ClipGradNormArgs& args) = 0;
   virtual void scalerUpdate(const ScalerUpdateArgs& args) = 0;
+  virtual void lerp(const LerpArgs& args) = 0;
 
   // CUDA graphs: everything enqueued between beginCapture and endCapture is recorded, not run;
   // replay runs it again with the same buffers. Backends without graphs throw.
@@ -294,6 +304,7 @@ void validateGradNorm(const GradNormArgs& args);
 void validateUnscale(const UnscaleArgs& args);
 void validateClipGradNorm(const ClipGradNormArgs& args);
 void validateScalerUpdate(const ScalerUpdateArgs& args);
+void validateLerp(const LerpArgs& args);
 void validateConv2dParams(const Conv2dParams& p);
 void validateSameLayout(const Tensor& a, const Tensor& b, const char* op);
 

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
   void unscaleAndCheck(const UnscaleArgs& a) override { cpu::unscaleAndCheck(a); }
   void clipGradNorm(const ClipGradNormArgs& a) override { cpu::clipGradNorm(a); }
   void scalerUpdate(const ScalerUpdateArgs& a) override { cpu::scalerUpdate(a); }
+  void lerp(const LerpArgs& a) override { cpu::lerp(a); }
 
   void beginCapture() override { unsupported("graph capture"); }
   int64_t endCapture() override { unsupported("graph capture"); }

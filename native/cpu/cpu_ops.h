@@ -25,5 +25,6 @@ void gradNorm(const GradNormArgs& args);
 void unscaleAndCheck(const UnscaleArgs& args);
 void clipGradNorm(const ClipGradNormArgs& args);
 void scalerUpdate(const ScalerUpdateArgs& args);
+void lerp(const LerpArgs& args);
 
 }  // namespace rc::cpu

@@ -1,5 +1,5 @@
-// Element-wise kernels: relu and its gradient, add, dtype casts, fill, and the input conversion
-// (u8 NHWC -> normalised float with optional horizontal flip).
+// Element-wise kernels: relu and its gradient, add, dtype casts, fill, lerp, and the input
+// conversion (u8 NHWC -> normalised float with optional horizontal flip).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -33,6 +33,19 @@ RC_ALWAYS_INLINE void addImpl(const T* a, const T* b, T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = fromF<T>(toF(a[i]) + toF(b[i]));
 }
 RC_ISA_DISPATCH(addChunk, addImpl, (const T* a, const T* b, T* out, int64_t n), (a, b, out, n))
+
+// PyTorch's two forms of lerp, chosen once per call by the weight, so that weight 1 gives b
+// exactly.
+template <typename T>
+RC_ALWAYS_INLINE void lerpImpl(float* a, const float* b, int64_t n, float weight) {
+  if (weight < 0.5f) {
+    for (int64_t i = 0; i < n; ++i) a[i] = a[i] + weight * (b[i] - a[i]);
+  } else {
+    const float complement = 1.0f - weight;
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] - (b[i] - a[i]) * complement;
+  }
+}
+RC_ISA_DISPATCH(lerpChunk, lerpImpl, (float* a, const float* b, int64_t n, float weight), (a, b, n, weight))
 
 // Runs body(offset, count) over chunks of [0, n) in parallel.
 template <typename Body>
@@ -130,6 +143,14 @@ void fill(const Tensor& t, double value) {
         for (int64_t i = 0; i < n; ++i) p[i] = v;
       });
   }
+}
+
+void lerp(const LerpArgs& args) {
+  validateLerp(args);
+  float* a = args.a.ptr<float>();
+  const float* b = args.b.ptr<float>();
+  if (a == b) return;  // lerp of a tensor with itself leaves it as it is
+  forChunks(args.a.numel(), [&](int64_t at, int64_t count) { lerpChunk<float>(a + at, b + at, count, args.weight); });
 }
 
 void convertInput(const ConvertInputArgs& args) {

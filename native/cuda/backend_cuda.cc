@@ -14,8 +14,8 @@ namespace rc::cuda {
 
 namespace {
 
-// Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops.
-constexpr int kBackendAbi = 2;
+// Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp.
+constexpr int kBackendAbi = 3;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -238,6 +238,13 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(ctx_.device());
     cuda::scalerUpdate(a.scale.ptr<float>(), a.growthTracker.ptr<int32_t>(), a.foundInf.ptr<float>(), a.growthFactor,
                        a.backoffFactor, static_cast<int32_t>(a.growthInterval), ctx_.stream());
+  }
+
+  void lerp(const LerpArgs& a) override {
+    validateLerp(a);
+    here({&a.a, &a.b}, "lerp");
+    DeviceGuard guard(ctx_.device());
+    cuda::lerp(a.a.ptr<float>(), a.b.ptr<float>(), a.a.numel(), a.weight, ctx_.stream());
   }
 
   void beginCapture() override {

@@ -1,5 +1,6 @@
-// Element-wise kernels: relu and its gradient, add, dtype casts, fill, bias add and bias gradient,
-// f32 gradient accumulation and the input conversion (u8 NHWC -> normalised float, optional flip).
+// Element-wise kernels: relu and its gradient, add, dtype casts, fill, lerp, bias add and bias
+// gradient, f32 gradient accumulation and the input conversion (u8 NHWC -> normalised float,
+// optional flip).
 // Flat kernels move 16-byte packs when every pointer is aligned and n is a multiple of the pack,
 // else single elements; all are grid-stride loops.
 #include <cstring>
@@ -84,6 +85,18 @@ __global__ void accumulate_f32_kernel(const T* __restrict__ src, float* __restri
 #pragma unroll
     for (int i = 0; i < V; ++i) d[i] += s[i];
     storePack<float, V>(dst + p * V, d);
+  }
+}
+
+// a += weight * (b - a) as PyTorch computes it: from a below weight 0.5, from b above, so that
+// weight 1 gives b exactly.
+__global__ void lerp_kernel(float* __restrict__ a, const float* __restrict__ b, int64_t n, float weight) {
+  const bool fromA = weight < 0.5f;
+  const float complement = 1.0f - weight;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float x = a[i], y = b[i];
+    a[i] = fromA ? x + weight * (y - x) : y - (y - x) * complement;
   }
 }
 
@@ -306,6 +319,12 @@ void fill(DType dtype, void* data, int64_t n, double value, cudaStream_t stream)
     case DType::U8: return fillBits<uint8_t>(data, n, static_cast<uint8_t>(static_cast<int>(value) & 0xff), stream);
   }
   RC_THROW(code::kInvalidArgument, "fill: unknown dtype " << static_cast<int>(dtype));
+}
+
+void lerp(float* a, const float* b, int64_t n, float weight, cudaStream_t stream) {
+  if (n <= 0 || a == b) return;
+  lerp_kernel<<<gridFor(n), kThreads, 0, stream>>>(a, b, n, weight);
+  checkLaunch("lerp_kernel");
 }
 
 void addBias(DType dtype, void* y, const float* bias, int64_t rows, int64_t channels, cudaStream_t stream) {

@@ -46,6 +46,8 @@ void addBias(DType dtype, void* y, const float* bias, int64_t rows, int64_t chan
 // dBias[c] += sum_r dy[r, c] (f32 accumulation); partial is batchNormScratchFloats(rows, C) floats.
 void accumulateBiasGrad(DType dtype, const void* dy, float* dBias, int64_t rows, int64_t channels, float* partial,
                         cudaStream_t stream);
+// a[i] += weight * (b[i] - a[i]) in PyTorch's two forms (weight 1 copies b exactly), f32.
+void lerp(float* a, const float* b, int64_t n, float weight, cudaStream_t stream);
 // dst[i] += src[i], src of dtype, dst f32 (accumulating low-precision weight gradients).
 void accumulateF32(DType srcType, const void* src, float* dst, int64_t n, cudaStream_t stream);
 // dst[n,h,w,c] = (src[n,h,w,c] / 255 - mean[c]) / std[c], sample i mirrored when flip[i] != 0

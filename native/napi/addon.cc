@@ -285,6 +285,19 @@ Napi::Value ScalerUpdate(const Napi::CallbackInfo& info) {
   });
 }
 
+// lerp({ a, b, weight }): a += weight * (b - a), in place.
+Napi::Value Lerp(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "lerp");
+    LerpArgs a;
+    a.a = getTensor(o, "a");
+    a.b = getTensor(o, "b");
+    a.weight = static_cast<float>(getNumber(o, "weight"));
+    backendOf(a.a).lerp(a);
+    return info.Env().Undefined();
+  });
+}
+
 Napi::Value ConvertInput(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "convertInput");
@@ -422,6 +435,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"adamwStep", AdamwStep},               {"lambStep", LambStep},
       {"gradNorm", GradNorm},                 {"unscaleAndCheck", UnscaleAndCheck},
       {"clipGradNorm", ClipGradNorm},         {"scalerUpdate", ScalerUpdate},
+      {"lerp", Lerp},
   };
   for (const auto& [name, fn] : functions) exports.Set(name, Napi::Function::New(env, fn, name));
   exports.Set("version", Napi::String::New(env, RC_VERSION));

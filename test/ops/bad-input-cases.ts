@@ -74,6 +74,19 @@ export const badInputCases: OpCase[] = [
       }),
     );
   }),
+  rejectCase('lerp with bad tensors or weights', (s) => {
+    const a = s.tensor([10], 'f32');
+    s.expectThrow('bf16 a', INVALID, () => s.native.lerp({ a: s.tensor([10], 'bf16'), b: s.tensor([10], 'f32'), weight: 0.5 }));
+    s.expectThrow('i32 b', INVALID, () => s.native.lerp({ a, b: s.tensor([10], 'i32'), weight: 0.5 }));
+    s.expectThrow('b of 11 elements for a of 10', INVALID, () => s.native.lerp({ a, b: s.tensor([11], 'f32'), weight: 0.5 }));
+    for (const weight of [-0.1, 1.5, NaN, Infinity]) {
+      s.expectThrow(`weight ${weight}`, INVALID, () => s.native.lerp({ a, b: s.tensor([10], 'f32'), weight }));
+    }
+    if (s.ctx.device !== 'cpu') {
+      const onCpu = s.own(new s.native.NativeTensor({ shape: [10], dtype: 'f32', device: 'cpu' }));
+      s.expectThrow(`b on cpu for a on ${s.ctx.device}`, INVALID, () => s.native.lerp({ a, b: onCpu, weight: 0.5 }));
+    }
+  }),
   rejectCase('disposed tensor', (s) => {
     const x = s.tensor([2, 3], 'f32');
     x.dispose();

@@ -1,5 +1,5 @@
 /**
- * Cases for the light ops: relu, add, cross entropy, SGD, input conversion and casts.
+ * Cases for the light ops: relu, add, lerp, cross entropy, SGD, input conversion and casts.
  * @packageDocumentation
  */
 import type { DTypeName } from '../../lib/binding.js';
@@ -12,6 +12,7 @@ import {
   f32FromBits,
   f32ToBf16Bits,
   f32ToF16Bits,
+  lerp,
   relu,
   reluBackward,
   sgdStep,
@@ -63,6 +64,51 @@ const eltwiseCases: OpCase[] = [
         const out = s.poisoned(ADD_SHAPE);
         s.native.add({ a: s.tensor(ADD_SHAPE, ctx.dtype, a), b: s.tensor(ADD_SHAPE, ctx.dtype, b), out });
         s.check('out', s.read(out), add(a, b), tolerance(ctx.dtype));
+      }),
+  },
+];
+
+// Larger than one CPU chunk (16384) and not a multiple of any vector width; `b` has another shape
+// of the same element count, which the op allows.
+const LERP_A = [3, 7, 2003];
+const LERP_B = [42063];
+
+function lerpCase(weight: number): OpCase {
+  const text = `a${fmtShape(LERP_A)} b${fmtShape(LERP_B)} weight=${weight}`;
+  return {
+    name: `lerp ${text}`,
+    dtypes: ['f32'],
+    run: (ctx) =>
+      session(ctx, 'lerp', text, (s) => {
+        const n = count(LERP_A);
+        const a = s.q(s.rng.normals(n, 0, 2), 'f32');
+        const b = s.q(s.rng.normals(n, 1, 3), 'f32');
+        const aT = s.tensor(LERP_A, 'f32', a);
+        s.native.lerp({ a: aT, b: s.tensor(LERP_B, 'f32', b), weight });
+        const got = s.read(aT);
+        // Weight 1 is the EMA's first update: it must copy, not merely come close.
+        if (weight === 1) s.checkExact('a (weight 1 copies b)', got, b);
+        else if (weight === 0) s.checkExact('a (weight 0 leaves a)', got, a);
+        else s.check('a', got, lerp(a, b, Math.fround(weight)), tolerance('f32'));
+      }),
+  };
+}
+
+const lerpCases: OpCase[] = [
+  lerpCase(1e-4),
+  lerpCase(0.25),
+  lerpCase(0.75),
+  lerpCase(1),
+  lerpCase(0),
+  {
+    name: 'lerp of a tensor with itself',
+    dtypes: ['f32'],
+    run: (ctx) =>
+      session(ctx, 'lerp', 'a[100] b=a weight=0.5', (s) => {
+        const a = s.q(s.rng.normals(100), 'f32');
+        const aT = s.tensor([100], 'f32', a);
+        s.native.lerp({ a: aT, b: aT, weight: 0.5 });
+        s.checkExact('a', s.read(aT), a);
       }),
   },
 ];
@@ -305,9 +351,10 @@ function castCase(): OpCase {
   };
 }
 
-/** relu, add, cross entropy, SGD, convertInput and cast. */
+/** relu, add, lerp, cross entropy, SGD, convertInput and cast. */
 export const miscCases: OpCase[] = [
   ...eltwiseCases,
+  ...lerpCases,
   ...crossEntropyCases,
   ...sgdCases,
   convertInputCase(true),

@@ -24,6 +24,13 @@ export function add(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
   return out;
 }
 
+/** a + weight * (b − a), torch.lerp with a scalar weight. */
+export function lerp(a: ArrayLike<number>, b: ArrayLike<number>, weight: number): Float64Array {
+  const out = new Float64Array(a.length);
+  for (let i = 0; i < a.length; ++i) out[i] = a[i]! + weight * (b[i]! - a[i]!);
+  return out;
+}
+
 /**
  * u8 images `[N,H,W,C]` to (x/255 − mean[c]) / std[c], with sample i mirrored left-right when
  * flip[i] is non-zero.
