@@ -164,3 +164,21 @@ export {
   type CheckpointProgress,
   type Stateful,
 } from './train/checkpoint.js';
+export {
+  Trainer,
+  type Callback,
+  type CheckpointInfo,
+  type CheckpointPolicy,
+  type EarlyStoppingOptions,
+  type EpochRecord,
+  type EvalResult,
+  type FitOptions,
+  type FitResult,
+  type MetricMode,
+  type Predictions,
+  type RunState,
+  type StepInfo,
+  type TrainerEmaOptions,
+  type TrainerOptions,
+} from './train/trainer.js';
+export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';

@@ -127,12 +127,22 @@ export interface CheckpointOptimizer {
   loadState(state: { step: number; paramGroups: Record<string, unknown>[]; buffers: Record<string, Float32Array> }): void;
 }
 
+/** A second set of weights kept beside the model, such as the moving average of `ModelEma`. */
+export interface CheckpointWeights {
+  stateDict(): StateDict;
+  loadStateDict(state: StateDict): void;
+  state(): unknown;
+  loadState(state: never): void;
+}
+
 /** The parts of a training run that a checkpoint holds. */
 export interface CheckpointParts {
   model: Module;
   optimizer?: CheckpointOptimizer;
   scaler?: Stateful;
   scheduler?: Stateful;
+  /** Averaged weights, saved as `ema.*` tensors with their JSON state. */
+  ema?: CheckpointWeights;
 }
 
 /** Where a run stood when a checkpoint was written, plus the caller's JSON-serialisable data. */
@@ -153,6 +163,7 @@ export async function saveCheckpoint(path: string, parts: CheckpointParts, progr
   if (optimizer) {
     for (const [name, values] of Object.entries(optimizer.buffers)) tensors.set(`optimizer.${name}`, { shape: [values.length], dtype: 'f32', data: values });
   }
+  if (parts.ema) for (const [name, entry] of parts.ema.stateDict()) tensors.set(`ema.${name}`, entry);
   const metadata: Record<string, string> = {
     format: FORMAT,
     version: VERSION,
@@ -162,6 +173,7 @@ export async function saveCheckpoint(path: string, parts: CheckpointParts, progr
   if (optimizer) metadata.optimizer = JSON.stringify({ step: optimizer.step, paramGroups: optimizer.paramGroups });
   if (parts.scaler) metadata.scaler = JSON.stringify(parts.scaler.state());
   if (parts.scheduler) metadata.scheduler = JSON.stringify(parts.scheduler.state());
+  if (parts.ema) metadata.ema = JSON.stringify(parts.ema.state());
   await writeFileAtomic(path, encodeSafetensors(tensors, metadata));
 }
 
@@ -182,16 +194,22 @@ export async function loadCheckpoint(path: string, parts: CheckpointParts): Prom
     }
   };
   const model: StateDict = new Map();
+  const ema: StateDict = new Map();
   const buffers: Record<string, Float32Array> = {};
   for (const [name, entry] of tensors) {
     if (name.startsWith('model.')) model.set(name.slice(6), entry);
+    else if (name.startsWith('ema.')) ema.set(name.slice(4), entry);
     else if (name.startsWith('optimizer.')) buffers[name.slice(10)] = entry.data as Float32Array;
   }
-  for (const part of ['optimizer', 'scaler', 'scheduler'] as const) {
+  for (const part of ['optimizer', 'scaler', 'scheduler', 'ema'] as const) {
     if (parts[part] && metadata[part] === undefined) checkpointError(path, `holds no ${part} state, but one was given to restore`);
   }
   // Validate the model first: loadStateDict changes nothing unless the whole dict fits.
   parts.model.loadStateDict(model);
+  if (parts.ema) {
+    parts.ema.loadStateDict(ema);
+    parts.ema.loadState(parse('ema') as never);
+  }
   if (parts.optimizer) {
     const saved = parse('optimizer') as { step: number; paramGroups: Record<string, unknown>[] };
     parts.optimizer.loadState({ step: saved.step, paramGroups: saved.paramGroups, buffers });

@@ -1,0 +1,301 @@
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, truncateSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  AdaptiveAvgPool2d,
+  BatchNorm2d,
+  CenterCrop,
+  Compose,
+  Conv2d,
+  CosineAnnealing,
+  DataLoader,
+  Flatten,
+  Linear,
+  RandomHorizontalFlip,
+  RandomResizedCrop,
+  ReLU,
+  SGD,
+  Sequential,
+  ShapesDataset,
+  Tensor,
+  decodeSafetensors,
+} from '../lib/index.js';
+import type { Module } from '../lib/nn/module.js';
+import { Trainer, type Callback, type TrainerOptions } from '../lib/train/trainer.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-trainer-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+let runs = 0;
+const outDir = (): string => join(dir, `run-${runs++}`);
+
+/** A small convolutional classifier; `bn: false` leaves out batch norm (whose statistics depend on the batch split). */
+function tinyNet(seed: number, bn = true): Module {
+  const layers: Module[] = [new Conv2d({ inChannels: 3, outChannels: 8, kernelSize: 3, padding: 1, seed })];
+  if (bn) layers.push(new BatchNorm2d({ numFeatures: 8 }));
+  layers.push(new ReLU(), new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 3, stride: 2, padding: 1, seed: seed + 1 }));
+  if (bn) layers.push(new BatchNorm2d({ numFeatures: 16 }));
+  layers.push(new ReLU(), new AdaptiveAvgPool2d(1), new Flatten(), new Linear({ inFeatures: 16, outFeatures: 4, seed: seed + 2 }));
+  return new Sequential(...layers).to('cpu');
+}
+
+const shapes = (length: number, seed: number) => new ShapesDataset({ length, size: 16, classes: 4, seed });
+const plain = () => new Compose([new CenterCrop({ size: 16 })]);
+const augment = () => new Compose([new RandomResizedCrop({ size: 16, scale: [0.6, 1] }), new RandomHorizontalFlip()]);
+
+function loader(length: number, options: { batchSize?: number; shuffle?: boolean; seed?: number; augment?: boolean; dataSeed?: number } = {}): DataLoader {
+  return new DataLoader(shapes(length, options.dataSeed ?? 3), {
+    batchSize: options.batchSize ?? 16,
+    transform: options.augment ? augment() : plain(),
+    workers: 0,
+    shuffle: options.shuffle ?? false,
+    seed: options.seed ?? 7,
+  });
+}
+
+function make(seed: number, extra: Partial<TrainerOptions> = {}, bn = true): Trainer {
+  const model = tinyNet(seed, bn);
+  const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 });
+  return new Trainer({ model, optimizer, progress: false, normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, ...extra });
+}
+
+function records(out: string): Record<string, unknown>[] {
+  return readFileSync(join(out, 'log.jsonl'), 'utf8').trim().split('\n').map((line) => JSON.parse(line) as Record<string, unknown>);
+}
+
+describe('Trainer', () => {
+  it('trains, evaluates and leaves checkpoints, a JSON log, TensorBoard events, PNGs and weights', async () => {
+    const out = outDir();
+    const trainer = make(1, { outDir: out, logEvery: 2, schedule: new CosineAnnealing({ tMax: 12 }), ema: { decay: 0.9 } });
+    const train = loader(96, { shuffle: true, augment: true });
+    const val = loader(64, { dataSeed: 4 });
+    const result = await trainer.fit(train, { epochs: 2, val });
+    expect(result.epochs).toBe(2);
+    expect(result.steps).toBe(12);
+    expect(result.history).toHaveLength(2);
+    expect(result.lastEval!.count).toBe(64);
+    expect(result.lastEval!.confusion.total).toBe(64);
+    expect(result.lastEval!.report).toContain('weighted avg');
+    expect(result.lastEvalEma!.count).toBe(64);
+    expect(result.best!.monitor).toBe('val/acc1');
+    for (const f of ['log.jsonl', 'model.safetensors', 'model-ema.safetensors', 'model-best.safetensors', 'curves-loss.png', 'curves-accuracy.png', 'confusion-matrix.png', 'classification-report.txt', 'summary.json']) {
+      expect(existsSync(join(out, f)), f).toBe(true);
+    }
+    const ckpts = readdirSync(join(out, 'checkpoints')).sort();
+    expect(ckpts).toEqual(['best.json', 'best.safetensors', 'latest.json', 'step-00000006.safetensors', 'step-00000012.safetensors']);
+    expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ file: 'step-00000012.safetensors', epoch: 2, batch: 0, step: 12 });
+    const events = readdirSync(join(out, 'tensorboard'));
+    expect(events.some((f) => f.startsWith('events.out.tfevents.'))).toBe(true);
+    const log = records(out);
+    expect(log.filter((r) => r.type === 'train').map((r) => r.step)).toEqual([2, 4, 6, 8, 10, 12]);
+    const epochs = log.filter((r) => r.type === 'epoch');
+    expect(epochs).toHaveLength(2);
+    expect((epochs[1]!.metrics as Record<string, number>)['val_ema/acc1']).toBeGreaterThanOrEqual(0);
+    // The lr followed the cosine schedule over the 12 steps.
+    expect(trainer.lr).toBeCloseTo(0, 10);
+    // The weights file has torchvision-style names and the trained values.
+    const weights = decodeSafetensors(readFileSync(join(out, 'model.safetensors')), 'model.safetensors');
+    expect([...weights.tensors.keys()]).toContain('0.weight');
+    expect(weights.tensors.get('8.weight')!.data).toEqual(trainer.model.stateDict().get('8.weight')!.data);
+    await trainer.dispose();
+  });
+
+  it('resumes an interrupted run with exactly the losses of the uninterrupted run', async () => {
+    const options = { logEvery: 1, checkpoint: { everySteps: 3, keepLast: 2 }, schedule: new CosineAnnealing({ tMax: 20, minLr: 0.001 }) };
+    const whole = outDir();
+    const a = make(2, { ...options, outDir: whole });
+    await a.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3 });
+    const expected = records(whole).filter((r) => r.type === 'train').map((r) => r.loss);
+    expect(expected).toHaveLength(15);
+    await a.dispose();
+
+    const broken = outDir();
+    const crash: Callback = {
+      onStepEnd(_trainer, info) {
+        if (info.step === 8) throw new Error('simulated crash');
+      },
+    };
+    const b = make(2, { ...options, outDir: broken, callbacks: [crash] });
+    await expect(b.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3 })).rejects.toThrow('simulated crash');
+    await b.dispose();
+    // The last checkpoint is at step 6, in the middle of the second epoch (5 steps per epoch).
+    expect(JSON.parse(readFileSync(join(broken, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 6, epoch: 1, batch: 1 });
+    // Checkpoints at steps 3 and 6 (every 3) and 5 (end of the first epoch); keepLast: 2 pruned step 3.
+    expect(readdirSync(join(broken, 'checkpoints')).filter((f) => f.startsWith('step-'))).toEqual(['step-00000005.safetensors', 'step-00000006.safetensors']);
+
+    const c = make(99, { ...options, outDir: broken });
+    const result = await c.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3, resume: true });
+    expect(result.steps).toBe(15);
+    const log = records(broken);
+    const resumedAt = log.findIndex((r) => r.type === 'resume');
+    expect(resumedAt).toBeGreaterThan(0);
+    const after = log.slice(resumedAt).filter((r) => r.type === 'train');
+    expect(after.map((r) => r.step)).toEqual([7, 8, 9, 10, 11, 12, 13, 14, 15]);
+    expect(after.map((r) => r.loss)).toEqual(expected.slice(6));
+    // The resumed model ends with the uninterrupted model's weights, bit for bit.
+    for (const [name, entry] of a.model.stateDict()) expect(c.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+    await c.dispose();
+  });
+
+  it('rejects a truncated checkpoint and a resume with different data, changing nothing', async () => {
+    const out = outDir();
+    const a = make(3, { outDir: out });
+    await a.fit(loader(32), { epochs: 1 });
+    await a.dispose();
+    const file = join(out, 'checkpoints', 'step-00000002.safetensors');
+    const b = make(4, { outDir: out });
+    const before = b.model.stateDict().get('0.weight')!.data.slice();
+    await expect(b.fit(loader(32, { seed: 8 }), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('seed: 7') });
+    truncateSync(file, statSync(file).size - 100);
+    await expect(b.fit(loader(32), { epochs: 2, resume: file })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('truncated') });
+    expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
+    await b.dispose();
+  });
+
+  it.each([['without clipping', undefined], ['with clipping', 0.5]])('accumulating gradients %s gives the update of the single large batch', async (_name, clip) => {
+    const extra = clip === undefined ? {} : { clipGradNorm: clip };
+    const big = make(5, extra, false);
+    const small = make(5, { ...extra, accumulate: 4 }, false);
+    await big.fit(loader(64, { batchSize: 32 }), { epochs: 1 });
+    await small.fit(loader(64, { batchSize: 8 }), { epochs: 1 });
+    expect(big.stepCount).toBe(2);
+    expect(small.stepCount).toBe(2);
+    const before = tinyNet(5, false).stateDict();
+    for (const [name, entry] of big.model.stateDict()) {
+      const a = entry.data as Float32Array;
+      const b = small.model.stateDict().get(name)!.data as Float32Array;
+      const start = before.get(name)!.data as Float32Array;
+      let diff = 0;
+      let moved = 0;
+      for (let i = 0; i < a.length; i++) {
+        diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
+        moved = Math.max(moved, Math.abs(a[i]! - start[i]!));
+      }
+      expect(moved, name).toBeGreaterThan(1e-4);
+      expect(diff, name).toBeLessThan(2e-6);
+    }
+  });
+
+  it('stops early when the monitored metric stops improving', async () => {
+    const trainer = make(6, { earlyStopping: { monitor: 'val/loss', patience: 2, minDelta: 100 } });
+    const result = await trainer.fit(loader(32), { epochs: 10, val: loader(32, { dataSeed: 9 }) });
+    // The first evaluation sets the best; two more without an improvement of 100 stop the run.
+    expect(result.stoppedEarly).toBe(true);
+    expect(result.epochs).toBe(3);
+  });
+
+  it('calls the callbacks in order and stops on request with a checkpoint', async () => {
+    const events: string[] = [];
+    const out = outDir();
+    const trainer = make(7, {
+      outDir: out,
+      callbacks: [
+        {
+          onFitBegin: () => void events.push('fit'),
+          onEpochBegin: (_t, e) => void events.push(`epoch ${e}`),
+          onStepBegin: (_t, i) => void events.push(`begin ${i.step}`),
+          onStepEnd: (t, i) => {
+            events.push(`end ${i.step} ${i.loss() > 0}`);
+            if (i.step === 3) t.requestStop();
+          },
+          onEpochEnd: (_t, r) => void events.push(`epoch end ${r.epoch}`),
+          onFitEnd: (_t, r) => void events.push(`fit end ${r.steps} ${r.interrupted}`),
+        },
+      ],
+    });
+    await trainer.fit(loader(64), { epochs: 2 });
+    expect(events).toEqual(['fit', 'epoch 0', 'begin 0', 'end 1 true', 'begin 1', 'end 2 true', 'begin 2', 'end 3 true', 'fit end 3 true']);
+    expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 3, epoch: 0, batch: 3 });
+  });
+
+  it('overfits a few batches in the dry-run mode', async () => {
+    const model = tinyNet(8);
+    const trainer = new Trainer({ model, optimizer: new SGD(model, { lr: 0.2, momentum: 0.9 }), progress: false, normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] } });
+    const result = await trainer.fit(loader(256, { shuffle: true }), { epochs: 40, overfitBatches: 1 });
+    expect(result.steps).toBe(40);
+    const first = result.history[0]!.trainLoss;
+    const last = result.history.at(-1)!.trainLoss;
+    expect(first).toBeGreaterThan(1);
+    expect(last).toBeLessThan(0.2 * first);
+    // Evaluated on the same batch, in evaluation mode.
+    expect(result.lastEval!.count).toBe(16);
+    expect(result.lastEval!.acc1).toBeGreaterThanOrEqual(0.9);
+  });
+
+  it('predicts the top classes with probabilities', async () => {
+    const trainer = make(9);
+    const val = loader(20);
+    const p = await trainer.predict(val, { topk: 3 });
+    expect(p.numClasses).toBe(4);
+    expect(p.classes).toHaveLength(60);
+    expect(Array.from(p.indices)).toEqual(Array.from({ length: 20 }, (_, i) => i));
+    for (let s = 0; s < 20; s++) {
+      const row = p.logits.subarray(s * 4, s * 4 + 4);
+      const best = row.indexOf(Math.max(...row));
+      expect(p.classes[s * 3]).toBe(best);
+      const probs = p.probabilities.subarray(s * 3, s * 3 + 3);
+      expect(probs[0]).toBeGreaterThanOrEqual(probs[1]!);
+      expect(probs[1]).toBeGreaterThanOrEqual(probs[2]!);
+      expect(probs[0]! + probs[1]! + probs[2]!).toBeLessThanOrEqual(1 + 1e-6);
+    }
+    const images = Tensor.zeros([2, 16, 16, 3], { dtype: 'u8' });
+    expect((await trainer.predict(images, { topk: 10 })).topk).toBe(4);
+  });
+
+  it('averages gradients over ranks and sums evaluation counts through the communicator', async () => {
+    // Two ranks with identical data: the average of the gradients is each rank's gradient, and
+    // every evaluation count doubles.
+    const calls: string[] = [];
+    const communicator = {
+      rank: 0,
+      worldSize: 2,
+      allReduce(tensor: Tensor, options: { average?: boolean } = {}) {
+        calls.push(options.average ? `average ${tensor.numel}` : `sum ${tensor.numel}`);
+        if (!options.average) tensor.copyFromHost(tensor.toFloat32Array().map((v) => 2 * v));
+      },
+    };
+    const single = make(12);
+    const ranked = make(12, { distributed: { communicator: communicator as never } });
+    const a = await single.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
+    const b = await ranked.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
+    const arena = ranked.model.arena().size;
+    expect(calls).toEqual([`average ${arena}`, `average ${arena}`, `sum ${4 * 4 + 3}`]);
+    expect(b.lastEval!.count).toBe(48);
+    expect(b.lastEval!.acc1).toBe(a.lastEval!.acc1);
+    expect(b.lastEval!.loss).toBeCloseTo(a.lastEval!.loss, 6);
+    for (const [name, entry] of single.model.stateDict()) expect(ranked.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+  });
+
+  it('trains in bf16 with loss scaling, and checkpoints the scaler', async () => {
+    const out = outDir();
+    const trainer = make(13, { amp: 'bf16', gradScaler: { enabled: true, initScale: 1024, growthInterval: 2 }, clipGradNorm: 1, outDir: out, logEvery: 1 });
+    const result = await trainer.fit(loader(64), { epochs: 1 });
+    expect(result.steps).toBe(4);
+    // No overflow in four steps: the scale doubled after steps 2 and 4.
+    expect(trainer.scaler.lossScale).toBe(4096);
+    const losses = records(out).filter((r) => r.type === 'train').map((r) => r.loss as number);
+    expect(losses.every(Number.isFinite)).toBe(true);
+    const resumed = make(14, { amp: 'bf16', gradScaler: { enabled: true, initScale: 1, growthInterval: 2 }, outDir: out });
+    await resumed.fit(loader(64), { epochs: 1, resume: true });
+    expect(resumed.scaler.lossScale).toBe(4096);
+    expect(resumed.stepCount).toBe(4);
+  });
+
+  it('rejects bad options with clear errors', async () => {
+    const model = tinyNet(10);
+    const optimizer = new SGD(model, { lr: 0.1 });
+    const bad = (extra: Record<string, unknown>) => () => new Trainer({ model, optimizer, progress: false, ...extra } as TrainerOptions);
+    expect(bad({ colour: 'red' })).toThrow(/Unknown option 'colour'/);
+    expect(bad({ amp: 'fp16' })).toThrow(/needs a CUDA device/);
+    expect(bad({ amp: 'fp8' })).toThrow(/amp/);
+    expect(bad({ accumulate: 0 })).toThrow(/accumulate/);
+    expect(bad({ schedule: new CosineAnnealing({ tMax: 3 }), plateau: {} })).toThrow(/either schedule or plateau/);
+    expect(bad({ earlyStopping: { monitor: 'val/acc7', patience: 1 } })).toThrow(/metric name/);
+    expect(bad({ optimizer: new SGD(tinyNet(11), { lr: 0.1 }) })).toThrow(/do not belong to this model/);
+    const trainer = new Trainer({ model, optimizer, progress: false, earlyStopping: { monitor: 'val/acc1', patience: 1 } });
+    await expect(trainer.fit(loader(16), { epochs: 1 })).rejects.toThrow(/no validation data/);
+    await expect(trainer.fit(loader(16), { epochs: 1, resume: true })).rejects.toThrow(/no outDir/);
+    await expect(trainer.fit(loader(16), { epochs: 0 })).rejects.toThrow(/epochs/);
+    await expect(trainer.evaluate(loader(16), { ema: true })).rejects.toThrow(/no moving average/);
+  });
+});
