@@ -239,3 +239,18 @@ describe('a plain training step', () => {
     expect(first!.values()).toEqual(before);
   });
 });
+
+describe('Module.getSubmodule', () => {
+  it('finds modules by dotted path, freezes a stage through it, and names the children on a wrong path', () => {
+    const model = ResNet18({ numClasses: 3, smallInput: true, seed: 1 });
+    expect(model.getSubmodule('')).toBe(model);
+    const conv = model.getSubmodule('layer2.0.conv1');
+    expect(model.namedParameters().find(([name]) => name === 'layer2.0.conv1.weight')![1]).toBe(conv.parameters()[0]);
+    model.getSubmodule('layer1').setRequiresGrad(false);
+    const frozen = model.namedParameters().filter(([, p]) => !p.requiresGrad).map(([name]) => name);
+    expect(frozen.length).toBeGreaterThan(0);
+    expect(frozen.every((name) => name.startsWith('layer1.'))).toBe(true);
+    expect(() => model.getSubmodule('layer9')).toThrow(/No submodule 'layer9' in the model; its children are conv1, bn1, layer1/);
+    expect(() => model.getSubmodule('layer1.5')).toThrow(/No submodule '5' in 'layer1'; its children are 0, 1/);
+  });
+});

@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import { parseDevice } from '../device.js';
-import { ResnetError, expectBool, mismatch } from '../errors.js';
+import { ResnetError, expectBool, invalid, mismatch } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';
 import { Parameter, ParameterArena } from './parameter.js';
 
@@ -127,6 +127,30 @@ export abstract class Module {
   /** All parameters. */
   parameters(): Parameter[] {
     return this.namedParameters().map(([, p]) => p);
+  }
+
+  /**
+   * The module at a dotted path below this one (`'layer1'`, `'layer4.2.conv3'`), as PyTorch's
+   * `get_submodule`; `''` is this module. Throws `ERR_RC_INVALID_ARGUMENT` naming the children
+   * that exist where the path goes wrong.
+   */
+  getSubmodule(path: string): Module {
+    if (typeof path !== 'string') invalid('path', "a dotted module path such as 'layer1.0'", path);
+    let module: Module = this;
+    let walked = '';
+    for (const part of path === '' ? [] : path.split('.')) {
+      const child = module.#children.get(part);
+      if (!child) {
+        const names = [...module.#children.keys()];
+        throw new ResnetError(
+          'ERR_RC_INVALID_ARGUMENT',
+          `No submodule '${part}' in ${walked === '' ? 'the model' : `'${walked}'`}; ${names.length > 0 ? `its children are ${names.join(', ')}` : 'it has no children'}`,
+        );
+      }
+      module = child;
+      walked = walked === '' ? part : `${walked}.${part}`;
+    }
+    return module;
   }
 
   /**
