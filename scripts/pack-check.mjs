@@ -162,6 +162,12 @@ function consume(project) {
   const result = JSON.parse(line.slice('RESULT '.length));
   if (JSON.stringify(result.shape) !== '[2,10]') throw new CheckError(`logits.shape is ${JSON.stringify(result.shape)}, expected [2,10]`);
   if (typeof result.backend !== 'string' || !result.backend) throw new CheckError('listBackends()[0].name is empty');
+
+  step('running the installed command line (node_modules/.bin/resnet-cuda doctor --json)');
+  const bin = join(project, 'node_modules', '.bin', 'resnet-cuda');
+  const doctor = run(bin, ['doctor', '--json'], { cwd: project, env });
+  const report = JSON.parse(doctor.stdout);
+  if (!report || typeof report !== 'object') throw new CheckError('resnet-cuda doctor --json printed no JSON object');
 }
 
 let code = 0;

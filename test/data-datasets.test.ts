@@ -8,6 +8,7 @@ import { CIFAR10_CLASSES, CifarDataset } from '../lib/data/cifar.js';
 import { compareCodePoints } from '../lib/data/dataset.js';
 import { generateShapes } from '../lib/data/generated.js';
 import { IdxDataset } from '../lib/data/idx.js';
+import { ImageFiles } from '../lib/data/image-files.js';
 import { INDEX_FILE_NAME, ImageFolder } from '../lib/data/image-folder.js';
 import { DATASET_KINDS, datasetFromSpec } from '../lib/data/registry.js';
 import { ShapesDataset } from '../lib/data/shapes-dataset.js';
@@ -480,6 +481,7 @@ describe('datasetFromSpec', () => {
       new SyntheticDataset({ length: 2, height: 4, width: 4 }), // random seed, recorded in the spec
       new ShapesDataset({ length: 8, size: 8, classes: 2, seed: 3 }),
       new Subset(folder, [8, 0, 4]),
+      await ImageFiles.open([folder.path(2), folder.path(0)]),
       randomSplit(randomSplit(new ShapesDataset({ length: 20, size: 8, seed: 1 }), [0.5, 0.5], { seed: 1 })[0]!, [0.6, 0.4], { seed: 2 })[1]!,
     ];
     const kinds = new Set<string>();

@@ -6,6 +6,7 @@
 import { ResnetError, invalid } from '../errors.js';
 import { CifarDataset } from './cifar.js';
 import { IdxDataset } from './idx.js';
+import { ImageFiles } from './image-files.js';
 import { ImageFolder } from './image-folder.js';
 import { ShapesDataset } from './shapes-dataset.js';
 import { Subset } from './split.js';
@@ -14,6 +15,7 @@ import type { Dataset, DatasetSpec } from './types.js';
 
 const builders: Record<string, (spec: DatasetSpec) => Dataset | Promise<Dataset>> = {
   ImageFolder: (spec) => ImageFolder.fromSpec(spec),
+  ImageFiles: (spec) => ImageFiles.fromSpec(spec),
   Idx: (spec) => IdxDataset.fromSpec(spec),
   Cifar: (spec) => CifarDataset.fromSpec(spec),
   Synthetic: (spec) => SyntheticDataset.fromSpec(spec),

@@ -564,7 +564,10 @@ export class Trainer {
     return (this.#o.communicator?.rank ?? 0) === 0;
   }
 
-  /** Asks {@link Trainer.fit} to stop after the current optimizer step, writing a checkpoint there. */
+  /**
+   * Asks {@link Trainer.fit} to stop after the current optimizer step, writing a checkpoint there
+   * (e.g. from a SIGINT handler: the loop yields to the event loop after every step).
+   */
   requestStop(): void {
     this.#stopRequested = true;
   }
@@ -594,6 +597,8 @@ export class Trainer {
   /** Trains for `options.epochs` epochs on `train`; see {@link FitOptions}. */
   async fit(train: DataLoader, options: FitOptions): Promise<FitResult> {
     this.#checkAlive();
+    // A stop requested from here on (even while a checkpoint is read) ends this run.
+    this.#stopRequested = false;
     const f = expectOptions<FitOptions>('fit options', options, FIT_KEYS);
     if (!isLoader(train)) invalid('train', 'a DataLoader', train);
     const epochs = expectInt('epochs', f.epochs, 1);
@@ -673,7 +678,6 @@ export class Trainer {
     const callbacks = this.#o.callbacks;
     const startEpoch = this.#epoch;
     for (const c of callbacks) await c.onFitBegin?.(this, { epochs, startEpoch, step: this.#step });
-    this.#stopRequested = false;
     let stoppedEarly = false;
     let interrupted = false;
     let lastEval: EvalResult | undefined;
@@ -757,6 +761,8 @@ export class Trainer {
           if (this.#step % this.#o.logEvery === 0) readWindow();
           bar?.update(batch.index + 1, { epoch: epoch + 1, epochs, lr: this.lr, ...(lastLoss !== undefined ? { loss: lastLoss } : {}) });
           for (const c of callbacks) await c.onStepEnd?.(this, info);
+          // Let timers and signal handlers run between steps even when no batch waited on I/O.
+          await new Promise<void>((resume) => setImmediate(resume));
           const atEnd = batch.index + 1 >= batchesPerEpoch;
           if (!atEnd && this.#o.checkpoint?.everySteps && this.#step % this.#o.checkpoint.everySteps === 0) await writeCheckpoint(epoch, batch.index + 1);
           if ((maxSteps !== null && this.#step >= maxSteps) || this.#stopRequested) {

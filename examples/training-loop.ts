@@ -1,8 +1,9 @@
 /**
- * The demo: trains a small ResNet-18 on the built-in generated dataset (coloured shapes on noise)
- * with a plain training loop, printing the falling loss and the validation accuracy.
+ * A training loop written out by hand, without the Trainer: a small ResNet-18 on the built-in
+ * generated dataset (coloured shapes on noise), printing the falling loss and the validation
+ * accuracy. `resnet-cuda train` (npm run demo) does the same through the Trainer.
  *
- *   npm run demo -- [--steps 100] [--batch 32] [--dtype f32|bf16] [--device cpu] [--size 32] [--lr 0.01]
+ *   node dist/examples/training-loop.js [--steps 100] [--batch 32] [--dtype f32|bf16] [--device cpu] [--size 32] [--lr 0.01]
  */
 import { parseArgs } from 'node:util';
 import { CrossEntropyLoss, InputNormalize, ResNet18, SGD, Tensor, generateShapes, listBackends } from '../lib/index.js';
@@ -26,7 +27,7 @@ const dtype = values.dtype === 'bf16' ? 'bf16' : 'f32';
 const device = values.device;
 
 const cpu = listBackends().find((b) => b.name === 'cpu');
-console.log(`resnet-cuda demo: ResNet-18 (small-image stem) on generated shapes, ${size}px, batch ${batch}, ${dtype}, ${device}` + (cpu?.properties ? ` [oneDNN ${cpu.properties.onednn}, ${cpu.properties.isa}, ${cpu.properties.threads} threads]` : ''));
+console.log(`resnet-cuda training loop: ResNet-18 (small-image stem) on generated shapes, ${size}px, batch ${batch}, ${dtype}, ${device}` + (cpu?.properties ? ` [oneDNN ${cpu.properties.onednn}, ${cpu.properties.isa}, ${cpu.properties.threads} threads]` : ''));
 
 const train = generateShapes({ count: steps * batch, size, classes: 4, seed });
 const val = generateShapes({ count: 512, size, classes: 4, seed: seed + 1 });

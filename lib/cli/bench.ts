@@ -1,0 +1,163 @@
+/**
+ * `resnet-cuda bench`: training throughput on synthetic data that stays on the device, so that
+ * only the model is measured: input conversion, forward, loss, backward and the SGD step, timed
+ * between device synchronisations after a warm-up (as the project's GPU benchmark does), eagerly
+ * or replayed as one CUDA graph.
+ * @packageDocumentation
+ */
+import { listBackends, memoryStats, resetPeakMemory, synchronize } from '../device.js';
+import { CudaGraph } from '../cuda.js';
+import { InputNormalize } from '../nn/input.js';
+import { CrossEntropyLoss } from '../nn/loss.js';
+import { SGD } from '../optim/sgd.js';
+import { Tensor } from '../tensor.js';
+import { MODEL_NAMES, SHARED_OPTIONS, buildModel, checkAmp, checkDevice, type AmpName, type ModelName } from './common.js';
+import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
+
+const SPEC: CommandSpec = {
+  name: 'bench',
+  summary: 'Measure training throughput.',
+  description:
+    'Measures training throughput with synthetic images already on the device: one step is the input conversion, forward, cross-entropy, backward and an SGD step (momentum, Nesterov, weight decay). ' +
+    'After --warmup steps, --steps steps are timed between device synchronisations; the result is ms/step, images/s and the peak device memory. The data loader is not part of it.',
+  positionals: [],
+  options: [
+    { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet50', help: 'The network.' },
+    { name: 'batch-size', short: 'b', type: 'int', min: 1, valueName: 'N', defaultText: '256 on cuda, 16 on cpu', help: 'Images per step.' },
+    { name: 'size', type: 'int', min: 8, default: 224, valueName: 'PX', help: 'Image height and width.' },
+    { name: 'num-classes', type: 'int', min: 1, default: 1000, valueName: 'N', help: 'Output classes.' },
+    { name: 'small-input', type: 'boolean', help: 'Use the small-image stem (3x3 stride-1, no pooling), as train does for crops up to 64 px.' },
+    SHARED_OPTIONS.device,
+    { ...SHARED_OPTIONS.amp, default: undefined, defaultText: 'bf16 on cuda, none on cpu' },
+    { name: 'steps', type: 'int', min: 1, valueName: 'N', defaultText: '30 on cuda, 5 on cpu', help: 'Timed steps.' },
+    { name: 'warmup', type: 'int', min: 0, valueName: 'N', defaultText: '5 on cuda, 2 on cpu', help: 'Untimed steps first (algorithm selection, allocations).' },
+    { name: 'cuda-graph', type: 'boolean', help: 'Capture one step as a CUDA graph and time its replays (CUDA only).' },
+    SHARED_OPTIONS.json,
+  ],
+  examples: ['resnet-cuda bench --device cuda --amp bf16 -b 256', 'resnet-cuda bench --model resnet18 --size 64 -b 8 --steps 3', 'resnet-cuda bench --device cuda --cuda-graph --json'],
+};
+
+interface BenchArgs {
+  model: ModelName;
+  batchSize: number | undefined;
+  size: number;
+  numClasses: number;
+  smallInput: boolean;
+  device: string;
+  amp: AmpName | undefined;
+  steps: number | undefined;
+  warmup: number | undefined;
+  cudaGraph: boolean;
+  json: boolean;
+}
+
+/** What `bench --json` prints. */
+export interface BenchResult {
+  model: ModelName;
+  device: string;
+  deviceName: string | undefined;
+  amp: AmpName;
+  batchSize: number;
+  size: number;
+  steps: number;
+  warmup: number;
+  cudaGraph: boolean;
+  msPerStep: number;
+  imagesPerSecond: number;
+  peakMemoryBytes: number;
+  loss: number;
+}
+
+async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
+  const a = parsed.values as unknown as BenchArgs;
+  const device = checkDevice(a.device);
+  const cuda = device.startsWith('cuda');
+  const amp: AmpName = a.amp ?? (cuda ? 'bf16' : 'none');
+  checkAmp(amp, device);
+  if (a.cudaGraph && !cuda) throw new UsageError(`--cuda-graph needs a CUDA device, but --device is ${device}`);
+  const batch = a.batchSize ?? (cuda ? 256 : 16);
+  const steps = a.steps ?? (cuda ? 30 : 5);
+  const warmup = a.warmup ?? (cuda ? 5 : 2);
+  const backend = listBackends().find((b) => b.name === (cuda ? 'cuda' : 'cpu'));
+  const dtype = amp === 'bf16' ? 'bf16' : amp === 'fp16' ? 'f16' : 'f32';
+
+  const model = buildModel({ model: a.model, numClasses: a.numClasses, smallInput: a.smallInput }, { device, seed: 1 });
+  const normalize = new InputNormalize({ dtype });
+  const loss = new CrossEntropyLoss({ labelSmoothing: 0.1 });
+  // A fixed loss scale keeps fp16 gradients in range for a throughput measurement.
+  if (amp === 'fp16') loss.gradScale = 1024;
+  const optimizer = new SGD(model, { lr: 0.1, momentum: 0.9, weightDecay: 5e-5, nesterov: true });
+  const pixels = new Uint8Array(batch * a.size * a.size * 3);
+  for (let i = 0; i < pixels.length; i++) pixels[i] = (i * 2654435761) >>> 24;
+  const images = Tensor.from(pixels, [batch, a.size, a.size, 3], { dtype: 'u8', device });
+  const labels = Tensor.from(Array.from({ length: batch }, (_, i) => (i * 7) % a.numClasses), [batch], { dtype: 'i32', device });
+  let lastLoss: Tensor | null = null;
+  const step = (): void => {
+    lastLoss = loss.forward(model.forward(normalize.forward(images)), labels);
+    model.backward(loss.backward());
+    optimizer.step();
+    optimizer.zeroGrad();
+  };
+
+  const say = (text: string) => {
+    if (!a.json) io.stderr.write(`${text}\n`);
+  };
+  const props = backend?.properties ?? {};
+  const detail = cuda ? [props.runtime && `CUDA ${props.runtime}`, props.cudnn && `cuDNN ${props.cudnn}`] : [props.onednn && `oneDNN ${props.onednn}`, props.isa, props.threads && `${props.threads} threads`];
+  say(`resnet-cuda bench: ${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device} (${[backend?.device, ...detail].filter(Boolean).join(', ')})`);
+  let graph: CudaGraph | null = null;
+  try {
+    say(`warm-up: ${warmup} step${warmup === 1 ? '' : 's'}`);
+    for (let i = 0; i < warmup; i++) step();
+    synchronize(device);
+    if (a.cudaGraph) {
+      graph = CudaGraph.capture(device, step);
+      graph.replay();
+      synchronize(device);
+    }
+    resetPeakMemory(device);
+    say(`timing: ${steps} step${steps === 1 ? '' : 's'}`);
+    const started = performance.now();
+    for (let i = 0; i < steps; i++) {
+      if (graph) graph.replay();
+      else step();
+    }
+    synchronize(device);
+    const ms = (performance.now() - started) / steps;
+    const result: BenchResult = {
+      model: a.model,
+      device,
+      deviceName: backend?.device,
+      amp,
+      batchSize: batch,
+      size: a.size,
+      steps,
+      warmup,
+      cudaGraph: a.cudaGraph,
+      msPerStep: ms,
+      imagesPerSecond: (batch * 1000) / ms,
+      peakMemoryBytes: memoryStats(device).peakAllocatedBytes,
+      loss: (lastLoss as Tensor | null)?.item() ?? NaN,
+    };
+    if (a.json) {
+      io.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
+    } else {
+      io.stdout.write(
+        `${ms.toFixed(1)} ms/step, ${result.imagesPerSecond.toFixed(1)} img/s, peak memory ${(result.peakMemoryBytes / 2 ** 30).toFixed(2)} GiB` +
+          ` (${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device}${graph ? ', CUDA graph' : ''})\n`,
+      );
+    }
+    return 0;
+  } finally {
+    graph?.dispose();
+    optimizer.dispose();
+    loss.dispose();
+    normalize.dispose();
+    images.dispose();
+    labels.dispose();
+    model.releaseBuffers();
+  }
+}
+
+/** The `bench` command. */
+export const benchCommand: Command = { spec: SPEC, run };

@@ -1,0 +1,219 @@
+/**
+ * `resnet-cuda doctor`: what this installation can do and what to fix. It loads the addon, lists
+ * every backend with what it was built with, runs a small convolution on each available one, and
+ * checks sharp (the image decoder). Exit code 0 when the CPU backend works, 1 otherwise.
+ * @packageDocumentation
+ */
+import { availableParallelism } from 'node:os';
+import type { BackendStatus } from '../binding.js';
+import { listBackends, nativeVersion } from '../device.js';
+import { Conv2d } from '../nn/layers.js';
+import { Tensor } from '../tensor.js';
+import { packageVersion, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
+
+const SPEC: CommandSpec = {
+  name: 'doctor',
+  summary: 'Check the installation.',
+  description:
+    'Checks the installation: Node.js, the native addon, every backend (CPU with oneDNN, CUDA with cuDNN, cuBLAS and NCCL) with the versions it was built with and a test convolution on each available device, and sharp with libvips. ' +
+    'Each problem comes with what to do about it. The exit code is 0 when the CPU backend works, 1 otherwise.',
+  positionals: [],
+  // Nothing here may import sharp before the check: doctor has to run when sharp is broken.
+  options: [{ name: 'json', type: 'boolean', help: 'Print the report as JSON on stdout instead of text.' }],
+  config: false,
+};
+
+/** One thing to fix. */
+export interface DoctorProblem {
+  /** `node`, `addon`, `cpu`, `cuda` or `sharp`. */
+  component: string;
+  /** `error` stops something from working; `warning` leaves an optional part unavailable (CUDA on a machine without a GPU). */
+  severity: 'error' | 'warning';
+  message: string;
+  fix: string;
+}
+
+/** A backend as `listBackends()` reports it, plus the test convolution's outcome. */
+export interface DoctorBackend extends BackendStatus {
+  /** Whether the test convolution ran and gave finite numbers (absent when the backend is not available). */
+  works?: boolean;
+  /** Why it did not. */
+  error?: string;
+}
+
+/** What `doctor --json` prints. */
+export interface DoctorReport {
+  ok: boolean;
+  version: string;
+  node: { version: string; platform: string; arch: string; cpus: number };
+  addon: { loaded: boolean; nativeVersion?: string; error?: string };
+  backends: DoctorBackend[];
+  sharp: { loaded: boolean; version?: string; libvips?: string; error?: string };
+  problems: DoctorProblem[];
+}
+
+/** Runs a 3x3 convolution on `device` and checks that its output is finite. */
+function testConvolution(device: string): void {
+  const conv = new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed: 1 });
+  conv.to(device);
+  const x = Tensor.randn([2, 8, 8, 3], { seed: 2, device });
+  try {
+    const y = conv.forward(x).toFloat32Array();
+    if (y.length !== 2 * 8 * 8 * 4 || !y.every(Number.isFinite)) throw new Error(`the test convolution gave ${y.length} values, not all finite`);
+  } finally {
+    x.dispose();
+    conv.releaseBuffers();
+  }
+}
+
+/** The first sentence of a reason (the native reasons go on with advice, which `fix` gives here). */
+function firstSentence(text: string): string {
+  return text.split(/\.\s+(?=[A-Z])/)[0]!.replace(/\.$/, '');
+}
+
+function message(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** What to do about a CUDA backend that is not available, from its reason. */
+function cudaFix(status: BackendStatus): string {
+  const reason = status.reason ?? '';
+  if (!status.built) {
+    return 'To train on NVIDIA GPUs, rebuild with the CUDA backend: `scripts/setup --cuda` (installs the pinned CUDA 13 SDK and rebuilds), or `scripts/setup-cuda-sdk` then `RESNET_CUDA_BUILD_CUDA=1 npm run build:native`.';
+  }
+  if (/libcuda\.so|driver/i.test(reason) && !/could not be loaded/.test(reason)) {
+    return 'Install the NVIDIA driver (R580 or newer for CUDA 13) on a machine with an NVIDIA GPU; in a container, expose the GPU (docker run --gpus all).';
+  }
+  if (/could not be loaded|libcudnn|libcublas|libnccl/.test(reason)) {
+    return 'Install cuDNN 9, cuBLAS and NCCL for CUDA 13 (`pip install nvidia-cudnn-cu13 nvidia-cublas nvidia-nccl-cu13`, or `scripts/setup-cuda-sdk`) and make them visible through RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH or CUDA_HOME.';
+  }
+  return 'Check `nvidia-smi`: the driver must see a GPU, and CUDA_VISIBLE_DEVICES must not hide them all.';
+}
+
+/** Gathers the report; never throws. */
+export async function diagnose(): Promise<DoctorReport> {
+  const problems: DoctorProblem[] = [];
+  const version = packageVersion();
+  const node = { version: process.version, platform: process.platform, arch: process.arch, cpus: availableParallelism() };
+  if (Number(process.versions.node.split('.')[0]) < 20) {
+    problems.push({ component: 'node', severity: 'error', message: `Node.js ${process.version} is older than the 20 this package needs`, fix: 'Install Node.js 20 or newer.' });
+  }
+
+  const addon: DoctorReport['addon'] = { loaded: false };
+  let backends: DoctorBackend[] = [];
+  try {
+    backends = listBackends().map((b) => ({ ...b }));
+    addon.loaded = true;
+    addon.nativeVersion = nativeVersion();
+    if (addon.nativeVersion !== version) {
+      problems.push({
+        component: 'addon',
+        severity: 'error',
+        message: `the native addon was built from version ${addon.nativeVersion}, the package is ${version}`,
+        fix: 'Rebuild it: `npm run build:native` (or reinstall the package).',
+      });
+    }
+  } catch (error) {
+    addon.error = message(error);
+    problems.push({
+      component: 'addon',
+      severity: 'error',
+      message: addon.error.split('\n').slice(0, 2).join(' ').replace(/^resnet-cuda: /, ''),
+      fix: 'Follow the hint above; `scripts/setup` installs the build tools and oneDNN and builds the addon, `npm run build:native` rebuilds it.',
+    });
+  }
+
+  for (const backend of backends) {
+    if (!backend.available) {
+      if (backend.name === 'cuda') problems.push({ component: 'cuda', severity: 'warning', message: `CUDA is not available: ${firstSentence(backend.reason ?? 'unknown reason')}`, fix: cudaFix(backend) });
+      else problems.push({ component: backend.name, severity: 'error', message: `the ${backend.name} backend is not available: ${backend.reason ?? 'unknown reason'}`, fix: 'Rebuild the addon: `npm run build:native`.' });
+      continue;
+    }
+    try {
+      testConvolution(backend.name === 'cpu' ? 'cpu' : 'cuda:0');
+      backend.works = true;
+    } catch (error) {
+      backend.works = false;
+      backend.error = message(error);
+      problems.push({
+        component: backend.name,
+        severity: backend.name === 'cpu' ? 'error' : 'warning',
+        message: `a test convolution failed on ${backend.name}: ${backend.error}`,
+        fix: backend.name === 'cpu' ? 'Reinstall oneDNN 2.6 (`apt-get install libdnnl2`, or `scripts/setup`) and rebuild with `npm run build:native`.' : cudaFix(backend),
+      });
+    }
+  }
+  if (addon.loaded && !backends.some((b) => b.name === 'cpu')) {
+    problems.push({ component: 'cpu', severity: 'error', message: 'the addon reports no CPU backend', fix: 'Rebuild the addon: `npm run build:native`.' });
+  }
+
+  const sharp: DoctorReport['sharp'] = { loaded: false };
+  try {
+    const module = (await import('sharp')).default;
+    const versions = module.versions as { sharp?: string; vips?: string };
+    sharp.loaded = true;
+    if (versions.sharp !== undefined) sharp.version = versions.sharp;
+    if (versions.vips !== undefined) sharp.libvips = versions.vips;
+  } catch (error) {
+    sharp.error = message(error);
+    problems.push({
+      component: 'sharp',
+      severity: 'error',
+      message: `sharp (the image decoder) does not load: ${sharp.error.split('\n')[0]}`,
+      fix: 'Reinstall it for this platform: `npm install sharp` (or `npm rebuild sharp`). Training, evaluation and prediction need it: the transforms decode and resize with it.',
+    });
+  }
+
+  const ok = backends.some((b) => b.name === 'cpu' && b.works === true);
+  return { ok, version, node, addon, backends, sharp, problems };
+}
+
+function describeBackend(b: DoctorBackend): string {
+  if (!b.built) return 'not built (see below)';
+  if (!b.available) return 'built, not available (see below)';
+  const p = b.properties ?? {};
+  const details =
+    b.name === 'cpu'
+      ? [p.onednn && `oneDNN ${p.onednn}`, p.isa, p.threads && `${p.threads} threads`]
+      : [
+          b.deviceCount > 1 ? `${b.deviceCount} devices` : undefined,
+          p.computeCapability && `sm ${p.computeCapability}`,
+          p.memory,
+          p.driver && `driver ${p.driver}`,
+          p.runtime && `CUDA ${p.runtime}`,
+          p.cudnn && `cuDNN ${p.cudnn}`,
+          p.cublas && `cuBLAS ${p.cublas}`,
+          p.nccl && `NCCL ${p.nccl}`,
+        ];
+  const state = b.works === true ? 'ok' : b.works === false ? 'FAILED' : 'available';
+  return `${state}: ${[b.device, ...details].filter(Boolean).join(', ')}${b.works ? '; a test convolution ran' : ''}`;
+}
+
+async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
+  const report = await diagnose();
+  if (parsed.values.json === true) {
+    io.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+    return report.ok ? 0 : 1;
+  }
+  const row = (name: string, text: string) => io.stdout.write(`  ${name.padEnd(7)}${text}\n`);
+  io.stdout.write(`resnet-cuda ${report.version}\n`);
+  row('node', `${report.node.version} (${report.node.platform} ${report.node.arch}, ${report.node.cpus} CPU${report.node.cpus === 1 ? '' : 's'})`);
+  row('addon', report.addon.loaded ? `loaded (native version ${report.addon.nativeVersion})` : `FAILED to load: ${report.addon.error?.split('\n')[1] ?? report.addon.error}`);
+  for (const b of report.backends) row(b.name, describeBackend(b));
+  row('sharp', report.sharp.loaded ? `${report.sharp.version ?? '?'} (libvips ${report.sharp.libvips ?? '?'})` : `FAILED to load: ${report.sharp.error?.split('\n')[0]}`);
+  if (report.problems.length > 0) {
+    io.stdout.write('\n');
+    for (const p of report.problems) {
+      io.stdout.write(`${p.severity === 'error' ? 'problem' : 'note'} (${p.component}): ${p.message}\n  fix: ${p.fix}\n`);
+    }
+  }
+  io.stdout.write(
+    report.ok
+      ? `\nThe CPU backend works${report.backends.some((b) => b.name === 'cuda' && b.works) ? ', and so does CUDA' : ''}: \`resnet-cuda train\` runs the demo.\n`
+      : '\nThe CPU backend does not work: fix the problems above.\n',
+  );
+  return report.ok ? 0 : 1;
+}
+
+/** The `doctor` command. */
+export const doctorCommand: Command = { spec: SPEC, run };
