@@ -7,7 +7,6 @@
  */
 import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import sharp from 'sharp';
 import { expectInt, expectOptions, invalid } from '../errors.js';
 import { ConfusionMatrix } from './metrics.js';
 
@@ -194,6 +193,8 @@ function extent(values: number[]): [number, number] {
 }
 
 async function encode(canvas: Canvas): Promise<Buffer> {
+  // Loaded on first use, so that importing the package does not load libvips.
+  const { default: sharp } = await import('sharp');
   return sharp(canvas.data, { raw: { width: canvas.width, height: canvas.height, channels: 4 } }).png().toBuffer();
 }
 
