@@ -204,8 +204,78 @@ describe('Trainer', () => {
       ],
     });
     await trainer.fit(loader(64), { epochs: 2 });
-    expect(events).toEqual(['fit', 'epoch 0', 'begin 0', 'end 1 true', 'begin 1', 'end 2 true', 'begin 2', 'end 3 true', 'fit end 3 true']);
+    expect(events).toEqual(['fit', 'epoch 0', 'begin 1', 'end 1 true', 'begin 2', 'end 2 true', 'begin 3', 'end 3 true', 'fit end 3 true']);
     expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 3, epoch: 0, batch: 3 });
+  });
+
+  it('stops at an epoch boundary when asked during evaluation, and keeps each step loss', async () => {
+    const seen: { step: number; loss: () => number; value: number }[] = [];
+    const trainer = make(15, {
+      callbacks: [
+        {
+          onStepEnd: (_t, info) => void seen.push({ step: info.step, loss: info.loss, value: info.loss() }),
+          onEpochEnd: (t) => t.requestStop(),
+        },
+      ],
+    });
+    const result = await trainer.fit(loader(64), { epochs: 3, val: loader(16, { dataSeed: 2 }) });
+    expect(result.steps).toBe(4);
+    expect(result.epochs).toBe(1);
+    expect(result.interrupted).toBe(true);
+    // Each step's loss() returned its own value, and a value read during the step stays readable.
+    expect(new Set(seen.map((s) => s.value)).size).toBe(4);
+    expect(() => seen[0]!.loss()).not.toThrow();
+    expect(seen[0]!.loss()).toBe(seen[0]!.value);
+  });
+
+  it('reduces the lr on a plateau of an accuracy only when it stops rising', async () => {
+    const seen: { acc: number; lr: number }[] = [];
+    const trainer = make(16, {
+      plateau: { monitor: 'val/acc1', patience: 0, factor: 0.5 },
+      callbacks: [{ onEpochEnd: (t, record) => void seen.push({ acc: record.metrics['val/acc1']!, lr: t.lr }) }],
+    });
+    await trainer.fit(loader(48, { shuffle: true, augment: true }), { epochs: 5, val: loader(32, { dataSeed: 6 }) });
+    // PyTorch's rule in 'max' mode with patience 0: halve after every evaluation that does not beat
+    // the best by the relative threshold 1e-4.
+    let best = -Infinity;
+    let lr = 0.05;
+    const expected = seen.map(({ acc }) => {
+      if (acc > best * (1 + 1e-4)) best = acc;
+      else lr *= 0.5;
+      return lr;
+    });
+    expect(seen.map((s) => s.lr)).toEqual(expected);
+  });
+
+  it('refuses to resume a checkpoint made with other options before changing anything', async () => {
+    const out = outDir();
+    const a = make(17, { outDir: out, schedule: new CosineAnnealing({ tMax: 10 }) });
+    await a.fit(loader(32), { epochs: 1 });
+    const b = make(18, { outDir: out, ema: { decay: 0.9 } });
+    const before = b.model.stateDict().get('0.weight')!.data.slice();
+    await expect(b.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('follows a schedule') });
+    const c = make(18, { outDir: out, schedule: new CosineAnnealing({ tMax: 10 }), ema: { decay: 0.9 } });
+    await expect(c.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('no moving average') });
+    expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
+    expect(c.stepCount).toBe(0);
+  });
+
+  it('recovers from an error inside a step: the next fit starts with clean gradients and loss scale', async () => {
+    let broken = true;
+    const failing: Callback = {
+      onStepBegin: (t) => {
+        if (broken) t.optimizer.paramGroups[0]!.lr = -1;
+      },
+    };
+    const trainer = make(19, { amp: 'bf16', gradScaler: { enabled: true, initScale: 1024 }, clipGradNorm: 1, callbacks: [failing] });
+    await expect(trainer.fit(loader(32), { epochs: 1 })).rejects.toThrow(/lr/);
+    broken = false;
+    trainer.optimizer.paramGroups[0]!.lr = 0.05;
+    const result = await trainer.fit(loader(32), { epochs: 1 });
+    expect(result.steps).toBe(2);
+    expect(result.history.at(-1)!.trainLoss).toBeLessThan(3);
+    const weights = trainer.model.arena().params.toFloat32Array();
+    expect(Math.max(...weights.map(Math.abs))).toBeLessThan(10);
   });
 
   it('overfits a few batches in the dry-run mode', async () => {

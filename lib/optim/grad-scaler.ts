@@ -195,6 +195,15 @@ export class GradScaler {
     this.#stepped.clear();
   }
 
+  /**
+   * Forgets a step left half-way (after `unscale` or `step`, before `update`), e.g. by an error in
+   * a training loop, so that the next step starts clean. The gradients stay as they are: zero them.
+   */
+  abandonStep(): void {
+    this.#unscaled.clear();
+    this.#stepped.clear();
+  }
+
   /** Whether the last updated step found inf/NaN gradients (and its optimizer steps were skipped). */
   get skippedLastStep(): boolean {
     return this.#skipped;

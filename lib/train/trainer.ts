@@ -268,6 +268,8 @@ export interface CheckpointInfo {
   classNames: string[] | null;
   /** The loop's own state (position, best, history); null in checkpoints not written by {@link Trainer.fit}. */
   run: RunState | null;
+  /** What else it holds: the learning-rate state's kind, a moving average, the optimizer's group count. */
+  parts: { lr: 'schedule' | 'plateau' | null; ema: boolean; optimizerGroups: number | null };
 }
 
 /** A batch as the loop uses it: device tensors plus the deferred flips. */
@@ -296,6 +298,7 @@ export interface RunState {
   epochs: number;
   best: { monitor: string; value: number; epoch: number } | null;
   earlyStopping: { best: number | null; bad: number } | null;
+  earlyMonitor: string | null;
   history: EpochRecord[];
   trainLossPoints: [number, number][];
   periodic: string[];
@@ -320,7 +323,7 @@ const OPTION_KEYS = [
   'classNames', 'distributed', 'config',
 ];
 const FIT_KEYS = ['epochs', 'val', 'resume', 'evalEvery', 'overfitBatches', 'maxSteps'];
-const METRIC_NAME = /^(train|val|val_ema)\/(loss|acc1|acc5)$/;
+const METRIC_NAME = /^(train\/loss|(val|val_ema)\/(loss|acc1|acc5))$/;
 
 function defaultMode(monitor: string): MetricMode {
   return monitor.endsWith('loss') ? 'min' : 'max';
@@ -417,6 +420,7 @@ export class Trainer {
   #logger: JsonLinesLogger | null = null;
   #writer: SummaryWriter | null = null;
   #disposed = false;
+  #hasVal = false;
 
   constructor(options: TrainerOptions) {
     const o = expectOptions<TrainerOptions>('Trainer options', options, OPTION_KEYS);
@@ -585,13 +589,29 @@ export class Trainer {
     if (metadata.format !== 'resnet-cuda-checkpoint') throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: is not a resnet-cuda checkpoint`);
     let progress: { epoch: number; step: number };
     let extra: { run?: RunState; classNames?: string[] };
+    let lr: { kind?: string } | null;
+    let optimizer: { paramGroups?: unknown[] } | null;
     try {
       progress = JSON.parse(metadata.progress ?? '{}') as { epoch: number; step: number };
       extra = JSON.parse(metadata.extra ?? '{}') as { run?: RunState; classNames?: string[] };
+      lr = metadata.scheduler === undefined ? null : (JSON.parse(metadata.scheduler) as { kind?: string });
+      optimizer = metadata.optimizer === undefined ? null : (JSON.parse(metadata.optimizer) as { paramGroups?: unknown[] });
     } catch {
       throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: has unreadable metadata`);
     }
-    return { file, config: extra.run?.config ?? {}, epoch: progress.epoch, step: progress.step, classNames: extra.classNames ?? null, run: extra.run ?? null };
+    return {
+      file,
+      config: extra.run?.config ?? {},
+      epoch: progress.epoch,
+      step: progress.step,
+      classNames: extra.classNames ?? null,
+      run: extra.run ?? null,
+      parts: {
+        lr: lr?.kind === 'schedule' || lr?.kind === 'plateau' ? lr.kind : null,
+        ema: metadata.ema !== undefined,
+        optimizerGroups: Array.isArray(optimizer?.paramGroups) ? optimizer.paramGroups.length : null,
+      },
+    };
   }
 
   /** Trains for `options.epochs` epochs on `train`; see {@link FitOptions}. */
@@ -613,6 +633,7 @@ export class Trainer {
     }
     if (overfit !== null && f.resume) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'fit: overfitBatches (a debugging run) cannot resume a checkpoint');
     const hasVal = val !== undefined || overfit !== null;
+    this.#hasVal = hasVal;
     for (const [where, monitor] of [
       ['checkpoint.monitor', this.#o.checkpoint?.monitor],
       ['earlyStopping.monitor', this.#o.early?.monitor],
@@ -620,6 +641,9 @@ export class Trainer {
     ] as const) {
       if (!monitor) continue;
       if (monitor.startsWith('val') && !hasVal) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: ${where} is '${monitor}' but no validation data (val) was given`);
+      if (monitor.startsWith('train') && this.#o.communicator && this.#o.communicator.worldSize > 1) {
+        throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: ${where} is '${monitor}', which differs between ranks in data-parallel training; monitor a val/ metric (evaluation combines all ranks)`);
+      }
       if (monitor.startsWith('val_ema') && !this.ema) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: ${where} is '${monitor}' but the moving average (ema) is off`);
     }
     const classNames = this.#o.classNames ?? (train.dataset.classes.length > 0 ? train.dataset.classes : null);
@@ -633,8 +657,8 @@ export class Trainer {
     const stepsPerEpoch = Math.ceil(batchesPerEpoch / this.accumulate);
     if (this.#o.schedule && !this.#scheduler) this.#scheduler = new Scheduler(this.optimizer, this.#o.schedule, { stepsPerEpoch });
     if (this.#o.plateau && !this.#plateau) {
-      const { monitor: _monitor, ...rest } = this.#o.plateau;
-      this.#plateau = new ReduceLROnPlateau(this.optimizer, rest);
+      const { monitor, ...rest } = this.#o.plateau;
+      this.#plateau = new ReduceLROnPlateau(this.optimizer, { ...rest, mode: rest.mode ?? defaultMode(monitor!) });
     }
     const monitor = this.#o.checkpoint?.monitor ?? (hasVal ? 'val/acc1' : null);
     const monitorMode = this.#o.checkpoint?.mode ?? (monitor ? defaultMode(monitor) : 'max');
@@ -655,18 +679,21 @@ export class Trainer {
       epochs,
       best: this.#best,
       earlyStopping: this.#early,
+      earlyMonitor: this.#o.early?.monitor ?? null,
       history: this.#history,
       trainLossPoints: this.#trainLossPoints,
       periodic: this.#periodic,
       data: { trainSeed: train.seed, trainLength: train.dataset.length, batchSize: train.batchSize },
       config: this.#o.config,
     });
+    let lastCheckpointStep = -1;
     const writeCheckpoint = async (epoch: number, batch: number): Promise<void> => {
-      if (!canCheckpoint) return;
+      if (!canCheckpoint || lastCheckpointStep === this.#step) return;
       const name = stepFileName(this.#step);
       const path = join(ckptDir!, name);
-      if (!this.#periodic.includes(name)) this.#periodic.push(name);
       await this.#save(path, epoch, runState(batch), classNames);
+      lastCheckpointStep = this.#step;
+      if (!this.#periodic.includes(name)) this.#periodic.push(name);
       await writeFileAtomic(join(ckptDir!, 'latest.json'), JSON.stringify({ file: name, epoch, batch, step: this.#step }, null, 2) + '\n');
       this.#log({ type: 'checkpoint', epoch, step: this.#step, file: `checkpoints/${name}` });
       while (this.#periodic.length > this.#o.checkpoint!.keepLast) {
@@ -687,9 +714,16 @@ export class Trainer {
     const lossSum = this.#lossSum;
     const stepLoss = this.#stepLoss;
     this.model.train();
+    this.scaler.abandonStep();
     this.optimizer.zeroGrad();
     try {
       for (let epoch = this.#epoch; epoch < epochs; epoch++) {
+        // A stop asked for between steps (during evaluation, a checkpoint, a callback) or a step
+        // budget already spent ends the run before the next step.
+        if (this.#stopRequested || (maxSteps !== null && this.#step >= maxSteps)) {
+          interrupted = true;
+          break;
+        }
         this.#epoch = epoch;
         for (const c of callbacks) await c.onEpochBegin?.(this, epoch);
         const bar = this.isMain && this.#o.progress ? new ProgressBar({ total: batchesPerEpoch, stream: this.#o.progress, label: 'train', batchSize: train.batchSize }) : null;
@@ -703,6 +737,8 @@ export class Trainer {
         let lastLoss: number | undefined;
         let micro = 0;
         let stepImages = 0;
+        // The lr the last optimizer step used (the schedule has already moved on to the next one).
+        let windowLr = this.lr;
         addon().fill({ tensor: lossSum.raw, value: 0 });
         const first = epoch === startEpoch ? startBatch : 0;
         startBatch = 0;
@@ -716,9 +752,9 @@ export class Trainer {
           const now = performance.now();
           const ips = (windowImages * 1000) / Math.max(now - windowStart, 1e-6);
           this.#trainLossPoints.push([this.#step, lastLoss]);
-          this.#log({ type: 'train', epoch, step: this.#step, loss: lastLoss, lr: this.lr, imagesPerSec: ips });
+          this.#log({ type: 'train', epoch, step: this.#step, loss: lastLoss, lr: windowLr, imagesPerSec: ips });
           this.#scalar('train/loss', lastLoss);
-          this.#scalar('train/lr', this.lr);
+          this.#scalar('train/lr', windowLr);
           this.#scalar('train/images_per_sec', ips);
           windowStart = now;
           windowImages = 0;
@@ -727,7 +763,7 @@ export class Trainer {
         let reachedEnd = true;
         for await (const batch of this.#batches(train, cached, epoch, first)) {
           if (micro === 0) {
-            for (const c of callbacks) await c.onStepBegin?.(this, { epoch, step: this.#step, batch: batch.index });
+            for (const c of callbacks) await c.onStepBegin?.(this, { epoch, step: this.#step + 1, batch: batch.index });
             addon().fill({ tensor: stepLoss.raw, value: 0 });
           }
           const groupSize = Math.min(this.accumulate, batchesPerEpoch - (batch.index - micro));
@@ -747,6 +783,8 @@ export class Trainer {
           this.#step++;
           windowImages += stepImages;
           epochImages += stepImages;
+          let stepLossValue: number | undefined;
+          let current = true;
           const info: StepInfo = {
             epoch,
             step: this.#step,
@@ -754,13 +792,21 @@ export class Trainer {
             batchesPerEpoch,
             lr,
             images: stepImages,
-            loss: () => stepLoss.item() / groupSize,
+            loss: () => {
+              if (stepLossValue === undefined) {
+                if (!current) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'StepInfo.loss(): read it during onStepEnd; the step is over');
+                stepLossValue = stepLoss.item() / groupSize;
+              }
+              return stepLossValue;
+            },
           };
+          windowLr = lr;
           micro = 0;
           stepImages = 0;
           if (this.#step % this.#o.logEvery === 0) readWindow();
           bar?.update(batch.index + 1, { epoch: epoch + 1, epochs, lr: this.lr, ...(lastLoss !== undefined ? { loss: lastLoss } : {}) });
           for (const c of callbacks) await c.onStepEnd?.(this, info);
+          current = false;
           // Let timers and signal handlers run between steps even when no batch waited on I/O.
           await new Promise<void>((resume) => setImmediate(resume));
           const atEnd = batch.index + 1 >= batchesPerEpoch;
@@ -778,6 +824,9 @@ export class Trainer {
           }
         }
         if (!reachedEnd) break;
+        if (micro > 0) {
+          throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: the training loader yielded fewer batches than its length (${batchesPerEpoch}) in epoch ${epoch}; check its sampler's length`);
+        }
         readWindow();
         const seconds = (performance.now() - epochStart) / 1000;
         bar?.finish({ ...(lastLoss !== undefined ? { loss: lastLoss } : {}), lr: this.lr });
@@ -837,7 +886,8 @@ export class Trainer {
         if ((epoch + 1) % (this.#o.checkpoint?.everyEpochs ?? 1) === 0 || end) await writeCheckpoint(epoch + 1, 0);
         if (isBest && canCheckpoint) {
           await this.#save(join(ckptDir!, 'best.safetensors'), epoch + 1, runState(0), classNames);
-          await saveWeights(join(this.#o.outDir!, 'model-best.safetensors'), this.model);
+          const bestWeights = monitor!.startsWith('val_ema') && this.ema ? this.ema.stateDict() : this.model.stateDict();
+          await writeFileAtomic(join(this.#o.outDir!, 'model-best.safetensors'), encodeSafetensors(bestWeights, { format: 'pt' }));
           await writeFileAtomic(join(ckptDir!, 'best.json'), JSON.stringify({ ...this.#best, step: this.#step }, null, 2) + '\n');
         }
         if (writes && this.#o.plots) await this.#writeCurves();
@@ -848,6 +898,10 @@ export class Trainer {
           break;
         }
         if (interrupted) break;
+        if (this.#stopRequested && epoch + 1 < epochs) {
+          interrupted = true;
+          break;
+        }
       }
       if (writes) await this.#writeFinal(lastEval, lastEvalEma, classNames);
     } finally {
@@ -908,8 +962,12 @@ export class Trainer {
         if (source.dtype !== 'u8' || source.shape.length !== 4) invalid('source', 'a u8 NHWC image tensor [N, H, W, 3] or a DataLoader', source);
         this.#ensureNormalize(null);
         const images = source.device === this.device ? source : Tensor.from(source.toArray() as Uint8Array, source.shape, { dtype: 'u8', device: this.device });
-        const logits = this.model.forward(this.#normalize!.forward(images)).toFloat32Array();
-        if (images !== source) images.dispose();
+        let logits: Float32Array;
+        try {
+          logits = this.model.forward(this.#normalize!.forward(images)).toFloat32Array();
+        } finally {
+          if (images !== source) images.dispose();
+        }
         numClasses = logits.length / source.shape[0]!;
         chunks.push({ logits, indices: Int32Array.from({ length: source.shape[0]! }, (_, i) => i) });
       } else if (isLoader(source)) {
@@ -960,15 +1018,18 @@ export class Trainer {
     this.#disposed = true;
     this.#logger?.close();
     this.#logger = null;
-    await this.#writer?.close();
-    this.#writer = null;
     this.loss.dispose();
     this.#evalLoss.dispose();
     this.scaler.dispose();
     this.ema?.dispose();
+    this.#normalize?.dispose();
+    this.#normalize = null;
     this.#lossSum?.dispose();
     this.#stepLoss?.dispose();
     this.#lossSum = this.#stepLoss = null;
+    const writer = this.#writer;
+    this.#writer = null;
+    await writer?.close();
   }
 
   #checkAlive(): void {
@@ -983,6 +1044,17 @@ export class Trainer {
 
   /** Averages gradients over ranks, unscales, clips, steps, updates the scaler, zeroes, schedules, averages weights. */
   #optimizerStep(): void {
+    try {
+      this.#optimizerStepUnguarded();
+    } catch (error) {
+      // Leave nothing half-done for the next step: no scaler state, no stale gradients.
+      this.scaler.abandonStep();
+      this.optimizer.zeroGrad();
+      throw error;
+    }
+  }
+
+  #optimizerStepUnguarded(): void {
     const communicator = this.#o.communicator;
     if (communicator && communicator.worldSize > 1) communicator.allReduce(this.optimizer.arena().grads, { average: true });
     if (this.#o.clip !== null) {
@@ -1131,6 +1203,14 @@ export class Trainer {
           `create the DataLoader with seed: ${run.data.trainSeed} and the same dataset and batch size`,
       );
     }
+    // Refuse a checkpoint that does not fit this Trainer before anything is restored.
+    const wantLr = this.#scheduler ? 'schedule' : this.#plateau ? 'plateau' : null;
+    const mismatch = (what: string): never => {
+      throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: ${what}; resume with the same Trainer options`);
+    };
+    if (info.parts.lr !== wantLr) mismatch(`its learning rate follows ${info.parts.lr === 'plateau' ? 'a plateau reduction' : info.parts.lr === 'schedule' ? 'a schedule' : 'no schedule'}, this Trainer's ${wantLr === 'plateau' ? 'a plateau reduction' : wantLr === 'schedule' ? 'a schedule' : 'none'}`);
+    if (info.parts.ema !== (this.ema !== null)) mismatch(info.parts.ema ? 'it holds a moving average, but this Trainer keeps none' : 'it holds no moving average, but this Trainer keeps one');
+    if (info.parts.optimizerGroups !== this.optimizer.paramGroups.length) mismatch(`its optimizer has ${info.parts.optimizerGroups} parameter groups, this one ${this.optimizer.paramGroups.length}`);
     const scheduler = this.#schedulerPart();
     const progress = await loadCheckpoint(file, {
       model: this.model,
@@ -1141,8 +1221,10 @@ export class Trainer {
     });
     this.#step = progress.step;
     this.#epoch = progress.epoch;
-    this.#best = run.best;
-    this.#early = this.#o.early ? (run.earlyStopping ?? { best: null, bad: 0 }) : null;
+    // A best value or early-stopping count kept for another metric does not carry over.
+    const monitor = this.#o.checkpoint?.monitor ?? (this.#hasVal ? 'val/acc1' : null);
+    this.#best = run.best && run.best.monitor === monitor ? run.best : null;
+    this.#early = this.#o.early ? (run.earlyStopping && run.earlyMonitor === this.#o.early.monitor ? run.earlyStopping : { best: null, bad: 0 }) : null;
     this.#history = run.history;
     this.#trainLossPoints = run.trainLossPoints;
     // Keep-last-k continues over the files of the run being resumed when they are in this outDir.
