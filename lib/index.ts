@@ -182,3 +182,4 @@ export {
   type TrainerOptions,
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
+export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';

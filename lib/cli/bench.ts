@@ -5,12 +5,8 @@
  * or replayed as one CUDA graph.
  * @packageDocumentation
  */
-import { listBackends, memoryStats, resetPeakMemory, synchronize } from '../device.js';
-import { CudaGraph } from '../cuda.js';
-import { InputNormalize } from '../nn/input.js';
-import { CrossEntropyLoss } from '../nn/loss.js';
-import { SGD } from '../optim/sgd.js';
-import { Tensor } from '../tensor.js';
+import { listBackends } from '../device.js';
+import { benchmarkTraining } from '../train/benchmark.js';
 import { MODEL_NAMES, SHARED_OPTIONS, buildModel, checkAmp, checkDevice, type AmpName, type ModelName } from './common.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
@@ -82,81 +78,39 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const dtype = amp === 'bf16' ? 'bf16' : amp === 'fp16' ? 'f16' : 'f32';
 
   const model = buildModel({ model: a.model, numClasses: a.numClasses, smallInput: a.smallInput }, { device, seed: 1 });
-  const normalize = new InputNormalize({ dtype });
-  const loss = new CrossEntropyLoss({ labelSmoothing: 0.1 });
-  // A fixed loss scale keeps fp16 gradients in range for a throughput measurement.
-  if (amp === 'fp16') loss.gradScale = 1024;
-  const optimizer = new SGD(model, { lr: 0.1, momentum: 0.9, weightDecay: 5e-5, nesterov: true });
-  const pixels = new Uint8Array(batch * a.size * a.size * 3);
-  for (let i = 0; i < pixels.length; i++) pixels[i] = (i * 2654435761) >>> 24;
-  const images = Tensor.from(pixels, [batch, a.size, a.size, 3], { dtype: 'u8', device });
-  const labels = Tensor.from(Array.from({ length: batch }, (_, i) => (i * 7) % a.numClasses), [batch], { dtype: 'i32', device });
-  let lastLoss: Tensor | null = null;
-  const step = (): void => {
-    lastLoss = loss.forward(model.forward(normalize.forward(images)), labels);
-    model.backward(loss.backward());
-    optimizer.step();
-    optimizer.zeroGrad();
-  };
-
   const say = (text: string) => {
     if (!a.json) io.stderr.write(`${text}\n`);
   };
   const props = backend?.properties ?? {};
   const detail = cuda ? [props.runtime && `CUDA ${props.runtime}`, props.cudnn && `cuDNN ${props.cudnn}`] : [props.onednn && `oneDNN ${props.onednn}`, props.isa, props.threads && `${props.threads} threads`];
   say(`resnet-cuda bench: ${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device} (${[backend?.device, ...detail].filter(Boolean).join(', ')})`);
-  let graph: CudaGraph | null = null;
-  try {
-    say(`warm-up: ${warmup} step${warmup === 1 ? '' : 's'}`);
-    for (let i = 0; i < warmup; i++) step();
-    synchronize(device);
-    if (a.cudaGraph) {
-      graph = CudaGraph.capture(device, step);
-      graph.replay();
-      synchronize(device);
-    }
-    resetPeakMemory(device);
-    say(`timing: ${steps} step${steps === 1 ? '' : 's'}`);
-    const started = performance.now();
-    for (let i = 0; i < steps; i++) {
-      if (graph) graph.replay();
-      else step();
-    }
-    synchronize(device);
-    const ms = (performance.now() - started) / steps;
-    const result: BenchResult = {
-      model: a.model,
-      device,
-      deviceName: backend?.device,
-      amp,
-      batchSize: batch,
-      size: a.size,
-      steps,
-      warmup,
-      cudaGraph: a.cudaGraph,
-      msPerStep: ms,
-      imagesPerSecond: (batch * 1000) / ms,
-      peakMemoryBytes: memoryStats(device).peakAllocatedBytes,
-      loss: (lastLoss as Tensor | null)?.item() ?? NaN,
-    };
-    if (a.json) {
-      io.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
-    } else {
-      io.stdout.write(
-        `${ms.toFixed(1)} ms/step, ${result.imagesPerSecond.toFixed(1)} img/s, peak memory ${(result.peakMemoryBytes / 2 ** 30).toFixed(2)} GiB` +
-          ` (${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device}${graph ? ', CUDA graph' : ''})\n`,
-      );
-    }
-    return 0;
-  } finally {
-    graph?.dispose();
-    optimizer.dispose();
-    loss.dispose();
-    normalize.dispose();
-    images.dispose();
-    labels.dispose();
-    model.releaseBuffers();
+  say(`warm-up: ${warmup} step${warmup === 1 ? '' : 's'}, then ${steps} timed step${steps === 1 ? '' : 's'}`);
+  const measured = benchmarkTraining({ model, device, numClasses: a.numClasses, dtype, batch, size: a.size, steps, warmup, cudaGraph: a.cudaGraph });
+  const ms = measured.msPerStep;
+  const result: BenchResult = {
+    model: a.model,
+    device,
+    deviceName: backend?.device,
+    amp,
+    batchSize: batch,
+    size: a.size,
+    steps,
+    warmup,
+    cudaGraph: a.cudaGraph,
+    msPerStep: ms,
+    imagesPerSecond: measured.imagesPerSecond,
+    peakMemoryBytes: measured.peakMemoryBytes,
+    loss: measured.loss,
+  };
+  if (a.json) {
+    io.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
+  } else {
+    io.stdout.write(
+      `${ms.toFixed(1)} ms/step, ${result.imagesPerSecond.toFixed(1)} img/s, peak memory ${(result.peakMemoryBytes / 2 ** 30).toFixed(2)} GiB` +
+        ` (${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device}${a.cudaGraph ? ', CUDA graph' : ''})\n`,
+    );
   }
+  return 0;
 }
 
 /** The `bench` command. */
