@@ -13,10 +13,16 @@
  * all cores spin than one (on shared or throttled machines, less than the core count).
  *
  * The reference is torchvision's DataLoader with PIL and `num_workers=1` on the same folder and
- * pipelines, run in a subprocess when `python3 -c "import torchvision"` works; otherwise it is
- * reported as unavailable (no published per-core figure is quoted).
+ * pipelines, run in a subprocess with the Python interpreter of `--python` (or the `PYTHON`
+ * environment variable, or `python3`) when it imports torchvision; otherwise it is reported as
+ * unavailable (no published per-core figure is quoted). Its CPU time per image counts the main
+ * process and the worker process over the same timed batches, so the two per-core rates compare.
  *
- * Options: --images 200 --count 400 --batch 32 --prefetch 2 --workers 0,1,2,all
+ * On a shared machine single runs vary by 10% or more: `--repeat N` runs everything N times,
+ * alternating with the reference, and reports the median of each figure.
+ *
+ * Options: --images 200 --count 400 --batch 32 --prefetch 2 --workers 0,1,2,all --repeat 1
+ *          --python python3
  * Prints a table and one `RESULT {json}` line.
  */
 import { spawnSync } from 'node:child_process';
@@ -53,6 +59,8 @@ const { values } = parseArgs({
     batch: { type: 'string', default: '32' },
     prefetch: { type: 'string', default: '2' },
     workers: { type: 'string', default: '0,1,2,all' },
+    repeat: { type: 'string', default: '1' },
+    python: { type: 'string', default: process.env.PYTHON ?? 'python3' },
   },
 });
 const imageCount = Number(values.images);
@@ -60,6 +68,8 @@ const timedImages = Number(values.count);
 const batchSize = Number(values.batch);
 const prefetch = Number(values.prefetch);
 const workerCounts = [...new Set(values.workers.split(',').map((w) => (w === 'all' ? cores : Number(w))))].sort((a, b) => a - b);
+const repeats = Math.max(1, Math.trunc(Number(values.repeat)) || 1);
+const python = values.python;
 
 const CLASSES = 4;
 const VERSION = 2;
@@ -246,19 +256,44 @@ parentPort.postMessage(n);`;
   return threads === 1 ? 1 : (await spin(threads)) / one;
 }
 
+interface ReferenceRow {
+  pipeline: string;
+  imagesPerSecond: number;
+  /** CPU time of the main and the worker process per image; null when the worker could not be read. */
+  cpuMsPerImage: number | null;
+  imagesPerCpuSecond: number | null;
+}
+
+interface Reference {
+  available: boolean;
+  reason?: string;
+  rows?: ReferenceRow[];
+  versions?: Record<string, string>;
+  python?: string;
+}
+
 /** torchvision's DataLoader (PIL) with one worker on the same folder and pipelines, if installed. */
-function torchvisionReference(root: string): { available: boolean; reason?: string; rows?: { pipeline: string; imagesPerSecond: number }[]; versions?: Record<string, string> } {
-  const probe = spawnSync('python3', ['-c', 'import torch, torchvision, PIL; print(torch.__version__, torchvision.__version__, PIL.__version__)'], { encoding: 'utf8' });
+function torchvisionReference(root: string): Reference {
+  const probe = spawnSync(python, ['-c', 'import torch, torchvision, PIL; print(torch.__version__, torchvision.__version__, PIL.__version__)'], { encoding: 'utf8' });
   if (probe.status !== 0) {
     const why = probe.error ? String(probe.error.message) : (probe.stderr.trim().split('\n').pop() ?? 'import failed');
-    return { available: false, reason: `python3 cannot import torchvision here (${why})` };
+    return { available: false, reason: `${python} cannot import torchvision here (${why}); give an interpreter that can with --python or PYTHON` };
   }
   const [torch, torchvision, pil] = probe.stdout.trim().split(' ');
+  // The worker's CPU time comes from /proc (Linux) at the start and the end of the timed batches,
+  // read while it is alive; the main process's from process_time (all its threads).
   const script = `
-import json, sys, time, torch
+import json, os, sys, time, torch
 from torch.utils.data import DataLoader, Sampler
 from torchvision import datasets, transforms as T
 root, batch, warm, timed, prefetch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+tick = os.sysconf('SC_CLK_TCK')
+def cpu(pids):
+    total = time.process_time()
+    for pid in pids:
+        with open(f'/proc/{pid}/stat') as f: fields = f.read().rsplit(')', 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 class Cycle(Sampler):
     def __init__(self, n, length): self.n, self.length = n, length
     def __len__(self): return self.length
@@ -276,21 +311,68 @@ rows = []
 for name, tf in pipelines.items():
     ds = datasets.ImageFolder(root, transform=tf)
     loader = DataLoader(ds, batch_size=batch, num_workers=1, prefetch_factor=prefetch, sampler=Cycle(len(ds), (warm + timed) * batch))
-    seen = images = 0; start = None
-    for x, y in loader:
+    it = iter(loader)
+    try: pids = [w.pid for w in it._workers]
+    except Exception: pids = None
+    seen = images = 0; start = cpu0 = cpu1 = None
+    for x, y in it:
         seen += 1
-        if seen == warm: start = time.perf_counter()
-        elif seen > warm: images += x.shape[0]
-    rows.append({'pipeline': name, 'imagesPerSecond': images / (time.perf_counter() - start)})
+        if seen == warm:
+            start = time.perf_counter(); cpu0 = cpu(pids) if pids else None
+        elif seen > warm:
+            images += x.shape[0]
+            if seen == warm + timed:
+                seconds = time.perf_counter() - start; cpu1 = cpu(pids) if pids else None
+    used = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+    rows.append({'pipeline': name, 'imagesPerSecond': images / seconds,
+                 'cpuMsPerImage': used * 1000 / images if used else None, 'imagesPerCpuSecond': images / used if used else None})
 print('RESULT ' + json.dumps(rows))
 `;
-  const run = spawnSync('python3', ['-c', script, root, String(batchSize), String(prefetch + 1), String(Math.ceil(timedImages / batchSize)), String(prefetch)], {
+  const run = spawnSync(python, ['-c', script, root, String(batchSize), String(prefetch + 1), String(Math.ceil(timedImages / batchSize)), String(prefetch)], {
     encoding: 'utf8',
     env: { ...process.env, OMP_NUM_THREADS: '1' },
   });
   const line = run.stdout.split('\n').find((l) => l.startsWith('RESULT '));
   if (run.status !== 0 || !line) return { available: false, reason: `the torchvision run failed: ${run.stderr.trim().split('\n').slice(-3).join(' ')}` };
-  return { available: true, rows: JSON.parse(line.slice(7)) as { pipeline: string; imagesPerSecond: number }[], versions: { torch: torch!, torchvision: torchvision!, pillow: pil! } };
+  return { available: true, rows: JSON.parse(line.slice(7)) as ReferenceRow[], versions: { torch: torch!, torchvision: torchvision!, pillow: pil! }, python };
+}
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+}
+
+/** The median of each figure over repeated rows of one configuration. */
+function medianRow(runs: Row[]): Row {
+  const m = (f: (r: Row) => number) => median(runs.map(f));
+  return {
+    pipeline: runs[0]!.pipeline,
+    workers: runs[0]!.workers,
+    imagesPerSecond: m((r) => r.imagesPerSecond),
+    perWorker: m((r) => r.perWorker),
+    cpuMsPerImage: m((r) => r.cpuMsPerImage),
+    imagesPerCpuSecond: m((r) => r.imagesPerCpuSecond),
+    timedImages: runs[0]!.timedImages,
+    seconds: m((r) => r.seconds),
+  };
+}
+
+/** The medians of the reference's repeated runs (unavailable when any run was). */
+function medianReference(runs: Reference[]): Reference {
+  const failed = runs.find((r) => !r.available);
+  if (failed || runs.length === 0) return failed ?? { available: false, reason: 'not run' };
+  const rows = runs[0]!.rows!.map((row, i) => {
+    const cpus = runs.map((r) => r.rows![i]!.cpuMsPerImage);
+    const known = cpus.every((c): c is number => c !== null);
+    return {
+      pipeline: row.pipeline,
+      imagesPerSecond: median(runs.map((r) => r.rows![i]!.imagesPerSecond)),
+      cpuMsPerImage: known ? median(cpus) : null,
+      imagesPerCpuSecond: known ? median(runs.map((r) => r.rows![i]!.imagesPerCpuSecond!)) : null,
+    };
+  });
+  return { ...runs[0]!, rows };
 }
 
 const { root, meanBytes } = await benchFolder();
@@ -306,14 +388,25 @@ console.log(
 );
 const speedup = await parallelSpeedup(cores);
 console.log(`parallel speedup of ${cores} busy threads over one: ${speedup.toFixed(2)}x (worker scaling cannot exceed it)`);
-const rows: Row[] = [];
-for (const [name, make] of pipelines) {
-  for (const workers of workerCounts) rows.push(await measure(dataset, name, make(), workers));
+const runs = new Map<string, Row[]>();
+const referenceRuns: Reference[] = [];
+for (let r = 0; r < repeats; r++) {
+  for (const [name, make] of pipelines) {
+    for (const workers of workerCounts) {
+      const key = `${name}/${workers}`;
+      runs.set(key, [...(runs.get(key) ?? []), await measure(dataset, name, make(), workers)]);
+    }
+  }
+  const reference = torchvisionReference(root);
+  referenceRuns.push(reference);
+  if (!reference.available) break; // the same failure each time
 }
-const reference = torchvisionReference(root);
+const rows = [...runs.values()].map(medianRow);
+const reference = medianReference(referenceRuns);
 
 const pad = (s: string, n: number) => s.padStart(n);
 console.log('');
+if (repeats > 1) console.log(`medians of ${repeats} runs:`);
 console.log(`${'pipeline'.padEnd(10)}${pad('workers', 9)}${pad('images/s', 11)}${pad('per worker', 12)}${pad('CPU ms/img', 12)}${pad('img/CPU-s', 11)}`);
 for (const r of rows) {
   console.log(
@@ -323,8 +416,14 @@ for (const r of rows) {
 }
 console.log('');
 if (reference.available) {
-  console.log(`torchvision ${reference.versions!.torchvision} (PIL ${reference.versions!.pillow}) DataLoader, num_workers=1, same folder and pipelines:`);
-  for (const r of reference.rows!) console.log(`  ${r.pipeline.padEnd(8)}${r.imagesPerSecond.toFixed(1)} images/s`);
+  console.log(
+    `torchvision ${reference.versions!.torchvision} (PIL ${reference.versions!.pillow}) DataLoader, num_workers=1, same folder and pipelines` +
+      `${repeats > 1 ? `, medians of ${repeats} runs` : ''}:`,
+  );
+  for (const r of reference.rows!) {
+    const cpu = r.cpuMsPerImage === null ? 'CPU time unknown' : `${r.cpuMsPerImage.toFixed(2)} CPU ms/img, ${r.imagesPerCpuSecond!.toFixed(1)} img/CPU-s`;
+    console.log(`  ${r.pipeline.padEnd(8)}${r.imagesPerSecond.toFixed(1)} images/s, ${cpu}`);
+  }
 } else {
   console.log(`torchvision reference: unavailable: ${reference.reason}. No published per-core figure for this pipeline is quoted.`);
 }
@@ -340,6 +439,7 @@ console.log(
     batchSize,
     prefetch,
     uvThreadpoolSize: process.env.UV_THREADPOOL_SIZE ?? null,
+    repeats,
     parallelSpeedup: speedup,
     rows,
     torchvision: reference,

@@ -242,6 +242,38 @@ describe('DataLoader', () => {
     }
   });
 
+  it('reports a file that disappeared the same way from a worker (which reads it synchronously) and from the main thread', async () => {
+    const dir = join(root, 'vanishing');
+    const written = await ShapesDataset.writeImageFolder(dir, { count: 6, size: 20, classes: 2, seed: 6, format: 'jpeg' });
+    const dataset = await ImageFolder.open(dir);
+    const index = 4;
+    const gone = dataset.path(index);
+    expect(written).toContain(gone);
+    // The synchronous read of a worker gives the bytes and label of the asynchronous one.
+    expect(dataset.getSync(index)).toEqual(await dataset.get(index));
+    rmSync(gone);
+    const transform = new Compose([new Resize({ size: 16 }), new CenterCrop({ size: 16 })]);
+    const errors: DataLoaderError[] = [];
+    for (const workers of [1, 0]) {
+      const loader = new DataLoader(dataset, { batchSize: 3, transform, workers });
+      const error = await epoch(loader).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(error).toBeInstanceOf(DataLoaderError);
+      errors.push(error as DataLoaderError);
+      await loader.close();
+    }
+    for (const e of errors) {
+      expect(e.code).toBe('ERR_RC_DATASET');
+      expect(e.index).toBe(index);
+      expect(e.message).toContain(`Cannot read sample ${index}`);
+      expect(e.message).toContain('ENOENT');
+    }
+    expect(errors[0]!.worker).toBe(0);
+    expect(errors[1]!.worker).toBeUndefined();
+  });
+
   it('toTensors copies into reused tensors; InputNormalize with the flips equals flipping the pixels', async () => {
     const options = { batchSize: 8, transform: augment(), workers: 0, shuffle: true, seed: 21 };
     const loader = new DataLoader(shapes, options);

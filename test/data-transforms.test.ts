@@ -227,6 +227,35 @@ describe('Resize', () => {
   });
 });
 
+describe('Resize + CenterCrop on a JPEG', () => {
+  it('crops in the decoder pipeline to the same pixels as a CenterCrop after the resize, mirrored or not', async () => {
+    const cases: [number | [number, number], number | [number, number]][] = [
+      [60, 50], // 60x80, crop at top 5, left 15
+      [61, [40, 51]], // 61x81: odd differences, Python's rounding
+      [[45, 70], 45], // exact output size, crop of the width only
+      [150, [150, 200]], // a crop of the whole resized image
+    ];
+    for (const [size, cropSize] of cases) {
+      const resized = (await new Compose([new Resize({ size })]).run(encoded(bigJpeg), sampleRandom(0, 0, 0))).image;
+      const crop = typeof cropSize === 'number' ? ([cropSize, cropSize] as [number, number]) : cropSize;
+      const expected = centerCrop(resized, crop);
+      const fused = await new Compose([new Resize({ size }), new CenterCrop({ size: cropSize })]).run(encoded(bigJpeg), sampleRandom(0, 0, 0));
+      expect([fused.image.height, fused.image.width]).toEqual(crop);
+      expect(fused.image.data).toEqual(expected.data);
+      // A flip right after the crop is mirrored in the same pipeline (or deferred).
+      const flipped = new Compose([new Resize({ size }), new CenterCrop({ size: cropSize }), new RandomHorizontalFlip({ p: 1 })]);
+      expect((await flipped.run(encoded(bigJpeg), sampleRandom(0, 0, 0))).image.data).toEqual(hflip(expected).data);
+      const deferred = await flipped.run(encoded(bigJpeg), sampleRandom(0, 0, 0), { deferFlip: true });
+      expect(deferred.flip).toBe(true);
+      expect(deferred.image.data).toEqual(expected.data);
+    }
+    // A crop larger than the resized image pads with zeros, after the decoder's resize.
+    const padded = await new Compose([new Resize({ size: 20 }), new CenterCrop({ size: [24, 30] })]).run(encoded(smallJpeg), sampleRandom(0, 0, 0));
+    const small = (await new Compose([new Resize({ size: 20 })]).run(encoded(smallJpeg), sampleRandom(0, 0, 0))).image;
+    expect(padded.image.data).toEqual(centerCrop(small, [24, 30]).data);
+  });
+});
+
 function meanAbsDiff(a: DecodedImage, b: DecodedImage): number {
   expect(a.data.length).toBe(b.data.length);
   let s = 0;

@@ -23,6 +23,11 @@
  * step. Every sample's random draws come from `sampleRandom(seed, epoch, index)`, so results do
  * not depend on the number of workers or on which worker served a sample.
  *
+ * Workers decode with sharp, each one image at a time: they set libvips' concurrency to one thread
+ * per image (`sharp.concurrency(1)`, a process-wide setting), since the parallelism comes from the
+ * workers, and read ImageFolder files with blocking reads, which cost a worker less than the round
+ * trips of asynchronous ones.
+ *
  * Worker threads cannot load TypeScript sources, so the worker is always the compiled
  * `loader-worker.js`: next to this module when it runs from `dist/`, or, when this module runs as
  * TypeScript (vitest), the package's `dist/lib/data/loader-worker.js` (build it with

@@ -511,11 +511,18 @@ export abstract class Transform {
    * Decodes and transforms a JPEG in one libvips pipeline (crop before decode, shrink-on-load),
    * or returns null when this transform has no such path. Draws exactly what `apply` would, then
    * calls `mirror()` once, which draws a following flip's decision; when true the result is
-   * mirrored in the same pipeline.
+   * mirrored in the same pipeline. `centerCrop` (only given to transforms whose
+   * {@link Transform.takesCenterCrop} is true, and never larger than their output) is a
+   * CenterCrop that follows this transform, taken in the same pipeline before the mirroring.
    * @internal
    */
-  applyToJpeg(_jpeg: EncodedJpeg, _rng: SampleRandom, _mirror: () => boolean): Promise<DecodedImage> | null {
+  applyToJpeg(_jpeg: EncodedJpeg, _rng: SampleRandom, _mirror: () => boolean, _centerCrop?: [number, number]): Promise<DecodedImage> | null {
     return null;
+  }
+
+  /** Whether {@link Transform.applyToJpeg} can take a following CenterCrop in its pipeline. @internal */
+  get takesCenterCrop(): boolean {
+    return false;
   }
 }
 
@@ -883,12 +890,24 @@ export class Resize extends Transform {
     return input === null ? null : resizeOutputSize(input, this.size, this.maxSize);
   }
 
-  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean): Promise<DecodedImage> {
+  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean, centerCrop?: [number, number]): Promise<DecodedImage> {
     const [h, w] = resizeOutputSize([jpeg.height, jpeg.width], this.size, this.maxSize);
     let p = sharp(jpeg.bytes, DECODE_OPTIONS);
     if (h !== jpeg.height || w !== jpeg.width) p = p.resize(w, h, { fit: 'fill', kernel: KERNELS[this.interpolation], fastShrinkOnLoad: true });
-    if (mirror()) p = p.flop();
+    const flop = mirror();
+    if (flop) p = p.flop();
+    if (centerCrop && (centerCrop[0] !== h || centerCrop[1] !== w)) {
+      // A following CenterCrop, so that libvips resizes only the pixels it keeps. libvips mirrors
+      // before this crop, so the crop's position is mirrored too.
+      const [ch, cw] = centerCrop;
+      const left = roundHalfEven((w - cw) / 2);
+      p = p.extract({ top: roundHalfEven((h - ch) / 2), left: flop ? w - cw - left : left, height: ch, width: cw });
+    }
     return toImage(p, jpeg.path);
+  }
+
+  override get takesCenterCrop(): boolean {
+    return true;
   }
 }
 
@@ -1219,7 +1238,9 @@ export class Compose {
   /**
    * Decodes the sample (when encoded) and runs the transforms on it with the sample's random
    * stream. A JPEG is cropped and resized in the decoder when the first transform (after any
-   * Normalize) is a RandomResizedCrop, Resize or CenterCrop. A file that fails to decode throws
+   * Normalize) is a RandomResizedCrop, Resize or CenterCrop, in one libvips pipeline (sharp's
+   * fixed cost per pipeline is much of the cost of an image); a CenterCrop right after a Resize
+   * joins it, so that only the kept pixels are resized. A file that fails to decode throws
    * `ERR_RC_CORRUPT_FILE` naming its path.
    */
   async run(sample: RawSample, rng: SampleRandom, options: ComposeRunOptions = {}): Promise<ComposeResult> {
@@ -1243,19 +1264,33 @@ export class Compose {
       // libvips decodes only as far as a crop needs, so a truncated file (no end-of-image marker)
       // is decoded whole: it then fails whatever the crop, as it does in PIL.
       const dims = first < this.transforms.length && endsWithEoi(source.bytes) ? jpegDimensions(source.bytes) : null;
-      // A flip right after the fused transform is mirrored in the same libvips pipeline, unless
-      // it is deferred to the device; it draws its decision after the fused transform's draws.
-      const next = this.transforms[first + 1];
+      const fuser = this.transforms[first];
+      // A CenterCrop right after it joins the pipeline too (Resize(256) + CenterCrop(224)), when it
+      // needs no padding.
+      let span = 1;
+      let centerCrop: [number, number] | undefined;
+      const after = this.transforms[first + 1];
+      if (dims && fuser?.takesCenterCrop && after instanceof CenterCrop) {
+        const size = sizePair(after.size);
+        const fusedSize = fuser.outputSize([dims.height, dims.width]);
+        if (fusedSize && size[0] <= fusedSize[0] && size[1] <= fusedSize[1]) {
+          centerCrop = size;
+          span = 2;
+        }
+      }
+      // A flip right after the fused transforms is mirrored in the same libvips pipeline, unless
+      // it is deferred to the device; it draws its decision after the fused transforms' draws.
+      const next = this.transforms[first + span];
       let mirrored = false;
       const mirror = (): boolean => {
-        if (!(next instanceof RandomHorizontalFlip) || (deferFlip && this.#deferrable[first + 1])) return false;
+        if (!(next instanceof RandomHorizontalFlip) || (deferFlip && this.#deferrable[first + span])) return false;
         mirrored = true;
         return next.draw(rng);
       };
-      const fused = dims ? this.transforms[first]!.applyToJpeg({ bytes: source.bytes, path, ...dims }, rng, mirror) : null;
+      const fused = dims ? fuser!.applyToJpeg({ bytes: source.bytes, path, ...dims }, rng, mirror, centerCrop) : null;
       if (fused) {
         img = dropAlpha(await fused);
-        start = first + (mirrored ? 2 : 1);
+        start = first + span + (mirrored ? 1 : 0);
       } else {
         img = await decodeImage(source.bytes, path);
       }
