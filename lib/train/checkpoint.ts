@@ -104,9 +104,13 @@ async function readWhole(path: string): Promise<Uint8Array> {
   }
 }
 
-/** Writes the model's weights and buffers (torchvision names and layouts) as safetensors. */
-export async function saveWeights(path: string, model: Module): Promise<void> {
-  await writeFileAtomic(path, encodeSafetensors(model.stateDict(), { format: 'pt' }));
+/**
+ * Writes a model's weights and buffers (torchvision names and layouts) as safetensors; `source` is
+ * the model or a state dict of one (such as a moving average's).
+ */
+export async function saveWeights(path: string, source: Module | StateDict): Promise<void> {
+  const state = source instanceof Map ? source : source.stateDict();
+  await writeFileAtomic(path, encodeSafetensors(state, { format: 'pt' }));
 }
 
 /** Loads weights written by {@link saveWeights} (or by PyTorch's `safetensors.torch.save_file`). */

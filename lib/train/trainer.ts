@@ -30,7 +30,7 @@ import { GradScaler, type GradScalerOptions } from '../optim/grad-scaler.js';
 import { clipGradNorm } from '../optim/clip.js';
 import { Optimizer } from '../optim/optimizer.js';
 import { Tensor } from '../tensor.js';
-import { decodeSafetensors, encodeSafetensors, loadCheckpoint, saveCheckpoint, saveWeights, writeFileAtomic, type Stateful } from './checkpoint.js';
+import { decodeSafetensors, loadCheckpoint, saveCheckpoint, saveWeights, writeFileAtomic, type Stateful } from './checkpoint.js';
 import { ModelEma, type ModelEmaOptions } from './ema.js';
 import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from './logging.js';
 import { ConfusionMatrix, topkCorrect } from './metrics.js';
@@ -537,7 +537,7 @@ export class Trainer {
 
     this.model = model.device === device ? model : model.to(device);
     this.optimizer = o.optimizer;
-    this.optimizer.arena(); // the optimizer's parameters must live in the model's arena
+    // The optimizer's parameters must live in the model's arena.
     if (this.optimizer.arena() !== this.model.arena()) {
       throw new ResnetError('ERR_RC_INVALID_ARGUMENT', "Trainer: the optimizer's parameters do not belong to this model");
     }
@@ -832,7 +832,7 @@ export class Trainer {
         bar?.finish({ ...(lastLoss !== undefined ? { loss: lastLoss } : {}), lr: this.lr });
         const trainLoss = epochBatches > 0 ? epochLoss / epochBatches : NaN;
         const metrics: Record<string, number> = { 'train/loss': trainLoss };
-        let evaluation: { val?: EvalResult; valEma?: EvalResult } = {};
+        const evaluation: { val?: EvalResult; valEma?: EvalResult } = {};
         const last = epoch + 1 === epochs || interrupted;
         if (hasVal && ((epoch + 1) % evalEvery === 0 || last)) {
           const source = cached ? { cached } : { loader: val! };
@@ -850,8 +850,6 @@ export class Trainer {
             Object.assign(metrics, { 'val_ema/loss': lastEvalEma.loss, 'val_ema/acc1': lastEvalEma.acc1, 'val_ema/acc5': lastEvalEma.acc5 });
           }
           this.model.train();
-        } else {
-          evaluation = {};
         }
         const record: EpochRecord = { epoch, step: this.#step, trainLoss, lr: this.lr, seconds, imagesPerSec: epochImages / Math.max(seconds, 1e-9), metrics };
         this.#history.push(record);
@@ -887,7 +885,7 @@ export class Trainer {
         if (isBest && canCheckpoint) {
           await this.#save(join(ckptDir!, 'best.safetensors'), epoch + 1, runState(0), classNames);
           const bestWeights = monitor!.startsWith('val_ema') && this.ema ? this.ema.stateDict() : this.model.stateDict();
-          await writeFileAtomic(join(this.#o.outDir!, 'model-best.safetensors'), encodeSafetensors(bestWeights, { format: 'pt' }));
+          await saveWeights(join(this.#o.outDir!, 'model-best.safetensors'), bestWeights);
           await writeFileAtomic(join(ckptDir!, 'best.json'), JSON.stringify({ ...this.#best, step: this.#step }, null, 2) + '\n');
         }
         if (writes && this.#o.plots) await this.#writeCurves();
@@ -1252,7 +1250,7 @@ export class Trainer {
   async #writeFinal(lastEval: EvalResult | undefined, lastEvalEma: EvalResult | undefined, classNames: readonly string[] | null): Promise<void> {
     const out = this.#o.outDir!;
     await saveWeights(join(out, 'model.safetensors'), this.model);
-    if (this.ema) await writeFileAtomic(join(out, 'model-ema.safetensors'), encodeSafetensors(this.ema.stateDict(), { format: 'pt' }));
+    if (this.ema) await saveWeights(join(out, 'model-ema.safetensors'), this.ema.stateDict());
     if (lastEval) {
       if (this.#o.plots) await writePng(join(out, 'confusion-matrix.png'), await plotConfusionMatrix(lastEval.confusion, classNames ? [...classNames] : undefined));
       let text = `loss ${lastEval.loss.toFixed(4)}  acc@1 ${(100 * lastEval.acc1).toFixed(2)}%  acc@5 ${(100 * lastEval.acc5).toFixed(2)}%  (${lastEval.count} images)\n\n${lastEval.report}`;
