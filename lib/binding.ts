@@ -162,8 +162,48 @@ export interface RawCommunicator {
   dispose(): void;
 }
 
+/** A JPEG decode with a fused crop, resize, window and mirror (all optional). @internal */
+export interface RawJpegRequest {
+  bytes: Uint8Array;
+  /** `[top, left, height, width]` of the image, resized as a whole (torchvision's crop first). */
+  crop?: [number, number, number, number];
+  /** `[height, width]` the crop is resized to; omitted: no resize. */
+  size?: [number, number];
+  /** `[top, left, height, width]` of the resized image to produce; omitted: all of it. */
+  window?: [number, number, number, number];
+  filter?: 'nearest' | 'bilinear' | 'bicubic' | 'lanczos';
+  mirror?: boolean;
+  /** Whether a 4x or larger reduction may start with DCT-domain scaling; default true. */
+  dctScaling?: boolean;
+}
+
+/** Decoded pixels, `height x width x channels` uint8. @internal */
+export interface RawImage {
+  data: Uint8Array;
+  height: number;
+  width: number;
+  channels: number;
+}
+
 export interface RawAddon {
   version: string;
+  /** The libjpeg-turbo version the addon was built against. */
+  libjpegTurboVersion: string;
+  jpegHeader(args: { bytes: Uint8Array }): { height: number; width: number; channels: number; supported: boolean };
+  /** null for a colour space other than grey, YCbCr and RGB. */
+  jpegDecode(args: RawJpegRequest): RawImage | null;
+  imageResample(args: {
+    data: Uint8Array;
+    height: number;
+    width: number;
+    channels: number;
+    /** `[x0, y0, x1, y1]` of the source (PIL's box order); the kernels read only these pixels. */
+    box: [number, number, number, number];
+    size: [number, number];
+    window?: [number, number, number, number];
+    filter?: 'nearest' | 'bilinear' | 'bicubic' | 'lanczos';
+    mirror?: boolean;
+  }): Uint8Array;
   NativeTensor: new (options: { shape: number[]; dtype: DTypeName; device: string }) => RawTensor;
   Conv2dPlan: new (options: RawConv2dOptions) => RawConv2dPlan;
   LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
@@ -270,6 +310,8 @@ function explainLoadFailure(error: unknown, root: string): Error {
   const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message);
   if (missing && missing[1]?.startsWith('libdnnl')) {
     hints.push(`The CPU backend needs oneDNN 2.6 (${missing[1]}): on Debian/Ubuntu, \`apt-get install libdnnl2\`.`);
+  } else if (missing && missing[1]?.startsWith('libjpeg')) {
+    hints.push(`The JPEG decoder needs libjpeg-turbo (${missing[1]}): on Debian, \`apt-get install libjpeg62-turbo\`.`);
   } else if (missing && missing[1]?.startsWith('libgomp')) {
     hints.push(`OpenMP's runtime (${missing[1]}) is missing: \`apt-get install libgomp1\`.`);
   } else if (missing) {

@@ -226,7 +226,7 @@ if (found.found) {
   fail([
     `the prebuilt native addon ${rel(found.file)} does not load:`,
     found.error,
-    ...(lib ? [`A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgomp1 ocl-icd-libopencl1`] : []),
+    ...(lib ? [`A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgomp1 ocl-icd-libopencl1 libjpeg62-turbo`] : []),
   ]);
 }
 fail([

@@ -19,6 +19,7 @@ constexpr const char* kCuda = "ERR_RC_CUDA";
 constexpr const char* kCudnn = "ERR_RC_CUDNN";
 constexpr const char* kCublas = "ERR_RC_CUBLAS";
 constexpr const char* kNccl = "ERR_RC_NCCL";
+constexpr const char* kCorruptFile = "ERR_RC_CORRUPT_FILE";
 constexpr const char* kInternal = "ERR_RC_INTERNAL";
 }  // namespace code
 

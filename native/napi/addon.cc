@@ -5,6 +5,7 @@
 #include "../core/error.h"
 #include "addon_data.h"
 #include "convert.h"
+#include "image.h"
 #include "plans.h"
 #include "registry.h"
 #include "tensor_wrap.h"
@@ -438,6 +439,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"lerp", Lerp},
   };
   for (const auto& [name, fn] : functions) exports.Set(name, Napi::Function::New(env, fn, name));
+  RegisterImage(env, exports);
   exports.Set("version", Napi::String::New(env, RC_VERSION));
   return exports;
 }
