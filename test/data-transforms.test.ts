@@ -521,7 +521,7 @@ describe('seeding, specs and errors', () => {
 
   it('names the file and the reason of a corrupt JPEG', async () => {
     const truncated = smallJpeg.subarray(0, Math.floor(smallJpeg.length / 2));
-    expect(jpegDimensions(truncated)).toEqual({ height: 75, width: 100 });
+    expect(jpegDimensions(truncated)).toEqual({ height: 75, width: 100, components: 3 });
     for (const p of [pipeline(), new Compose([new RandomHorizontalFlip()]), new Compose([])]) {
       const err = await p.run(encoded(truncated, 'train/n01/broken.jpg'), sampleRandom(0, 0, 0)).catch((e: unknown) => e);
       expect(err).toEqual(code('ERR_RC_CORRUPT_FILE'));

@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import { availableParallelism } from 'node:os';
-import type { BackendStatus } from '../binding.js';
+import { addon as rawAddon, type BackendStatus } from '../binding.js';
 import { listBackends, nativeVersion } from '../device.js';
 import { Conv2d } from '../nn/layers.js';
 import { Tensor } from '../tensor.js';
@@ -15,7 +15,7 @@ const SPEC: CommandSpec = {
   name: 'doctor',
   summary: 'Check the installation.',
   description:
-    'Checks the installation: Node.js, the native addon, every backend (CPU with oneDNN, CUDA with cuDNN, cuBLAS and NCCL) with the versions it was built with and a test convolution on each available device, and sharp with libvips. ' +
+    'Checks the installation: Node.js, the native addon (and the libjpeg-turbo it decodes JPEGs with), every backend (CPU with oneDNN, CUDA with cuDNN, cuBLAS and NCCL) with the versions it was built with and a test convolution on each available device, and sharp with libvips. ' +
     'Each problem comes with what to do about it. The exit code is 0 when the CPU backend works, 1 otherwise.',
   positionals: [],
   // Nothing here may import sharp before the check: doctor has to run when sharp is broken.
@@ -46,7 +46,7 @@ export interface DoctorReport {
   ok: boolean;
   version: string;
   node: { version: string; platform: string; arch: string; cpus: number };
-  addon: { loaded: boolean; nativeVersion?: string; error?: string };
+  addon: { loaded: boolean; nativeVersion?: string; libjpegTurbo?: string; error?: string };
   backends: DoctorBackend[];
   sharp: { loaded: boolean; version?: string; libvips?: string; error?: string };
   problems: DoctorProblem[];
@@ -105,6 +105,7 @@ export async function diagnose(): Promise<DoctorReport> {
     backends = listBackends().map((b) => ({ ...b }));
     addon.loaded = true;
     addon.nativeVersion = nativeVersion();
+    addon.libjpegTurbo = rawAddon().libjpegTurboVersion;
     if (addon.nativeVersion !== version) {
       problems.push({
         component: 'addon',
@@ -198,7 +199,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const row = (name: string, text: string) => io.stdout.write(`  ${name.padEnd(7)}${text}\n`);
   io.stdout.write(`resnet-cuda ${report.version}\n`);
   row('node', `${report.node.version} (${report.node.platform} ${report.node.arch}, ${report.node.cpus} CPU${report.node.cpus === 1 ? '' : 's'})`);
-  row('addon', report.addon.loaded ? `loaded (native version ${report.addon.nativeVersion})` : `FAILED to load: ${report.addon.error?.split('\n')[1] ?? report.addon.error}`);
+  row('addon', report.addon.loaded ? `loaded (native version ${report.addon.nativeVersion}; JPEG decoding with libjpeg-turbo ${report.addon.libjpegTurbo})` : `FAILED to load: ${report.addon.error?.split('\n')[1] ?? report.addon.error}`);
   for (const b of report.backends) row(b.name, describeBackend(b));
   row('sharp', report.sharp.loaded ? `${report.sharp.version ?? '?'} (libvips ${report.sharp.libvips ?? '?'})` : `FAILED to load: ${report.sharp.error?.split('\n')[0]}`);
   if (report.problems.length > 0) {

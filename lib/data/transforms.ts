@@ -1,6 +1,8 @@
 /**
  * torchvision-style image transforms on uint8 HWC images, seeded per sample, and the `Compose`
- * pipeline that decodes encoded files with sharp (libvips) and runs them.
+ * pipeline that decodes encoded files and runs them: JPEGs with libjpeg-turbo in the native addon,
+ * fused with the first crop and resize so that only the needed region is decoded; other formats
+ * (PNG, WebP, CMYK JPEGs) with sharp (libvips).
  *
  * Semantics and parameter names follow torchvision (camelCase): `RandomResizedCrop`,
  * `RandomHorizontalFlip`, `ColorJitter`, `RandomRotation`, `Resize`, `CenterCrop`, `Normalize`,
@@ -8,15 +10,17 @@
  * rebuild the same pipeline with {@link Compose.fromSpec}, and draws its randomness from the
  * {@link SampleRandom} of the sample, so results do not depend on the worker.
  *
+ * Resizing (RandomResizedCrop, Resize) is PIL's algorithm, in the native addon: the same filters
+ * (triangle for bilinear, Catmull-Rom for bicubic, Lanczos-3, nearest at pixel centres), the
+ * same fixed-point arithmetic and the same order of passes, so that on the same decoded pixels the
+ * results are identical; JPEGs are decoded by libjpeg-turbo with the settings PIL uses (accurate
+ * integer IDCT, fancy upsampling), so a JPEG's pixels match PIL's as well when the libjpeg-turbo
+ * versions do.
+ *
  * Deviations from torchvision (with PIL images, its default for files):
- * - Resizing (RandomResizedCrop, Resize) is libvips' (through sharp): downscaling uses the same
- *   antialiasing kernels as PIL (triangle for bilinear, Catmull-Rom for bicubic, Lanczos-3) but
- *   extends the edge pixels where PIL renormalises the kernel, so the outermost output pixels
- *   differ slightly; upscaling samples the source at `x / scale - 0.5` where PIL uses
- *   `(x + 0.5) / scale - 0.5`, a shift of up to half an output pixel towards the bottom right.
- * - A JPEG whose crop is shrunk 3x or more is decoded at a reduced size in the DCT domain
- *   (shrink-on-load) and resized whole with the crop taken afterwards: the crop's position and
- *   scale are then rounded to output pixels (at most half an output pixel off).
+ * - A JPEG whose crop is reduced 4x or more is decoded at 1/2, 1/4 or 1/8 size in the DCT domain
+ *   (as PIL's `draft` mode or libvips' shrink-on-load), keeping at least a 2x reduction for the
+ *   filter; the result differs slightly from resizing the full-size decode.
  * - Embedded ICC profiles are ignored (as PIL does), but CMYK JPEGs are converted to sRGB with
  *   libvips' profile, not PIL's naive formula.
  * - ColorJitter's brightness, contrast and saturation reproduce PIL's `ImageEnhance` exactly
@@ -26,10 +30,12 @@
  * - RandomRotation's bilinear mode rounds to the nearest value; `expand` and `center` are not
  *   supported (always the centre, same size).
  * - A JPEG that does not end with its end-of-image marker (truncated, or with trailing data) is
- *   decoded whole before cropping, so that truncation fails whatever the crop.
+ *   decoded whole before cropping, so that truncation fails whatever the crop; other damage
+ *   after the rows a crop needs goes unnoticed, as the decoder stops there.
  * @packageDocumentation
  */
 import sharp, { type Sharp } from 'sharp';
+import { addon, type RawJpegRequest } from '../binding.js';
 import { ResnetError, expectBool, expectInt, expectNumber, expectOneOf, expectOptions, expectPair, invalid, mismatch } from '../errors.js';
 import { randomInt } from './sample-random.js';
 import type { DecodedImage, RawSample, SampleRandom, TransformSpec } from './types.js';
@@ -42,9 +48,6 @@ import type { DecodedImage, RawSample, SampleRandom, TransformSpec } from './typ
 export type Interpolation = 'nearest' | 'bilinear' | 'bicubic' | 'lanczos';
 
 const INTERPOLATIONS = ['nearest', 'bilinear', 'bicubic', 'lanczos'] as const;
-
-/** The libvips kernels closest to PIL's filters (PIL's bicubic is Catmull-Rom, a = -0.5). */
-const KERNELS = { nearest: 'nearest', bilinear: 'linear', bicubic: 'cubic', lanczos: 'lanczos3' } as const;
 
 /** Input options for every decode: PIL raises on truncated or broken data and ignores ICC profiles. */
 const DECODE_OPTIONS = { failOn: 'error', ignoreIcc: true } as const;
@@ -255,31 +258,62 @@ async function toImage(pipeline: Sharp, path?: string): Promise<DecodedImage> {
   }
 }
 
-/** Decodes an encoded image completely, without alpha, to 1 or 3 channels. */
+/**
+ * Decodes a JPEG (with a crop, resize, window and mirroring, see {@link RawJpegRequest}) with
+ * libjpeg-turbo on this thread; null for a colour space it does not handle (CMYK, YCCK). A broken
+ * file throws `ERR_RC_CORRUPT_FILE` naming `path`.
+ */
+function decodeJpegNative(bytes: Uint8Array, path: string, request: Omit<RawJpegRequest, 'bytes'> = {}): DecodedImage | null {
+  let r: ReturnType<ReturnType<typeof addon>['jpegDecode']>;
+  try {
+    r = addon().jpegDecode({ bytes, ...request });
+  } catch (err) {
+    if ((err as { code?: unknown }).code !== 'ERR_RC_CORRUPT_FILE') throw err;
+    const error = new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': ${(err as Error).message.trim()}`);
+    Object.assign(error, { cause: err });
+    throw error;
+  }
+  return r === null ? null : image(new Uint8Array(r.data.buffer, r.data.byteOffset, r.data.byteLength), r.height, r.width, r.channels);
+}
+
+/**
+ * Decodes an encoded image completely, without alpha, to 1 or 3 channels: a JPEG with
+ * libjpeg-turbo (as PIL), other formats and CMYK JPEGs with sharp.
+ */
 export async function decodeImage(bytes: Uint8Array, path: string): Promise<DecodedImage> {
   if (!(bytes instanceof Uint8Array)) invalid('bytes', 'a Uint8Array', bytes);
+  const dims = jpegDimensions(bytes);
+  if (dims && (dims.components === 1 || dims.components === 3)) {
+    const img = decodeJpegNative(bytes, path);
+    if (img) return img;
+  }
   const img = await toImage(sharp(bytes, DECODE_OPTIONS).removeAlpha(), path);
   return dropAlpha(img);
 }
 
-function rawInput(img: DecodedImage): Sharp {
-  return sharp(img.data, { raw: { width: img.width, height: img.height, channels: img.channels as 1 | 2 | 3 | 4 } });
-}
-
 /**
- * Crops `box` (the whole image when omitted) and resizes it to `[height, width]` with libvips
- * (antialiased when shrinking, like PIL). A box already of the output size is only copied.
+ * Crops `box` (the whole image when omitted) and resizes it to `[height, width]` with PIL's
+ * algorithm (antialiased when shrinking; the kernels read only the box's pixels, as after
+ * torchvision's crop), optionally mirrored. A box already of the output size is only copied.
  */
-export async function resizedCrop(img: DecodedImage, box: CropBox | null, size: [number, number], interpolation: Interpolation = 'bilinear'): Promise<DecodedImage> {
+export function resizedCrop(img: DecodedImage, box: CropBox | null, size: [number, number], interpolation: Interpolation = 'bilinear', mirror = false): DecodedImage {
   const b = box ?? { top: 0, left: 0, height: img.height, width: img.width };
   const [oh, ow] = size;
-  if (b.height === oh && b.width === ow) return crop(img, b);
-  let p = rawInput(img);
-  if (b.top !== 0 || b.left !== 0 || b.height !== img.height || b.width !== img.width) p = p.extract(b);
-  p = p.resize(ow, oh, { fit: 'fill', kernel: KERNELS[interpolation] });
-  // Without this, libvips would hand back one grey channel as sRGB.
-  p = p.toColourspace(img.channels === 1 ? 'b-w' : 'srgb');
-  return toImage(p);
+  if (b.height === oh && b.width === ow) {
+    const out = crop(img, b);
+    return mirror ? hflip(out) : out;
+  }
+  const data = addon().imageResample({
+    data: img.data,
+    height: img.height,
+    width: img.width,
+    channels: img.channels,
+    box: [b.left, b.top, b.left + b.width, b.top + b.height],
+    size: [oh, ow],
+    filter: interpolation,
+    mirror,
+  });
+  return image(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), oh, ow, img.channels);
 }
 
 /** PIL's `ImageEnhance.Brightness`: a blend with black, `trunc(clamp(v * factor))`. */
@@ -480,6 +514,13 @@ export interface EncodedJpeg {
   width: number;
 }
 
+/** Decodes a JPEG of 1 or 3 components (checked by the caller) with a fused crop and resize. */
+function fusedJpeg(jpeg: EncodedJpeg, request: Omit<RawJpegRequest, 'bytes'>): DecodedImage {
+  const img = decodeJpegNative(jpeg.bytes, jpeg.path, request);
+  if (!img) throw new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${jpeg.path}': a JPEG of 1 or 3 components in an unsupported colour space`);
+  return img;
+}
+
 /** A transform step: applies itself to a decoded image, drawing randomness from the sample's stream. */
 export abstract class Transform {
   /** The name in specs, e.g. `'RandomResizedCrop'`. */
@@ -508,15 +549,15 @@ export abstract class Transform {
   }
 
   /**
-   * Decodes and transforms a JPEG in one libvips pipeline (crop before decode, shrink-on-load),
-   * or returns null when this transform has no such path. Draws exactly what `apply` would, then
-   * calls `mirror()` once, which draws a following flip's decision; when true the result is
-   * mirrored in the same pipeline. `centerCrop` (only given to transforms whose
+   * Decodes and transforms a JPEG in one native call (only the region the output needs is
+   * decoded), or returns null when this transform has no such path. Draws exactly what `apply`
+   * would, then calls `mirror()` once, which draws a following flip's decision; when true the
+   * result is mirrored too. `centerCrop` (only given to transforms whose
    * {@link Transform.takesCenterCrop} is true, and never larger than their output) is a
-   * CenterCrop that follows this transform, taken in the same pipeline before the mirroring.
+   * CenterCrop that follows this transform, taken before the mirroring.
    * @internal
    */
-  applyToJpeg(_jpeg: EncodedJpeg, _rng: SampleRandom, _mirror: () => boolean, _centerCrop?: [number, number]): Promise<DecodedImage> | null {
+  applyToJpeg(_jpeg: EncodedJpeg, _rng: SampleRandom, _mirror: () => boolean, _centerCrop?: [number, number]): DecodedImage | Promise<DecodedImage> | null {
     return null;
   }
 
@@ -611,7 +652,7 @@ export class RandomResizedCrop extends Transform {
     return { kind: this.kind, size: copySpecValue(this.size), scale: [...this.scale], ratio: [...this.ratio], interpolation: this.interpolation };
   }
 
-  apply(img: DecodedImage, rng: SampleRandom): Promise<DecodedImage> {
+  apply(img: DecodedImage, rng: SampleRandom): DecodedImage {
     return resizedCrop(img, this.getParams(img.height, img.width, rng), sizePair(this.size), this.interpolation);
   }
 
@@ -619,33 +660,11 @@ export class RandomResizedCrop extends Transform {
     return sizePair(this.size);
   }
 
-  override applyToJpeg(jpeg: EncodedJpeg, rng: SampleRandom, mirror: () => boolean): Promise<DecodedImage> {
+  override applyToJpeg(jpeg: EncodedJpeg, rng: SampleRandom, mirror: () => boolean): DecodedImage {
     const box = this.getParams(jpeg.height, jpeg.width, rng);
-    const flop = mirror();
-    const [oh, ow] = sizePair(this.size);
-    const kernel = KERNELS[this.interpolation];
-    const sx = box.width / ow;
-    const sy = box.height / oh;
-    let p = sharp(jpeg.bytes, DECODE_OPTIONS);
-    if (Math.min(sx, sy) >= 3 && this.interpolation !== 'nearest') {
-      // A pre-resize extract disables shrink-on-load in libvips, and sharp only shrinks on load
-      // from 3x; so resize the whole image (decoded at 1/2, 1/4 or 1/8 size in the DCT domain)
-      // and take the crop afterwards. libvips computes only the region the crop needs.
-      const tw = Math.max(ow, Math.round(jpeg.width / sx));
-      const th = Math.max(oh, Math.round(jpeg.height / sy));
-      const left = Math.min(tw - ow, Math.max(0, Math.round(box.left / sx)));
-      const top = Math.min(th - oh, Math.max(0, Math.round(box.top / sy)));
-      p = p.resize(tw, th, { fit: 'fill', kernel, fastShrinkOnLoad: true });
-      // libvips mirrors after the resize and before this crop, so mirror the crop's position too.
-      if (flop) p = p.flop();
-      p = p.extract({ left: flop ? tw - ow - left : left, top, width: ow, height: oh });
-    } else {
-      if (box.top !== 0 || box.left !== 0 || box.height !== jpeg.height || box.width !== jpeg.width) p = p.extract(box);
-      if (box.height !== oh || box.width !== ow) p = p.resize(ow, oh, { fit: 'fill', kernel });
-      // After the resize in libvips' order (flop() is called after resize(), so no rotate-before).
-      if (flop) p = p.flop();
-    }
-    return toImage(p, jpeg.path);
+    const flip = mirror();
+    const size = sizePair(this.size);
+    return fusedJpeg(jpeg, { crop: [box.top, box.left, box.height, box.width], size, filter: this.interpolation, mirror: flip });
   }
 }
 
@@ -879,7 +898,7 @@ export class Resize extends Transform {
     return { kind: this.kind, size: copySpecValue(this.size), interpolation: this.interpolation, ...(this.maxSize !== undefined ? { maxSize: this.maxSize } : {}) };
   }
 
-  apply(img: DecodedImage): Promise<DecodedImage> | DecodedImage {
+  apply(img: DecodedImage): DecodedImage {
     const [h, w] = resizeOutputSize([img.height, img.width], this.size, this.maxSize);
     if (h === img.height && w === img.width) return img;
     return resizedCrop(img, null, [h, w], this.interpolation);
@@ -890,20 +909,14 @@ export class Resize extends Transform {
     return input === null ? null : resizeOutputSize(input, this.size, this.maxSize);
   }
 
-  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean, centerCrop?: [number, number]): Promise<DecodedImage> {
+  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean, centerCrop?: [number, number]): DecodedImage {
     const [h, w] = resizeOutputSize([jpeg.height, jpeg.width], this.size, this.maxSize);
-    let p = sharp(jpeg.bytes, DECODE_OPTIONS);
-    if (h !== jpeg.height || w !== jpeg.width) p = p.resize(w, h, { fit: 'fill', kernel: KERNELS[this.interpolation], fastShrinkOnLoad: true });
-    const flop = mirror();
-    if (flop) p = p.flop();
-    if (centerCrop && (centerCrop[0] !== h || centerCrop[1] !== w)) {
-      // A following CenterCrop, so that libvips resizes only the pixels it keeps. libvips mirrors
-      // before this crop, so the crop's position is mirrored too.
-      const [ch, cw] = centerCrop;
-      const left = roundHalfEven((w - cw) / 2);
-      p = p.extract({ top: roundHalfEven((h - ch) / 2), left: flop ? w - cw - left : left, height: ch, width: cw });
-    }
-    return toImage(p, jpeg.path);
+    const flip = mirror();
+    // A following CenterCrop is a window of the resized image: only its pixels are computed.
+    const window: [number, number, number, number] | undefined = centerCrop
+      ? [roundHalfEven((h - centerCrop[0]) / 2), roundHalfEven((w - centerCrop[1]) / 2), centerCrop[0], centerCrop[1]]
+      : undefined;
+    return fusedJpeg(jpeg, { size: [h, w], ...(window ? { window } : {}), filter: this.interpolation, mirror: flip });
   }
 
   override get takesCenterCrop(): boolean {
@@ -945,21 +958,15 @@ export class CenterCrop extends Transform {
     return sizePair(this.size);
   }
 
-  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean): Promise<DecodedImage> {
+  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean): DecodedImage {
     const [h, w] = sizePair(this.size);
-    const flop = mirror();
+    const flip = mirror();
     if (h > jpeg.height || w > jpeg.width) {
-      return decodeImage(jpeg.bytes, jpeg.path).then((img) => {
-        const out = centerCrop(img, [h, w]);
-        return flop ? hflip(out) : out;
-      });
+      const out = centerCrop(fusedJpeg(jpeg, {}), [h, w]);
+      return flip ? hflip(out) : out;
     }
-    let p = sharp(jpeg.bytes, DECODE_OPTIONS);
-    if (h !== jpeg.height || w !== jpeg.width) {
-      p = p.extract({ top: roundHalfEven((jpeg.height - h) / 2), left: roundHalfEven((jpeg.width - w) / 2), height: h, width: w });
-    }
-    if (flop) p = p.flop();
-    return toImage(p, jpeg.path);
+    const crop: [number, number, number, number] = [roundHalfEven((jpeg.height - h) / 2), roundHalfEven((jpeg.width - w) / 2), h, w];
+    return fusedJpeg(jpeg, { crop, mirror: flip });
   }
 }
 
@@ -1117,10 +1124,11 @@ export interface ComposeSpec extends TransformSpec {
 }
 
 /**
- * Reads the dimensions from a JPEG's frame header (SOFn), skipping other segments by their length;
- * null when the bytes are not a JPEG or the header is cut short.
+ * Reads the dimensions and the number of colour components (1 grey, 3 YCbCr or RGB, 4 CMYK or
+ * YCCK) from a JPEG's frame header (SOFn), skipping other segments by their length; null when the
+ * bytes are not a JPEG or the header is cut short.
  */
-export function jpegDimensions(bytes: Uint8Array): { height: number; width: number } | null {
+export function jpegDimensions(bytes: Uint8Array): { height: number; width: number; components: number } | null {
   if (bytes.length < 4 || bytes[0] !== 0xff || bytes[1] !== 0xd8) return null;
   let i = 2;
   while (i + 3 < bytes.length) {
@@ -1139,10 +1147,11 @@ export function jpegDimensions(bytes: Uint8Array): { height: number; width: numb
     const length = (bytes[i + 2]! << 8) | bytes[i + 3]!;
     const isFrame = marker >= 0xc0 && marker <= 0xcf && marker !== 0xc4 && marker !== 0xc8 && marker !== 0xcc;
     if (isFrame) {
-      if (i + 8 >= bytes.length) return null;
+      if (i + 9 >= bytes.length) return null;
       const height = (bytes[i + 5]! << 8) | bytes[i + 6]!;
       const width = (bytes[i + 7]! << 8) | bytes[i + 8]!;
-      return height > 0 && width > 0 ? { height, width } : null;
+      const components = bytes[i + 9]!;
+      return height > 0 && width > 0 ? { height, width, components } : null;
     }
     i += 2 + length;
   }
@@ -1238,9 +1247,9 @@ export class Compose {
   /**
    * Decodes the sample (when encoded) and runs the transforms on it with the sample's random
    * stream. A JPEG is cropped and resized in the decoder when the first transform (after any
-   * Normalize) is a RandomResizedCrop, Resize or CenterCrop, in one libvips pipeline (sharp's
-   * fixed cost per pipeline is much of the cost of an image); a CenterCrop right after a Resize
-   * joins it, so that only the kept pixels are resized. A file that fails to decode throws
+   * Normalize) is a RandomResizedCrop, Resize or CenterCrop, in one native call on this thread
+   * that decodes only the region the output reads; a CenterCrop right after a Resize joins it, so
+   * that only the kept pixels are resized. A file that fails to decode throws
    * `ERR_RC_CORRUPT_FILE` naming its path.
    */
   async run(sample: RawSample, rng: SampleRandom, options: ComposeRunOptions = {}): Promise<ComposeResult> {
@@ -1261,9 +1270,11 @@ export class Compose {
       // Normalize does nothing to pixels, so the first real transform may still fuse with the decode.
       let first = 0;
       while (first < this.transforms.length && this.transforms[first] instanceof Normalize) first++;
-      // libvips decodes only as far as a crop needs, so a truncated file (no end-of-image marker)
-      // is decoded whole: it then fails whatever the crop, as it does in PIL.
-      const dims = first < this.transforms.length && endsWithEoi(source.bytes) ? jpegDimensions(source.bytes) : null;
+      // The decoder stops at the last row a crop needs, so a truncated file (no end-of-image
+      // marker) is decoded whole: it then fails whatever the crop, as it does in PIL. CMYK and
+      // YCCK JPEGs (4 components) go to sharp.
+      const header = first < this.transforms.length && endsWithEoi(source.bytes) ? jpegDimensions(source.bytes) : null;
+      const dims = header && (header.components === 1 || header.components === 3) ? { height: header.height, width: header.width } : null;
       const fuser = this.transforms[first];
       // A CenterCrop right after it joins the pipeline too (Resize(256) + CenterCrop(224)), when it
       // needs no padding.
@@ -1278,7 +1289,7 @@ export class Compose {
           span = 2;
         }
       }
-      // A flip right after the fused transforms is mirrored in the same libvips pipeline, unless
+      // A flip right after the fused transforms is mirrored in the same native call, unless
       // it is deferred to the device; it draws its decision after the fused transforms' draws.
       const next = this.transforms[first + span];
       let mirrored = false;
