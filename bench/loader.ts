@@ -33,6 +33,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Worker } from 'node:worker_threads';
 import sharp from 'sharp';
+import { addon } from '../lib/binding.js';
 import { Random } from '../lib/random.js';
 import { ImageFolder } from '../lib/data/image-folder.js';
 import { DataLoader } from '../lib/data/loader.js';
@@ -41,9 +42,10 @@ import { CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } 
 
 const cores = availableParallelism();
 
-// sharp decodes on libuv's threadpool, which all threads of a process share (4 threads unless
-// UV_THREADPOOL_SIZE says otherwise, read when the pool first starts). With more cores than that,
-// rerun this script with a pool of one thread per core, or the all-cores run would be capped at 4.
+// JPEGs are decoded on the loader's own threads, but the main thread's file reads (workers: 0) and
+// sharp (which writes the test images) use libuv's threadpool, which all threads of a process share
+// (4 threads unless UV_THREADPOOL_SIZE says otherwise, read when the pool first starts). With more
+// cores than that, rerun this script with a pool of one thread per core.
 if (process.env.UV_THREADPOOL_SIZE === undefined && cores > 4) {
   const child = spawnSync(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), ...process.argv.slice(2)], {
     stdio: 'inherit',
@@ -383,7 +385,7 @@ const pipelines: [string, () => Compose][] = [
 ];
 console.log(
   `DataLoader benchmark: ${dataset.length} JPEGs (mean ${(meanBytes / 1024).toFixed(0)} KiB) in ${root}; batch ${batchSize}, prefetch ${prefetch}; ` +
-    `${cores} cores (${cpus()[0]?.model.trim() ?? 'unknown CPU'}); sharp ${sharp.versions.sharp}, libvips ${sharp.versions.vips}; ` +
+    `${cores} cores (${cpus()[0]?.model.trim() ?? 'unknown CPU'}); JPEG decoding with libjpeg-turbo ${addon().libjpegTurboVersion} (built against); ` +
     `UV_THREADPOOL_SIZE ${process.env.UV_THREADPOOL_SIZE ?? '4 (default)'}`,
 );
 const speedup = await parallelSpeedup(cores);
@@ -432,6 +434,7 @@ console.log(
   `RESULT ${JSON.stringify({
     bench: 'loader',
     version: packageVersion,
+    libjpegTurbo: addon().libjpegTurboVersion,
     cores,
     cpu: cpus()[0]?.model.trim(),
     images: dataset.length,
