@@ -1,5 +1,5 @@
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -369,6 +369,32 @@ describe('DataLoader', () => {
     await loader.close();
     await expect(iterator.next()).rejects.toThrow(/closed/);
     expect(loader.activeWorkers).toBe(0);
+  });
+
+  it.skipIf(!existsSync('/proc/self/maps'))('decodes JPEGs without loading sharp (libvips), which a PNG then loads', async () => {
+    const png = join(root, 'png');
+    await ShapesDataset.writeImageFolder(png, { count: 3, size: 16, classes: 3, seed: 1, format: 'png' });
+    const index = pathToFileURL(fileURLToPath(new URL('../dist/lib/index.js', import.meta.url))).href;
+    const script = join(root, 'lazy-sharp.mjs');
+    writeFileSync(
+      script,
+      `import { readFileSync } from 'node:fs';
+import { Compose, DataLoader, ImageFolder, RandomResizedCrop } from ${JSON.stringify(index)};
+const vips = () => readFileSync('/proc/self/maps', 'utf8').includes('libvips');
+const report = [vips()];
+const dataset = await ImageFolder.open(${JSON.stringify(join(root, 'images'))});
+let n = 0;
+for await (const b of new DataLoader(dataset, { batchSize: 6, transform: new Compose([new RandomResizedCrop({ size: 12 })]), workers: 2 })) n += b.size;
+report.push(n, vips());
+for await (const b of new DataLoader(await ImageFolder.open(${JSON.stringify(png)}), { batchSize: 3, transform: new Compose([new RandomResizedCrop({ size: 12 })]), workers: 1 })) n += b.size;
+report.push(n, vips());
+console.log(JSON.stringify(report));
+`,
+    );
+    const child = spawnSync(process.execPath, [script], { encoding: 'utf8', timeout: 60_000 });
+    expect(child.stderr).toBe('');
+    // Mapped by the worker that decoded the PNGs (the process's libraries are shared by its threads).
+    expect(JSON.parse(child.stdout)).toEqual([false, 24, false, 27, true]);
   });
 
   it('lets a process that used workers (persistent ones included, left unclosed) exit by itself', () => {

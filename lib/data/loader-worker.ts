@@ -9,10 +9,9 @@
  * @packageDocumentation
  */
 import { isMainThread, parentPort, workerData } from 'node:worker_threads';
-import sharp from 'sharp';
 import { datasetFromSpec } from './registry.js';
 import { sampleRandom } from './sample-random.js';
-import { Compose, type ComposeSpec } from './transforms.js';
+import { Compose, setSharpConcurrency, type ComposeSpec } from './transforms.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /** Marks `workerData` as the loader's, so that importing this module elsewhere does nothing. @internal */
@@ -182,8 +181,9 @@ function serve(init: WorkerInit): void {
   // Parallelism comes from the workers, so each libvips pipeline gets one thread: sharp's default
   // on some platforms (macOS, musl, jemalloc) is one per core, which would put workers x cores
   // threads on the cores and spend the difference on hand-offs. The setting is global to the
-  // process's libvips (the main thread's own sharp calls get one thread as well).
-  sharp.concurrency(1);
+  // process's libvips (the main thread's own sharp calls get one thread as well). sharp is loaded
+  // only for files the native JPEG decoder does not take (PNG, WebP, CMYK JPEGs).
+  setSharpConcurrency(1);
   // The listener is attached before the (asynchronous) rebuild so that no job is missed; jobs wait
   // for the rebuild and then run one at a time, each using one thread of decoding at most.
   const ready: Promise<BatchFiller> = (async () => {

@@ -34,7 +34,7 @@
  *   after the rows a crop needs goes unnoticed, as the decoder stops there.
  * @packageDocumentation
  */
-import sharp, { type Sharp } from 'sharp';
+import type { Sharp } from 'sharp';
 import { addon, type RawJpegRequest } from '../binding.js';
 import { ResnetError, expectBool, expectInt, expectNumber, expectOneOf, expectOptions, expectPair, invalid, mismatch } from '../errors.js';
 import { randomInt } from './sample-random.js';
@@ -244,6 +244,32 @@ export function resizeOutputSize(input: [number, number], size: number | [number
   return w <= h ? [newLong, newShort] : [newShort, newLong];
 }
 
+type SharpFactory = typeof import('sharp').default;
+let sharpModule: Promise<SharpFactory> | undefined;
+let sharpThreads: number | undefined;
+
+/**
+ * sharp (libvips), loaded on first use: only PNG, WebP and CMYK JPEGs need it, so a process (or
+ * loader worker) that reads JPEGs never maps libvips.
+ */
+function loadSharp(): Promise<SharpFactory> {
+  sharpModule ??= import('sharp').then((m) => {
+    if (sharpThreads !== undefined) m.default.concurrency(sharpThreads);
+    return m.default;
+  });
+  return sharpModule;
+}
+
+/**
+ * Threads per libvips pipeline, applied when sharp loads (or now, if it has): the loader's
+ * workers use 1, as their parallelism is the workers'. The setting is global to the process's
+ * libvips. @internal
+ */
+export function setSharpConcurrency(threads: number): void {
+  sharpThreads = expectInt('threads', threads, 1);
+  void sharpModule?.then((s) => s.concurrency(threads));
+}
+
 /** Runs a sharp pipeline to raw uint8 pixels; with a `path`, failures are corrupt files. */
 async function toImage(pipeline: Sharp, path?: string): Promise<DecodedImage> {
   try {
@@ -287,6 +313,7 @@ export async function decodeImage(bytes: Uint8Array, path: string): Promise<Deco
     const img = decodeJpegNative(bytes, path);
     if (img) return img;
   }
+  const sharp = await loadSharp();
   const img = await toImage(sharp(bytes, DECODE_OPTIONS).removeAlpha(), path);
   return dropAlpha(img);
 }
