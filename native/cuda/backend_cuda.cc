@@ -163,6 +163,10 @@ class CudaBackend final : public Backend {
     validateSgd(a);
     here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf}, "sgd step");
     if (a.segments.empty()) return;
+    // The kernel takes firstStep as a value: a graph would start the momentum afresh at every replay.
+    RC_CHECK_ARG(!a.firstStep || !ctx_.capturing(),
+                 "sgd step: the first step (which starts the momentum buffers) cannot be captured in a CUDA graph; "
+                 "run one step before capturing");
     DeviceGuard guard(ctx_.device());
     std::vector<ArenaSegment> sorted = a.segments;
     std::sort(sorted.begin(), sorted.end(), [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
@@ -251,15 +255,22 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(ctx_.device());
     RC_CHECK_ARG(!ctx_.capturing(), "a CUDA graph capture is already in progress on cuda:" << ctx_.device());
     RC_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream(), cudaStreamCaptureModeThreadLocal));
+    ctx_.beginCapture();
   }
 
   int64_t endCapture() override {
     DeviceGuard guard(ctx_.device());
     cudaGraph_t graph = nullptr;
-    RC_CUDA_CHECK(cudaStreamEndCapture(ctx_.stream(), &graph));
+    const cudaError_t ended = cudaStreamEndCapture(ctx_.stream(), &graph);
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
+    // Memory the graph allocated and did not free (a tensor created during capture and still
+    // alive) is freed and allocated again, at the same address, by each launch; without this flag
+    // the second launch would fail.
+    const cudaError_t status =
+        ended == cudaSuccess ? cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch) : ended;
+    if (graph) cudaGraphDestroy(graph);
+    ctx_.endCapture(status == cudaSuccess);
+    if (status != cudaSuccess) (void)cudaGetLastError();
     RC_CUDA_CHECK(status);
     const int64_t id = nextGraph_++;
     graphs_[id] = exec;
@@ -280,6 +291,7 @@ class CudaBackend final : public Backend {
     RC_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream()));
     RC_CUDA_CHECK(cudaGraphExecDestroy(it->second));
     graphs_.erase(it);
+    ctx_.graphDestroyed();
   }
 
   std::string createUniqueId() override { return createNcclUniqueId(); }
@@ -370,6 +382,10 @@ class CudaBackend final : public Backend {
   void adamStep(const AdamWArgs& a, bool lamb) {
     const char* op = lamb ? "lamb step" : "adamw step";
     here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, op);
+    // The bias correction takes the step count as a value, which a graph would replay unchanged.
+    RC_CHECK_ARG(!ctx_.capturing(), op << " cannot be captured in a CUDA graph (its bias correction uses the step "
+                                          "count of the captured step); capture the forward and backward passes "
+                                          "and step the optimizer outside the graph, or use SGD");
     if (a.segments.empty()) return;
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable(lamb ? "lamb segments" : "adamw segments", a.segments, a.params.numel(), false);

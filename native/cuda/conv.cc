@@ -14,10 +14,16 @@ namespace rc::cuda {
 
 namespace {
 
+// The algorithm of each pass with the math type cuDNN measured it under: the search may report
+// its best result under another math type than the descriptor's, and an algorithm runs the kernel
+// of the descriptor's math type, so each pass sets its own before it runs (as PyTorch does).
 struct ConvAlgorithms {
   cudnnConvolutionFwdAlgo_t forward;
   cudnnConvolutionBwdDataAlgo_t backwardData;
   cudnnConvolutionBwdFilterAlgo_t backwardFilter;
+  cudnnMathType_t forwardMath;
+  cudnnMathType_t backwardDataMath;
+  cudnnMathType_t backwardFilterMath;
   size_t workspaceBytes;
 };
 
@@ -59,6 +65,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     // f32 uses plain FMA unless TF32 is allowed; bf16/f16 always use the tensor cores.
     const cudnnMathType_t math = f32 ? (ctx.allowTf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) : CUDNN_TENSOR_OP_MATH;
     RC_CUDNN_CHECK(cudnnSetConvolutionMathType(convDesc_, math), p.str());
+    currentMath_ = math;
     int on = 0, oc = 0, oh = 0, ow = 0;
     RC_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(convDesc_, xDesc_, wDesc_, &on, &oc, &oh, &ow), p.str());
     RC_CHECK_ARG(oh == p.outH() && ow == p.outW(), "conv2d: cuDNN computes an output of " << oh << "x" << ow << " for "
@@ -84,6 +91,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     checkWeight(weight, op);
     checkBias(bias, op, "bias");
     DeviceGuard guard(ctx_.device());
+    setMath(algorithms_.forwardMath);
     const float one = 1.0f, zero = 0.0f;
     RC_CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &one, xDesc_, x.data(), wDesc_, computeWeight(weight), convDesc_,
                                            algorithms_.forward, workspace(), algorithms_.workspaceBytes, &zero, yDesc_,
@@ -98,6 +106,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     checkActivation(dx, {p_.n, p_.h, p_.w, p_.c}, op, "dx");
     checkWeight(weight, op);
     DeviceGuard guard(ctx_.device());
+    setMath(algorithms_.backwardDataMath);
     const float one = 1.0f, zero = 0.0f;
     RC_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &one, wDesc_, computeWeight(weight), yDesc_, dy.data(),
                                                 convDesc_, algorithms_.backwardData, workspace(),
@@ -113,6 +122,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     checkDType(dWeight, DType::F32, op, "dWeight");
     checkBias(dBias, op, "dBias");
     DeviceGuard guard(ctx_.device());
+    setMath(algorithms_.backwardFilterMath);
     const float one = 1.0f, zero = 0.0f;
     if (p_.dtype == DType::F32) {
       // beta = 1 accumulates into the f32 gradient directly.
@@ -175,6 +185,13 @@ class CudaConv2dPlan final : public Conv2dPlan {
 
   void* workspace() { return algorithms_.workspaceBytes ? ctx_.scratch(algorithms_.workspaceBytes) : nullptr; }
 
+  // A host-side descriptor setting (no device work), so it is safe inside graph capture.
+  void setMath(cudnnMathType_t math) {
+    if (math == currentMath_) return;
+    RC_CUDNN_CHECK(cudnnSetConvolutionMathType(convDesc_, math), p_.str());
+    currentMath_ = math;
+  }
+
   ConvAlgorithms findAlgorithms(cudnnMathType_t math) {
     std::ostringstream key;
     key << ctx_.device() << "|" << p_.str() << "|math" << static_cast<int>(math);
@@ -200,6 +217,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
                      p_.str());
       const auto* best = pick(perf, returned, limit, "forward");
       chosen.forward = best->algo;
+      chosen.forwardMath = best->mathType;
       chosen.workspaceBytes = std::max(chosen.workspaceBytes, best->memory);
     }
     {
@@ -210,6 +228,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
                      p_.str());
       const auto* best = pick(perf, returned, limit, "backward data");
       chosen.backwardData = best->algo;
+      chosen.backwardDataMath = best->mathType;
       chosen.workspaceBytes = std::max(chosen.workspaceBytes, best->memory);
     }
     {
@@ -220,6 +239,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
                      p_.str());
       const auto* best = pick(perf, returned, limit, "backward filter");
       chosen.backwardFilter = best->algo;
+      chosen.backwardFilterMath = best->mathType;
       chosen.workspaceBytes = std::max(chosen.workspaceBytes, best->memory);
     }
     std::lock_guard<std::mutex> lock(gAlgorithmMutex);
@@ -243,6 +263,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
   cudnnFilterDescriptor_t wDesc_ = nullptr;
   cudnnConvolutionDescriptor_t convDesc_ = nullptr;
   ConvAlgorithms algorithms_{};
+  cudnnMathType_t currentMath_ = CUDNN_DEFAULT_MATH;
   Tensor lowWeight_, lowWeightGrad_;
 };
 

@@ -13,6 +13,7 @@
   do {                                                                                                  \
     const cudaError_t rcStatus_ = (expr);                                                               \
     if (rcStatus_ != cudaSuccess) {                                                                     \
+      (void)cudaGetLastError(); /* not to be reported again by the next launch check */                 \
       RC_THROW(::rc::code::kCuda, "CUDA error " << cudaGetErrorName(rcStatus_) << " ("                  \
                                                << cudaGetErrorString(rcStatus_) << ") in " << #expr);   \
     }                                                                                                   \

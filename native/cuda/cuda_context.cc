@@ -22,9 +22,10 @@ void* StreamAllocator::allocate(size_t bytes) {
   void* ptr = nullptr;
   const size_t size = bytes == 0 ? 256 : bytes;
   cudaError_t status = cudaMallocAsync(&ptr, size, stream_);
-  if (status == cudaErrorMemoryAllocation) {
+  if (status == cudaErrorMemoryAllocation && !capturing_) {
     (void)cudaGetLastError();
-    // Return cached blocks to the driver and try once more.
+    // Return cached blocks to the driver and try once more (not while capturing: a synchronisation
+    // would end the capture).
     if (cudaStreamSynchronize(stream_) == cudaSuccess) (void)cudaMemPoolTrimTo(pool_, 0);
     status = cudaMallocAsync(&ptr, size, stream_);
   }
@@ -41,6 +42,7 @@ void* StreamAllocator::allocate(size_t bytes) {
   }
   RC_CUDA_CHECK(status);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_) allocatedInCapture_.insert(ptr);
   live_[ptr] = size;
   stats_.allocatedBytes += size;
   stats_.allocationCount++;
@@ -56,10 +58,39 @@ void StreamAllocator::release(void* ptr) {
     if (it == live_.end()) return;
     stats_.allocatedBytes -= it->second;
     live_.erase(it);
+    if (capturing_ && allocatedInCapture_.erase(ptr) == 0) {
+      // Memory from before the capture: the graph may use it, and a captured free cannot take it.
+      held_.push_back(ptr);
+      return;
+    }
   }
   // A destructor must not throw: a failure here means the context is already broken, and the next
-  // checked call reports it.
-  (void)cudaFreeAsync(ptr, stream_);
+  // checked call reports it. The error is taken off the thread's last-error slot so that it is not
+  // blamed on the next kernel launch.
+  if (cudaFreeAsync(ptr, stream_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void StreamAllocator::beginCapture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capturing_ = true;
+  allocatedInCapture_.clear();
+}
+
+void StreamAllocator::endCapture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capturing_ = false;
+  allocatedInCapture_.clear();
+}
+
+void StreamAllocator::releaseHeld() {
+  std::vector<void*> held;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held.swap(held_);
+  }
+  for (void* ptr : held) {
+    if (cudaFreeAsync(ptr, stream_) != cudaSuccess) (void)cudaGetLastError();
+  }
 }
 
 MemoryStats StreamAllocator::stats() const {
@@ -119,6 +150,8 @@ CudaContext::~CudaContext() {
     if (entry.pinned) cudaFreeHost(entry.pinned);
   }
   uploads_.clear();
+  retired_.clear();
+  allocator_->releaseHeld();
   scratch_ = Tensor();
   cublasWorkspace_ = Tensor();
   if (invalidLabel_) (void)cudaFreeAsync(invalidLabel_, stream_);
@@ -145,10 +178,33 @@ void* CudaContext::scratch(size_t bytes) {
     RC_CHECK_ARG(!capturing(), "a CUDA graph capture needs " << formatBytes(bytes)
                                                              << " of scratch that was not reserved before "
                                                                 "capture; run the step once before capturing it");
-    scratch_ = Tensor();
+    retire(scratch_);
     scratch_ = allocate({static_cast<int64_t>(bytes)}, DType::U8);
   }
   return scratch_.data();
+}
+
+void CudaContext::retire(Tensor& t) {
+  if (graphs_ > 0 && t.defined()) retired_.push_back(t);
+  t = Tensor();
+}
+
+void CudaContext::beginCapture() { allocator_->beginCapture(); }
+
+void CudaContext::endCapture(bool graphCreated) {
+  allocator_->endCapture();
+  if (graphCreated) {
+    ++graphs_;
+  } else if (graphs_ == 0) {
+    allocator_->releaseHeld();
+  }
+}
+
+void CudaContext::graphDestroyed() {
+  if (graphs_ > 0 && --graphs_ == 0) {
+    retired_.clear();
+    allocator_->releaseHeld();
+  }
 }
 
 void CudaContext::checkDeferredErrors() {
@@ -177,7 +233,10 @@ const void* CudaContext::upload(const std::string& key, const void* host, size_t
     RC_CUDA_CHECK(cudaMallocHost(&entry.pinned, bytes));
     entry.capacity = bytes;
   }
-  if (!entry.device.defined() || entry.device.nbytes() < bytes) entry.device = allocate({static_cast<int64_t>(bytes)}, DType::U8);
+  if (!entry.device.defined() || entry.device.nbytes() < bytes) {
+    retire(entry.device);
+    entry.device = allocate({static_cast<int64_t>(bytes)}, DType::U8);
+  }
   std::memcpy(entry.pinned, host, bytes);
   RC_CUDA_CHECK(cudaMemcpyAsync(entry.device.data(), entry.pinned, bytes, cudaMemcpyHostToDevice, stream_));
   RC_CUDA_CHECK(cudaEventRecord(entry.copied, stream_));

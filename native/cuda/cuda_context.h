@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "../core/backend.h"
 
@@ -28,6 +30,14 @@ class StreamAllocator final : public Allocator {
   void resetPeak() override;
   void emptyCache() override;
 
+  // Graph capture on the stream: a captured free may only release memory the graph itself
+  // allocated, and memory freed while a graph may still use it must not be handed out again. So
+  // between beginCapture and endCapture, frees of older memory are held (not freed), and they stay
+  // held while any graph exists: releaseHeld() frees them once the last graph is destroyed.
+  void beginCapture();
+  void endCapture();
+  void releaseHeld();
+
  private:
   int device_;
   cudaStream_t stream_;
@@ -35,6 +45,9 @@ class StreamAllocator final : public Allocator {
   mutable std::mutex mutex_;
   std::unordered_map<void*, size_t> live_;
   MemoryStats stats_;
+  bool capturing_ = false;
+  std::unordered_set<void*> allocatedInCapture_;
+  std::vector<void*> held_;
 };
 
 // Makes `device` current for the lifetime of the guard.
@@ -75,6 +88,12 @@ class CudaContext {
   // the host waits for the device.
   int32_t* invalidLabelFlag() const { return invalidLabel_; }
   void checkDeferredErrors();
+  // Graph bookkeeping: while any graph exists, buffers a graph may point at (scratch, uploaded
+  // tables, freed tensors) are kept instead of freed, until the last graph is destroyed.
+  void beginCapture();
+  void endCapture(bool graphCreated);
+  void graphDestroyed();
+  int graphCount() const { return graphs_; }
   // Device copy of a small host table (SGD segments and groups, normalisation constants), sent again
   // only when its bytes differ from the last ones sent under `key`. The copy is asynchronous, from a
   // pinned buffer that is reused only after its previous copy has run.
@@ -89,6 +108,10 @@ class CudaContext {
   bool allowTf32_ = false;
   Tensor scratch_;
   Tensor cublasWorkspace_;
+  int graphs_ = 0;
+  std::vector<Tensor> retired_;  // replaced buffers a graph may still use
+  // Drops `t`, or keeps it in retired_ while a graph exists.
+  void retire(Tensor& t);
   int32_t* invalidLabel_ = nullptr;
   struct Uploaded {
     std::string bytes;

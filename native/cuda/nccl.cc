@@ -52,7 +52,8 @@ class NcclCommunicator final : public Communicator {
     DeviceGuard guard(ctx.device());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    RC_NCCL_CHECK(ncclCommInitRankConfig(&comm_, worldSize, id, rank, &config));
+    // The destructor does not run when the constructor throws: a failed start aborts what exists.
+    enqueued(ncclCommInitRankConfig(&comm_, worldSize, id, rank, &config), "joining the communicator");
     waitReady(timeoutSeconds, "joining the communicator");
   }
 
@@ -71,8 +72,9 @@ class NcclCommunicator final : public Communicator {
   void allReduce(const Tensor& t, bool average) override {
     usable(t, "allReduce");
     DeviceGuard guard(ctx_.device());
-    RC_NCCL_CHECK(ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()),
-                                average ? ncclAvg : ncclSum, comm_, ctx_.stream()));
+    enqueued(ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()),
+                           average ? ncclAvg : ncclSum, comm_, ctx_.stream()),
+             "enqueueing an all-reduce");
     waitReady(kEnqueueTimeoutSeconds, "enqueueing an all-reduce");
   }
 
@@ -80,12 +82,14 @@ class NcclCommunicator final : public Communicator {
     usable(t, "broadcast");
     RC_CHECK_ARG(root >= 0 && root < size_, "NCCL broadcast: root " << root << " is outside a world of " << size_);
     DeviceGuard guard(ctx_.device());
-    RC_NCCL_CHECK(ncclBroadcast(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()), root, comm_,
-                                ctx_.stream()));
+    enqueued(ncclBroadcast(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()), root, comm_,
+                           ctx_.stream()),
+             "enqueueing a broadcast");
     waitReady(kEnqueueTimeoutSeconds, "enqueueing a broadcast");
   }
 
   void synchronize(double timeoutSeconds) override {
+    RC_CHECK_ARG(!broken_, "NCCL synchronize: the communicator was aborted after an earlier error");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
     for (;;) {
       const cudaError_t done = cudaStreamQuery(ctx_.stream());
@@ -104,6 +108,16 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static constexpr double kEnqueueTimeoutSeconds = 300.0;
+
+  // A call that fails at once leaves the other ranks waiting for this one: abort, so that they
+  // see the error instead of a hang.
+  void enqueued(ncclResult_t status, const char* what) {
+    if (status == ncclSuccess || status == ncclInProgress) return;
+    abort();
+    RC_THROW(code::kNccl, "NCCL failed " << what << " on rank " << rank_ << ": " << ncclGetErrorString(status)
+                                         << (ncclGetLastError(nullptr) ? std::string(" (") + ncclGetLastError(nullptr) + ")" : "")
+                                         << "; the communicator was aborted");
+  }
 
   void usable(const Tensor& t, const char* op) const {
     RC_CHECK_ARG(!broken_, "NCCL " << op << ": the communicator was aborted after an earlier error");
