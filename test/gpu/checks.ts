@@ -79,6 +79,20 @@ function relativeError(a: Float32Array, b: Float32Array): number {
   return Math.sqrt(num / Math.max(den, 1e-30));
 }
 
+/** A training step of `model` with SGD on fixed inputs, returning the loss tensor. */
+function sgdStepper(model: ReturnType<typeof ResNet18>, x: Tensor, labels: Tensor, options: { lr: number; momentum: number; weightDecay?: number }, labelSmoothing = 0) {
+  const loss = new CrossEntropyLoss({ labelSmoothing });
+  const optimizer = new SGD(model, options);
+  const step = () => {
+    const value = loss.forward(model.forward(x), labels);
+    model.backward(loss.backward());
+    optimizer.step();
+    optimizer.zeroGrad();
+    return value;
+  };
+  return { model, step };
+}
+
 check('the CUDA backend is available and reports its device', () => {
   const cuda = listBackends().find((b) => b.name === 'cuda');
   assert(!!cuda?.available, `cuda is not available: ${cuda?.reason}`);
@@ -89,19 +103,7 @@ check('ResNet-50 bf16 steps replayed from a CUDA graph match eager steps', () =>
   const batch = 32;
   const x = Tensor.randn([batch, 224, 224, 3], { seed: 3, device, dtype: 'bf16' });
   const labels = Tensor.from(Array.from({ length: batch }, (_, i) => i * 13 % 1000), [batch], { dtype: 'i32', device });
-  const make = () => {
-    const model = ResNet50({ seed: 7, device });
-    const loss = new CrossEntropyLoss({ labelSmoothing: 0.1 });
-    const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 });
-    const step = () => {
-      const value = loss.forward(model.forward(x), labels);
-      model.backward(loss.backward());
-      optimizer.step();
-      optimizer.zeroGrad();
-      return value;
-    };
-    return { model, step };
-  };
+  const make = () => sgdStepper(ResNet50({ seed: 7, device }), x, labels, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 }, 0.1);
   const eager = make();
   const eagerLosses = [0, 1, 2].map(() => eager.step().item());
   const captured = make();
@@ -167,19 +169,7 @@ check('an NCCL communicator of one rank all-reduces and broadcasts in place', ()
 check('a graph survives a tensor disposed during capture and a larger eager step; AdamW refuses capture', () => {
   const x = Tensor.randn([16, 32, 32, 3], { seed: 5, device, dtype: 'bf16' });
   const labels = Tensor.from(Array.from({ length: 16 }, (_, i) => i % 10), [16], { dtype: 'i32', device });
-  const make = () => {
-    const model = ResNet18({ numClasses: 10, smallInput: true, seed: 4, device });
-    const loss = new CrossEntropyLoss();
-    const optimizer = new SGD(model, { lr: 0.02, momentum: 0.9 });
-    const step = () => {
-      const value = loss.forward(model.forward(x), labels);
-      model.backward(loss.backward());
-      optimizer.step();
-      optimizer.zeroGrad();
-      return value;
-    };
-    return { model, step };
-  };
+  const make = () => sgdStepper(ResNet18({ numClasses: 10, smallInput: true, seed: 4, device }), x, labels, { lr: 0.02, momentum: 0.9 });
   // Another model's step at 8x the batch between replays: its convolutions may need more scratch
   // than the captured ones, which replaces the scratch buffer the graph points at.
   const big = ResNet18({ numClasses: 10, smallInput: true, seed: 9, device });
