@@ -35,7 +35,7 @@
  * @packageDocumentation
  */
 import type { Sharp } from 'sharp';
-import { addon, type RawJpegRequest } from '../binding.js';
+import { addon, type RawImage, type RawJpegRequest } from '../binding.js';
 import { ResnetError, expectBool, expectInt, expectNumber, expectOneOf, expectOptions, expectPair, invalid, mismatch } from '../errors.js';
 import { randomInt } from './sample-random.js';
 import type { DecodedImage, RawSample, SampleRandom, TransformSpec } from './types.js';
@@ -270,6 +270,14 @@ export function setSharpConcurrency(threads: number): void {
   void sharpModule?.then((s) => s.concurrency(threads));
 }
 
+/** The `ERR_RC_CORRUPT_FILE` error for `path`, with the decoder's error as its cause. */
+function corruptFile(path: string, cause: unknown): ResnetError {
+  const reason = cause instanceof Error ? cause.message : String(cause);
+  const error = new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': ${reason.trim()}`);
+  Object.assign(error, { cause });
+  return error;
+}
+
 /** Runs a sharp pipeline to raw uint8 pixels; with a `path`, failures are corrupt files. */
 async function toImage(pipeline: Sharp, path?: string): Promise<DecodedImage> {
   try {
@@ -277,10 +285,7 @@ async function toImage(pipeline: Sharp, path?: string): Promise<DecodedImage> {
     return image(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), info.height, info.width, info.channels);
   } catch (err) {
     if (path === undefined) throw err;
-    const reason = err instanceof Error ? err.message : String(err);
-    const error = new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': ${reason.trim()}`);
-    Object.assign(error, { cause: err });
-    throw error;
+    throw corruptFile(path, err);
   }
 }
 
@@ -290,14 +295,12 @@ async function toImage(pipeline: Sharp, path?: string): Promise<DecodedImage> {
  * file throws `ERR_RC_CORRUPT_FILE` naming `path`.
  */
 function decodeJpegNative(bytes: Uint8Array, path: string, request: Omit<RawJpegRequest, 'bytes'> = {}): DecodedImage | null {
-  let r: ReturnType<ReturnType<typeof addon>['jpegDecode']>;
+  let r: RawImage | null;
   try {
     r = addon().jpegDecode({ bytes, ...request });
   } catch (err) {
     if ((err as { code?: unknown }).code !== 'ERR_RC_CORRUPT_FILE') throw err;
-    const error = new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': ${(err as Error).message.trim()}`);
-    Object.assign(error, { cause: err });
-    throw error;
+    throw corruptFile(path, err);
   }
   return r === null ? null : image(new Uint8Array(r.data.buffer, r.data.byteOffset, r.data.byteLength), r.height, r.width, r.channels);
 }

@@ -188,10 +188,8 @@ bool decodeJpeg(const uint8_t* bytes, size_t size, const JpegRequest& request, J
   const int status = decodeRegion(s, bytes, size, request);
   if (status < 0) RC_THROW(code::kCorruptFile, s.err.message);
   if (status == 0) return false;
-  const int height = static_cast<int>(s.plan.y.identity ? s.plan.y.sourceEnd - s.plan.y.sourceBegin
-                                                        : s.plan.y.first.size());
-  const int width = static_cast<int>(s.plan.x.identity ? s.plan.x.sourceEnd - s.plan.x.sourceBegin
-                                                       : s.plan.x.first.size());
+  const int height = s.plan.y.outputs;
+  const int width = s.plan.x.outputs;
   out.data.resize(static_cast<size_t>(height) * width * s.channels);
   out.height = height;
   out.width = width;

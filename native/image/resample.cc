@@ -75,6 +75,7 @@ uint8_t clip8(int32_t acc) {
 Axis planAxis(int inSize, double in0, double in1, int outSize, int windowStart, int windowCount,
               Filter filter) {
   Axis a;
+  a.outputs = windowCount;
   const double scale = (in1 - in0) / outSize;
   const int base = static_cast<int>(std::floor(in0));
   const double start = in0 - base;
@@ -138,7 +139,7 @@ Axis planAxis(int inSize, double in0, double in1, int outSize, int windowStart, 
 // Horizontal pass over source rows [rowBegin, rowEnd): out has windowWidth x C bytes per row.
 template <int C>
 void horizontal(const Axis& x, const SourceRegion& src, int rowBegin, int rowEnd, uint8_t* out) {
-  const int width = static_cast<int>(x.first.size());
+  const int width = x.outputs;
   const size_t outStride = static_cast<size_t>(width) * C;
   for (int r = rowBegin; r < rowEnd; ++r) {
     const uint8_t* row = src.data + static_cast<size_t>(r - src.rowBegin) * src.stride;
@@ -171,7 +172,7 @@ void horizontalAny(const Axis& x, const SourceRegion& src, int rowBegin, int row
 template <typename RowAt>
 void vertical(const Axis& y, RowAt rowAt, size_t bytes, uint8_t* out) {
   std::vector<int32_t> acc(bytes);
-  const int height = static_cast<int>(y.first.size());
+  const int height = y.outputs;
   for (int o = 0; o < height; ++o) {
     std::fill(acc.begin(), acc.end(), kHalf);
     const int32_t* k = &y.weights[static_cast<size_t>(o) * y.ksize];
@@ -229,8 +230,8 @@ void runResample(const ResamplePlan& plan, const SourceRegion& src, bool mirror,
   RC_CHECK_ARG(src.rowBegin <= y.sourceBegin && y.sourceEnd <= src.rowBegin + src.rows &&
                    src.colBegin <= x.sourceBegin && x.sourceEnd <= src.colBegin + src.cols,
                "resample: the source region does not cover the rows and columns the plan reads");
-  const int outRows = y.identity ? y.sourceEnd - y.sourceBegin : static_cast<int>(y.first.size());
-  const int outCols = x.identity ? x.sourceEnd - x.sourceBegin : static_cast<int>(x.first.size());
+  const int outRows = y.outputs;
+  const int outCols = x.outputs;
   const size_t rowBytes = static_cast<size_t>(outCols) * C;
   auto sourceRow = [&](int r) {
     return src.data + static_cast<size_t>(r - src.rowBegin) * src.stride +

@@ -20,6 +20,7 @@ enum class Filter { Nearest, Bilinear, Bicubic, Lanczos };
 // One axis of a resampling: for each output index of the window, the source index range and the
 // fixed-point weights.
 struct Axis {
+  int outputs = 0;  // output indices in the window
   // True when the output is a plain copy of source indices offset..offset + count.
   bool identity = false;
   int offset = 0;
