@@ -58,11 +58,14 @@ void convertInput(const uint8_t* src, DType dstType, void* dst, const uint8_t* f
 // ---- pool.cu -----------------------------------------------------------------------------------
 // NHWC pooling in floor mode. Max pooling writes the argmax (int32 index of the input element
 // within its sample's H*W plane, per channel) to `argmax` (n*oh*ow*c int32) and backward scatters
-// through it (dx is zeroed first). Average pooling counts padding (PyTorch's count_include_pad).
+// through it: each input element sums, in f32 and in a fixed order, the dy of the outputs whose
+// window covers it and chose it (no atomics). Average pooling counts padding (PyTorch's
+// count_include_pad).
 void maxPoolForward(DType dtype, const void* x, void* y, int32_t* argmax, int64_t n, int64_t h, int64_t w, int64_t c,
                     int64_t oh, int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw, cudaStream_t stream);
 void maxPoolBackward(DType dtype, const void* dy, void* dx, const int32_t* argmax, int64_t n, int64_t h, int64_t w,
-                     int64_t c, int64_t oh, int64_t ow, cudaStream_t stream);
+                     int64_t c, int64_t oh, int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                     cudaStream_t stream);
 void avgPoolForward(DType dtype, const void* x, void* y, int64_t n, int64_t h, int64_t w, int64_t c, int64_t oh,
                     int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw, cudaStream_t stream);
 void avgPoolBackward(DType dtype, const void* dy, void* dx, int64_t n, int64_t h, int64_t w, int64_t c, int64_t oh,

@@ -67,16 +67,44 @@ __global__ void maxpool_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, i
   }
 }
 
-// Scatter through argmax into the zeroed dx, one thread per dy element. Windows overlap, and maxPoolBackward is not given the
-// geometry a deterministic gather would need, so colliding outputs add atomically (in dx's type).
-template <typename T>
+// The outputs whose windows cover input row (or column) i: [begin, end). Output o covers i when
+// o*stride - pad <= i < o*stride - pad + kernel.
+__device__ __forceinline__ void coveringOutputs(int64_t i, int kernel, int stride, int pad, int64_t outputs,
+                                                int64_t& begin, int64_t& end) {
+  const int64_t low = i + pad - kernel + 1;
+  begin = low <= 0 ? 0 : (low + stride - 1) / stride;
+  end = min((i + pad) / stride + 1, outputs);
+}
+
+// Gather: each input element sums, in f32, the dy of the covering outputs whose argmax is this
+// element, in output order, and is written once (deterministic; no zeroing, no atomics).
+template <typename T, int V>
 __global__ void maxpool_bwd_kernel(const T* __restrict__ dy, T* __restrict__ dx, const int32_t* __restrict__ argmax,
-                                   int64_t outPlane, int64_t inPlane, int64_t channels, int64_t total) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t c = i % channels;
-    const int64_t sample = i / (outPlane * channels);
-    atomicAdd(dx + (sample * inPlane + argmax[i]) * channels + c, dy[i]);
+                                   PoolGeometry g, int64_t packs) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < packs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t s, iy, ix, c;
+    splitPixel<V>(p, g.h, g.w, g.c, s, iy, ix, c);
+    int64_t oyBegin, oyEnd, oxBegin, oxEnd;
+    coveringOutputs(iy, g.kh, g.sh, g.ph, g.oh, oyBegin, oyEnd);
+    coveringOutputs(ix, g.kw, g.sw, g.pw, g.ow, oxBegin, oxEnd);
+    const int32_t self = static_cast<int32_t>(iy * g.w + ix);
+    float sum[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) sum[i] = 0.0f;
+    const int64_t sampleOffset = s * g.oh * g.ow * g.c + c;
+    for (int64_t oy = oyBegin; oy < oyEnd; ++oy) {
+      for (int64_t ox = oxBegin; ox < oxEnd; ++ox) {
+        const int64_t at = sampleOffset + (oy * g.ow + ox) * g.c;
+        float v[V];
+        loadPack<T, V>(dy + at, v);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          if (argmax[at + i] == self) sum[i] += v[i];
+        }
+      }
+    }
+    storePack<T, V>(dx + p * V, sum);
   }
 }
 
@@ -117,12 +145,9 @@ __global__ void avgpool_bwd_kernel(const T* __restrict__ dy, T* __restrict__ dx,
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t s, iy, ix, c;
     splitPixel<V>(p, g.h, g.w, g.c, s, iy, ix, c);
-    // Output oy covers iy when oy*sh - ph <= iy < oy*sh - ph + kh.
-    const int64_t yLow = iy + g.ph - g.kh + 1, xLow = ix + g.pw - g.kw + 1;
-    const int64_t oyBegin = yLow <= 0 ? 0 : (yLow + g.sh - 1) / g.sh;
-    const int64_t oxBegin = xLow <= 0 ? 0 : (xLow + g.sw - 1) / g.sw;
-    const int64_t oyEnd = min((iy + g.ph) / g.sh + 1, g.oh);
-    const int64_t oxEnd = min((ix + g.pw) / g.sw + 1, g.ow);
+    int64_t oyBegin, oyEnd, oxBegin, oxEnd;
+    coveringOutputs(iy, g.kh, g.sh, g.ph, g.oh, oyBegin, oyEnd);
+    coveringOutputs(ix, g.kw, g.sw, g.pw, g.ow, oxBegin, oxEnd);
     float sum[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) sum[i] = 0.0f;
@@ -151,12 +176,6 @@ PoolGeometry geometry(int64_t n, int64_t h, int64_t w, int64_t c, int64_t oh, in
   return {n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw};
 }
 
-void checkMemory(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    RC_THROW(code::kCuda, what << " failed: " << cudaGetErrorName(status) << " (" << cudaGetErrorString(status) << ")");
-  }
-}
-
 }  // namespace
 
 void maxPoolForward(DType dtype, const void* x, void* y, int32_t* argmax, int64_t n, int64_t h, int64_t w, int64_t c,
@@ -176,17 +195,19 @@ void maxPoolForward(DType dtype, const void* x, void* y, int32_t* argmax, int64_
 }
 
 void maxPoolBackward(DType dtype, const void* dy, void* dx, const int32_t* argmax, int64_t n, int64_t h, int64_t w,
-                     int64_t c, int64_t oh, int64_t ow, cudaStream_t stream) {
+                     int64_t c, int64_t oh, int64_t ow, int kh, int kw, int sh, int sw, int ph, int pw,
+                     cudaStream_t stream) {
+  const PoolGeometry g = geometry(n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw);
   if (n <= 0 || h <= 0 || w <= 0 || c <= 0) return;
-  checkMemory(cudaMemsetAsync(dx, 0, static_cast<size_t>(n * h * w * c) * dtypeSize(dtype), stream),
-              "max pool backward: cudaMemsetAsync");
-  if (oh <= 0 || ow <= 0) return;
   dispatchFloat(dtype, "max pool backward", [&](auto tag) {
     using T = decltype(tag);
-    const int64_t total = n * oh * ow * c;
-    maxpool_bwd_kernel<T><<<gridFor(total), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<T*>(dx),
-                                                                   argmax, oh * ow, h * w, c, total);
-    checkLaunch("maxpool_bwd_kernel");
+    dispatchPack<T>(channelPackable<T>(c, {dy, dx}), [&](auto pack) {
+      constexpr int V = decltype(pack)::value;
+      const int64_t packs = n * h * w * (c / V);
+      maxpool_bwd_kernel<T, V><<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                                        static_cast<T*>(dx), argmax, g, packs);
+      checkLaunch("maxpool_bwd_kernel");
+    });
   });
 }
 

@@ -46,7 +46,8 @@ class CudaPool2dPlan final : public Pool2dPlan {
     DeviceGuard guard(ctx_.device());
     if (p_.kind == PoolKind::Max) {
       maxPoolBackward(p_.dtype, dy.data(), dx.data(), workspace.ptr<int32_t>(), p_.n, p_.h, p_.w, p_.c, p_.outH(),
-                      p_.outW(), ctx_.stream());
+                      p_.outW(), k(p_.kernelH), k(p_.kernelW), k(p_.strideH), k(p_.strideW), k(p_.padH), k(p_.padW),
+                      ctx_.stream());
     } else {
       avgPoolBackward(p_.dtype, dy.data(), dx.data(), p_.n, p_.h, p_.w, p_.c, p_.outH(), p_.outW(), k(p_.kernelH),
                       k(p_.kernelW), k(p_.strideH), k(p_.strideW), k(p_.padH), k(p_.padW), ctx_.stream());
