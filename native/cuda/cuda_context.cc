@@ -146,8 +146,10 @@ CudaContext::CudaContext(int device) : device_(device) {
 CudaContext::~CudaContext() {
   DeviceGuard guard(device_);
   for (auto& [key, entry] : uploads_) {
-    if (entry.copied) cudaEventDestroy(entry.copied);
-    if (entry.pinned) cudaFreeHost(entry.pinned);
+    for (Staging& slot : entry.staging) {
+      if (slot.copied) cudaEventDestroy(slot.copied);
+      if (slot.pinned) cudaFreeHost(slot.pinned);
+    }
   }
   uploads_.clear();
   retired_.clear();
@@ -225,21 +227,23 @@ const void* CudaContext::upload(const std::string& key, const void* host, size_t
   if (entry.device.defined() && entry.bytes == content) return entry.device.data();
   RC_CHECK_ARG(!capturing(), "the " << key << " table changed during a CUDA graph capture; capture after the "
                                            "settings are final");
-  if (entry.copied == nullptr) RC_CUDA_CHECK(cudaEventCreateWithFlags(&entry.copied, cudaEventDisableTiming));
-  RC_CUDA_CHECK(cudaEventSynchronize(entry.copied));  // the previous copy from `pinned` has run
-  if (entry.capacity < bytes) {
-    if (entry.pinned) RC_CUDA_CHECK(cudaFreeHost(entry.pinned));
-    entry.pinned = nullptr;
-    RC_CUDA_CHECK(cudaMallocHost(&entry.pinned, bytes));
-    entry.capacity = bytes;
+  Staging& slot = entry.staging[entry.next];
+  entry.next = (entry.next + 1) % kStagingBuffers;
+  if (slot.copied == nullptr) RC_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));
+  RC_CUDA_CHECK(cudaEventSynchronize(slot.copied));  // this buffer's previous copy has run
+  if (slot.capacity < bytes) {
+    if (slot.pinned) RC_CUDA_CHECK(cudaFreeHost(slot.pinned));
+    slot.pinned = nullptr;
+    RC_CUDA_CHECK(cudaMallocHost(&slot.pinned, bytes));
+    slot.capacity = bytes;
   }
   if (!entry.device.defined() || entry.device.nbytes() < bytes) {
     retire(entry.device);
     entry.device = allocate({static_cast<int64_t>(bytes)}, DType::U8);
   }
-  std::memcpy(entry.pinned, host, bytes);
-  RC_CUDA_CHECK(cudaMemcpyAsync(entry.device.data(), entry.pinned, bytes, cudaMemcpyHostToDevice, stream_));
-  RC_CUDA_CHECK(cudaEventRecord(entry.copied, stream_));
+  std::memcpy(slot.pinned, host, bytes);
+  RC_CUDA_CHECK(cudaMemcpyAsync(entry.device.data(), slot.pinned, bytes, cudaMemcpyHostToDevice, stream_));
+  RC_CUDA_CHECK(cudaEventRecord(slot.copied, stream_));
   entry.bytes = content;
   return entry.device.data();
 }

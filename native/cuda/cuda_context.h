@@ -95,8 +95,9 @@ class CudaContext {
   void graphDestroyed();
   int graphCount() const { return graphs_; }
   // Device copy of a small host table (SGD segments and groups, normalisation constants), sent again
-  // only when its bytes differ from the last ones sent under `key`. The copy is asynchronous, from a
-  // pinned buffer that is reused only after its previous copy has run.
+  // only when its bytes differ from the last ones sent under `key`. The copy is asynchronous, from
+  // one of a few pinned buffers taken in turn, each reused only after its previous copy has run, so
+  // a table that changes every step (a learning-rate schedule) does not hold the host back.
   const void* upload(const std::string& key, const void* host, size_t bytes);
 
  private:
@@ -113,12 +114,17 @@ class CudaContext {
   // Drops `t`, or keeps it in retired_ while a graph exists.
   void retire(Tensor& t);
   int32_t* invalidLabel_ = nullptr;
-  struct Uploaded {
-    std::string bytes;
-    Tensor device;
+  struct Staging {
     void* pinned = nullptr;
     size_t capacity = 0;
     cudaEvent_t copied = nullptr;
+  };
+  static constexpr int kStagingBuffers = 4;
+  struct Uploaded {
+    std::string bytes;
+    Tensor device;
+    Staging staging[kStagingBuffers];
+    int next = 0;
   };
   std::map<std::string, Uploaded> uploads_;
 };
