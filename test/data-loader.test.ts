@@ -158,6 +158,42 @@ describe('DataLoader', () => {
     expect(a.epoch).toBe(1);
   });
 
+  it('starts an epoch at a given batch without loading the earlier ones, with the batches of the whole epoch', async () => {
+    const dataset = await ImageFolder.open(join(root, 'images'));
+    for (const workers of [0, 2]) {
+      const loader = new DataLoader(dataset, { batchSize: 5, transform: augment(), shuffle: true, seed: 3, workers });
+      try {
+        loader.setEpoch(2);
+        const whole = await epoch(loader);
+        const indexes: number[] = [];
+        loader.setEpoch(2, 3);
+        const tail: Copied[] = [];
+        for await (const batch of loader) {
+          indexes.push(batch.index);
+          tail.push(copy(batch));
+        }
+        expect(indexes).toEqual([3, 4]);
+        expect(tail).toEqual(whole.slice(3));
+        expect(loader.epoch).toBe(3);
+        // The start applies to one iteration; past the end, the epoch is empty.
+        loader.setEpoch(2);
+        expect((await epoch(loader)).length).toBe(5);
+        loader.setEpoch(2, 9);
+        expect(await epoch(loader)).toEqual([]);
+        expect(() => loader.setEpoch(0, -1)).toThrow(/startBatch/);
+      } finally {
+        await loader.close();
+      }
+    }
+    // Without workers the skipped samples are not even read.
+    let reads = 0;
+    const counting = { get length() { return shapes.length; }, get classes() { return shapes.classes; }, get: (i: number) => { reads++; return shapes.get(i); }, label: (i: number) => shapes.label(i), spec: () => shapes.spec() };
+    const inline = new DataLoader(counting as unknown as typeof shapes, { batchSize: 8, transform: augment(), workers: 0 });
+    inline.setEpoch(0, 4);
+    expect((await epoch(inline)).length).toBe(1);
+    expect(reads).toBe(8);
+  });
+
   it('gives byte-identical batches with 0 and with 2 workers, and keeps persistent workers', async () => {
     const dataset = await ImageFolder.open(join(root, 'images'));
     const transform = new Compose([

@@ -411,6 +411,7 @@ export class DataLoader implements AsyncIterable<Batch> {
   readonly outputSize: readonly [number, number];
 
   #epoch = 0;
+  #startBatch = 0;
   #runCounter = 0;
   #active = false;
   #closed = false;
@@ -488,9 +489,16 @@ export class DataLoader implements AsyncIterable<Batch> {
     return this.#epoch;
   }
 
-  /** Sets the epoch the next iteration runs (later iterations continue from it). */
-  setEpoch(epoch: number): void {
+  /**
+   * Sets the epoch the next iteration runs (later iterations continue from it) and, for resuming
+   * inside an epoch, the batch it starts at: the batches before `startBatch` are neither loaded
+   * nor yielded, and the others are the same as in a whole epoch (every sample's randomness comes
+   * from the seed, the epoch and its index), with the same `index`. `startBatch` applies to the
+   * next iteration only.
+   */
+  setEpoch(epoch: number, startBatch = 0): void {
     this.#epoch = expectInt('epoch', epoch, 0);
+    this.#startBatch = expectInt('startBatch', startBatch, 0);
   }
 
   /** Worker threads currently running (0 between epochs unless `persistentWorkers`). */
@@ -508,7 +516,9 @@ export class DataLoader implements AsyncIterable<Batch> {
   [Symbol.asyncIterator](): AsyncIterator<Batch> {
     if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'This DataLoader was closed');
     const epoch = this.#epoch++;
-    return this.#run(epoch);
+    const first = this.#startBatch;
+    this.#startBatch = 0;
+    return this.#run(epoch, first);
   }
 
   /** Stops the workers and frees the tensors of `toTensors`; the loader cannot be used afterwards. */
@@ -562,7 +572,7 @@ export class DataLoader implements AsyncIterable<Batch> {
     return batches;
   }
 
-  async *#run(epoch: number): AsyncGenerator<Batch, void, undefined> {
+  async *#run(epoch: number, first: number): AsyncGenerator<Batch, void, undefined> {
     if (this.#active) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
@@ -575,12 +585,12 @@ export class DataLoader implements AsyncIterable<Batch> {
     let failed = false;
     try {
       const plan = this.#plan(epoch);
-      if (plan.length === 0) return;
+      if (plan.length <= first) return;
       const layout = this.#ensureLayout();
       const slots = this.#slotCount();
       if (this.workers === 0) {
         this.#filler ??= new BatchFiller(this.dataset, this.transform, this.deferFlip, layout);
-        for (let k = 0; k < plan.length; k++) {
+        for (let k = first; k < plan.length; k++) {
           if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
           const job = this.#job(run, 0, k, plan[k]!, epoch);
           try {
@@ -618,7 +628,7 @@ export class DataLoader implements AsyncIterable<Batch> {
       }, fail);
       const free: number[] = [];
       for (let s = slots - 1; s >= 0; s--) free.push(s);
-      let next = 0;
+      let next = first;
       const dispatch = (): void => {
         // A slot is free once its batch was consumed; a worker takes at most `prefetch` jobs.
         while (next < plan.length && free.length > 0 && failure === undefined) {
@@ -629,7 +639,7 @@ export class DataLoader implements AsyncIterable<Batch> {
         }
       };
       dispatch();
-      for (let k = 0; k < plan.length; k++) {
+      for (let k = first; k < plan.length; k++) {
         let slot: number;
         try {
           slot = await done[k]!.promise;

@@ -1095,10 +1095,10 @@ export class Trainer {
       return;
     }
     if (!loader) return;
-    loader.setEpoch(epoch);
+    // A resume inside an epoch starts at its batch: the loader skips the earlier ones without
+    // loading them, and the rest are those of the whole epoch.
+    loader.setEpoch(epoch, first);
     for await (const batch of loader) {
-      // Batches before the resume position are read and dropped, so the order stays exact.
-      if (batch.index < first) continue;
       const { images, labels } = batch.toTensors(this.device);
       yield { images, labels, hostLabels: batch.labels, flips: batch.flips, size: batch.size, index: batch.index, indices: batch.indices };
     }
