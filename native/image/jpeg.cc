@@ -183,18 +183,19 @@ JpegHeader readJpegHeader(const uint8_t* bytes, size_t size) {
   return h;
 }
 
-bool decodeJpeg(const uint8_t* bytes, size_t size, const JpegRequest& request, JpegImage& out) {
+bool decodeJpeg(const uint8_t* bytes, size_t size, const JpegRequest& request, const ImageAllocator& allocate,
+                JpegImage& out) {
   Session s;
   const int status = decodeRegion(s, bytes, size, request);
   if (status < 0) RC_THROW(code::kCorruptFile, s.err.message);
   if (status == 0) return false;
   const int height = s.plan.y.outputs;
   const int width = s.plan.x.outputs;
-  out.data.resize(static_cast<size_t>(height) * width * s.channels);
+  out.data = allocate(static_cast<size_t>(height) * width * s.channels);
   out.height = height;
   out.width = width;
   out.channels = s.channels;
-  runResample(s.plan, s.source, request.mirror, out.data.data());
+  runResample(s.plan, s.source, request.mirror, out.data);
   return true;
 }
 

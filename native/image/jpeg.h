@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,15 @@ struct JpegRequest {
 };
 
 struct JpegImage {
-  std::vector<uint8_t> data;  // height x width x channels
+  uint8_t* data = nullptr;  // height x width x channels, from the caller's allocate()
   int height = 0;
   int width = 0;
   int channels = 0;  // 1 (grayscale JPEG) or 3 (RGB)
 };
+
+// Gives the memory for a decoded image of `bytes` bytes (e.g. a JavaScript buffer, so that the
+// result needs no copy and its memory is the garbage collector's to account for).
+using ImageAllocator = std::function<uint8_t*(size_t bytes)>;
 
 // Header facts: the size and whether decodeJpeg handles the colour space.
 struct JpegHeader {
@@ -54,10 +59,11 @@ std::string libjpegTurboVersion();
 // Reads the header. Throws rc::Error ERR_RC_CORRUPT_FILE when it is not a readable JPEG.
 JpegHeader readJpegHeader(const uint8_t* bytes, size_t size);
 
-// Decodes, crops and resizes. Returns false (and leaves `out` empty) when the colour space is
-// neither grayscale, YCbCr nor RGB. Throws rc::Error: ERR_RC_CORRUPT_FILE with libjpeg's message
+// Decodes, crops and resizes into memory from `allocate`. Returns false (without allocating) when
+// the colour space is neither grayscale, YCbCr nor RGB. Throws rc::Error: ERR_RC_CORRUPT_FILE with libjpeg's message
 // when the data is broken or ends early, ERR_RC_INVALID_ARGUMENT for a crop outside the image or
 // a window outside the output.
-bool decodeJpeg(const uint8_t* bytes, size_t size, const JpegRequest& request, JpegImage& out);
+bool decodeJpeg(const uint8_t* bytes, size_t size, const JpegRequest& request, const ImageAllocator& allocate,
+                JpegImage& out);
 
 }  // namespace rc::image

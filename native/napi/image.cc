@@ -4,7 +4,6 @@
 // cost.
 #include "image.h"
 
-#include <memory>
 #include <string>
 
 #include "../core/error.h"
@@ -61,12 +60,6 @@ Napi::Uint8Array getBytes(const Napi::Object& o, const char* key) {
   return v.As<Napi::Uint8Array>();
 }
 
-// Hands a vector's storage to JavaScript without copying it.
-Napi::Buffer<uint8_t> toBuffer(Napi::Env env, std::vector<uint8_t>&& bytes) {
-  auto* owned = new std::vector<uint8_t>(std::move(bytes));
-  return Napi::Buffer<uint8_t>::New(env, owned->data(), owned->size(),
-                                    [](Napi::Env, uint8_t*, std::vector<uint8_t>* v) { delete v; }, owned);
-}
 
 Napi::Value JpegHeaderFn(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
@@ -107,13 +100,19 @@ Napi::Value JpegDecodeFn(const Napi::CallbackInfo& info) {
     r.filter = getFilter(o);
     r.mirror = getBool(o, "mirror", false);
     r.dctScaling = getBool(o, "dctScaling", true);
+    // The pixels go straight into a JavaScript-owned array, whose size the garbage collector sees.
+    Napi::Uint8Array pixels;
+    const image::ImageAllocator allocate = [&](size_t n) {
+      pixels = Napi::Uint8Array::New(info.Env(), n);
+      return pixels.Data();
+    };
     image::JpegImage img;
-    if (!image::decodeJpeg(bytes.Data(), bytes.ByteLength(), r, img)) return info.Env().Null();
+    if (!image::decodeJpeg(bytes.Data(), bytes.ByteLength(), r, allocate, img)) return info.Env().Null();
     Napi::Object result = Napi::Object::New(info.Env());
     result.Set("height", img.height);
     result.Set("width", img.width);
     result.Set("channels", img.channels);
-    result.Set("data", toBuffer(info.Env(), std::move(img.data)));
+    result.Set("data", pixels);
     return Napi::Value(result);
   });
 }
@@ -152,9 +151,9 @@ Napi::Value ImageResampleFn(const Napi::CallbackInfo& info) {
     src.rows = static_cast<int>(height);
     src.cols = static_cast<int>(width);
     src.channels = static_cast<int>(channels);
-    std::vector<uint8_t> out(static_cast<size_t>(spec.windowHeight) * spec.windowWidth * channels);
-    image::runResample(plan, src, getBool(o, "mirror", false), out.data());
-    return Napi::Value(toBuffer(info.Env(), std::move(out)));
+    Napi::Uint8Array out = Napi::Uint8Array::New(info.Env(), static_cast<size_t>(spec.windowHeight) * spec.windowWidth * channels);
+    image::runResample(plan, src, getBool(o, "mirror", false), out.Data());
+    return Napi::Value(out);
   });
 }
 
