@@ -171,8 +171,15 @@ function build(cmakeJs) {
   const env = { ...process.env, npm_config_nodedir: headers.dir };
   // Configured every time, so that the CUDA settings above always apply (cmake-js alone configures
   // only a new build folder); an unchanged configuration rebuilds nothing.
+  // The emulated CUDA backend is a test tool: built in a source checkout (which has the tests),
+  // unless RESNET_CUDA_BUILD_EMULATOR=0.
+  const emulatorWanted = process.env.RESNET_CUDA_BUILD_EMULATOR;
+  const emulator =
+    emulatorWanted === undefined || emulatorWanted === ''
+      ? existsSync(join(root, 'native', 'cuda-emulator')) && existsSync(join(root, 'test'))
+      : envFlag('RESNET_CUDA_BUILD_EMULATOR');
   const steps = [
-    [cmakeJs, 'configure', '--out', 'build', ...cuda.args],
+    [cmakeJs, 'configure', '--out', 'build', ...cuda.args, `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`],
     [cmakeJs, 'build', '--out', 'build', '--parallel', jobs],
   ];
   for (const args of steps) {

@@ -47,6 +47,8 @@ std::string addonDirectory() {
 }
 
 bool cudaLibraryBuilt() {
+  const char* replacement = std::getenv("RESNET_CUDA_BACKEND_LIBRARY");
+  if (replacement != nullptr && replacement[0] != '\0') return true;
   const std::string path = addonDirectory() + "/" + kCudaLibrary;
   return access(path.c_str(), R_OK) == 0;
 }
@@ -179,9 +181,31 @@ bool preloadCudaLibraries(std::string* error) {
   return false;
 }
 
+// Binds the entry points of an opened backend library.
+void bindCudaLibrary(const std::string& path) {
+  gCudaLib.create = reinterpret_cast<CreateFn>(dlsym(gCudaLib.handle, "rc_cuda_create_backend"));
+  gCudaLib.count = reinterpret_cast<CountFn>(dlsym(gCudaLib.handle, "rc_cuda_device_count"));
+  if (gCudaLib.create == nullptr || gCudaLib.count == nullptr) {
+    gCudaLib.error = path + " does not export the backend entry points; rebuild it";
+  }
+}
+
 CudaLibrary& openCudaLibrary() {
   if (gCudaLib.tried) return gCudaLib;
   gCudaLib.tried = true;
+  // Another build of the backend interface in place of the CUDA one: the emulated CUDA backend
+  // (libresnet_cuda_emulator.so), which needs neither a GPU nor the CUDA libraries.
+  const std::string replacement = envOr("RESNET_CUDA_BACKEND_LIBRARY", "");
+  if (!replacement.empty()) {
+    gCudaLib.handle = dlopen(replacement.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (gCudaLib.handle == nullptr) {
+      const char* why = dlerror();
+      gCudaLib.error = "RESNET_CUDA_BACKEND_LIBRARY=" + replacement + " could not be loaded: " + (why ? why : "unknown error");
+      return gCudaLib;
+    }
+    bindCudaLibrary(replacement);
+    return gCudaLib;
+  }
   const std::string path = addonDirectory() + "/" + kCudaLibrary;
   if (!cudaLibraryBuilt()) {
     gCudaLib.error = std::string("this build has no CUDA backend (") + kCudaLibrary +
@@ -209,11 +233,7 @@ CudaLibrary& openCudaLibrary() {
                      "and make them visible through RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH or CUDA_HOME";
     return gCudaLib;
   }
-  gCudaLib.create = reinterpret_cast<CreateFn>(dlsym(gCudaLib.handle, "rc_cuda_create_backend"));
-  gCudaLib.count = reinterpret_cast<CountFn>(dlsym(gCudaLib.handle, "rc_cuda_device_count"));
-  if (gCudaLib.create == nullptr || gCudaLib.count == nullptr) {
-    gCudaLib.error = std::string(kCudaLibrary) + " does not export the backend entry points; rebuild it";
-  }
+  bindCudaLibrary(kCudaLibrary);
   return gCudaLib;
 }
 

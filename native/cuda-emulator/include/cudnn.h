@@ -1,0 +1,348 @@
+// cuDNN as the emulator provides it: the legacy (descriptor based) convolution API of cuDNN 9 that
+// the CUDA backend uses, with the types, enumerators and numeric values of the cuDNN 9 headers.
+//
+// The emulator's behaviour (src/dnn.cc):
+// - Every call validates its arguments when it is made and returns the documented status:
+//   CUDNN_STATUS_BAD_PARAM for unset or inconsistent descriptors (data types that differ, input
+//   channels that do not match the filter and group count, batch or output channels that do not
+//   match, a dilated filter larger than the padded input), null alpha/beta, null or non-device
+//   pointers or buffers smaller than their descriptor, a workspace smaller than the algorithm needs
+//   or not device memory of the size given, and an algorithm value outside its enumeration;
+//   CUDNN_STATUS_NOT_SUPPORTED for a data type / compute type configuration cuDNN does not
+//   support, negative strides, NCHW_VECT_C layouts, and the algorithms the emulator does not
+//   implement. Where the documentation of the three passes differs, so does the status: an output
+//   of the wrong spatial size is NOT_SUPPORTED for the forward pass and BAD_PARAM for the backward
+//   passes; output channels that are not a multiple of the group count are NOT_SUPPORTED for
+//   backward data and BAD_PARAM otherwise. cudnnGetLastErrorString explains the last failure of
+//   the calling thread.
+// - The Find calls are blocking: on a capturing stream they return
+//   CUDNN_STATUS_EXECUTION_FAILED_CUDART (the capture is left intact); otherwise they wait for the
+//   stream, report the algorithms (those needing more workspace than given with
+//   CUDNN_STATUS_ALLOC_FAILED, the others with CUDNN_STATUS_NOT_SUPPORTED, each with the
+//   descriptor's math type), and overwrite the output buffer and the workspace they use with
+//   rc_emu::kUninitializedByte, as the timed runs do.
+// - The computations are queued on the handle's stream (rc_emu::enqueue) with the argument values
+//   of the call (alpha and beta are read from host memory at the call); device memory is read and
+//   written when the stream runs.
+// - Data types: x, w and y FLOAT, HALF or BFLOAT16 with compute type FLOAT, HALF with compute type
+//   HALF, DOUBLE with compute type DOUBLE. Products are accumulated in double precision. With FLOAT
+//   data and math type CUDNN_DEFAULT_MATH, CUDNN_TENSOR_OP_MATH or
+//   CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION the inputs are rounded to TF32 (10 mantissa bits, to
+//   nearest, ties away from zero) as tensor cores do; CUDNN_FMA_MATH keeps them exact.
+// - Emulated algorithms and their workspace (Cg = input channels per group, elem = 8 bytes for
+//   DOUBLE compute, 4 otherwise):
+//     forward         IMPLICIT_GEMM          0 bytes
+//                     IMPLICIT_PRECOMP_GEMM  4 * outH * outW * R * S bytes (a table of input offsets)
+//     backward data   ALGO_0                 0 bytes (reported non-deterministic)
+//                     ALGO_1                 elem * H * W * C bytes (one image's accumulators)
+//     backward filter ALGO_0                 0 bytes (reported non-deterministic)
+//                     ALGO_1                 elem * K * R * S * Cg bytes (the filter's accumulators)
+//   The other algorithms are reported CUDNN_STATUS_NOT_SUPPORTED by the Find calls and refused by
+//   the compute calls. The Find calls rank the algorithm with a workspace first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+// The emulator reports itself as cuDNN 9.13; patch level 99 marks the emulator.
+#define CUDNN_MAJOR 9
+#define CUDNN_MINOR 13
+#define CUDNN_PATCHLEVEL 99
+#define CUDNN_VERSION (CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL)
+#define CUDNN_DIM_MAX 8
+
+struct cudnnContext;
+typedef struct cudnnContext* cudnnHandle_t;
+struct cudnnTensorStruct;
+typedef struct cudnnTensorStruct* cudnnTensorDescriptor_t;
+struct cudnnFilterStruct;
+typedef struct cudnnFilterStruct* cudnnFilterDescriptor_t;
+struct cudnnConvolutionStruct;
+typedef struct cudnnConvolutionStruct* cudnnConvolutionDescriptor_t;
+
+typedef enum {
+  CUDNN_STATUS_SUCCESS = 0,
+
+  CUDNN_STATUS_NOT_INITIALIZED = 1001,
+  CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH = 1002,
+  CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH = 1003,
+  CUDNN_STATUS_DEPRECATED = 1004,
+  CUDNN_STATUS_LICENSE_ERROR = 1005,
+  CUDNN_STATUS_RUNTIME_IN_PROGRESS = 1006,
+  CUDNN_STATUS_RUNTIME_FP_OVERFLOW = 1007,
+  CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED = 1008,
+
+  CUDNN_STATUS_BAD_PARAM = 2000,
+  CUDNN_STATUS_BAD_PARAM_NULL_POINTER = 2002,
+  CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER = 2003,
+  CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED = 2004,
+  CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND = 2005,
+  CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT = 2006,
+  CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH = 2007,
+  CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH = 2008,
+  CUDNN_STATUS_BAD_PARAM_DUPLICATED_ENTRIES = 2009,
+  CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE = 2010,
+  CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH = 2011,
+  CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE = 2012,
+
+  CUDNN_STATUS_NOT_SUPPORTED = 3000,
+  CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN = 3001,
+  CUDNN_STATUS_NOT_SUPPORTED_SHAPE = 3002,
+  CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE = 3003,
+  CUDNN_STATUS_NOT_SUPPORTED_LAYOUT = 3004,
+  CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER = 3005,
+  CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART = 3006,
+  CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH = 3007,
+  CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING = 3008,
+  CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE = 3009,
+  CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT = 3010,
+  CUDNN_STATUS_NOT_SUPPORTED_PADDING = 3011,
+  CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM = 3012,
+  CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API = 3013,
+
+  CUDNN_STATUS_INTERNAL_ERROR = 4000,
+  CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED = 4001,
+  CUDNN_STATUS_INTERNAL_ERROR_UNEXPECTED_VALUE = 4002,
+  CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED = 4003,
+  CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED = 4004,
+  CUDNN_STATUS_INTERNAL_ERROR_BAD_LAUNCH_PARAM = 4005,
+  CUDNN_STATUS_INTERNAL_ERROR_TEXTURE_CREATION_FAILED = 4006,
+
+  CUDNN_STATUS_EXECUTION_FAILED = 5000,
+  CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER = 5001,
+  CUDNN_STATUS_EXECUTION_FAILED_CUBLAS = 5002,
+  CUDNN_STATUS_EXECUTION_FAILED_CUDART = 5003,
+  CUDNN_STATUS_EXECUTION_FAILED_CURAND = 5004,
+
+  // Deprecated names kept by cuDNN 9.
+  CUDNN_STATUS_ALLOC_FAILED = CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED,
+  CUDNN_STATUS_INVALID_VALUE = 2001,
+  CUDNN_STATUS_ARCH_MISMATCH = CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH,
+  CUDNN_STATUS_MAPPING_ERROR = CUDNN_STATUS_INTERNAL_ERROR_TEXTURE_CREATION_FAILED,
+  CUDNN_STATUS_RUNTIME_PREREQUISITE_MISSING = CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING,
+  CUDNN_STATUS_VERSION_MISMATCH = CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH,
+} cudnnStatus_t;
+
+typedef enum {
+  CUDNN_DATA_FLOAT = 0,
+  CUDNN_DATA_DOUBLE = 1,
+  CUDNN_DATA_HALF = 2,
+  CUDNN_DATA_INT8 = 3,
+  CUDNN_DATA_INT32 = 4,
+  CUDNN_DATA_INT8x4 = 5,
+  CUDNN_DATA_UINT8 = 6,
+  CUDNN_DATA_UINT8x4 = 7,
+  CUDNN_DATA_INT8x32 = 8,
+  CUDNN_DATA_BFLOAT16 = 9,
+  CUDNN_DATA_INT64 = 10,
+  CUDNN_DATA_BOOLEAN = 11,
+  CUDNN_DATA_FP8_E4M3 = 12,
+  CUDNN_DATA_FP8_E5M2 = 13,
+  CUDNN_DATA_FAST_FLOAT_FOR_FP8 = 14,
+  CUDNN_DATA_FP8_E8M0 = 15,
+  CUDNN_DATA_FP4_E2M1 = 16,
+  CUDNN_DATA_INT4 = 17,
+  CUDNN_DATA_UINT4 = 18,
+  CUDNN_DATA_UINT32 = 19,
+} cudnnDataType_t;
+
+typedef enum {
+  CUDNN_DEFAULT_MATH = 0,
+  CUDNN_TENSOR_OP_MATH = 1,
+  CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2,
+  CUDNN_FMA_MATH = 3,
+} cudnnMathType_t;
+
+typedef enum {
+  CUDNN_TENSOR_NCHW = 0,
+  CUDNN_TENSOR_NHWC = 1,
+  CUDNN_TENSOR_NCHW_VECT_C = 2,
+} cudnnTensorFormat_t;
+
+typedef enum {
+  CUDNN_NON_DETERMINISTIC = 0,
+  CUDNN_DETERMINISTIC = 1,
+} cudnnDeterminism_t;
+
+typedef enum {
+  CUDNN_CONVOLUTION = 0,
+  CUDNN_CROSS_CORRELATION = 1,
+} cudnnConvolutionMode_t;
+
+typedef enum {
+  CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM = 0,
+  CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM = 1,
+  CUDNN_CONVOLUTION_FWD_ALGO_GEMM = 2,
+  CUDNN_CONVOLUTION_FWD_ALGO_DIRECT = 3,
+  CUDNN_CONVOLUTION_FWD_ALGO_FFT = 4,
+  CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING = 5,
+  CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD = 6,
+  CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED = 7,
+  CUDNN_CONVOLUTION_FWD_ALGO_COUNT = 8,
+} cudnnConvolutionFwdAlgo_t;
+
+typedef enum {
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 = 0,
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 = 1,
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT = 2,
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING = 3,
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD = 4,
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED = 5,
+  CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT = 6,
+} cudnnConvolutionBwdDataAlgo_t;
+
+typedef enum {
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 = 0,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 = 1,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT = 2,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 = 3,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD = 4,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED = 5,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING = 6,
+  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT = 7,
+} cudnnConvolutionBwdFilterAlgo_t;
+
+typedef struct cudnnConvolutionFwdAlgoPerfStruct {
+  cudnnConvolutionFwdAlgo_t algo;
+  cudnnStatus_t status;
+  float time;     // milliseconds
+  size_t memory;  // workspace bytes
+  cudnnDeterminism_t determinism;
+  cudnnMathType_t mathType;
+  int reserved[3];
+} cudnnConvolutionFwdAlgoPerf_t;
+
+typedef struct cudnnConvolutionBwdDataAlgoPerfStruct {
+  cudnnConvolutionBwdDataAlgo_t algo;
+  cudnnStatus_t status;
+  float time;
+  size_t memory;
+  cudnnDeterminism_t determinism;
+  cudnnMathType_t mathType;
+  int reserved[3];
+} cudnnConvolutionBwdDataAlgoPerf_t;
+
+typedef struct cudnnConvolutionBwdFilterAlgoPerfStruct {
+  cudnnConvolutionBwdFilterAlgo_t algo;
+  cudnnStatus_t status;
+  float time;
+  size_t memory;
+  cudnnDeterminism_t determinism;
+  cudnnMathType_t mathType;
+  int reserved[3];
+} cudnnConvolutionBwdFilterAlgoPerf_t;
+
+extern "C" {
+
+// ---- versions and errors ----------------------------------------------------------------------
+size_t cudnnGetVersion(void);
+size_t cudnnGetCudartVersion(void);
+const char* cudnnGetErrorString(cudnnStatus_t status);
+// The calling thread's last error message ("" if none), truncated to max_size - 1 characters.
+void cudnnGetLastErrorString(char* message, size_t max_size);
+
+// ---- handles ----------------------------------------------------------------------------------
+cudnnStatus_t cudnnCreate(cudnnHandle_t* handle);
+cudnnStatus_t cudnnDestroy(cudnnHandle_t handle);
+cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t streamId);
+cudnnStatus_t cudnnGetStream(cudnnHandle_t handle, cudaStream_t* streamId);
+
+// ---- tensor and filter descriptors ------------------------------------------------------------
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* tensorDesc);
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t tensorDesc);
+cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t tensorDesc, cudnnTensorFormat_t format,
+                                         cudnnDataType_t dataType, int n, int c, int h, int w);
+cudnnStatus_t cudnnSetTensor4dDescriptorEx(cudnnTensorDescriptor_t tensorDesc, cudnnDataType_t dataType, int n, int c,
+                                           int h, int w, int nStride, int cStride, int hStride, int wStride);
+cudnnStatus_t cudnnGetTensor4dDescriptor(const cudnnTensorDescriptor_t tensorDesc, cudnnDataType_t* dataType, int* n,
+                                         int* c, int* h, int* w, int* nStride, int* cStride, int* hStride,
+                                         int* wStride);
+
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* filterDesc);
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t filterDesc);
+cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t filterDesc, cudnnDataType_t dataType,
+                                         cudnnTensorFormat_t format, int k, int c, int h, int w);
+cudnnStatus_t cudnnGetFilter4dDescriptor(const cudnnFilterDescriptor_t filterDesc, cudnnDataType_t* dataType,
+                                         cudnnTensorFormat_t* format, int* k, int* c, int* h, int* w);
+
+// ---- convolution descriptors ------------------------------------------------------------------
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* convDesc);
+cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t convDesc);
+cudnnStatus_t cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t convDesc, int pad_h, int pad_w, int u, int v,
+                                              int dilation_h, int dilation_w, cudnnConvolutionMode_t mode,
+                                              cudnnDataType_t computeType);
+cudnnStatus_t cudnnGetConvolution2dDescriptor(const cudnnConvolutionDescriptor_t convDesc, int* pad_h, int* pad_w,
+                                              int* u, int* v, int* dilation_h, int* dilation_w,
+                                              cudnnConvolutionMode_t* mode, cudnnDataType_t* computeType);
+cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t mathType);
+cudnnStatus_t cudnnGetConvolutionMathType(cudnnConvolutionDescriptor_t convDesc, cudnnMathType_t* mathType);
+cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc, int groupCount);
+cudnnStatus_t cudnnGetConvolutionGroupCount(cudnnConvolutionDescriptor_t convDesc, int* groupCount);
+cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescriptor_t convDesc,
+                                                    const cudnnTensorDescriptor_t inputTensorDesc,
+                                                    const cudnnFilterDescriptor_t filterDesc, int* n, int* c, int* h,
+                                                    int* w);
+
+// ---- workspace sizes --------------------------------------------------------------------------
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                      const cudnnFilterDescriptor_t wDesc,
+                                                      const cudnnConvolutionDescriptor_t convDesc,
+                                                      const cudnnTensorDescriptor_t yDesc,
+                                                      cudnnConvolutionFwdAlgo_t algo, size_t* sizeInBytes);
+cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
+                                                           const cudnnTensorDescriptor_t dyDesc,
+                                                           const cudnnConvolutionDescriptor_t convDesc,
+                                                           const cudnnTensorDescriptor_t dxDesc,
+                                                           cudnnConvolutionBwdDataAlgo_t algo, size_t* sizeInBytes);
+cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                             const cudnnTensorDescriptor_t dyDesc,
+                                                             const cudnnConvolutionDescriptor_t convDesc,
+                                                             const cudnnFilterDescriptor_t gradDesc,
+                                                             cudnnConvolutionBwdFilterAlgo_t algo, size_t* sizeInBytes);
+
+// ---- algorithm search (blocking: waits for the handle's stream; overwrites the output buffer) ---
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                     const void* x, const cudnnFilterDescriptor_t wDesc, const void* w,
+                                                     const cudnnConvolutionDescriptor_t convDesc,
+                                                     const cudnnTensorDescriptor_t yDesc, void* y,
+                                                     const int requestedAlgoCount, int* returnedAlgoCount,
+                                                     cudnnConvolutionFwdAlgoPerf_t* perfResults, void* workSpace,
+                                                     size_t workSpaceSizeInBytes);
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc,
+                                                          const void* w, const cudnnTensorDescriptor_t dyDesc,
+                                                          const void* dy, const cudnnConvolutionDescriptor_t convDesc,
+                                                          const cudnnTensorDescriptor_t dxDesc, void* dx,
+                                                          const int requestedAlgoCount, int* returnedAlgoCount,
+                                                          cudnnConvolutionBwdDataAlgoPerf_t* perfResults,
+                                                          void* workSpace, size_t workSpaceSizeInBytes);
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc,
+                                                            const void* x, const cudnnTensorDescriptor_t dyDesc,
+                                                            const void* y, const cudnnConvolutionDescriptor_t convDesc,
+                                                            const cudnnFilterDescriptor_t dwDesc, void* dw,
+                                                            const int requestedAlgoCount, int* returnedAlgoCount,
+                                                            cudnnConvolutionBwdFilterAlgoPerf_t* perfResults,
+                                                            void* workSpace, size_t workSpaceSizeInBytes);
+
+// ---- convolutions: dst = alpha * result + beta * dst (dst is not read when beta == 0) ----------
+cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, const cudnnTensorDescriptor_t xDesc,
+                                      const void* x, const cudnnFilterDescriptor_t wDesc, const void* w,
+                                      const cudnnConvolutionDescriptor_t convDesc, cudnnConvolutionFwdAlgo_t algo,
+                                      void* workSpace, size_t workSpaceSizeInBytes, const void* beta,
+                                      const cudnnTensorDescriptor_t yDesc, void* y);
+cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alpha, const cudnnFilterDescriptor_t wDesc,
+                                           const void* w, const cudnnTensorDescriptor_t dyDesc, const void* dy,
+                                           const cudnnConvolutionDescriptor_t convDesc,
+                                           cudnnConvolutionBwdDataAlgo_t algo, void* workSpace,
+                                           size_t workSpaceSizeInBytes, const void* beta,
+                                           const cudnnTensorDescriptor_t dxDesc, void* dx);
+cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha,
+                                             const cudnnTensorDescriptor_t xDesc, const void* x,
+                                             const cudnnTensorDescriptor_t dyDesc, const void* dy,
+                                             const cudnnConvolutionDescriptor_t convDesc,
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void* workSpace,
+                                             size_t workSpaceSizeInBytes, const void* beta,
+                                             const cudnnFilterDescriptor_t dwDesc, void* dw);
+
+}  // extern "C"
