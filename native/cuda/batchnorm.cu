@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) batchnorm_stats_kernel(const T* __re
   }
   __syncthreads();
   for (int half = blockDim.y / 2; half > 0; half /= 2) {
-    if (threadIdx.y < half) {
+    if (static_cast<int>(threadIdx.y) < half) {
       const int other = tid + half * blockDim.x;
       const float nb = sN[other];
 #pragma unroll
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) batchnorm_bwd_stats_kernel(const T* 
   }
   __syncthreads();
   for (int half = blockDim.y / 2; half > 0; half /= 2) {
-    if (threadIdx.y < half) {
+    if (static_cast<int>(threadIdx.y) < half) {
       const int other = tid + half * blockDim.x;
 #pragma unroll
       for (int i = 0; i < V; ++i) {

@@ -205,13 +205,18 @@ class CudaConv2dPlan final : public Conv2dPlan {
     Tensor x = ctx_.allocate({p_.n, p_.h, p_.w, p_.c}, p_.dtype);
     Tensor w = ctx_.allocate({p_.k, p_.r, p_.s, p_.c}, p_.dtype);
     Tensor y = ctx_.allocate({p_.n, p_.outH(), p_.outW(), p_.k}, p_.dtype);
-    for (const Tensor* t : {&x, &w, &y}) RC_CUDA_CHECK(cudaMemsetAsync(t->data(), 0x3c, t->nbytes(), ctx_.stream()));
+    // Each search also writes its output (y, then x, then w), which the next one reads: refilled
+    // before every search.
+    auto fill = [&] {
+      for (const Tensor* t : {&x, &w, &y}) RC_CUDA_CHECK(cudaMemsetAsync(t->data(), 0x3c, t->nbytes(), ctx_.stream()));
+    };
     Tensor ws = ctx_.allocate({static_cast<int64_t>(limit)}, DType::U8);
     ConvAlgorithms chosen{};
     constexpr int kMax = 16;
     int returned = 0;
     {
       cudnnConvolutionFwdAlgoPerf_t perf[kMax];
+      fill();
       RC_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(ctx_.cudnn(), xDesc_, x.data(), wDesc_, w.data(), convDesc_,
                                                             yDesc_, y.data(), kMax, &returned, perf, ws.data(), limit),
                      p_.str());
@@ -222,6 +227,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     }
     {
       cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
+      fill();
       RC_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(ctx_.cudnn(), wDesc_, w.data(), yDesc_, y.data(),
                                                                  convDesc_, xDesc_, x.data(), kMax, &returned, perf,
                                                                  ws.data(), limit),
@@ -233,6 +239,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     }
     {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
+      fill();
       RC_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(ctx_.cudnn(), xDesc_, x.data(), yDesc_, y.data(),
                                                                    convDesc_, wDesc_, w.data(), kMax, &returned, perf,
                                                                    ws.data(), limit),

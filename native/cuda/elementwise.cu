@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) bias_grad_partial_kernel(const T* __
   for (int i = 0; i < V; ++i) sSum[tid * V + i] = sum[i];
   __syncthreads();
   for (int half = blockDim.y / 2; half > 0; half /= 2) {
-    if (threadIdx.y < half) {
+    if (static_cast<int>(threadIdx.y) < half) {
       const int other = tid + half * blockDim.x;
 #pragma unroll
       for (int i = 0; i < V; ++i) {
@@ -185,7 +185,7 @@ __global__ void convert_input_kernel(const uint8_t* __restrict__ src, T* __restr
   __shared__ float sScale[kMaxInputChannels];
   __shared__ float sShift[kMaxInputChannels];
   // Same folding as the CPU backend: v * (1 / (255 std)) + (-mean / std).
-  if (threadIdx.x < c) {
+  if (static_cast<int>(threadIdx.x) < c) {
     const float mean = meanStd[threadIdx.x], std = meanStd[c + threadIdx.x];
     sScale[threadIdx.x] = 1.0f / (255.0f * std);
     sShift[threadIdx.x] = -mean / std;

@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_mean_kernel(const floa
   sSum[threadIdx.x] = sum;
   __syncthreads();
   for (int half = blockDim.x / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sSum[threadIdx.x] += sSum[threadIdx.x + half];
+    if (static_cast<int>(threadIdx.x) < half) sSum[threadIdx.x] += sSum[threadIdx.x + half];
     __syncthreads();
   }
   if (threadIdx.x == 0) *loss = sSum[0] / static_cast<float>(n);

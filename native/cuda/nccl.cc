@@ -12,6 +12,12 @@ namespace rc::cuda {
 
 namespace {
 
+// NCCL's description of the last error on this thread, as " (...)", or nothing when it has none.
+std::string lastErrorDetail() {
+  const char* detail = ncclGetLastError(nullptr);
+  return detail != nullptr && detail[0] != '\0' ? std::string(" (") + detail + ")" : std::string();
+}
+
 ncclDataType_t toNccl(DType t) {
   switch (t) {
     case DType::F32: return ncclFloat32;
@@ -115,7 +121,7 @@ class NcclCommunicator final : public Communicator {
     if (status == ncclSuccess || status == ncclInProgress) return;
     abort();
     RC_THROW(code::kNccl, "NCCL failed " << what << " on rank " << rank_ << ": " << ncclGetErrorString(status)
-                                         << (ncclGetLastError(nullptr) ? std::string(" (") + ncclGetLastError(nullptr) + ")" : "")
+                                         << lastErrorDetail()
                                          << "; the communicator was aborted");
   }
 
@@ -131,7 +137,7 @@ class NcclCommunicator final : public Communicator {
     if (state != ncclSuccess && state != ncclInProgress) {
       abort();
       RC_THROW(code::kNccl, "NCCL failed while " << what << " on rank " << rank_ << ": " << ncclGetErrorString(state)
-                                                 << (ncclGetLastError(nullptr) ? std::string(" (") + ncclGetLastError(nullptr) + ")" : ""));
+                                                 << lastErrorDetail());
     }
   }
 
