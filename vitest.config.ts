@@ -1,12 +1,35 @@
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { defineConfig } from 'vitest/config';
+
+// The emulated CUDA backend (native/cuda-emulator, built with the addon in a source checkout):
+// the 'cuda-emulator' project runs the CUDA test rows on it, so the CUDA backend's own code is
+// tested on machines without a GPU. Without the library, those rows are skipped with the reason.
+const emulator = resolve('build/Release/libresnet_cuda_emulator.so');
 
 export default defineConfig({
   test: {
-    include: ['test/**/*.test.ts'],
     // Generous: a slow or busy machine must not fail a correct test; speed is measured by `npm run bench`.
     testTimeout: 900_000,
     hookTimeout: 120_000,
     pool: 'forks',
     reporters: ['default', './test/summary-reporter.ts'],
+    projects: [
+      {
+        extends: true,
+        test: { name: 'main', include: ['test/**/*.test.ts'], exclude: ['test/cuda-emulator.test.ts'] },
+      },
+      {
+        extends: true,
+        test: {
+          name: 'cuda-emulator',
+          include: ['test/ops.test.ts', 'test/cuda-emulator.test.ts'],
+          env: {
+            RESNET_TEST_BACKENDS: 'cuda',
+            ...(existsSync(emulator) ? { RESNET_CUDA_BACKEND_LIBRARY: emulator } : { RESNET_CUDA_EMULATOR_MISSING: emulator }),
+          },
+        },
+      },
+    ],
   },
 });

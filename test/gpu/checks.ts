@@ -1,249 +1,27 @@
 /**
- * Checks that need a GPU beyond the op tables, runnable with Node alone:
- *   node dist/test/gpu/checks.js [cuda:0]
- * - the backend reports the device and library versions;
- * - a ResNet-50 bf16 training step runs, and the same steps replayed from a captured CUDA graph give
- *   the same losses and parameters as eager execution;
- * - a graph stays right when a tensor from before the capture is disposed during it and when a later
- *   eager step grows the scratch buffer, and AdamW refuses to be captured;
- * - LAMB, AdamW and the gradient norm over the ResNet-50 arena give the same bits twice and agree
- *   with the CPU backend;
- * - an NCCL communicator with one rank all-reduces and broadcasts in place;
- * - an impossible allocation fails with ERR_RC_OUT_OF_MEMORY naming the sizes;
- * - the Trainer trains a small-stem ResNet-18 on the generated shapes in bf16 and in fp16 with
- *   loss scaling, clipping and a moving average, to at least 90% validation accuracy.
- * Ends with "N passed, N failed".
+ * The GPU checks of test/gpu/cases.ts with Node alone (for GPU machines without npm):
+ *   node dist/test/gpu/checks.js [cuda:0] [--small]
+ * One line per check, then "N passed, N failed"; exits non-zero when a check fails.
  */
-import {
-  AdamW,
-  CenterCrop,
-  Compose,
-  CosineAnnealing,
-  DataLoader,
-  ResNet18,
-  ShapesDataset,
-  Trainer,
-  Communicator,
-  CrossEntropyLoss,
-  CudaGraph,
-  LAMB,
-  ResNet50,
-  SGD,
-  Tensor,
-  createUniqueId,
-  gradNorm,
-  listBackends,
-  parameterGroups,
-  synchronize,
-} from '../../lib/index.js';
+import { gpuChecks } from './cases.js';
 
-const device = process.argv[2] ?? 'cuda:0';
+const args = process.argv.slice(2);
+const device = args.find((a) => !a.startsWith('--')) ?? 'cuda:0';
+const scale = args.includes('--small') ? 'small' : 'full';
 let passed = 0;
 let failed = 0;
 
-function check(name: string, body: () => void): void {
+for (const check of gpuChecks) {
   const started = performance.now();
   try {
-    body();
+    await check.run({ device, scale, log: (line) => console.log(`      ${line}`) });
     passed++;
-    console.log(`ok    ${name} (${(performance.now() - started).toFixed(0)} ms)`);
+    console.log(`ok    ${check.name} (${(performance.now() - started).toFixed(0)} ms)`);
   } catch (error) {
     failed++;
-    console.log(`FAIL  ${name}: ${error instanceof Error ? error.stack ?? error.message : String(error)}`);
+    console.log(`FAIL  ${check.name}: ${error instanceof Error ? (error.stack ?? error.message) : String(error)}`);
   }
 }
-
-async function checkAsync(name: string, body: () => Promise<void>): Promise<void> {
-  const started = performance.now();
-  try {
-    await body();
-    passed++;
-    console.log(`ok    ${name} (${(performance.now() - started).toFixed(0)} ms)`);
-  } catch (error) {
-    failed++;
-    console.log(`FAIL  ${name}: ${error instanceof Error ? error.stack ?? error.message : String(error)}`);
-  }
-}
-
-function assert(condition: boolean, message: string): void {
-  if (!condition) throw new Error(message);
-}
-
-function relativeError(a: Float32Array, b: Float32Array): number {
-  let num = 0;
-  let den = 0;
-  for (let i = 0; i < a.length; i++) {
-    num += (a[i]! - b[i]!) ** 2;
-    den += b[i]! ** 2;
-  }
-  return Math.sqrt(num / Math.max(den, 1e-30));
-}
-
-/** A training step of `model` with SGD on fixed inputs, returning the loss tensor. */
-function sgdStepper(model: ReturnType<typeof ResNet18>, x: Tensor, labels: Tensor, options: { lr: number; momentum: number; weightDecay?: number }, labelSmoothing = 0) {
-  const loss = new CrossEntropyLoss({ labelSmoothing });
-  const optimizer = new SGD(model, options);
-  const step = () => {
-    const value = loss.forward(model.forward(x), labels);
-    model.backward(loss.backward());
-    optimizer.step();
-    optimizer.zeroGrad();
-    return value;
-  };
-  return { model, step };
-}
-
-check('the CUDA backend is available and reports its device', () => {
-  const cuda = listBackends().find((b) => b.name === 'cuda');
-  assert(!!cuda?.available, `cuda is not available: ${cuda?.reason}`);
-  console.log(`      ${cuda!.device} ${JSON.stringify(cuda!.properties)}`);
-});
-
-check('ResNet-50 bf16 steps replayed from a CUDA graph match eager steps', () => {
-  const batch = 32;
-  const x = Tensor.randn([batch, 224, 224, 3], { seed: 3, device, dtype: 'bf16' });
-  const labels = Tensor.from(Array.from({ length: batch }, (_, i) => i * 13 % 1000), [batch], { dtype: 'i32', device });
-  const make = () => sgdStepper(ResNet50({ seed: 7, device }), x, labels, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 }, 0.1);
-  const eager = make();
-  const eagerLosses = [0, 1, 2].map(() => eager.step().item());
-  const captured = make();
-  const graphLosses = [captured.step().item()];
-  let lossTensor: Tensor | null = null;
-  const graph = CudaGraph.capture(device, () => {
-    lossTensor = captured.step();
-  });
-  for (let i = 0; i < 2; i++) {
-    graph.replay();
-    graphLosses.push((lossTensor as Tensor | null)!.item());
-  }
-  synchronize(device);
-  console.log(`      eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`);
-  eagerLosses.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v), `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`));
-  const err = relativeError(captured.model.arena().params.toFloat32Array(), eager.model.arena().params.toFloat32Array());
-  assert(err < 1e-3, `parameters after three steps differ by ${err}`);
-  graph.dispose();
-});
-
-check('LAMB, AdamW and the gradient norm over the ResNet-50 arena are deterministic and match the CPU', () => {
-  // The same random gradients on the CPU and twice on the device; two steps of each optimizer.
-  const grads = Tensor.randn([ResNet50({ seed: 5 }).arena().size], { seed: 6, std: 1e-2 }).toFloat32Array();
-  const run = (where: string, kind: 'lamb' | 'adamw') => {
-    const model = ResNet50({ seed: 5, device: where });
-    const arena = model.arena();
-    const before = arena.params.toFloat32Array();
-    arena.grads.raw.copyFromHost(grads);
-    const groups = parameterGroups(model, { weightDecay: 0.01 });
-    const optimizer = kind === 'lamb' ? new LAMB(groups, { lr: 0.01 }) : new AdamW(groups, { lr: 1e-3 });
-    const norm = gradNorm(model).item();
-    optimizer.step();
-    optimizer.step();
-    const after = arena.params.toFloat32Array();
-    optimizer.dispose();
-    return { norm, delta: after.map((p, i) => p - before[i]!), after };
-  };
-  for (const kind of ['lamb', 'adamw'] as const) {
-    const cpu = run('cpu', kind);
-    const first = run(device, kind);
-    const second = run(device, kind);
-    assert(first.norm === second.norm, `${kind}: gradient norms of two runs differ: ${first.norm} and ${second.norm}`);
-    assert(first.after.every((v, i) => Object.is(v, second.after[i])), `${kind}: two runs on ${device} differ`);
-    assert(Math.abs(first.norm - cpu.norm) <= 1e-5 * cpu.norm, `${kind}: gradient norm ${first.norm} on ${device}, ${cpu.norm} on cpu`);
-    const err = relativeError(first.delta, cpu.delta);
-    console.log(`      ${kind}: update vs cpu ${err.toExponential(2)}, norm ${first.norm}`);
-    assert(err < 1e-5, `${kind}: the update differs from the CPU's by ${err}`);
-  }
-});
-
-check('an NCCL communicator of one rank all-reduces and broadcasts in place', () => {
-  const comm = new Communicator({ device, uniqueId: createUniqueId(device), rank: 0, worldSize: 1, timeoutSeconds: 60 });
-  const t = Tensor.from([1, 2, 3, 4], [4], { device });
-  comm.allReduce(t);
-  comm.allReduce(t, { average: true });
-  comm.broadcast(t, 0);
-  comm.synchronize();
-  const values = [...t.toFloat32Array()];
-  assert(values.join(',') === '1,2,3,4', `expected 1,2,3,4, got ${values.join(',')}`);
-  comm.dispose();
-});
-
-check('a graph survives a tensor disposed during capture and a larger eager step; AdamW refuses capture', () => {
-  const x = Tensor.randn([16, 32, 32, 3], { seed: 5, device, dtype: 'bf16' });
-  const labels = Tensor.from(Array.from({ length: 16 }, (_, i) => i % 10), [16], { dtype: 'i32', device });
-  const make = () => sgdStepper(ResNet18({ numClasses: 10, smallInput: true, seed: 4, device }), x, labels, { lr: 0.02, momentum: 0.9 });
-  // Another model's step at 8x the batch between replays: its convolutions may need more scratch
-  // than the captured ones, which replaces the scratch buffer the graph points at.
-  const big = ResNet18({ numClasses: 10, smallInput: true, seed: 9, device });
-  const bigX = Tensor.randn([128, 32, 32, 3], { seed: 6, device, dtype: 'bf16' });
-  const bigStep = () => {
-    const loss = new CrossEntropyLoss();
-    loss.forward(big.forward(bigX), Tensor.from(Array.from({ length: 128 }, (_, i) => i % 10), [128], { dtype: 'i32', device }));
-    big.backward(loss.backward());
-    big.zeroGrad();
-  };
-  const eager = make();
-  const eagerLosses = [0, 1, 2, 3].map(() => eager.step().item());
-  const captured = make();
-  const graphLosses = [captured.step().item()];
-  const doomed = Tensor.zeros([1 << 20], { device });
-  let lossTensor: Tensor | null = null;
-  const graph = CudaGraph.capture(device, () => {
-    lossTensor = captured.step();
-    doomed.dispose();
-  });
-  for (let i = 0; i < 3; i++) {
-    if (i === 1) bigStep();
-    graph.replay();
-    graphLosses.push((lossTensor as Tensor | null)!.item());
-  }
-  console.log(`      eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`);
-  eagerLosses.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v), `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`));
-  const err = relativeError(captured.model.arena().params.toFloat32Array(), eager.model.arena().params.toFloat32Array());
-  assert(err < 1e-3, `parameters after four steps differ by ${err}`);
-  graph.dispose();
-  const adamModel = ResNet18({ numClasses: 10, smallInput: true, seed: 4, device });
-  const adam = new AdamW(adamModel, { lr: 1e-3 });
-  adam.step();
-  let refused: (Error & { code?: string }) | null = null;
-  try {
-    CudaGraph.capture(device, () => adam.step()).dispose();
-  } catch (error) {
-    refused = error as Error & { code?: string };
-  }
-  assert(refused?.code === 'ERR_RC_INVALID_ARGUMENT' && /cannot be captured/.test(refused.message), `AdamW capture: ${refused?.code} ${refused?.message}`);
-});
-
-check('an impossible allocation fails with ERR_RC_OUT_OF_MEMORY naming the sizes', () => {
-  try {
-    Tensor.empty([1 << 30, 1 << 12], { dtype: 'u8', device });
-    throw new Error('a 4 TiB allocation succeeded');
-  } catch (error) {
-    const e = error as Error & { code?: string };
-    assert(e.code === 'ERR_RC_OUT_OF_MEMORY', `expected ERR_RC_OUT_OF_MEMORY, got ${e.code}: ${e.message}`);
-    assert(/tried to allocate/.test(e.message) && /free/.test(e.message), `message lacks sizes: ${e.message}`);
-  }
-});
-
-await checkAsync('the Trainer trains a small-stem ResNet-18 in bf16, and in fp16 with loss scaling, clipping and EMA', async () => {
-  const transform = () => new Compose([new CenterCrop({ size: 32 })]);
-  for (const amp of ['bf16', 'fp16'] as const) {
-    const model = ResNet18({ numClasses: 4, smallInput: true, seed: 1, device });
-    const optimizer = new SGD(parameterGroups(model, { weightDecay: 5e-4 }), { lr: 0.01, momentum: 0.9, nesterov: true });
-    const train = new DataLoader(new ShapesDataset({ length: 3200, size: 32, classes: 4, seed: 1 }), { batchSize: 32, transform: transform(), workers: 0, shuffle: true, seed: 1 });
-    const val = new DataLoader(new ShapesDataset({ length: 512, size: 32, classes: 4, seed: 2 }), { batchSize: 128, transform: transform(), workers: 0, seed: 1 });
-    const trainer = new Trainer({
-      model, optimizer, amp, device, clipGradNorm: 5, ema: { decay: 0.98 }, progress: false, labelSmoothing: 0.05,
-      normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, schedule: new CosineAnnealing({ tMax: 100 }),
-    });
-    const result = await trainer.fit(train, { epochs: 1, val });
-    const acc = result.lastEval!.acc1;
-    console.log(`      ${amp}: ${result.steps} steps, val acc@1 ${(100 * acc).toFixed(1)}%, ema ${(100 * result.lastEvalEma!.acc1).toFixed(1)}%, loss scale ${trainer.scaler.lossScale}`);
-    assert(acc >= 0.9, `${amp}: validation accuracy ${acc} below 0.9`);
-    assert(trainer.scaler.enabled === (amp === 'fp16'), `${amp}: the GradScaler should be ${amp === 'fp16' ? 'on' : 'off'}`);
-    await trainer.dispose();
-    await train.close();
-    await val.close();
-  }
-});
 
 console.log(`${passed} passed, ${failed} failed`);
 process.exitCode = failed ? 1 : 0;
