@@ -36,7 +36,8 @@
 //     backward data   ALGO_0                 0 bytes (reported non-deterministic)
 //                     ALGO_1                 elem * H * W * C bytes (one image's accumulators)
 //     backward filter ALGO_0                 0 bytes (reported non-deterministic)
-//                     ALGO_1                 elem * K * R * S * Cg bytes (the filter's accumulators)
+//                     ALGO_1                 elem * ceil(N / 8) * K * R * S * Cg bytes (the partial
+//                                            filter gradients of each group of 8 images)
 //   The other algorithms are reported CUDNN_STATUS_NOT_SUPPORTED by the Find calls and refused by
 //   the compute calls. The Find calls rank the algorithm with a workspace first.
 #pragma once

@@ -335,12 +335,18 @@ int algorithmCount(Pass pass) {
 // Algorithms 0 and 1 of each pass are emulated (see cudnn.h).
 bool emulated(int algo) { return algo == 0 || algo == 1; }
 
+// Backward filter algorithm 1 splits the batch into groups of kImagesPerSplit images, keeps each
+// group's partial filter gradient in the workspace and adds them up: its workspace grows with the
+// batch, as it does for several of cuDNN's algorithms.
+constexpr int kImagesPerSplit = 8;
+int filterSplits(const Problem& p) { return (p.N + kImagesPerSplit - 1) / kImagesPerSplit; }
+
 size_t workspaceBytes(const Problem& p, Pass pass, int algo) {
   if (algo != 1) return 0;
   switch (pass) {
     case Pass::Forward: return sizeof(int32_t) * static_cast<size_t>(p.P) * p.Q * p.R * p.S;
     case Pass::BackwardData: return p.accumulatorBytes() * static_cast<size_t>(p.H) * p.W * p.C;
-    default: return p.accumulatorBytes() * static_cast<size_t>(p.K) * p.R * p.S * p.Cg;
+    default: return p.accumulatorBytes() * static_cast<size_t>(filterSplits(p)) * p.K * p.R * p.S * p.Cg;
   }
 }
 
@@ -547,14 +553,14 @@ void backwardDataSums(const Problem& p, const T* DY, const T* Wt, int n0, int n1
 
 // dw[k][r][s][c] (dense, unmirrored taps) = sum over images and output positions.
 template <typename T>
-void backwardFilterSums(const Problem& p, const T* X, const T* DY, double* out) {
+void backwardFilterSums(const Problem& p, const T* X, const T* DY, double* out, int n0, int n1) {
   parallelFor(p.K, p.flops / std::max(p.K, 1), [&](int64_t k) {
     const int64_t g = k / p.Kg;
     std::vector<double> acc(p.Cg);
     for (int r = 0; r < p.R; ++r) {
       for (int s = 0; s < p.S; ++s) {
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int n = 0; n < p.N; ++n) {
+        for (int n = n0; n < n1; ++n) {
           for (int oh = 0; oh < p.P; ++oh) {
             const int ih = oh * p.strideH - p.padH + r * p.dilationH;
             if (ih < 0 || ih >= p.H) continue;
@@ -648,9 +654,21 @@ void runBackwardFilter(const Problem& p, int algo, const void* x, const void* dy
                        double beta, void* dw) {
   const std::vector<T> X = gatherTensor<T>(p.x, x, p.tf32);
   const std::vector<T> DY = gatherTensor<T>(p.y, dy, p.tf32);
-  std::vector<double> sums(static_cast<size_t>(p.K) * p.R * p.S * p.Cg);
-  backwardFilterSums<T>(p, X.data(), DY.data(), sums.data());
-  if (algo == 1) stageThroughWorkspace(p, workspace, sums.data(), sums.size());
+  const size_t filter = static_cast<size_t>(p.K) * p.R * p.S * p.Cg;
+  std::vector<double> sums(filter);
+  if (algo == 1) {
+    // Each split's partial sums pass through its own slice of the workspace, then add up in order.
+    std::vector<double> partial(filter);
+    const size_t sliceBytes = p.accumulatorBytes() * filter;
+    for (int split = 0; split < filterSplits(p); ++split) {
+      const int n0 = split * kImagesPerSplit, n1 = std::min(p.N, n0 + kImagesPerSplit);
+      backwardFilterSums<T>(p, X.data(), DY.data(), partial.data(), n0, n1);
+      stageThroughWorkspace(p, static_cast<unsigned char*>(workspace) + split * sliceBytes, partial.data(), filter);
+      for (size_t i = 0; i < filter; ++i) sums[i] += partial[i];
+    }
+  } else {
+    backwardFilterSums<T>(p, X.data(), DY.data(), sums.data(), 0, p.N);
+  }
   size_t i = 0;
   for (int k = 0; k < p.K; ++k) {
     for (int r = 0; r < p.R; ++r) {
