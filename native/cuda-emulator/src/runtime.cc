@@ -31,6 +31,17 @@
 #include <thread>
 #include <vector>
 
+// Built with AddressSanitizer, the guards are also poisoned, so that a read outside an allocation
+// (which the guard bytes cannot show) is reported where it happens.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define RC_EMU_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define RC_EMU_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define RC_EMU_POISON(p, n) ((void)(p), (void)(n))
+#define RC_EMU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace rc_emu {
 namespace {
 
@@ -139,6 +150,8 @@ void* allocateBlock(size_t bytes, bool pinned, Allocation** out) {
   std::memset(block, kGuardByte, kGuardBytes);
   std::memset(block + kGuardBytes, kUninitializedByte, bytes);
   std::memset(block + kGuardBytes + bytes, kGuardByte, padded - bytes + kGuardBytes);
+  RC_EMU_POISON(block, kGuardBytes);
+  RC_EMU_POISON(block + kGuardBytes + bytes, padded - bytes + kGuardBytes);
   unsigned char* user = block + kGuardBytes;
   Allocation& a = gAllocations[reinterpret_cast<uintptr_t>(user)];
   a = Allocation{};
@@ -158,6 +171,7 @@ void releaseBlock(void* user) {
   Allocation a = it->second;
   gAllocations.erase(it);
   if (!a.pinned) gDeviceBytes -= a.bytes;
+  RC_EMU_UNPOISON(a.block, 2 * kGuardBytes + a.padded);
   for (size_t i = 0; i < kGuardBytes; ++i) {
     if (a.block[i] != kGuardByte) {
       deviceFault("device memory at " + std::to_string(reinterpret_cast<uintptr_t>(user)) + " (" +
@@ -174,10 +188,12 @@ void releaseBlock(void* user) {
     }
   }
   std::memset(a.block + kGuardBytes, kUninitializedByte, a.bytes);
+  RC_EMU_POISON(a.block, 2 * kGuardBytes + a.padded);  // freed: any access is a use after free
   gQuarantine.emplace_back(a.block, a.padded);
   gQuarantined += a.padded;
   while (gQuarantined > kQuarantineBytes && !gQuarantine.empty()) {
     gQuarantined -= gQuarantine.front().second;
+    RC_EMU_UNPOISON(gQuarantine.front().first, 2 * kGuardBytes + gQuarantine.front().second);
     std::free(gQuarantine.front().first);
     gQuarantine.pop_front();
   }
