@@ -6,6 +6,7 @@ import { defineConfig } from 'vitest/config';
 // the 'cuda-emulator' project runs the CUDA test rows on it, so the CUDA backend's own code is
 // tested on machines without a GPU. Without the library, those rows are skipped with the reason.
 const emulator = resolve('build/Release/libresnet_cuda_emulator.so');
+const emulatorEnv = existsSync(emulator) ? { RESNET_CUDA_BACKEND_LIBRARY: emulator } : { RESNET_CUDA_EMULATOR_MISSING: emulator };
 
 export default defineConfig({
   test: {
@@ -24,10 +25,17 @@ export default defineConfig({
         test: {
           name: 'cuda-emulator',
           include: ['test/ops.test.ts', 'test/cuda-emulator.test.ts'],
-          env: {
-            RESNET_TEST_BACKENDS: 'cuda',
-            ...(existsSync(emulator) ? { RESNET_CUDA_BACKEND_LIBRARY: emulator } : { RESNET_CUDA_EMULATOR_MISSING: emulator }),
-          },
+          env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
+        },
+      },
+      {
+        // The op tables again with each block's threads run in a seeded random order: a kernel that
+        // relies on an order its barriers do not enforce gives other results.
+        extends: true,
+        test: {
+          name: 'cuda-emulator-random',
+          include: ['test/ops.test.ts'],
+          env: { RESNET_TEST_BACKENDS: 'cuda', RESNET_CUDA_EMU_SCHEDULE: 'random', ...emulatorEnv },
         },
       },
     ],
