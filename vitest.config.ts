@@ -25,7 +25,8 @@ export default defineConfig({
         test: {
           name: 'cuda-emulator',
           include: ['test/ops.test.ts', 'test/cuda-emulator.test.ts'],
-          env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
+          // Two emulated devices, for the device-selection check.
+          env: { RESNET_TEST_BACKENDS: 'cuda', RESNET_CUDA_EMU_DEVICES: '2', ...emulatorEnv },
         },
       },
       {

@@ -9,7 +9,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { listBackends } from '../lib/index.js';
-import { gpuChecks } from './gpu/cases.js';
+import { cudaDeviceCount, gpuChecks } from './gpu/cases.js';
 
 const library = process.env.RESNET_CUDA_BACKEND_LIBRARY;
 const cuda = library ? listBackends().find((b) => b.name === 'cuda') : undefined;
@@ -22,8 +22,10 @@ const reason = !library
     : `the emulated CUDA backend is not usable: ${cuda?.reason ?? 'no cuda backend'}`;
 
 describe.skipIf(reason !== undefined)(`CUDA backend on the emulated device${reason ? ` (skipped: ${reason})` : ''}`, () => {
+  const devices = reason === undefined ? cudaDeviceCount() : 0;
   for (const check of gpuChecks) {
-    it(check.name, async () => {
+    const short = (check.minDevices ?? 1) > devices;
+    it.skipIf(short)(`${check.name}${short ? ` (skipped: needs ${check.minDevices} devices)` : ''}`, async () => {
       await check.run({ device: 'cuda', scale: 'small', log: (line) => console.log(`${check.name}: ${line}`) });
     });
   }

@@ -11,6 +11,7 @@
  *   the CPU backend;
  * - a learning rate changed at every step without a host wait reaches the device in order;
  * - an NCCL communicator with one rank all-reduces and broadcasts in place;
+ * - with two devices, a model moved to cuda:1 trains as its twin on cuda:0;
  * - an impossible allocation fails with ERR_RC_OUT_OF_MEMORY naming the sizes;
  * - the Trainer trains a small-stem ResNet-18 on the generated shapes in bf16 and in fp16 with loss
  *   scaling, clipping and a moving average.
@@ -51,7 +52,14 @@ export interface GpuCheckContext {
 /** One check: throws on failure. */
 export interface GpuCheck {
   name: string;
+  /** CUDA devices the check needs (1 when absent); with fewer it is skipped. */
+  minDevices?: number;
   run: (ctx: GpuCheckContext) => void | Promise<void>;
+}
+
+/** How many CUDA devices the backend sees. */
+export function cudaDeviceCount(): number {
+  return listBackends().find((b) => b.name === 'cuda')?.deviceCount ?? 0;
 }
 
 function assert(condition: boolean, message: string): void {
@@ -242,6 +250,28 @@ export const gpuChecks: GpuCheck[] = [
         refused = error as Error & { code?: string };
       }
       assert(refused?.code === 'ERR_RC_INVALID_ARGUMENT' && /cannot be captured/.test(refused.message), `AdamW capture: ${refused?.code} ${refused?.message}`);
+    },
+  },
+  {
+    name: 'two devices: a model moved from cuda:0 to cuda:1 trains there as its twin does on cuda:0, steps interleaved',
+    minDevices: 2,
+    run: ({ log }) => {
+      const on = (device: string) => {
+        const x = Tensor.randn([4, 16, 16, 3], { seed: 21, device, dtype: 'bf16' });
+        const model = ResNet18({ numClasses: 10, smallInput: true, seed: 2, device: 'cuda:0' });
+        return sgdStepper(device === 'cuda:0' ? model : model.to(device), x, labelsFor(4, 10, device), { lr: 0.05, momentum: 0.9 });
+      };
+      const first = on('cuda:0');
+      const second = on('cuda:1');
+      const losses: number[][] = [[], []];
+      for (let i = 0; i < 3; i++) {
+        losses[0]!.push(first.step().item());
+        losses[1]!.push(second.step().item());
+      }
+      log(`cuda:0 ${losses[0]!.map((v) => v.toFixed(5)).join(' ')} | cuda:1 ${losses[1]!.map((v) => v.toFixed(5)).join(' ')}`);
+      losses[0]!.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - losses[1]![i]!) <= 1e-3 * Math.abs(v), `step ${i}: ${v} on cuda:0, ${losses[1]![i]} on cuda:1`));
+      const err = relativeError(second.model.arena().params.toFloat32Array(), first.model.arena().params.toFloat32Array());
+      assert(err < 1e-3, `parameters after three steps differ by ${err}`);
     },
   },
   {

@@ -1,9 +1,9 @@
 /**
  * The GPU checks of test/gpu/cases.ts with Node alone (for GPU machines without npm):
  *   node dist/test/gpu/checks.js [cuda:0] [--small]
- * One line per check, then "N passed, N failed"; exits non-zero when a check fails.
+ * One line per check, then "N passed, N failed, N skipped"; exits non-zero when a check fails.
  */
-import { gpuChecks } from './cases.js';
+import { cudaDeviceCount, gpuChecks } from './cases.js';
 
 const args = process.argv.slice(2);
 const device = args.find((a) => !a.startsWith('--')) ?? 'cuda:0';
@@ -11,7 +11,14 @@ const scale = args.includes('--small') ? 'small' : 'full';
 let passed = 0;
 let failed = 0;
 
+let skipped = 0;
+const devices = cudaDeviceCount();
 for (const check of gpuChecks) {
+  if ((check.minDevices ?? 1) > devices) {
+    skipped++;
+    console.log(`skip  ${check.name} (needs ${check.minDevices} CUDA devices, ${devices} visible)`);
+    continue;
+  }
   const started = performance.now();
   try {
     await check.run({ device, scale, log: (line) => console.log(`      ${line}`) });
@@ -23,5 +30,5 @@ for (const check of gpuChecks) {
   }
 }
 
-console.log(`${passed} passed, ${failed} failed`);
+console.log(`${passed} passed, ${failed} failed, ${skipped} skipped`);
 process.exitCode = failed ? 1 : 0;

@@ -405,6 +405,7 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t 
       !rc_emu::isDeviceRange(C, g.cBytes)) {
     return CUBLAS_STATUS_INVALID_VALUE;
   }
+  if (rc_emu::checkLaunchDevice(handle->stream) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   const cudaError_t e = rc_emu::enqueue(
       handle->stream,
       [g] {

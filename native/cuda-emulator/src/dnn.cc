@@ -413,7 +413,9 @@ cudnnStatus_t readScaling(const char* call, const Problem& p, const void* alpha,
 }
 
 cudnnStatus_t queue(cudaStream_t stream, std::function<void()> op, const char* call) {
-  const cudaError_t e = rc_emu::enqueue(stream, std::move(op), call);
+  // cuDNN's kernels run on the current device, which must be the handle's stream's.
+  cudaError_t e = rc_emu::checkLaunchDevice(stream);
+  if (e == cudaSuccess) e = rc_emu::enqueue(stream, std::move(op), call);
   if (e != cudaSuccess) {
     return fail(CUDNN_STATUS_EXECUTION_FAILED,
                 std::string(call) + ": the work could not be queued (CUDA error " + std::to_string(e) + ")");

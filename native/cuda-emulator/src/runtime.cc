@@ -88,6 +88,11 @@ bool lagging() {
   return lag;
 }
 
+// The calling thread's current device (cudaSetDevice), and the device whose stream's work is
+// running now (-1: none), whose memory that work may use.
+thread_local int tDevice = 0;
+int gRunningDevice = -1;
+
 // ---- errors -----------------------------------------------------------------------------------
 
 thread_local cudaError_t tLastError = cudaSuccess;
@@ -116,6 +121,7 @@ struct Allocation {
   bool live = true;                    // graph allocations: allocated by a launch and not freed since
   bool freedInGraph = false;           // graph allocations: the graph frees it itself
   bool fromPool = false;
+  int device = -1;  // the device it belongs to (-1: pinned host memory, reachable from all)
 };
 
 std::map<uintptr_t, Allocation>& gAllocations = *new std::map<uintptr_t, Allocation>();  // by address
@@ -159,6 +165,7 @@ void* allocateBlock(size_t bytes, bool pinned, Allocation** out) {
   a.padded = padded;
   a.block = block;
   a.pinned = pinned;
+  a.device = pinned ? -1 : tDevice;
   if (!pinned) gDeviceBytes += bytes;
   if (out) *out = &a;
   return user;
@@ -250,6 +257,7 @@ struct Stream {
   uint64_t submitted = 0;
   uint64_t completed = 0;
   unsigned flags = 0;
+  int device = -1;  // the device it was created on (-1: the legacy stream, any device)
   // capture
   Graph* capture = nullptr;
   bool captureInvalid = false;
@@ -261,6 +269,7 @@ Stream& gLegacyStream = *new Stream();
 std::set<Stream*>& gStreams = *new std::set<Stream*>();
 
 struct Event {
+  int device = 0;  // the device current when it was created
   Stream* stream = nullptr;
   uint64_t sequence = 0;
   Graph* capturedIn = nullptr;
@@ -280,10 +289,13 @@ void runNode(Node& node) {
 
 // Runs `stream`'s queued work until `sequence` operations have completed (all of it by default).
 void flush(Stream* stream, uint64_t sequence = UINT64_MAX) {
+  const int outer = gRunningDevice;
   while (stream->completed < sequence && !stream->queue.empty()) {
     Node node = std::move(stream->queue.front());
     stream->queue.pop_front();
+    gRunningDevice = stream->device;
     runNode(node);
+    gRunningDevice = outer;
     stream->completed++;
   }
 }
@@ -338,6 +350,18 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op, const char* what) 
   return cudaSuccess;
 }
 
+cudaError_t checkLaunchDevice(cudaStream_t s) {
+  Lock lock(mutex());
+  Stream* stream = toStream(s);
+  if (stream == nullptr) return cudaErrorInvalidResourceHandle;
+  if (stream->device >= 0 && stream->device != tDevice) {
+    complain("a kernel launched on a stream of device " + std::to_string(stream->device) + " while device " +
+             std::to_string(tDevice) + " is current");
+    return cudaErrorInvalidResourceHandle;
+  }
+  return cudaSuccess;
+}
+
 bool isCapturing(cudaStream_t s) {
   Lock lock(mutex());
   Stream* stream = toStream(s);
@@ -358,7 +382,13 @@ bool faulted() { return gFaulted; }
 bool isDeviceRange(const void* p, size_t bytes) {
   Lock lock(mutex());
   const Allocation* a = findContaining(p, bytes);
-  return a != nullptr && !a->pinned && a->live;
+  if (a == nullptr || a->pinned || !a->live) return false;
+  // Work on one device cannot reach another's memory (no peer access is enabled).
+  if (gRunningDevice >= 0 && a->device != gRunningDevice) {
+    complain("work on device " + std::to_string(gRunningDevice) + " uses memory of device " + std::to_string(a->device));
+    return false;
+  }
+  return true;
 }
 
 bool isPinnedHost(const void* p, size_t bytes) {
@@ -421,15 +451,18 @@ bool resolveCopy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
 // a fault).
 std::function<void()> copyOp(void* dst, const void* src, size_t bytes, bool dstDevice, bool srcDevice) {
   return [=] {
-    if ((dstDevice && !isDeviceRange(dst, bytes)) || (srcDevice && !isDeviceRange(src, bytes))) {
+    // Copies may cross devices (through the host when there is no peer access).
+    const int running = gRunningDevice;
+    gRunningDevice = -1;
+    const bool valid = (!dstDevice || isDeviceRange(dst, bytes)) && (!srcDevice || isDeviceRange(src, bytes));
+    gRunningDevice = running;
+    if (!valid) {
       deviceFault("cudaMemcpyAsync of " + std::to_string(bytes) + " bytes ran on memory that is no longer allocated");
       return;
     }
     std::memmove(dst, src, bytes);
   };
 }
-
-thread_local int tDevice = 0;
 
 struct MemPool {
   int device = 0;
@@ -615,6 +648,7 @@ cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t s) {
   Allocation* a = nullptr;
   *ptr = allocateBlock(bytes, false, &a);
   if (*ptr == nullptr) return fail(cudaErrorMemoryAllocation);
+  if (stream->device >= 0) a->device = stream->device;  // from the pool of the stream's device
   if (stream->capture != nullptr) {
     // An allocation node: the address is fixed now, the memory exists from each launch on.
     if (stream->captureInvalid) {
@@ -860,6 +894,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   if (s == nullptr || (flags & ~cudaStreamNonBlocking) != 0) return fail(cudaErrorInvalidValue);
   auto* stream = new Stream();
   stream->flags = flags;
+  stream->device = tDevice;
   gStreams.insert(stream);
   *s = reinterpret_cast<cudaStream_t>(stream);
   return cudaSuccess;
@@ -908,6 +943,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     return fail(cudaErrorInvalidValue);
   }
   auto* e = new Event();
+  e->device = tDevice;
   gEvents.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
@@ -936,6 +972,11 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
   Event* e = toEvent(event);
   Stream* stream = toStream(s);
   if (e == nullptr || stream == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (stream->device >= 0 && stream->device != e->device) {
+    complain("cudaEventRecord of an event of device " + std::to_string(e->device) + " on a stream of device " +
+             std::to_string(stream->device));
+    return fail(cudaErrorInvalidResourceHandle);
+  }
   if (stream->capture != nullptr) {
     e->capturedIn = stream->capture;
     e->stream = nullptr;

@@ -78,6 +78,7 @@ cudaError_t enqueue(cudaStream_t, std::function<void()> op, const char*) {
   return cudaSuccess;
 }
 
+cudaError_t checkLaunchDevice(cudaStream_t) { return cudaSuccess; }
 bool isCapturing(cudaStream_t) { return false; }
 
 void setLastError(cudaError_t error) { rt().lastError = error; }

@@ -411,7 +411,8 @@ class Launcher {
       const detail::KernelCall<P...> call{kernel, &params};
       detail::runKernel(launch, &detail::KernelCall<P...>::run, &call);
     };
-    const cudaError_t status = enqueue(stream_, std::move(task), name_);
+    cudaError_t status = checkLaunchDevice(stream_);
+    if (status == cudaSuccess) status = enqueue(stream_, std::move(task), name_);
     if (status != cudaSuccess) setLastError(status);
   }
 

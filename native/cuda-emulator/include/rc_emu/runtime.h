@@ -52,6 +52,11 @@ namespace rc_emu {
 // capturing); never throws.
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> op, const char* what);
 
+// For a kernel launch (ours or a library's) on `stream`: cudaSuccess, or
+// cudaErrorInvalidResourceHandle when the stream belongs to another device than the calling
+// thread's current one (a kernel launch fails then; copies do not).
+cudaError_t checkLaunchDevice(cudaStream_t stream);
+
 // Whether `stream` is capturing a graph.
 bool isCapturing(cudaStream_t stream);
 
