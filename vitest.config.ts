@@ -30,6 +30,16 @@ export default defineConfig({
         },
       },
       {
+        // The CUDA cases of the other test files (their CPU cases run in 'main').
+        extends: true,
+        test: {
+          name: 'cuda-emulator-cases',
+          include: ['test/ema.test.ts'],
+          testNamePattern: 'on CUDA',
+          env: { ...emulatorEnv },
+        },
+      },
+      {
         // The op tables again with each block's threads run in a seeded random order: a kernel that
         // relies on an order its barriers do not enforce gives other results.
         extends: true,
