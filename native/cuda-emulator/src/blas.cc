@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel.h"
 #include "rc_emu/numeric.h"
 
 struct cublasContext {
@@ -157,33 +158,6 @@ size_t matrixBytes(int rows, int cols, int ld, cudaDataType_t t) {
   return (static_cast<size_t>(cols - 1) * static_cast<size_t>(ld) + static_cast<size_t>(rows)) * elementSize(t);
 }
 
-// Runs body(i) for i in [0, count) on a few threads when there is enough work; each index writes
-// its own outputs. The body must not call into the emulated runtime (its operations run under the
-// runtime's lock).
-template <typename Body>
-void parallelFor(int64_t count, double workPerIndex, const Body& body) {
-  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  const double total = workPerIndex * static_cast<double>(count);
-  int64_t threads = std::min<int64_t>({static_cast<int64_t>(hardware), count, static_cast<int64_t>(total / 2e6) + 1});
-  if (threads <= 1) {
-    for (int64_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) body(i);
-  };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::exception&) {
-      break;
-    }
-  }
-  worker();
-  for (std::thread& t : pool) t.join();
-}
 
 struct Gemm {
   cublasOperation_t transa, transb;
@@ -224,7 +198,7 @@ void runGemm(const Gemm& g) {
       }
     }
   }
-  parallelFor(g.n, static_cast<double>(g.m) * g.k, [&](int64_t j) {
+  rc_emu::parallelFor(g.n, static_cast<double>(g.m) * g.k, [&](int64_t j) {
     for (int i = 0; i < g.m; ++i) {
       double sum = 0.0;
       if (!a.empty()) {

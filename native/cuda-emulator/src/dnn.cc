@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel.h"
 #include "rc_emu/numeric.h"
 
 struct cudnnContext {
@@ -125,36 +126,6 @@ void storeElement(cudnnDataType_t type, void* base, int64_t offset, double v) {
       break;
     default: break;
   }
-}
-
-// ---- work sharing -----------------------------------------------------------------------------
-
-// Runs body(i) for i in [0, count) on a few threads when there is enough work. Each index must
-// write its own outputs, so the results do not depend on the number of threads. The body must not
-// call into the emulated runtime (its operations run under the runtime's lock).
-template <typename Body>
-void parallelFor(int64_t count, double workPerIndex, const Body& body) {
-  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  const double total = workPerIndex * static_cast<double>(count);
-  int64_t threads = std::min<int64_t>({static_cast<int64_t>(hardware), count, static_cast<int64_t>(total / 2e6) + 1});
-  if (threads <= 1) {
-    for (int64_t i = 0; i < count; ++i) body(i);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) body(i);
-  };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::exception&) {
-      break;  // fewer threads: the calling thread takes the rest
-    }
-  }
-  worker();
-  for (std::thread& t : pool) t.join();
 }
 
 // ---- descriptors as the computation sees them --------------------------------------------------
@@ -493,7 +464,7 @@ int64_t inputPixel(const Problem& p, int oh, int ow, int r, int s) {
 template <typename T>
 void forwardSums(const Problem& p, const T* X, const T* Wd, const int32_t* table, double* out) {
   const int64_t rows = static_cast<int64_t>(p.N) * p.P;
-  parallelFor(rows, p.flops / std::max<int64_t>(rows, 1), [&](int64_t row) {
+  rc_emu::parallelFor(rows, p.flops / std::max<int64_t>(rows, 1), [&](int64_t row) {
     const int n = static_cast<int>(row / p.P), oh = static_cast<int>(row % p.P);
     std::vector<double> acc(p.K);
     for (int ow = 0; ow < p.Q; ++ow) {
@@ -522,7 +493,7 @@ void forwardSums(const Problem& p, const T* X, const T* Wd, const int32_t* table
 template <typename T>
 void backwardDataSums(const Problem& p, const T* DY, const T* Wt, int n0, int n1, double* out) {
   const int64_t rows = static_cast<int64_t>(n1 - n0) * p.H;
-  parallelFor(rows, p.flops / std::max<int64_t>(static_cast<int64_t>(p.N) * p.H, 1), [&](int64_t row) {
+  rc_emu::parallelFor(rows, p.flops / std::max<int64_t>(static_cast<int64_t>(p.N) * p.H, 1), [&](int64_t row) {
     const int n = n0 + static_cast<int>(row / p.H), ih = static_cast<int>(row % p.H);
     std::vector<double> acc(p.C);
     for (int iw = 0; iw < p.W; ++iw) {
@@ -556,7 +527,7 @@ void backwardDataSums(const Problem& p, const T* DY, const T* Wt, int n0, int n1
 // dw[k][r][s][c] (dense, unmirrored taps) = sum over images and output positions.
 template <typename T>
 void backwardFilterSums(const Problem& p, const T* X, const T* DY, double* out, int n0, int n1) {
-  parallelFor(p.K, p.flops / std::max(p.K, 1), [&](int64_t k) {
+  rc_emu::parallelFor(p.K, p.flops / std::max(p.K, 1), [&](int64_t k) {
     const int64_t g = k / p.Kg;
     std::vector<double> acc(p.Cg);
     for (int r = 0; r < p.R; ++r) {

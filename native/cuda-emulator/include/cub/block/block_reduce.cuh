@@ -11,30 +11,9 @@
 #include <type_traits>
 
 #include "../../rc_emu/device.h"
+#include "../thread/thread_operators.cuh"
 
 namespace cub {
-
-#ifndef RC_EMU_CUB_OPERATORS
-#define RC_EMU_CUB_OPERATORS
-struct Sum {
-  template <typename T>
-  T operator()(const T& a, const T& b) const {
-    return a + b;
-  }
-};
-struct Max {
-  template <typename T>
-  T operator()(const T& a, const T& b) const {
-    return a < b ? b : a;
-  }
-};
-struct Min {
-  template <typename T>
-  T operator()(const T& a, const T& b) const {
-    return b < a ? b : a;
-  }
-};
-#endif
 
 enum BlockReduceAlgorithm { BLOCK_REDUCE_RAKING_COMMUTATIVE_ONLY, BLOCK_REDUCE_RAKING, BLOCK_REDUCE_WARP_REDUCTIONS };
 
