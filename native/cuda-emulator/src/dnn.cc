@@ -1264,6 +1264,38 @@ extern "C" cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
 
 // ---- convolutions -----------------------------------------------------------------------------
 
+namespace {
+
+// What the three compute calls share once the problem is known: the scaling factors, the operands
+// (two read, `out` written) as device memory of their descriptors' extent, the algorithm and its
+// workspace; then the computation, queued on the handle's stream. `run(tag, p, algo, in0, in1,
+// workspace, alpha, beta, out)` computes the pass with element type decltype(tag).
+template <typename Run>
+cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const Problem& p, Pass pass,
+                       int algo, const void* alpha, const void* beta, Buffer in0, Buffer in1, Buffer out,
+                       void* workSpace, size_t workSpaceSizeInBytes, Run run) {
+  double a = 0, b = 0;
+  RC_DNN_TRY(readScaling(call, p, alpha, beta, &a, &b));
+  for (const Buffer& operand : {in0, in1, out}) RC_DNN_TRY(checkDeviceData(call, operand.what, operand.p, operand.bytes));
+  size_t required = 0;
+  RC_DNN_TRY(checkAlgorithm(call, p, pass, algo, workSpace, workSpaceSizeInBytes, &required));
+  const void* x0 = in0.p;
+  const void* x1 = in1.p;
+  void* y = const_cast<void*>(out.p);
+  return queue(handle->stream,
+               deviceOp(call, {in0, in1, out, {workSpace, required, "the workspace"}},
+                        [p, algo, x0, x1, workSpace, a, b, y, run] {
+                          if (p.doubleCompute) {
+                            run(double{}, p, algo, x0, x1, workSpace, a, b, y);
+                          } else {
+                            run(float{}, p, algo, x0, x1, workSpace, a, b, y);
+                          }
+                        }),
+               call);
+}
+
+}  // namespace
+
 extern "C" cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                                                  const cudnnTensorDescriptor_t xDesc, const void* x,
                                                  const cudnnFilterDescriptor_t wDesc, const void* w,
@@ -1275,28 +1307,10 @@ extern "C" cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const voi
   RC_DNN_TRY(checkHandle(call, handle));
   Problem p{};
   RC_DNN_TRY(makeProblem(call, xDesc, wDesc, convDesc, yDesc, kForwardStatuses, &p));
-  double a = 0, b = 0;
-  RC_DNN_TRY(readScaling(call, p, alpha, beta, &a, &b));
-  RC_DNN_TRY(checkDeviceData(call, "x", x, p.x.extentBytes()));
-  RC_DNN_TRY(checkDeviceData(call, "w", w, p.w.bytes()));
-  RC_DNN_TRY(checkDeviceData(call, "y", y, p.y.extentBytes()));
-  size_t required = 0;
-  const int al = static_cast<int>(algo);
-  RC_DNN_TRY(checkAlgorithm(call, p, Pass::Forward, al, workSpace, workSpaceSizeInBytes, &required));
-  return queue(handle->stream,
-               deviceOp(call,
-                        {{x, p.x.extentBytes(), "x"},
-                         {w, p.w.bytes(), "w"},
-                         {y, p.y.extentBytes(), "y"},
-                         {workSpace, required, "the workspace"}},
-                        [p, al, x, w, workSpace, a, b, y] {
-                          if (p.doubleCompute) {
-                            runForward<double>(p, al, x, w, workSpace, a, b, y);
-                          } else {
-                            runForward<float>(p, al, x, w, workSpace, a, b, y);
-                          }
-                        }),
-               call);
+  return convolve(call, handle, p, Pass::Forward, static_cast<int>(algo), alpha, beta, {x, p.x.extentBytes(), "x"},
+                  {w, p.w.bytes(), "w"}, {y, p.y.extentBytes(), "y"}, workSpace, workSpaceSizeInBytes,
+                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a,
+                     double b, void* out) { runForward<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
 }
 
 extern "C" cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alpha,
@@ -1310,28 +1324,10 @@ extern "C" cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, cons
   RC_DNN_TRY(checkHandle(call, handle));
   Problem p{};
   RC_DNN_TRY(makeProblem(call, dxDesc, wDesc, convDesc, dyDesc, kBackwardDataStatuses, &p));
-  double a = 0, b = 0;
-  RC_DNN_TRY(readScaling(call, p, alpha, beta, &a, &b));
-  RC_DNN_TRY(checkDeviceData(call, "w", w, p.w.bytes()));
-  RC_DNN_TRY(checkDeviceData(call, "dy", dy, p.y.extentBytes()));
-  RC_DNN_TRY(checkDeviceData(call, "dx", dx, p.x.extentBytes()));
-  size_t required = 0;
-  const int al = static_cast<int>(algo);
-  RC_DNN_TRY(checkAlgorithm(call, p, Pass::BackwardData, al, workSpace, workSpaceSizeInBytes, &required));
-  return queue(handle->stream,
-               deviceOp(call,
-                        {{w, p.w.bytes(), "w"},
-                         {dy, p.y.extentBytes(), "dy"},
-                         {dx, p.x.extentBytes(), "dx"},
-                         {workSpace, required, "the workspace"}},
-                        [p, al, w, dy, workSpace, a, b, dx] {
-                          if (p.doubleCompute) {
-                            runBackwardData<double>(p, al, w, dy, workSpace, a, b, dx);
-                          } else {
-                            runBackwardData<float>(p, al, w, dy, workSpace, a, b, dx);
-                          }
-                        }),
-               call);
+  return convolve(call, handle, p, Pass::BackwardData, static_cast<int>(algo), alpha, beta, {w, p.w.bytes(), "w"},
+                  {dy, p.y.extentBytes(), "dy"}, {dx, p.x.extentBytes(), "dx"}, workSpace, workSpaceSizeInBytes,
+                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a,
+                     double b, void* out) { runBackwardData<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
 }
 
 extern "C" cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha,
@@ -1345,26 +1341,9 @@ extern "C" cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, co
   RC_DNN_TRY(checkHandle(call, handle));
   Problem p{};
   RC_DNN_TRY(makeProblem(call, xDesc, dwDesc, convDesc, dyDesc, kBackwardFilterStatuses, &p));
-  double a = 0, b = 0;
-  RC_DNN_TRY(readScaling(call, p, alpha, beta, &a, &b));
-  RC_DNN_TRY(checkDeviceData(call, "x", x, p.x.extentBytes()));
-  RC_DNN_TRY(checkDeviceData(call, "dy", dy, p.y.extentBytes()));
-  RC_DNN_TRY(checkDeviceData(call, "dw", dw, p.w.bytes()));
-  size_t required = 0;
-  const int al = static_cast<int>(algo);
-  RC_DNN_TRY(checkAlgorithm(call, p, Pass::BackwardFilter, al, workSpace, workSpaceSizeInBytes, &required));
-  return queue(handle->stream,
-               deviceOp(call,
-                        {{x, p.x.extentBytes(), "x"},
-                         {dy, p.y.extentBytes(), "dy"},
-                         {dw, p.w.bytes(), "dw"},
-                         {workSpace, required, "the workspace"}},
-                        [p, al, x, dy, workSpace, a, b, dw] {
-                          if (p.doubleCompute) {
-                            runBackwardFilter<double>(p, al, x, dy, workSpace, a, b, dw);
-                          } else {
-                            runBackwardFilter<float>(p, al, x, dy, workSpace, a, b, dw);
-                          }
-                        }),
-               call);
+  return convolve(call, handle, p, Pass::BackwardFilter, static_cast<int>(algo), alpha, beta,
+                  {x, p.x.extentBytes(), "x"}, {dy, p.y.extentBytes(), "dy"}, {dw, p.w.bytes(), "dw"}, workSpace,
+                  workSpaceSizeInBytes,
+                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a,
+                     double b, void* out) { runBackwardFilter<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
 }
