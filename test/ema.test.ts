@@ -137,7 +137,11 @@ function trainWithEma(steps: number, decay: number, every = 1) {
   return { model, ema, ref, opt, loss };
 }
 
-describe('ModelEma', () => {
+// In the test project that runs on the emulated CUDA device (RESNET_TEST_BACKENDS=cuda), only the
+// CUDA case runs here: the others run in the main project.
+const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
+
+describe.skipIf(onlyCuda)('ModelEma', () => {
   it('follows the EMA recurrence of torchvision over SGD steps, parameters and BN running statistics', () => {
     const { model, ema, ref } = trainWithEma(6, 0.7);
     expect(ema.numAveraged).toBe(6);
@@ -361,33 +365,9 @@ describe('ModelEma', () => {
     ema.dispose();
     expectSameBits(snapshot(model).params, before.params);
   });
-
-  const cuda = listBackends().find((b) => b.name === 'cuda');
-  it.skipIf(!cuda?.available)(`on CUDA: matches the recurrence, and rejects a model moved back to the CPU${cuda?.available ? '' : ` (skipped: ${cuda?.reason ?? 'no CUDA backend'})`}`, () => {
-    const model = new SmallNet().to('cuda');
-    const ema = new ModelEma(model, { decay: 0.7 });
-    const opt = new SGD(model, { lr: 0.2, momentum: 0.9 });
-    const loss = new CrossEntropyLoss();
-    const x = Tensor.from(X.toFloat32Array(), X.shape, { device: 'cuda' });
-    const ref = new EmaReference(0.7);
-    for (let step = 0; step < 4; step++) {
-      model.zeroGrad();
-      loss.forward(model.forward(x), LABELS);
-      model.backward(loss.backward());
-      opt.step();
-      ema.update();
-      ref.update(snapshot(model));
-    }
-    const got = averaged(model, ema);
-    expectClose(got.params, ref.params!);
-    got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
-    model.to('cpu');
-    expect(() => ema.update()).toThrow(/was moved off cuda/);
-    ema.dispose();
-  });
 });
 
-describe('Module.namedBuffers', () => {
+describe.skipIf(onlyCuda)('Module.namedBuffers', () => {
   it('lists the BN running statistics by torchvision name, as the device tensors', () => {
     const model = smallNet();
     const buffers = model.namedBuffers();
@@ -405,7 +385,7 @@ describe('Module.namedBuffers', () => {
   });
 });
 
-describe('Module.setRequiresGrad', () => {
+describe.skipIf(onlyCuda)('Module.setRequiresGrad', () => {
   it('freezes a submodule: no gradients, bit-identical weights through SGD steps; the rest trains', () => {
     const model = smallNet();
     expect(model.features.setRequiresGrad(false)).toBe(model.features);
@@ -447,5 +427,31 @@ describe('Module.setRequiresGrad', () => {
     expect(frozen.weight.every((g) => g === 0)).toBe(true);
     expect(trainable.weight.some((g) => g !== 0)).toBe(true);
     expectSameBits(frozen.bias, trainable.bias);
+  });
+});
+
+describe('ModelEma on CUDA', () => {
+  const cuda = listBackends().find((b) => b.name === 'cuda');
+  it.skipIf(!cuda?.available)(`on CUDA: matches the recurrence, and rejects a model moved back to the CPU${cuda?.available ? '' : ` (skipped: ${cuda?.reason ?? 'no CUDA backend'})`}`, () => {
+    const model = new SmallNet().to('cuda');
+    const ema = new ModelEma(model, { decay: 0.7 });
+    const opt = new SGD(model, { lr: 0.2, momentum: 0.9 });
+    const loss = new CrossEntropyLoss();
+    const x = Tensor.from(X.toFloat32Array(), X.shape, { device: 'cuda' });
+    const ref = new EmaReference(0.7);
+    for (let step = 0; step < 4; step++) {
+      model.zeroGrad();
+      loss.forward(model.forward(x), LABELS);
+      model.backward(loss.backward());
+      opt.step();
+      ema.update();
+      ref.update(snapshot(model));
+    }
+    const got = averaged(model, ema);
+    expectClose(got.params, ref.params!);
+    got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
+    model.to('cpu');
+    expect(() => ema.update()).toThrow(/was moved off cuda/);
+    ema.dispose();
   });
 });
