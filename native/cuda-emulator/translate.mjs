@@ -5,6 +5,8 @@
 //   name<targs> <<<grid, block[, shared[, stream]]>>>(args)
 //       -> ::rc_emu::launch(name<targs>, "name", grid, block[, shared[, stream]])(args)
 //   extern __shared__ T name[];      -> T* name = ::rc_emu::dynamicShared<T>();
+//   __shared__ T name[N];            -> the same, then a call that fills it with NaN bytes once per
+//                                       block (rc_emu::poisonStaticShared), on the same line
 //   #pragma unroll [n]               -> commented out (the host compiler does not know it)
 //
 // Line numbers are kept (no newline is added or removed in the body) and the output starts with
@@ -189,6 +191,20 @@ export function translate(text, file) {
       start: m.index,
       end: m.index + m[0].length,
       text: `${type}* ${m[2]} = ::rc_emu::dynamicShared<${type}>();${'\n'.repeat(newlines)}`,
+    });
+  }
+
+  // Static shared variables: poisoned at each block's start (see rc_emu::poisonStaticShared), by a
+  // statement appended on the declaration's own line.
+  const staticShared = /\b__shared__\s+([^;{}()]*?)\b([A-Za-z_]\w*)\s*((?:\[[^;\]]*\]\s*)*);/g;
+  for (let m; (m = staticShared.exec(code)) !== null; ) {
+    if (/\bextern\s+$/.test(code.slice(Math.max(0, m.index - 16), m.index))) continue;
+    const end = m.index + m[0].length;
+    const name = m[2];
+    edits.push({
+      start: end,
+      end,
+      text: ` static thread_local uint64_t rcEmuBlock_${name} = ~uint64_t{0}; ::rc_emu::poisonStaticShared(&${name}, sizeof(${name}), rcEmuBlock_${name});`,
     });
   }
 

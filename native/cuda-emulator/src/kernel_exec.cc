@@ -533,6 +533,8 @@ void Executor::run(const detail::KernelLaunch& launch, void (*body)(const void*)
           break;
         }
         cur.block = uint3{x, y, z};
+        static thread_local uint64_t blocks = 0;
+        cur.blockSerial = ++blocks;
         ok = runBlock();
       }
     }

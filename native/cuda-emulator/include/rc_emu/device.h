@@ -13,10 +13,11 @@
 // rc_emu::deviceFault.
 //
 // `__shared__` variables are function-local `static thread_local` objects: every emulated thread
-// of a block runs on the same host thread and so sees the same object. They are not cleared
-// between blocks, so a block may find the previous block's values in them (on a GPU, it finds
-// whatever was there). Dynamic shared memory (`extern __shared__ T name[]`, translated to
-// rc_emu::dynamicShared<T>()) is filled with kUninitializedByte at the start of every block.
+// of a block runs on the same host thread and so sees the same object. In translated kernels, the
+// first thread of each block to reach a declaration fills the variable with kUninitializedByte
+// (poisonStaticShared), as dynamic shared memory (`extern __shared__ T name[]`, translated to
+// rc_emu::dynamicShared<T>()) is filled at the start of every block: reading shared memory that no
+// thread of the block wrote gives NaN bytes, not the previous block's values.
 //
 // Schedule: RESNET_CUDA_EMU_SCHEDULE = forward (default: the lowest-numbered runnable thread runs
 // next), reverse (the highest), random (seeded by RESNET_CUDA_EMU_SEED). Threads always run until
@@ -78,8 +79,9 @@ struct CurrentThread {
   dim3 blockShape;
   dim3 gridShape;
   void* dynamicShared;
+  uint64_t blockSerial;  // a number no other block run on this host thread had
 };
-inline thread_local CurrentThread tCurrent{{0, 0, 0}, {0, 0, 0}, dim3(), dim3(), nullptr};
+inline thread_local CurrentThread tCurrent{{0, 0, 0}, {0, 0, 0}, dim3(), dim3(), nullptr, 0};
 
 inline uint3 threadIdxValue() { return tCurrent.thread; }
 inline uint3 blockIdxValue() { return tCurrent.block; }
@@ -325,6 +327,16 @@ namespace rc_emu {
 
 // The current block's dynamic shared memory (`extern __shared__ T name[]`): the launch's
 // sharedBytes, 16-byte aligned, filled with kUninitializedByte when the block starts.
+// A static __shared__ variable is filled with kUninitializedByte by the first thread of each block
+// that reaches its declaration (shared memory is undefined at a block's start; without this, a
+// block would see what the previous block left). The translated kernels call it after each such
+// declaration, with a per-variable `lastBlock`.
+inline void poisonStaticShared(void* p, size_t bytes, uint64_t& lastBlock) {
+  if (lastBlock == detail::tCurrent.blockSerial) return;
+  lastBlock = detail::tCurrent.blockSerial;
+  std::memset(p, kUninitializedByte, bytes);
+}
+
 template <typename T>
 T* dynamicShared() {
   return static_cast<T*>(detail::tCurrent.dynamicShared);
