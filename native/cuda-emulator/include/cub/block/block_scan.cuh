@@ -7,11 +7,11 @@
 // after the final barrier, so a reuse without one lets those slots be overwritten first.
 #pragma once
 
-#include <cstdio>
 #include <type_traits>
 
 #include "../../rc_emu/device.h"
 #include "../thread/thread_operators.cuh"
+#include "block_thread_index.cuh"
 
 namespace cub {
 
@@ -95,14 +95,7 @@ class BlockScan {
   }
 
   static int linearThread() {
-    if (blockDim.x != static_cast<unsigned>(BLOCK_DIM_X) || blockDim.y != static_cast<unsigned>(BLOCK_DIM_Y) ||
-        blockDim.z != static_cast<unsigned>(BLOCK_DIM_Z)) {
-      char what[160];
-      std::snprintf(what, sizeof what, "cub::BlockScan for blocks of %dx%dx%d threads used in a block of %ux%ux%u",
-                    BLOCK_DIM_X, BLOCK_DIM_Y, BLOCK_DIM_Z, blockDim.x, blockDim.y, blockDim.z);
-      ::rc_emu::deviceCodeFault(what);
-    }
-    return static_cast<int>(threadIdx.x + BLOCK_DIM_X * (threadIdx.y + BLOCK_DIM_Y * threadIdx.z));
+    return detail::blockLinearThread<BLOCK_DIM_X, BLOCK_DIM_Y, BLOCK_DIM_Z>("cub::BlockScan");
   }
 
   TempStorage& storage_;
