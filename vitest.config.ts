@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { defineConfig } from 'vitest/config';
 
-// The emulated CUDA backend (native/cuda-emulator, built with the addon in a source checkout):
+// The emulated CUDA backend (test/cuda-emulator, built with the addon in a source checkout):
 // the 'cuda-emulator' project runs the CUDA test rows on it, so the CUDA backend's own code is
 // tested on machines without a GPU. Without the library, those rows are skipped with the reason.
 const emulator = resolve('build/Release/libresnet_cuda_emulator.so');

@@ -176,7 +176,7 @@ function build(cmakeJs) {
   const emulatorWanted = process.env.RESNET_CUDA_BUILD_EMULATOR;
   const emulator =
     emulatorWanted === undefined || emulatorWanted === ''
-      ? existsSync(join(root, 'native', 'cuda-emulator')) && existsSync(join(root, 'test'))
+      ? existsSync(join(root, 'test', 'cuda-emulator'))
       : envFlag('RESNET_CUDA_BUILD_EMULATOR');
   const steps = [
     [cmakeJs, 'configure', '--out', 'build', ...cuda.args, `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`],

@@ -1,5 +1,5 @@
 /**
- * The CUDA backend on the emulated device (native/cuda-emulator): the GPU checks of
+ * The CUDA backend on the emulated device (test/cuda-emulator): the GPU checks of
  * test/gpu/cases.ts at their small size, and the emulator's own executor test. Runs in the
  * 'cuda-emulator' test project, which points RESNET_CUDA_BACKEND_LIBRARY at the emulated backend;
  * elsewhere (and where the emulator was not built) the tests are skipped with the reason.

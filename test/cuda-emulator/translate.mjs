@@ -247,7 +247,7 @@ function main(argv) {
   const source = path.resolve(input);
   const body = translate(text, input);
   const result =
-    `// Generated from ${source} by native/cuda-emulator/translate.mjs.\n` +
+    `// Generated from ${source} by test/cuda-emulator/translate.mjs.\n` +
     `#line 1 ${JSON.stringify(source)}\n` +
     body;
   let existing = null;

@@ -1,7 +1,7 @@
 // Unit test of the emulator's kernel executor (src/kernel_exec.cc), the device header and the cub
 // stand-ins, against a minimal runtime defined here. Build and run from the repository root:
 //
-//   g++ -std=c++17 -O1 -Wall -Wextra -I native/cuda-emulator/include native/cuda-emulator/test/executor_test.cc native/cuda-emulator/src/kernel_exec.cc -o executor_test
+//   g++ -std=c++17 -O1 -Wall -Wextra -I test/cuda-emulator/include test/cuda-emulator/test/executor_test.cc test/cuda-emulator/src/kernel_exec.cc -o executor_test
 //   ./executor_test          (add --bench to time 4096x256-thread launches)
 //
 // It passes under every schedule (RESNET_CUDA_EMU_SCHEDULE=forward|reverse|random), and built with
