@@ -7,7 +7,9 @@ import sharp from 'sharp';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { addon } from '../lib/binding.js';
 import { sampleRandom } from '../lib/data/sample-random.js';
-import { Compose, RandomResizedCrop, Resize, resizedCrop, decodeImage } from '../lib/data/transforms.js';
+import { Compose, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
+import { decodeImage } from '../lib/data/transforms/decode.js';
+import { resizedCrop } from '../lib/data/transforms/functional.js';
 import type { DecodedImage } from '../lib/data/types.js';
 
 type Filter = 'nearest' | 'bilinear' | 'bicubic' | 'lanczos';

@@ -11,7 +11,8 @@
 import { isMainThread, parentPort, workerData } from 'node:worker_threads';
 import { datasetFromSpec } from './registry.js';
 import { sampleRandom } from './sample-random.js';
-import { Compose, setSharpConcurrency, type ComposeSpec } from './transforms.js';
+import { Compose, type ComposeSpec } from './transforms.js';
+import { setSharpConcurrency } from './transforms/decode.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /** Marks `workerData` as the loader's, so that importing this module elsewhere does nothing. @internal */
