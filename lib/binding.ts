@@ -7,6 +7,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { ResnetError } from './errors.js';
 
 /** Element types known to the native layer. */
 export type DTypeName = 'f32' | 'bf16' | 'f16' | 'i32' | 'i64' | 'u8';
@@ -299,12 +300,13 @@ export function packageRoot(): string {
     if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'CMakeLists.txt'))) return dir;
     if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'prebuilds'))) return dir;
     const parent = dirname(dir);
-    if (parent === dir) throw new Error('resnet-cuda: cannot find the package root above ' + fileURLToPath(import.meta.url));
+    if (parent === dir) throw new ResnetError('ERR_RC_ADDON_LOAD', 'resnet-cuda: cannot find the package root above ' + fileURLToPath(import.meta.url));
     dir = parent;
   }
 }
 
-function explainLoadFailure(error: unknown, root: string): Error {
+/** The `ERR_RC_ADDON_LOAD` error for a failed load: the loader's message and what to do about it. */
+function explainLoadFailure(error: unknown, root: string): ResnetError {
   const message = error instanceof Error ? error.message : String(error);
   const hints: string[] = [];
   const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message);
@@ -323,8 +325,8 @@ function explainLoadFailure(error: unknown, root: string): Error {
       'Build from source with `npm run build:native` (needs CMake, a C++17 compiler and `libdnnl-dev`; `scripts/setup` installs them).',
     );
   }
-  const err = new Error(`resnet-cuda: the native addon failed to load.\n${message}${hints.length ? '\n' + hints.join('\n') : ''}`);
-  (err as Error & { code: string }).code = 'ERR_RC_ADDON_LOAD';
+  const err = new ResnetError('ERR_RC_ADDON_LOAD', `resnet-cuda: the native addon failed to load.\n${message}${hints.length ? '\n' + hints.join('\n') : ''}`);
+  Object.assign(err, { cause: error });
   return err;
 }
 

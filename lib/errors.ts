@@ -4,15 +4,49 @@
  * @packageDocumentation
  */
 
-/** Error codes used by the TypeScript layer (native errors carry `ERR_RC_*` codes too). */
-export type ErrorCode =
-  | 'ERR_RC_INVALID_ARGUMENT'
-  | 'ERR_RC_DISPOSED'
-  | 'ERR_RC_DEVICE'
-  | 'ERR_RC_STATE_DICT'
-  | 'ERR_RC_CHECKPOINT'
-  | 'ERR_RC_DATASET'
-  | 'ERR_RC_CORRUPT_FILE';
+/**
+ * Every `code` the package's errors carry: the native side's (native/core/error.h) and the
+ * TypeScript layer's.
+ */
+export const ERROR_CODES = [
+  /** A public argument or option is wrong; the message names it, what was expected and what was received. */
+  'ERR_RC_INVALID_ARGUMENT',
+  /** An object was used after `dispose()` or `close()`. */
+  'ERR_RC_DISPOSED',
+  /** A host or device allocation failed; the message says how much was asked and what to try. */
+  'ERR_RC_OUT_OF_MEMORY',
+  /** An unknown or unusable device name, or tensors on different devices. */
+  'ERR_RC_DEVICE',
+  /** A backend (CUDA, NCCL) that this build or machine does not have. */
+  'ERR_RC_BACKEND_UNAVAILABLE',
+  /** A oneDNN call failed. */
+  'ERR_RC_ONEDNN',
+  /** A CUDA runtime call failed. */
+  'ERR_RC_CUDA',
+  /** A cuDNN call failed. */
+  'ERR_RC_CUDNN',
+  /** A cuBLAS call failed. */
+  'ERR_RC_CUBLAS',
+  /** An NCCL call failed. */
+  'ERR_RC_NCCL',
+  /** An image or data file that cannot be decoded; the message names the file. */
+  'ERR_RC_CORRUPT_FILE',
+  /** A broken invariant of the native code (a bug). */
+  'ERR_RC_INTERNAL',
+  /** A state dict that does not match the module. */
+  'ERR_RC_STATE_DICT',
+  /** A checkpoint that cannot be written or read. */
+  'ERR_RC_CHECKPOINT',
+  /** A dataset that cannot be opened or read, or whose contents contradict its description. */
+  'ERR_RC_DATASET',
+  /** A data loader's worker that failed outside any one sample. */
+  'ERR_RC_DATA_LOADER',
+  /** The native addon could not be loaded; the message says why and how to fix it. */
+  'ERR_RC_ADDON_LOAD',
+] as const;
+
+/** The stable code of a {@link ResnetError}, one of {@link ERROR_CODES}. */
+export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /** An Error with a stable `code`, like Node's own errors. */
 export class ResnetError extends Error {

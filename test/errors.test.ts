@@ -1,3 +1,8 @@
+import { spawnSync } from 'node:child_process';
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import {
   BatchNorm2d,
@@ -15,6 +20,7 @@ import {
   listBackends,
   memoryStats,
 } from '../lib/index.js';
+import { ERROR_CODES } from '../lib/errors.js';
 
 const code = (c: string) => expect.objectContaining({ code: c });
 
@@ -99,5 +105,36 @@ describe('bad input gets a clear error', () => {
     const b = new Linear({ inFeatures: 2, outFeatures: 2 }).to('cpu');
     const opt = new SGD([...a.parameters(), ...b.parameters()], { lr: 0.1 });
     expect(() => opt.step()).toThrow(/one parameter arena/);
+  });
+});
+
+describe('error codes', () => {
+  it('lists every code the native side raises', () => {
+    const header = readFileSync(new URL('../native/core/error.h', import.meta.url), 'utf8');
+    const native = [...header.matchAll(/"(ERR_RC_[A-Z_]+)"/g)].map((m) => m[1]!);
+    expect(native.length).toBeGreaterThanOrEqual(12);
+    for (const c of native) expect(ERROR_CODES).toContain(c);
+  });
+
+  it('reports an addon that cannot load with a ResnetError coded ERR_RC_ADDON_LOAD', () => {
+    // The compiled loader in a package folder with no build: node-gyp-build finds no binary.
+    const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-addon-load-'));
+    try {
+      mkdirSync(join(dir, 'lib'));
+      for (const f of ['binding.js', 'errors.js']) copyFileSync(new URL(`../dist/lib/${f}`, import.meta.url), join(dir, 'lib', f));
+      writeFileSync(join(dir, 'package.json'), '{"type":"module"}');
+      writeFileSync(join(dir, 'CMakeLists.txt'), '');
+      symlinkSync(fileURLToPath(new URL('../node_modules', import.meta.url)), join(dir, 'node_modules'));
+      const program = `
+        import { addon } from ${JSON.stringify(pathToFileURL(join(dir, 'lib', 'binding.js')).href)};
+        import { ResnetError } from ${JSON.stringify(pathToFileURL(join(dir, 'lib', 'errors.js')).href)};
+        try { addon(); } catch (e) { console.log(JSON.stringify({ typed: e instanceof ResnetError, code: e.code, message: e.message })); }`;
+      const child = spawnSync(process.execPath, ['--input-type=module', '-e', program], { encoding: 'utf8', timeout: 30_000 });
+      const result = JSON.parse(child.stdout) as { typed: boolean; code: string; message: string };
+      expect(result).toMatchObject({ typed: true, code: 'ERR_RC_ADDON_LOAD' });
+      expect(result.message).toMatch(/native addon failed to load[\s\S]*npm run build:native/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
