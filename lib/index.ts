@@ -15,7 +15,7 @@
  * ```
  * @packageDocumentation
  */
-export { Tensor, expectTensor, isFloatDType, type DType, type TensorOptions } from './tensor.js';
+export { Tensor, isFloatDType, type DType, type TensorOptions } from './tensor.js';
 export {
   cudaAvailable,
   emptyCache,
@@ -29,9 +29,9 @@ export {
   type MemoryStats,
 } from './device.js';
 export type { BackendStatus } from './binding.js';
-export { ResnetError, type ErrorCode } from './errors.js';
+export { ERROR_CODES, ResnetError, type ErrorCode } from './errors.js';
 export { Random } from './random.js';
-export { Module, ShapeCache, ohwiToOihw, oihwToOhwi, type StateDict, type StateEntry } from './nn/module.js';
+export { Module, type StateDict, type StateEntry } from './nn/module.js';
 export { Parameter, ParameterArena, type ParameterKind, type ParameterLayout } from './nn/parameter.js';
 export {
   AdaptiveAvgPool2d,
@@ -40,7 +40,6 @@ export {
   Flatten,
   Linear,
   MaxPool2d,
-  Pool2d,
   ReLU,
   type BatchNorm2dOptions,
   type Conv2dOptions,
@@ -95,12 +94,11 @@ export {
 export { clipGradNorm, gradNorm, type GradTarget } from './optim/clip.js';
 export { SHAPE_CLASSES, generateShapes, type GenerateShapesOptions, type GeneratedImages } from './data/generated.js';
 export { Communicator, CudaGraph, createUniqueId, type CommunicatorOptions } from './cuda.js';
-export { DataLoader, DataLoaderError, defaultWorkers, type Batch, type DataLoaderOptions } from './data/loader.js';
+export { DataLoader, DataLoaderError, type Batch, type DataLoaderOptions } from './data/loader.js';
 export {
   DistributedSampler,
   RandomSampler,
   SequentialSampler,
-  permutation,
   type DistributedSamplerOptions,
   type RandomSamplerOptions,
   type Sampler,
@@ -113,7 +111,6 @@ export { CIFAR10_CLASSES, CifarDataset, type CifarOptions } from './data/cifar.j
 export { SyntheticDataset, type SyntheticDatasetOptions } from './data/synthetic.js';
 export { ShapesDataset, type ShapesDatasetOptions, type WriteShapesOptions } from './data/shapes-dataset.js';
 export { Subset, randomSplit, type RandomSplitOptions } from './data/split.js';
-export { DATASET_KINDS, datasetFromSpec } from './data/registry.js';
 export { sampleRandom } from './data/sample-random.js';
 export {
   CenterCrop,
@@ -159,7 +156,6 @@ export {
   loadWeights,
   saveCheckpoint,
   saveWeights,
-  writeFileAtomic,
   type CheckpointParts,
   type CheckpointProgress,
   type Stateful,

@@ -18,10 +18,10 @@ import {
   Sequential,
   Tensor,
   listBackends,
-  ohwiToOihw,
   type Module,
   type StateDict,
 } from '../lib/index.js';
+import { ohwiToOihw } from '../lib/nn/module.js';
 import { ModelEma } from '../lib/train/ema.js';
 
 const X = Tensor.randn([4, 5, 5, 3], { seed: 11 });

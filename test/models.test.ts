@@ -13,9 +13,9 @@ import {
   SGD,
   Sequential,
   Tensor,
-  ohwiToOihw,
   type StateDict,
 } from '../lib/index.js';
+import { ohwiToOihw } from '../lib/nn/module.js';
 
 /** Bitwise equality of two typed arrays (vitest's deep equality is slow on millions of elements). */
 function sameBits(a: ArrayBufferView | undefined, b: ArrayBufferView | undefined): boolean {

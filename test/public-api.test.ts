@@ -1,0 +1,13 @@
+import { describe, expect, it } from 'vitest';
+import * as api from '../lib/index.js';
+
+describe('the package entry point', () => {
+  it('exports the public API, not the helpers the modules share among themselves', () => {
+    for (const internal of ['ShapeCache', 'expectTensor', 'ohwiToOihw', 'oihwToOhwi', 'Pool2d', 'permutation', 'defaultWorkers', 'datasetFromSpec', 'DATASET_KINDS', 'writeFileAtomic']) {
+      expect(Object.keys(api)).not.toContain(internal);
+    }
+    for (const name of ['Tensor', 'ResNet50', 'SGD', 'DataLoader', 'DataLoaderError', 'ImageFolder', 'Compose', 'RandomResizedCrop', 'randomSplit', 'Trainer', 'ResnetError', 'ERROR_CODES']) {
+      expect(Object.keys(api)).toContain(name);
+    }
+  });
+});
