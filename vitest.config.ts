@@ -9,6 +9,11 @@ const emulator = resolve('build/Release/libresnet_cuda_emulator.so');
 const emulatorEnv = existsSync(emulator) ? { RESNET_CUDA_BACKEND_LIBRARY: emulator } : { RESNET_CUDA_EMULATOR_MISSING: emulator };
 
 export default defineConfig({
+  resolve: {
+    // Worker threads cannot start from TypeScript sources: the loader's workers run the compiled
+    // package (see test/setup/loader-worker-url.ts).
+    alias: [{ find: /^\.\/loader-worker-url\.js$/, replacement: resolve('test/setup/loader-worker-url.ts') }],
+  },
   test: {
     // Generous: a slow or busy machine must not fail a correct test; speed is measured by `npm run bench`.
     testTimeout: 900_000,

@@ -9,6 +9,7 @@ import { ImageFolder } from '../lib/data/image-folder.js';
 import { DataLoader, DataLoaderError, type Batch } from '../lib/data/loader.js';
 import { DistributedSampler, RandomSampler, SequentialSampler } from '../lib/data/sampler.js';
 import { ShapesDataset } from '../lib/data/shapes-dataset.js';
+import { SyntheticDataset } from '../lib/data/synthetic.js';
 import { CenterCrop, ColorJitter, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
 
 /** A batch's contents copied out of the shared slot (which the loader reuses). */
@@ -302,6 +303,7 @@ describe('DataLoader', () => {
     }
     for (const e of errors) {
       expect(e.code).toBe('ERR_RC_DATASET');
+      expect(e.path).toBe(gone);
       expect(e.index).toBe(index);
       expect(e.message).toContain(`Cannot read sample ${index}`);
       expect(e.message).toContain('ENOENT');
@@ -431,6 +433,89 @@ console.log(JSON.stringify(report));
     expect(child.stderr).toBe('');
     // Mapped by the worker that decoded the PNGs (the process's libraries are shared by its threads).
     expect(JSON.parse(child.stdout)).toEqual([false, 24, false, 27, true]);
+  });
+
+  it('starts workers from a program given with --eval and --input-type (workers get only the flags that suit them)', () => {
+    const program = `import { DataLoader, ShapesDataset } from ${JSON.stringify(pathToFileURL(fileURLToPath(new URL('../dist/lib/index.js', import.meta.url))).href)};
+let n = 0;
+for await (const b of new DataLoader(new ShapesDataset({ length: 8, size: 8, seed: 1 }), { batchSize: 4, workers: 1 })) n += b.size;
+console.log('samples', n);`;
+    for (const flags of [['--input-type=module', '-e'], ['--input-type', 'module', '--eval'], ['--no-warnings', '--input-type=module', '--eval']]) {
+      const child = spawnSync(process.execPath, [...flags, program], { encoding: 'utf8', timeout: 60_000 });
+      expect(child.stderr).toBe('');
+      expect(child.stdout.trim()).toBe('samples 8');
+    }
+  });
+
+  it('warns that workers outnumber the threadpool only when sharp decodes (PNG), not for natively decoded JPEGs', async () => {
+    const threadpool = process.env.UV_THREADPOOL_SIZE;
+    delete process.env.UV_THREADPOOL_SIZE;
+    const warnings: string[] = [];
+    const listen = (w: Error): void => {
+      if (/threadpool/.test(w.message)) warnings.push(w.message);
+    };
+    process.on('warning', listen);
+    try {
+      const transform = new Compose([new RandomResizedCrop({ size: 8 })]);
+      await epoch(new DataLoader(await ImageFolder.open(join(root, 'images')), { batchSize: 4, transform, workers: 5 }));
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings).toEqual([]);
+      const png = join(root, 'png-threadpool');
+      await ShapesDataset.writeImageFolder(png, { count: 10, size: 12, classes: 2, seed: 3, format: 'png' });
+      await epoch(new DataLoader(await ImageFolder.open(png), { batchSize: 2, transform, workers: 5 }));
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toMatch(/5 workers decode with sharp/);
+    } finally {
+      process.off('warning', listen);
+      if (threadpool !== undefined) process.env.UV_THREADPOOL_SIZE = threadpool;
+    }
+  });
+
+  it('needs no transform for in-memory images of one size, and keeps their channels', async () => {
+    for (const workers of [0, 1]) {
+      const batches = await epoch(new DataLoader(shapes, { batchSize: 16, workers }));
+      expect(batches.map((b) => b.shape)).toEqual([
+        [16, 16, 16, 3],
+        [16, 16, 16, 3],
+        [8, 16, 16, 3],
+      ]);
+      const first = await shapes.get(0);
+      expect(batches[0]!.images.subarray(0, 16 * 16 * 3)).toEqual((first.source as { image: { data: Uint8Array } }).image.data);
+    }
+    const grey = new SyntheticDataset({ length: 4, height: 5, width: 7, channels: 1, seed: 2 });
+    expect((await epoch(new DataLoader(grey, { batchSize: 4, workers: 0 })))[0]!.shape).toEqual([4, 5, 7, 1]);
+    const files = await ImageFolder.open(join(root, 'images'));
+    expect(() => new DataLoader(files, { batchSize: 4 })).toThrow(/needs a transform.*different sizes/);
+  });
+
+  it('stops on an AbortSignal: the running epoch fails with its reason, the workers end, later epochs refuse to start', async () => {
+    for (const workers of [0, 1]) {
+      const controller = new AbortController();
+      const loader = new DataLoader(shapes, { batchSize: 2, transform: augment(), workers, prefetch: 1, signal: controller.signal });
+      const iterator = loader[Symbol.asyncIterator]();
+      expect((await iterator.next()).done).toBe(false);
+      controller.abort();
+      await expect(iterator.next()).rejects.toMatchObject({ name: 'AbortError' });
+      expect(loader.activeWorkers).toBe(0);
+      await expect(epoch(loader)).rejects.toMatchObject({ name: 'AbortError' });
+      await loader.close();
+    }
+    const aborted = AbortSignal.abort(new Error('stop now'));
+    await expect(epoch(new DataLoader(shapes, { batchSize: 2, transform: augment(), workers: 0, signal: aborted }))).rejects.toThrow(/stop now/);
+    expect(() => new DataLoader(shapes, { batchSize: 2, signal: {} as AbortSignal })).toThrow(/signal/);
+  });
+
+  it('closes once, by close() or Symbol.asyncDispose (await using), any number of times', async () => {
+    const loader = new DataLoader(shapes, { batchSize: 4, transform: augment(), workers: 1, persistentWorkers: true });
+    await epoch(loader);
+    expect(loader.activeWorkers).toBe(1);
+    expect(typeof loader[Symbol.asyncDispose]).toBe('function');
+    await loader[Symbol.asyncDispose]();
+    expect(loader.activeWorkers).toBe(0);
+    await loader.close();
+    await loader[Symbol.asyncDispose]();
+    expect(() => loader[Symbol.asyncIterator]()).toThrow(/closed/);
   });
 
   it('lets a process that used workers (persistent ones included, left unclosed) exit by itself', () => {

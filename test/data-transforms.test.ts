@@ -529,6 +529,11 @@ describe('seeding, specs and errors', () => {
     const mostly = smallJpeg.subarray(0, Math.floor(smallJpeg.length * 0.9));
     const crop = new Compose([new RandomResizedCrop({ size: 8, scale: [0.01, 0.02] })]);
     for (let i = 0; i < 10; i++) await expect(crop.run(encoded(mostly, 'b.jpg'), sampleRandom(0, 0, i))).rejects.toThrow(code('ERR_RC_CORRUPT_FILE'));
+    for (const p of [pipeline(), new Compose([])]) {
+      const empty = await p.run(encoded(new Uint8Array(0), 'x/empty.jpg'), sampleRandom(0, 0, 0)).catch((e: unknown) => e);
+      expect(empty).toEqual(code('ERR_RC_CORRUPT_FILE'));
+      expect((empty as Error).message).toMatch(/x\/empty\.jpg.*empty/);
+    }
     const garbage = await new Compose([]).run(encoded(new TextEncoder().encode('not an image'), 'x/y.jpg'), sampleRandom(0, 0, 0)).catch((e: unknown) => e);
     expect(garbage).toEqual(code('ERR_RC_CORRUPT_FILE'));
     expect((garbage as Error).message).toMatch(/x\/y\.jpg.*unsupported image format/);

@@ -62,6 +62,11 @@ export class CifarDataset implements Dataset {
   readonly #recordBytes: number;
   readonly #labelOffset: number;
 
+  /** `[height, width, channels]` of every sample. */
+  get imageShape(): readonly [number, number, number] {
+    return [SIDE, SIDE, 3];
+  }
+
   private constructor(files: string[], variant: 'cifar10' | 'cifar100', labelKind: 'fine' | 'coarse', classes: string[], buffers: Uint8Array[]) {
     this.files = Object.freeze(files);
     this.variant = variant;

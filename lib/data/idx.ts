@@ -117,6 +117,11 @@ export class IdxDataset implements Dataset {
   readonly #pixels: Uint8Array;
   readonly #labels: Uint8Array;
 
+  /** `[height, width, channels]` of every sample. */
+  get imageShape(): readonly [number, number, number] {
+    return [this.height, this.width, 1];
+  }
+
   private constructor(imagesPath: string, labelsPath: string, classes: string[], height: number, width: number, pixels: Uint8Array, labels: Uint8Array) {
     this.imagesPath = imagesPath;
     this.labelsPath = labelsPath;

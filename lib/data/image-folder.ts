@@ -420,7 +420,7 @@ export class ImageFolder implements Dataset {
     try {
       buffer = await readFile(file);
     } catch (error) {
-      throw this.#readError(index, error);
+      throw this.#readError(index, file, error);
     }
     return this.#sample(index, file, buffer);
   }
@@ -437,13 +437,15 @@ export class ImageFolder implements Dataset {
     try {
       buffer = readFileSync(file);
     } catch (error) {
-      throw this.#readError(index, error);
+      throw this.#readError(index, file, error);
     }
     return this.#sample(index, file, buffer);
   }
 
-  #readError(index: number, error: unknown): Error {
-    return datasetError(`Cannot read sample ${index} (class '${this.classes[this.#labels[index]!]}') of the ImageFolder '${this.root}': ${systemMessage(error)}`);
+  /** The `ERR_RC_DATASET` error for a file that cannot be read, with the file as its `path`. */
+  #readError(index: number, file: string, error: unknown): Error {
+    const wrapped = datasetError(`Cannot read sample ${index} (class '${this.classes[this.#labels[index]!]}') of the ImageFolder '${this.root}': ${systemMessage(error)}`);
+    return Object.assign(wrapped, { path: file, cause: error });
   }
 
   #sample(index: number, file: string, buffer: Buffer): RawSample {

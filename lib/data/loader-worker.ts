@@ -12,7 +12,7 @@ import { isMainThread, parentPort, workerData } from 'node:worker_threads';
 import { datasetFromSpec } from './registry.js';
 import { sampleRandom } from './sample-random.js';
 import { Compose, type ComposeSpec } from './transforms.js';
-import { setSharpConcurrency } from './transforms/decode.js';
+import { setSharpConcurrency, sharpLoaded } from './transforms/decode.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /** Marks `workerData` as the loader's, so that importing this module elsewhere does nothing. @internal */
@@ -71,6 +71,8 @@ export interface FailureInfo {
 /** A worker's reply. @internal */
 export type WorkerReply =
   | { type: 'ready'; workerId: number }
+  /** Sent once, after the first job that loaded sharp (which decodes on libuv's shared threadpool). */
+  | { type: 'sharp'; workerId: number }
   | { type: 'fatal'; workerId: number; error: FailureInfo }
   | { type: 'done'; run: number; slot: number; batchIndexInEpoch: number }
   | { type: 'error'; run: number; slot: number; batchIndexInEpoch: number; error: FailureInfo };
@@ -169,7 +171,9 @@ export class BatchFiller {
         // left for the consumer (InputNormalize's flip argument).
         this.#flips[slotSample] = this.#deferFlip && flip ? 1 : 0;
       } catch (error) {
-        const path = sample?.source.kind === 'encoded' ? sample.source.path : undefined;
+        // A sample that could not be read names its file in the error (as Node's file errors do).
+        const errorPath = (error as { path?: unknown } | null)?.path;
+        const path = sample?.source.kind === 'encoded' ? sample.source.path : typeof errorPath === 'string' ? errorPath : undefined;
         throw new SampleFailure(failureInfo(error, { index, ...(path !== undefined ? { path } : {}) }));
       }
     }
@@ -193,6 +197,12 @@ function serve(init: WorkerInit): void {
     return new BatchFiller(dataset, transform, init.deferFlip, init.layout, true);
   })();
   let queue: Promise<void> = Promise.resolve();
+  let sharpReported = false;
+  const reportSharp = (): void => {
+    if (sharpReported || !sharpLoaded()) return;
+    sharpReported = true;
+    port.postMessage({ type: 'sharp', workerId: init.workerId } satisfies WorkerReply);
+  };
   port.on('message', (job: Job) => {
     queue = queue.then(async () => {
       let filler: BatchFiller;
@@ -203,6 +213,7 @@ function serve(init: WorkerInit): void {
       }
       try {
         await filler.fill(job);
+        reportSharp();
         port.postMessage({ type: 'done', run: job.run, slot: job.slot, batchIndexInEpoch: job.batchIndexInEpoch } satisfies WorkerReply);
       } catch (error) {
         const reply: WorkerReply = {
@@ -212,6 +223,7 @@ function serve(init: WorkerInit): void {
           batchIndexInEpoch: job.batchIndexInEpoch,
           error: failureInfo(error, { worker: init.workerId }),
         };
+        reportSharp();
         port.postMessage(reply);
       }
     });

@@ -28,24 +28,22 @@
  * workers, and read ImageFolder files with blocking reads, which cost a worker less than the round
  * trips of asynchronous ones.
  *
- * Worker threads cannot load TypeScript sources, so the worker is always the compiled
- * `loader-worker.js`: next to this module when it runs from `dist/`, or, when this module runs as
- * TypeScript (vitest), the package's `dist/lib/data/loader-worker.js` (build it with
- * `npm run build:ts`; a warning names sources newer than their compiled files).
+ * Workers start from the compiled `loader-worker.js` beside this module, with the parent's Node
+ * flags less those that choose the main program (see {@link workerExecArgv}).
  * @packageDocumentation
  */
-import { existsSync, readdirSync, statSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
-import { dirname, join, relative } from 'node:path';
-import { fileURLToPath, pathToFileURL } from 'node:url';
 import { Worker } from 'node:worker_threads';
+import { asyncDisposeSymbol } from '../dispose.js';
 import { ResnetError, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
 import { Tensor } from '../tensor.js';
 import { expectDataset } from './dataset.js';
 import { BatchFiller, SampleFailure, WORKER_TAG, failureInfo, type FailureInfo, type Job, type SlotLayout, type WorkerInit, type WorkerReply } from './loader-worker.js';
+import { loaderWorkerUrl } from './loader-worker-url.js';
 import { DistributedSampler, RandomSampler, SequentialSampler, randomSeed, type Sampler } from './sampler.js';
 import { Compose } from './transforms.js';
 import type { Dataset } from './types.js';
+import { workerExecArgv } from './worker-flags.js';
 
 /** Options of {@link DataLoader}. */
 export interface DataLoaderOptions {
@@ -53,9 +51,11 @@ export interface DataLoaderOptions {
   batchSize: number;
   /**
    * The per-sample transform; it must end in a fixed output size (`Resize` to a pair,
-   * `CenterCrop`, `RandomResizedCrop`), which sets the batches' height and width.
+   * `CenterCrop`, `RandomResizedCrop`), which sets the batches' height and width. Optional for a
+   * dataset whose images all have one size ({@link Dataset.imageShape}: IDX, CIFAR, synthetic and
+   * generated datasets), which are then batched as they are, with their channels (1 or 3).
    */
-  transform: Compose;
+  transform?: Compose;
   /** Visit the samples in a fresh seeded random order each epoch; default false. */
   shuffle?: boolean;
   /**
@@ -92,6 +92,11 @@ export interface DataLoaderOptions {
    * {@link DistributedSampler} (shuffled when `shuffle` is true, padded unless `dropLast` here).
    */
   distributed?: { rank: number; worldSize: number; dropLast?: boolean };
+  /**
+   * Stops the loader: once aborted, the running epoch fails with the signal's reason (an
+   * `AbortError` by default), the workers end, and later epochs fail the same way at their start.
+   */
+  signal?: AbortSignal;
 }
 
 /**
@@ -177,65 +182,13 @@ function deferred<T>(): Deferred<T> {
   return { promise, resolve, reject };
 }
 
-let workerUrlCache: URL | undefined;
-
-/**
- * The compiled worker module. From `dist/` it sits next to this file; from TypeScript sources
- * (vitest), Node cannot run a `.ts` file in a worker thread, so the package's compiled copy in
- * `dist/` serves instead, with a warning when sources are newer than it.
- */
-function workerUrl(): URL {
-  if (workerUrlCache) return workerUrlCache;
-  const own = import.meta.url;
-  if (own.endsWith('.js')) return (workerUrlCache = new URL('./loader-worker.js', own));
-  let dir = dirname(fileURLToPath(own));
-  for (;;) {
-    if (existsSync(join(dir, 'package.json'))) break;
-    const parent = dirname(dir);
-    if (parent === dir) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `DataLoader: no package.json above ${fileURLToPath(own)} to find the compiled worker`);
-    dir = parent;
-  }
-  const compiled = join(dir, 'dist', 'lib', 'data', 'loader-worker.js');
-  if (!existsSync(compiled)) {
-    throw new ResnetError(
-      'ERR_RC_INVALID_ARGUMENT',
-      `DataLoader workers need the compiled ${relative(dir, compiled)} (worker threads cannot load TypeScript sources): run 'npm run build:ts', or use workers: 0`,
-    );
-  }
-  warnIfStale(join(dir, 'lib'), join(dir, 'dist', 'lib'));
-  return (workerUrlCache = pathToFileURL(compiled));
-}
-
-/** Warns (once) when library sources are newer than the compiled files the workers will run. */
-function warnIfStale(sources: string, compiled: string): void {
-  const stale: string[] = [];
-  const walk = (dir: string): void => {
-    for (const entry of readdirSync(dir, { withFileTypes: true })) {
-      const path = join(dir, entry.name);
-      if (entry.isDirectory()) walk(path);
-      else if (entry.name.endsWith('.ts') && !entry.name.endsWith('.d.ts')) {
-        const js = join(compiled, relative(sources, path)).replace(/\.ts$/, '.js');
-        if (!existsSync(js) || statSync(js).mtimeMs < statSync(path).mtimeMs) stale.push(relative(sources, path));
-      }
-    }
-  };
-  try {
-    walk(sources);
-  } catch {
-    return; // a best-effort hint, never a failure
-  }
-  if (stale.length > 0) {
-    process.emitWarning(
-      `DataLoader workers run the compiled library in dist/, which is older than lib/${stale.slice(0, 5).join(', lib/')}${stale.length > 5 ? ', …' : ''}; run 'npm run build:ts'`,
-    );
-  }
-}
-
 let threadpoolWarned = false;
 
 /**
- * Warns (once) when the workers outnumber libuv's threadpool: sharp decodes and resizes on that
- * pool, which every thread of a process shares, so more workers than pool threads wait for one.
+ * Warns (once) when the workers outnumber libuv's threadpool, as a worker reports that it decodes
+ * with sharp (PNG, WebP, CMYK JPEGs; other JPEGs are decoded in the addon, on the worker's own
+ * thread): sharp decodes on that pool, which every thread of a process shares, so more workers
+ * than pool threads wait for one.
  */
 function warnIfThreadpoolSmall(workers: number): void {
   const size = Number(process.env.UV_THREADPOOL_SIZE) || 4;
@@ -258,11 +211,11 @@ class WorkerPool {
   #closing = false;
 
   constructor(count: number, init: Omit<WorkerInit, 'workerId'>) {
-    const url = workerUrl();
-    warnIfThreadpoolSmall(count);
+    const url = loaderWorkerUrl();
+    const execArgv = workerExecArgv();
     const readies: Promise<void>[] = [];
     for (let id = 0; id < count; id++) {
-      const worker = new Worker(url, { workerData: { ...init, workerId: id } satisfies WorkerInit, name: `resnet-cuda loader ${id}` });
+      const worker = new Worker(url, { workerData: { ...init, workerId: id } satisfies WorkerInit, name: `resnet-cuda loader ${id}`, execArgv });
       const ready = deferred<void>();
       readies.push(ready.promise);
       this.#workers.push(worker);
@@ -270,6 +223,7 @@ class WorkerPool {
       this.#alive.add(worker);
       worker.on('message', (reply: WorkerReply) => {
         if (reply.type === 'ready') ready.resolve();
+        else if (reply.type === 'sharp') warnIfThreadpoolSmall(count);
         else if (reply.type === 'fatal') {
           const error = new DataLoaderError(reply.error, `DataLoader worker ${id} could not rebuild the dataset and transform`);
           ready.reject(error);
@@ -368,6 +322,7 @@ const OPTION_KEYS = [
   'deferFlip',
   'device',
   'distributed',
+  'signal',
 ] as const;
 
 /** The default number of workers: one core is left to the training loop. */
@@ -407,8 +362,10 @@ export class DataLoader implements AsyncIterable<Batch> {
   readonly deferFlip: boolean;
   /** Default device of `toTensors`. */
   readonly device: string;
-  /** `[height, width]` of every image, from the transform. */
+  /** `[height, width]` of every image, from the transform (or the dataset's images, without one). */
   readonly outputSize: readonly [number, number];
+  /** Stops the loader when aborted. */
+  readonly signal: AbortSignal | undefined;
 
   #epoch = 0;
   #startBatch = 0;
@@ -425,14 +382,25 @@ export class DataLoader implements AsyncIterable<Batch> {
   #directCopy: boolean | undefined;
   /** Host staging memory for `toTensors` when it does not: one slot's pixels. */
   #staging: Uint8Array | undefined;
+  /** The one closing of this loader, once started. */
+  #closing: Promise<void> | undefined;
+  readonly #onAbort = (): void => void this.#stop(this.signal!.reason);
 
   constructor(dataset: Dataset, options: DataLoaderOptions) {
     const o = expectOptions<DataLoaderOptions>('DataLoader options', options, OPTION_KEYS);
     this.dataset = expectDataset('dataset', dataset);
     this.batchSize = expectInt('batchSize', o.batchSize, 1);
-    if (!(o.transform instanceof Compose)) invalid('transform', 'a Compose (e.g. Compose.fromSpec([...]))', o.transform);
-    this.transform = o.transform;
-    const size = this.transform.fixedOutputSize();
+    if (o.transform !== undefined && !(o.transform instanceof Compose)) invalid('transform', 'a Compose (e.g. Compose.fromSpec([...]))', o.transform);
+    const shape = this.dataset.imageShape;
+    if (o.transform === undefined && shape === undefined) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'DataLoader needs a transform for this dataset, whose images can be of different sizes (it declares no imageShape): ' +
+          'give transform: new Compose([...]) ending with RandomResizedCrop({ size }), CenterCrop({ size }) or Resize({ size: [height, width] })',
+      );
+    }
+    this.transform = o.transform ?? new Compose([], { outputChannels: shape![2] === 1 ? 1 : 3 });
+    const size: [number, number] | null = o.transform === undefined ? [shape![0], shape![1]] : this.transform.fixedOutputSize();
     if (size === null) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
@@ -476,6 +444,9 @@ export class DataLoader implements AsyncIterable<Batch> {
     this.deferFlip = o.deferFlip === undefined ? true : expectBool('deferFlip', o.deferFlip);
     if (o.device !== undefined && typeof o.device !== 'string') invalid('device', "a device name such as 'cpu' or 'cuda:0'", o.device);
     this.device = o.device ?? 'cpu';
+    if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) invalid('signal', 'an AbortSignal', o.signal);
+    this.signal = o.signal;
+    this.signal?.addEventListener('abort', this.#onAbort, { once: true });
   }
 
   /** Batches per epoch. */
@@ -521,18 +492,37 @@ export class DataLoader implements AsyncIterable<Batch> {
     return this.#run(epoch, first);
   }
 
-  /** Stops the workers and frees the tensors of `toTensors`; the loader cannot be used afterwards. */
-  async close(): Promise<void> {
+  /**
+   * Stops the workers and frees the tensors of `toTensors`; the loader cannot be used afterwards.
+   * Closing again does nothing (and resolves when the first closing has finished).
+   */
+  close(): Promise<void> {
+    this.#closing ??= this.#close();
+    return this.#closing;
+  }
+
+  /** {@link DataLoader.close}, for `await using loader = new DataLoader(...)`. */
+  async [asyncDisposeSymbol](): Promise<void> {
+    await this.close();
+  }
+
+  async #close(): Promise<void> {
     this.#closed = true;
-    this.#abortRun?.(new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running'));
-    const pool = this.#pool;
-    this.#pool = undefined;
-    await pool?.terminate();
+    this.signal?.removeEventListener('abort', this.#onAbort);
+    await this.#stop(new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running'));
     for (const { images, labels } of this.#tensors.values()) {
       images.dispose();
       labels.dispose();
     }
     this.#tensors.clear();
+  }
+
+  /** Fails the running epoch with `reason` and ends the workers. */
+  async #stop(reason: unknown): Promise<void> {
+    this.#abortRun?.(reason instanceof Error ? reason : new Error(String(reason)));
+    const pool = this.#pool;
+    this.#pool = undefined;
+    await pool?.terminate();
   }
 
   /** The slot layout: the transform's fixed size and channels, allocated on first use and kept. */
@@ -581,6 +571,7 @@ export class DataLoader implements AsyncIterable<Batch> {
     }
     this.#active = true;
     const run = ++this.#runCounter;
+    this.signal?.throwIfAborted();
     let current: { valid: boolean } | undefined;
     let failed = false;
     try {
@@ -592,6 +583,7 @@ export class DataLoader implements AsyncIterable<Batch> {
         this.#filler ??= new BatchFiller(this.dataset, this.transform, this.deferFlip, layout);
         for (let k = first; k < plan.length; k++) {
           if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
+          this.signal?.throwIfAborted();
           const job = this.#job(run, 0, k, plan[k]!, epoch);
           try {
             await this.#filler.fill(job);
@@ -622,7 +614,7 @@ export class DataLoader implements AsyncIterable<Batch> {
       };
       this.#abortRun = fail;
       pool.listen((reply) => {
-        if (reply.type === 'ready' || reply.type === 'fatal' || reply.run !== run) return;
+        if (reply.type === 'ready' || reply.type === 'sharp' || reply.type === 'fatal' || reply.run !== run) return;
         if (reply.type === 'done') done[reply.batchIndexInEpoch]!.resolve(reply.slot);
         else done[reply.batchIndexInEpoch]!.reject(new DataLoaderError(reply.error, 'DataLoader failed to load a sample'));
       }, fail);

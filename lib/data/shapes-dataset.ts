@@ -65,6 +65,11 @@ export class ShapesDataset implements Dataset {
   readonly #labels: Int32Array;
 
   /** @throws `ERR_RC_INVALID_ARGUMENT` for bad options. */
+  /** `[height, width, channels]` of every sample. */
+  get imageShape(): readonly [number, number, number] {
+    return [this.size, this.size, 3];
+  }
+
   constructor(options: ShapesDatasetOptions) {
     const o = expectOptions<ShapesDatasetOptions>('ShapesDataset options', options, ['length', 'size', 'classes', 'seed']);
     this.length = expectInt('length', o.length, 0);

@@ -36,6 +36,11 @@ export class Subset implements Dataset {
     return this.indices.length;
   }
 
+  /** The parent's {@link Dataset.imageShape}. */
+  get imageShape(): readonly [number, number, number] | undefined {
+    return this.dataset.imageShape;
+  }
+
   /** The parent's class names (labels keep the parent's numbering). */
   get classes(): readonly string[] {
     return this.dataset.classes;

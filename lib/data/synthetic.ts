@@ -53,6 +53,11 @@ export class SyntheticDataset implements Dataset {
   readonly seed: number;
 
   /** @throws `ERR_RC_INVALID_ARGUMENT` for bad options. */
+  /** `[height, width, channels]` of every sample. */
+  get imageShape(): readonly [number, number, number] {
+    return [this.height, this.width, this.channels];
+  }
+
   constructor(options: SyntheticDatasetOptions) {
     const o = expectOptions<SyntheticDatasetOptions>('SyntheticDataset options', options, ['length', 'height', 'width', 'channels', 'classes', 'seed']);
     this.length = expectInt('length', o.length, 0);

@@ -38,6 +38,11 @@ export interface Dataset {
   readonly length: number;
   /** Class names by label index (empty when the dataset has none). */
   readonly classes: readonly string[];
+  /**
+   * `[height, width, channels]` when every sample is a decoded image of this shape (in-memory
+   * datasets), so that a loader can batch them without a transform; undefined when sizes vary.
+   */
+  readonly imageShape?: readonly [number, number, number];
   /** Label of sample `index`, without reading the sample (for stratified splits and samplers). */
   label(index: number): number;
   /** Sample `index`: `0 <= index < length`; throws a RangeError-coded error otherwise. */

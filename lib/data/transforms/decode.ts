@@ -39,6 +39,11 @@ export function setSharpConcurrency(threads: number): void {
   void sharpModule?.then((s) => s.concurrency(threads));
 }
 
+/** Whether this thread has loaded sharp (to decode a file the addon does not). @internal */
+export function sharpLoaded(): boolean {
+  return sharpModule !== undefined;
+}
+
 /** The `ERR_RC_CORRUPT_FILE` error for `path`, with the decoder's error as its cause. */
 function corruptFile(path: string, cause: unknown): ResnetError {
   const reason = cause instanceof Error ? cause.message : String(cause);
@@ -108,6 +113,7 @@ export function jpegHeader(bytes: Uint8Array, path: string): JpegHeader | null {
  */
 export async function decodeImage(bytes: Uint8Array, path: string): Promise<DecodedImage> {
   if (!(bytes instanceof Uint8Array)) invalid('bytes', 'a Uint8Array', bytes);
+  if (bytes.length === 0) throw new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': the file is empty`);
   if (isJpeg(bytes)) {
     const img = decodeJpegNative(bytes, path);
     if (img) return img;
