@@ -110,7 +110,7 @@ export { IdxDataset, type IdxOptions } from './data/idx.js';
 export { CIFAR10_CLASSES, CifarDataset, type CifarOptions } from './data/cifar.js';
 export { SyntheticDataset, type SyntheticDatasetOptions } from './data/synthetic.js';
 export { ShapesDataset, type ShapesDatasetOptions, type WriteShapesOptions } from './data/shapes-dataset.js';
-export { Subset, randomSplit, type RandomSplitOptions } from './data/split.js';
+export { Subset, randomSplit, type RandomSplitOptions, type SplitSubsets } from './data/split.js';
 export { sampleRandom } from './data/sample-random.js';
 export {
   CenterCrop,

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { gzipSync } from 'node:zlib';
 import sharp from 'sharp';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
 import { CIFAR10_CLASSES, CifarDataset } from '../lib/data/cifar.js';
 import { compareCodePoints } from '../lib/data/dataset.js';
 import { generateShapes } from '../lib/data/generated.js';
@@ -171,6 +171,19 @@ describe('ImageFolder', () => {
     await expect(ImageFolder.open(root, { colour: true } as never)).rejects.toThrow(/Unknown option 'colour'/);
   });
 
+  it('refuses file and folder names that are not UTF-8 when indexing, naming the folder', async () => {
+    const root = freshDir('non-utf8');
+    await writePng(path.join(root, 'cat', '1.png'), 1);
+    const latin1 = (dir: string, name: Buffer, ext = '') => Buffer.concat([Buffer.from(`${dir}/`), name, Buffer.from(ext)]);
+    writeFileSync(latin1(path.join(root, 'cat'), Buffer.from([0x63, 0x61, 0x66, 0xe9]), '.png'), readFileSync(path.join(root, 'cat', '1.png')));
+    const error = await rejectsWith(ImageFolder.open(root), 'ERR_RC_DATASET', path.join(root, 'cat'), 'UTF-8');
+    expect(error.message).toContain('caf\uFFFD.png');
+    const folders = freshDir('non-utf8-class');
+    await writePng(path.join(folders, 'cat', '1.png'), 1);
+    mkdirSync(latin1(folders, Buffer.from([0xe9, 0x74, 0xe9])));
+    await rejectsWith(ImageFolder.open(folders), 'ERR_RC_DATASET', folders, 'UTF-8');
+  });
+
   it('checkImages names a corrupt file; onCorrupt skip leaves it out and reports it', async () => {
     const root = freshDir('corrupt');
     await writePng(path.join(root, 'cat', '1.png'), 1);
@@ -267,6 +280,19 @@ describe('IDX (MNIST format)', () => {
     const named = await IdxDataset.open(path.join(dir, 'images'), path.join(dir, 'labels'), { classes: 'abcdefghij'.split('') });
     expect(named.classes[9]).toBe('j');
     await rejectsWith(IdxDataset.open(path.join(dir, 'images'), path.join(dir, 'labels'), { classes: ['a', 'b'] }), 'ERR_RC_CORRUPT_FILE', 'label 3', '2 classes');
+  });
+
+  it('refuses a stray label that would make most inferred classes empty, naming the file and index', async () => {
+    const dir = freshDir('idx-stray');
+    const many = 40;
+    const stray = Uint8Array.from({ length: many }, (_, i) => (i === 17 ? 255 : i % 10));
+    writeFileSync(path.join(dir, 'images'), idx(0x803, [many, 1, 1], new Uint8Array(many)));
+    writeFileSync(path.join(dir, 'labels'), idx(0x801, [many], stray));
+    const labelsPath = path.join(dir, 'labels');
+    await rejectsWith(IdxDataset.open(path.join(dir, 'images'), labelsPath), 'ERR_RC_CORRUPT_FILE', labelsPath, 'label 255 at index 17', 'classes');
+    // Declared, the 256 classes are taken as they are.
+    expect((await IdxDataset.open(path.join(dir, 'images'), labelsPath, { classes: 256 })).classes.length).toBe(256);
+    await rejectsWith(IdxDataset.open(path.join(dir, 'images'), labelsPath, { classes: 10 }), 'ERR_RC_CORRUPT_FILE', labelsPath, 'label 255 at index 17');
   });
 
   it('names the file for truncation (expected and actual bytes), bad magic, swapped paths and count mismatches', async () => {
@@ -415,6 +441,14 @@ describe('randomSplit and Subset', () => {
     const all = parts.flatMap((p) => Array.from(p.indices));
     expect(new Set(all).size).toBe(103);
     expect([...all].sort((x, y) => x - y)).toEqual(Array.from({ length: 103 }, (_, i) => i));
+    // A tuple of fractions gives a tuple of subsets (destructuring needs no checks).
+    const [train, val] = randomSplit(ds, [0.9, 0.1], { seed: 1 });
+    expectTypeOf(train).toEqualTypeOf<Subset>();
+    expect(train.length + val.length).toBe(103);
+    const [a, b, c] = randomSplit(ds);
+    expectTypeOf(c).toEqualTypeOf<Subset>();
+    expect(a.length + b.length + c.length).toBe(103);
+    expectTypeOf(randomSplit(ds, [0.5, 0.5] as number[])).toEqualTypeOf<Subset[]>();
     const same = randomSplit(ds, [0.8, 0.1, 0.1], { seed: 42 });
     expect(same.map((p) => Array.from(p.indices))).toEqual(parts.map((p) => Array.from(p.indices)));
     const other = randomSplit(ds, [0.8, 0.1, 0.1], { seed: 43 });

@@ -23,7 +23,8 @@ export const IDX_LABELS_MAGIC = 0x00000801;
 export interface IdxOptions {
   /**
    * Class names by label, or their number; default `'0'` … up to the largest label in the file
-   * (`'0'`…`'9'` for MNIST). Fashion-MNIST users pass its names here.
+   * (`'0'`…`'9'` for MNIST), refused when most of those classes would have no sample (a stray
+   * label). Fashion-MNIST users pass its names here.
    */
   classes?: readonly string[] | number;
 }
@@ -94,6 +95,24 @@ async function readIdx(file: string, role: 'images' | 'labels', magic: number): 
 }
 
 /**
+ * Without declared classes they are inferred as `0` … the largest label; a stray label (a 255
+ * marking a missing value, a flipped byte) would then add classes that no sample has. Refuses
+ * inferred classes of which more than half never occur, naming the label and its index.
+ */
+function checkInferredClasses(file: string, labels: Uint8Array, maxLabel: number): void {
+  const seen = new Uint8Array(maxLabel + 1);
+  for (const l of labels) seen[l] = 1;
+  const empty = seen.length - seen.reduce((a, b) => a + b, 0);
+  if (empty * 2 <= seen.length) return;
+  const at = labels.indexOf(maxLabel);
+  throw corruptFileError(
+    file,
+    `holds label ${maxLabel} at index ${at}, which makes ${maxLabel + 1} classes of which ${empty} have no sample; ` +
+      'if that is right, declare the classes (IdxOptions.classes: their number or names)',
+  );
+}
+
+/**
  * An IDX image/label pair (MNIST and its relatives). Samples are decoded grayscale images
  * (`channels: 1`, `rows x cols`); the transform pipeline converts them to three channels when the
  * model wants RGB. The files are read whole into memory (47 MB for MNIST's training set,
@@ -135,8 +154,9 @@ export class IdxDataset implements Dataset {
   /**
    * Reads and validates the two files.
    * @throws `ERR_RC_CORRUPT_FILE` naming the file for a wrong magic number, a truncated file
-   *   (expected and actual sizes), a gzip stream that does not decompress, or a label beyond
-   *   `classes`; `ERR_RC_DATASET` when a file cannot be read or the counts differ.
+   *   (expected and actual sizes), a gzip stream that does not decompress, a label beyond
+   *   `classes`, or, without `classes`, a stray label that leaves most inferred classes empty;
+   *   `ERR_RC_DATASET` when a file cannot be read or the counts differ.
    */
   static async open(imagesPath: string, labelsPath: string, options?: IdxOptions): Promise<IdxDataset> {
     if (typeof imagesPath !== 'string' || imagesPath.length === 0) invalid('imagesPath', 'a file path', imagesPath);
@@ -158,6 +178,7 @@ export class IdxDataset implements Dataset {
       const at = labels.data.findIndex((l) => l >= classes.length);
       throw corruptFileError(labelsFile, `holds label ${labels.data[at]} at index ${at}, beyond the ${classes.length} classes given`);
     }
+    if (o.classes === undefined) checkInferredClasses(labelsFile, labels.data, maxLabel);
     return new IdxDataset(imagesFile, labelsFile, classes, rows, cols, images.data, labels.data);
   }
 

@@ -7,7 +7,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import { readFile, readdir, rename, stat, unlink, writeFile } from 'node:fs/promises';
+import { lstat, readFile, readdir, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { ResnetError, expectBool, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { checkIndex, compareCodePoints, corruptFileError, datasetError, expectIntArray, expectSpec, expectStrings, mapLimit } from './dataset.js';
@@ -105,6 +105,19 @@ function systemMessage(error: unknown): string {
 }
 
 /**
+ * Refuses an entry of `dir` whose name is not valid UTF-8: Node decodes such a name with U+FFFD in
+ * place of the bad bytes, and the decoded name names no file (reading it would give ENOENT).
+ */
+async function expectUtf8Name(dir: string, name: string, what: string): Promise<void> {
+  if (!name.includes('\uFFFD')) return;
+  if (await lstat(path.join(dir, name)).then(() => true, () => false)) return; // a real U+FFFD
+  throw datasetError(
+    `The ${what} '${name}' in '${dir}' has a name that is not valid UTF-8 (shown with \uFFFD for the bytes that are not), ` +
+      'which cannot be opened by its decoded name: rename it to UTF-8',
+  );
+}
+
+/**
  * Class folders of `root`, sorted as torchvision's `find_classes` sorts them:
  * `sorted(entry.name for entry in os.scandir(root) if entry.is_dir())`, by code point, and
  * following symbolic links as `is_dir()` does.
@@ -121,6 +134,7 @@ async function findClasses(root: string): Promise<string[]> {
     if (entry.isDirectory()) classes.push(entry.name);
     else if (entry.isSymbolicLink() && (await stat(path.join(root, entry.name)).then((s) => s.isDirectory(), () => false))) classes.push(entry.name);
   }
+  for (const name of classes) await expectUtf8Name(root, name, 'class folder');
   return classes.sort(compareCodePoints);
 }
 
@@ -155,6 +169,8 @@ async function walkClass(root: string, className: string, extensions: readonly s
       if (entry.isSymbolicLink()) isDir = await stat(path.join(dir, entry.name)).then((s) => s.isDirectory(), () => false);
       if (isDir) subdirs.push(entry.name);
       else if (hasExtension(entry.name, extensions)) files.push(entry.name);
+      else continue;
+      await expectUtf8Name(dir, entry.name, isDir ? 'folder' : 'file');
     }
     found.push({ suffix, files });
     for (const sub of subdirs) await visit(path.join(dir, sub), `${suffix}/${sub}`);

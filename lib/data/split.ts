@@ -107,6 +107,9 @@ function shuffle(values: Int32Array, rng: Random): void {
   }
 }
 
+/** One {@link Subset} per fraction: a tuple for a tuple of fractions, so that destructuring needs no checks. */
+export type SplitSubsets<F extends readonly number[]> = { -readonly [K in keyof F]: Subset };
+
 /**
  * Splits `dataset` into disjoint random subsets that together cover every index, like
  * `torch.utils.data.random_split`: `fractions` are proportions summing to 1 (or integer lengths
@@ -122,6 +125,8 @@ function shuffle(values: Int32Array, rng: Random): void {
  * @param dataset - any dataset; stratification reads `dataset.label(i)` for every index.
  * @param fractions - default `[0.8, 0.1, 0.1]` (train, validation, test).
  */
+export function randomSplit(dataset: Dataset, fractions?: undefined, options?: RandomSplitOptions): [Subset, Subset, Subset];
+export function randomSplit<const F extends readonly number[]>(dataset: Dataset, fractions: F, options?: RandomSplitOptions): SplitSubsets<F>;
 export function randomSplit(dataset: Dataset, fractions: readonly number[] = [0.8, 0.1, 0.1], options?: RandomSplitOptions): Subset[] {
   const data = expectDataset('dataset', dataset);
   if (!Array.isArray(fractions) || fractions.length === 0) invalid('fractions', 'a non-empty array of fractions or lengths', fractions);
