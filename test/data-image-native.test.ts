@@ -227,4 +227,27 @@ describe('JPEG decoding', () => {
     expect(() => addon().jpegDecode({ bytes, crop: [0, 0, 10] as unknown as [number, number, number, number] })).toThrow(/'crop' must have 4 values/);
     expect(() => addon().jpegDecode({ bytes: Array.from(bytes) as unknown as Uint8Array })).toThrow(/'bytes' must be a Uint8Array/);
   });
+
+  it('refuses a frame header that claims more pixels than the data holds, or more than the pixel limit, naming the file', async () => {
+    const bytes = encodings['4:2:0']!;
+    const claiming = (height: number, width: number): Uint8Array => {
+      const edited = bytes.slice();
+      let i = 2;
+      while (edited[i + 1] !== 0xc0) i += 2 + ((edited[i + 2]! << 8) | edited[i + 3]!);
+      edited.set([height >> 8, height & 255, width >> 8, width & 255], i + 5);
+      return edited;
+    };
+    // libjpeg meets the end-of-image marker inside the data it still needs ("premature end of data segment").
+    expect(() => addon().jpegDecode({ bytes: claiming(2000, 3000) })).toThrow(/Corrupt JPEG data/);
+    expect(() => addon().jpegDecode({ bytes: claiming(20000, 20000) })).toThrow(/20000x20000 pixels, over the limit/);
+    for (const [h, w] of [
+      [2000, 3000],
+      [20000, 20000],
+    ] as const) {
+      for (const pipeline of [new Compose([]), new Compose([new RandomResizedCrop({ size: 24 })]), new Compose([new Resize({ size: 32 })])]) {
+        const run = pipeline.run({ source: { kind: 'encoded', bytes: claiming(h, w), path: 'edited/frame.jpg' }, label: 0 }, sampleRandom(0, 0, 0));
+        await expect(run).rejects.toMatchObject({ code: 'ERR_RC_CORRUPT_FILE', message: expect.stringContaining('edited/frame.jpg') });
+      }
+    }
+  });
 });

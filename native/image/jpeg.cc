@@ -30,13 +30,38 @@ struct ErrorManager {
   std::longjmp(e->jump, 1);
 }
 
-// Warnings are ignored (as PIL does), except data that ends before the image does: PIL refuses
-// truncated images, where libjpeg would fill the rest with grey.
+// The warnings after which libjpeg goes on with data it lost or guessed: a file that ends early or
+// an entropy-coded segment cut by a marker (the rest of the image becomes grey), a bad Huffman or
+// arithmetic code, a lost restart marker, bytes left over before a marker (the scan's data did not
+// decode as it was written), an inconsistent progression or invalid scan parameters. Decoding them
+// would give a plausible but wrong image, so they are errors. The others (an unknown JFIF revision
+// or Adobe transform code) describe metadata and stay warnings.
+bool lostData(int messageCode) {
+  switch (messageCode) {
+    case JWRN_JPEG_EOF:
+    case JWRN_HIT_MARKER:
+    case JWRN_HUFF_BAD_CODE:
+    case JWRN_ARITH_BAD_CODE:
+    case JWRN_MUST_RESYNC:
+    case JWRN_EXTRANEOUS_DATA:
+    case JWRN_BOGUS_PROGRESSION:
+    case JWRN_NOT_SEQUENTIAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
 void onMessage(j_common_ptr c, int level) {
   if (level >= 0) return;
-  if (c->err->msg_code == JWRN_JPEG_EOF) onError(c);
+  if (lostData(c->err->msg_code)) onError(c);
   c->err->num_warnings++;
 }
+
+// The largest image decoded, in pixels: sharp's default `limitInputPixels` (0x3FFF squared), which
+// applies to the formats it decodes. A header that claims more (often a corrupt one) is refused
+// before any pixel memory is allocated.
+constexpr uint64_t kMaxPixels = 0x3FFFull * 0x3FFF;
 
 // Everything the decoding touches, owned by the caller's frame so that a longjmp skips no
 // destructor.
@@ -86,6 +111,11 @@ int decodeRegion(Session& s, const uint8_t* bytes, size_t size, const JpegReques
   ci.out_color_space = s.channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   const int imageHeight = static_cast<int>(ci.image_height);
   const int imageWidth = static_cast<int>(ci.image_width);
+  if (static_cast<uint64_t>(imageHeight) * static_cast<uint64_t>(imageWidth) > kMaxPixels) {
+    std::snprintf(s.err.message, sizeof s.err.message, "the header claims %dx%d pixels, over the limit of %llu",
+                  imageHeight, imageWidth, static_cast<unsigned long long>(kMaxPixels));
+    return -1;
+  }
   const int top = r.crop ? r.top : 0, left = r.crop ? r.left : 0;
   const int height = r.crop ? r.height : imageHeight, width = r.crop ? r.width : imageWidth;
   RC_CHECK_ARG(top >= 0 && left >= 0 && height > 0 && width > 0 && top + height <= imageHeight &&
