@@ -8,10 +8,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import sharp from 'sharp';
 import { afterAll, describe, expect, it } from 'vitest';
-import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from '../lib/train/logging.js';
+import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from '../lib/train/outputs/logging.js';
 import { ConfusionMatrix } from '../lib/train/metrics.js';
-import { plotConfusionMatrix, plotCurves, writePng } from '../lib/train/plots.js';
-import { SummaryWriter, crc32c, maskedCrc32c } from '../lib/train/tensorboard.js';
+import { plotConfusionMatrix, plotCurves, writePng } from '../lib/train/outputs/plots.js';
+import { crc32c } from '../lib/train/crc32c.js';
+import { SummaryWriter, maskedCrc32c } from '../lib/train/outputs/tensorboard.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-train-logging-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

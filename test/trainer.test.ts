@@ -8,7 +8,7 @@ import {
   CenterCrop,
   Compose,
   Conv2d,
-  CosineAnnealing,
+  CosineAnnealingLR,
   DataLoader,
   Flatten,
   Linear,
@@ -66,7 +66,7 @@ function records(out: string): Record<string, unknown>[] {
 describe('Trainer', () => {
   it('trains, evaluates and leaves checkpoints, a JSON log, TensorBoard events, PNGs and weights', async () => {
     const out = outDir();
-    const trainer = make(1, { outDir: out, logEvery: 2, schedule: new CosineAnnealing({ tMax: 12 }), ema: { decay: 0.9 } });
+    const trainer = make(1, { outDir: out, logEvery: 2, schedule: new CosineAnnealingLR({ tMax: 12 }), ema: { decay: 0.9 } });
     const train = loader(96, { shuffle: true, augment: true });
     const val = loader(64, { dataSeed: 4 });
     const result = await trainer.fit(train, { epochs: 2, val });
@@ -101,7 +101,7 @@ describe('Trainer', () => {
   });
 
   it('resumes an interrupted run with exactly the losses of the uninterrupted run', async () => {
-    const options = { logEvery: 1, checkpoint: { everySteps: 3, keepLast: 2 }, schedule: new CosineAnnealing({ tMax: 20, minLr: 0.001 }) };
+    const options = { logEvery: 1, checkpoint: { everySteps: 3, keepLast: 2 }, schedule: new CosineAnnealingLR({ tMax: 20, minLr: 0.001 }) };
     const whole = outDir();
     const a = make(2, { ...options, outDir: whole });
     await a.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3 });
@@ -249,12 +249,12 @@ describe('Trainer', () => {
 
   it('refuses to resume a checkpoint made with other options before changing anything', async () => {
     const out = outDir();
-    const a = make(17, { outDir: out, schedule: new CosineAnnealing({ tMax: 10 }) });
+    const a = make(17, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }) });
     await a.fit(loader(32), { epochs: 1 });
     const b = make(18, { outDir: out, ema: { decay: 0.9 } });
     const before = b.model.stateDict().get('0.weight')!.data.slice();
     await expect(b.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('follows a schedule') });
-    const c = make(18, { outDir: out, schedule: new CosineAnnealing({ tMax: 10 }), ema: { decay: 0.9 } });
+    const c = make(18, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }), ema: { decay: 0.9 } });
     await expect(c.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('no moving average') });
     expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
     expect(c.stepCount).toBe(0);
@@ -359,7 +359,7 @@ describe('Trainer', () => {
     expect(bad({ amp: 'fp16' })).toThrow(/needs a CUDA device/);
     expect(bad({ amp: 'fp8' })).toThrow(/amp/);
     expect(bad({ accumulate: 0 })).toThrow(/accumulate/);
-    expect(bad({ schedule: new CosineAnnealing({ tMax: 3 }), plateau: {} })).toThrow(/either schedule or plateau/);
+    expect(bad({ schedule: new CosineAnnealingLR({ tMax: 3 }), plateau: {} })).toThrow(/either schedule or plateau/);
     expect(bad({ earlyStopping: { monitor: 'val/acc7', patience: 1 } })).toThrow(/metric name/);
     expect(bad({ optimizer: new SGD(tinyNet(11), { lr: 0.1 }) })).toThrow(/do not belong to this model/);
     const trainer = new Trainer({ model, optimizer, progress: false, earlyStopping: { monitor: 'val/acc1', patience: 1 } });

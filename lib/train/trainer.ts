@@ -32,11 +32,11 @@ import { Optimizer } from '../optim/optimizer.js';
 import { Tensor } from '../tensor.js';
 import { decodeSafetensors, loadCheckpoint, saveCheckpoint, saveWeights, writeFileAtomic, type Stateful } from './checkpoint.js';
 import { ModelEma, type ModelEmaOptions } from './ema.js';
-import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from './logging.js';
+import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from './outputs/logging.js';
 import { ConfusionMatrix, topkCorrect } from './metrics.js';
-import { plotConfusionMatrix, plotCurves, writePng, type Series } from './plots.js';
+import { plotConfusionMatrix, plotCurves, writePng, type Series } from './outputs/plots.js';
 import { ReduceLROnPlateau, Schedule, Scheduler, type ReduceLROnPlateauOptions, type ReduceLROnPlateauState, type SchedulerState } from './schedules.js';
-import { SummaryWriter } from './tensorboard.js';
+import { SummaryWriter } from './outputs/tensorboard.js';
 
 /** Whether a monitored metric is better when lower or higher. */
 export type MetricMode = 'min' | 'max';
@@ -433,7 +433,7 @@ export class Trainer {
     if (this.amp === 'fp16' && !device.startsWith('cuda')) {
       throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `amp 'fp16' needs a CUDA device (got '${device}'); on the CPU use amp 'bf16'`);
     }
-    if (o.schedule !== undefined && !(o.schedule instanceof Schedule)) invalid('schedule', 'a Schedule (e.g. CosineAnnealing)', o.schedule);
+    if (o.schedule !== undefined && !(o.schedule instanceof Schedule)) invalid('schedule', 'a Schedule (e.g. CosineAnnealingLR)', o.schedule);
     if (o.schedule !== undefined && o.plateau !== undefined) {
       throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'Trainer options: give either schedule or plateau, not both (a schedule sets the lr every step and would undo the plateau reductions)');
     }

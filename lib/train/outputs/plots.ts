@@ -7,8 +7,8 @@
  */
 import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { expectInt, expectOptions, invalid } from '../errors.js';
-import { ConfusionMatrix } from './metrics.js';
+import { expectInt, expectOptions, invalid } from '../../errors.js';
+import { ConfusionMatrix } from '../metrics.js';
 
 // 5x7 glyphs, one hex byte per row from top to bottom, bit 4 the leftmost column (the classic
 // HD44780 character-ROM shapes).

@@ -5,7 +5,7 @@
  */
 import { closeSync, mkdirSync, openSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { ResnetError, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
+import { ResnetError, expectInt, expectNumber, expectOptions, invalid } from '../../errors.js';
 
 /**
  * Appends one JSON object per line to a file, each written with one system call as soon as it is
