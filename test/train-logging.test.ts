@@ -104,6 +104,15 @@ describe('ProgressBar', () => {
     expect(() => bar.update(1, { los: 1 } as never)).toThrow();
   });
 
+  it('counts the rate and the time left from `initial` when it starts part-way (a resumed epoch)', () => {
+    const { stream, now } = fakes(false);
+    const bar = new ProgressBar({ total: 100, initial: 90, stream, printEvery: 5, batchSize: 10, now });
+    for (let i = 91; i <= 100; i++) bar.update(i);
+    // 5 steps in 0.5 s: 10 steps/s and 100 img/s, not the 95 steps of the whole epoch; 5 steps left.
+    expect(stream.text.split('\n')[0]).toBe('step  95/100  95% 100 img/s ETA 0:01');
+    expect(() => new ProgressBar({ total: 10, initial: 11 })).toThrow(/initial/);
+  });
+
   it('redraws one line in place on a terminal', () => {
     const { stream, now } = fakes(true);
     const bar = new ProgressBar({ total: 4, stream, minIntervalMs: 0, now });
@@ -322,6 +331,15 @@ describe('plots', () => {
     const empty = await decode(await plotCurves([], { title: 'nothing yet' }));
     expect([empty.width, empty.height]).toEqual([800, 500]);
     await expect(plotCurves([{ name: 'x', points: [[0, 'a']] as never }])).rejects.toThrow(/points\[0\]/);
+  });
+
+  it('plotCurves marks each point of a short curve', async () => {
+    // Three points joined by a horizontal line: with the 5x5 markers the blue area is larger than
+    // the 2-pixel line alone (the line spans the plot area, about 700 pixels wide).
+    const img = await decode(await plotCurves([{ name: 'val', points: [[1, 0.5], [2, 0.5], [3, 0.5]] }, { name: 'ref', points: [[1, 0], [3, 1]] }]));
+    const blue = countColour(img.data, [31, 119, 180]);
+    const line = await decode(await plotCurves([{ name: 'val', points: Array.from({ length: 60 }, (_, i) => [1 + i / 29.5, 0.5] as [number, number]) }, { name: 'ref', points: [[1, 0], [3, 1]] }]));
+    expect(blue).toBeGreaterThan(countColour(line.data, [31, 119, 180]) + 3 * 12);
   });
 
   it('plotConfusionMatrix draws a heat map with counts', async () => {
