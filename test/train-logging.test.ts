@@ -334,12 +334,14 @@ describe('plots', () => {
   });
 
   it('plotCurves marks each point of a short curve', async () => {
-    // Three points joined by a horizontal line: with the 5x5 markers the blue area is larger than
-    // the 2-pixel line alone (the line spans the plot area, about 700 pixels wide).
-    const img = await decode(await plotCurves([{ name: 'val', points: [[1, 0.5], [2, 0.5], [3, 0.5]] }, { name: 'ref', points: [[1, 0], [3, 1]] }]));
-    const blue = countColour(img.data, [31, 119, 180]);
-    const line = await decode(await plotCurves([{ name: 'val', points: Array.from({ length: 60 }, (_, i) => [1 + i / 29.5, 0.5] as [number, number]) }, { name: 'ref', points: [[1, 0], [3, 1]] }]));
-    expect(blue).toBeGreaterThan(countColour(line.data, [31, 119, 180]) + 3 * 12);
+    // The same horizontal segment as 3 points and as 31 (too many to mark): the 5x5 markers of the
+    // three inner points add about 15 blue pixels each to the 2-pixel line.
+    const ref = { name: 'ref', points: [[0, 0], [4, 1]] as [number, number][] };
+    const blue = async (count: number): Promise<number> => {
+      const points = Array.from({ length: count }, (_, i) => [1 + (2 * i) / (count - 1), 0.5] as [number, number]);
+      return countColour((await decode(await plotCurves([{ name: 'val', points }, ref]))).data, [31, 119, 180]);
+    };
+    expect(await blue(3)).toBeGreaterThan((await blue(31)) + 30);
   });
 
   it('plotConfusionMatrix draws a heat map with counts', async () => {
