@@ -8,11 +8,14 @@
  * @packageDocumentation
  */
 import { randomBytes } from 'node:crypto';
-import { open, readFile, rename, unlink } from 'node:fs/promises';
+import { open, readFile, readdir, rename, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { ResnetError } from '../errors.js';
 import type { Module, StateDict, StateEntry } from '../nn/module.js';
 import { crc32c } from './crc32c.js';
+
+/** The temporary files of {@link writeFileAtomic}: `.<name>.<12 hex digits>.tmp`. */
+const TEMPORARY = /^\..+\.[0-9a-f]{12}\.tmp$/;
 
 /** Writes `data` to `path` through a temporary file in the same folder, flushed, then renamed. */
 export async function writeFileAtomic(path: string, data: Uint8Array | string): Promise<void> {
@@ -32,6 +35,17 @@ export async function writeFileAtomic(path: string, data: Uint8Array | string): 
   const folder = await open(dirname(path), 'r').catch(() => null);
   await folder?.sync().catch(() => undefined);
   await folder?.close();
+}
+
+/**
+ * Removes the temporary files that {@link writeFileAtomic} leaves in `folder` when the process is
+ * killed mid-write (a checkpoint's can be as large as the checkpoint); returns their names. Call
+ * it only when no other process writes into the folder.
+ */
+export async function removeTemporaries(folder: string): Promise<string[]> {
+  const names = (await readdir(folder).catch(() => [] as string[])).filter((name) => TEMPORARY.test(name));
+  for (const name of names) await unlink(join(folder, name)).catch(() => undefined);
+  return names;
 }
 
 const DTYPES = { f32: { name: 'F32', bytes: 4 }, i64: { name: 'I64', bytes: 8 } } as const;
