@@ -443,7 +443,10 @@ describe('Trainer runs and resumes', () => {
   it('stops at a step boundary on an AbortSignal with an AbortError, and can train again', async () => {
     const controller = new AbortController();
     const trainer = make(24, { callbacks: [{ onStepEnd: (_t, info) => void (info.step === 2 && controller.abort(new Error('user'))) }] });
-    const error = await trainer.fit(loader(64), { epochs: 3, signal: controller.signal }).catch((e: unknown) => e as { name: string; code: string; cause: Error });
+    const error = (await trainer.fit(loader(64), { epochs: 3, signal: controller.signal }).then(
+      () => null,
+      (e: unknown) => e,
+    )) as { name: string; code: string; cause: Error };
     expect(error).toMatchObject({ name: 'AbortError', code: 'ABORT_ERR' });
     expect(error.cause.message).toBe('user');
     expect(trainer.stepCount).toBe(2);
