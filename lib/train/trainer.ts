@@ -213,6 +213,7 @@ export class Trainer {
           interrupted = true;
           break;
         }
+        throwIfAborted(f.signal, 'Trainer.fit');
         this.#epoch = epoch;
         for (const c of callbacks) await c.onEpochBegin?.(this, epoch);
         const trained = await this.#trainOneEpoch(run, epoch);
