@@ -133,7 +133,7 @@ export {
 export {
   ConstantSchedule,
   ConstantWarmup,
-  CosineAnnealing,
+  CosineAnnealingLR,
   ExponentialLR,
   LinearWarmup,
   MultiStepLR,
@@ -146,9 +146,10 @@ export {
   scaleLrForBatch,
 } from './train/schedules.js';
 export { ConfusionMatrix, RunningAverage, accuracy, argmax, topkCorrect } from './train/metrics.js';
-export { SummaryWriter, crc32c } from './train/tensorboard.js';
-export { plotConfusionMatrix, plotCurves, writePng } from './train/plots.js';
-export { JsonLinesLogger, ProgressBar, formatDuration } from './train/logging.js';
+export { SummaryWriter } from './train/outputs/tensorboard.js';
+export { crc32c } from './train/crc32c.js';
+export { plotConfusionMatrix, plotCurves, writePng } from './train/outputs/plots.js';
+export { JsonLinesLogger, ProgressBar, formatDuration } from './train/outputs/logging.js';
 export {
   decodeSafetensors,
   encodeSafetensors,

@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { CosineAnnealing, CrossEntropyLoss, ResNet18, SGD, Scheduler, Tensor } from '../lib/index.js';
+import { CosineAnnealingLR, CrossEntropyLoss, ResNet18, SGD, Scheduler, Tensor } from '../lib/index.js';
 import { loadCheckpoint, loadWeights, saveCheckpoint, saveWeights } from '../lib/train/checkpoint.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-checkpoint-'));
@@ -39,7 +39,7 @@ describe('weights and checkpoints', () => {
     const make = (seed: number) => {
       const model = ResNet18({ numClasses: 4, smallInput: true, seed });
       const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4, nesterov: true });
-      const scheduler = new Scheduler(optimizer, new CosineAnnealing({ tMax: 10, minLr: 0.001 }));
+      const scheduler = new Scheduler(optimizer, new CosineAnnealingLR({ tMax: 10, minLr: 0.001 }));
       const loss = new CrossEntropyLoss({ labelSmoothing: 0.1 });
       const step = () => {
         const value = loss.forward(model.forward(x), labels).item();

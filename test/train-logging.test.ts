@@ -8,10 +8,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import sharp from 'sharp';
 import { afterAll, describe, expect, it } from 'vitest';
-import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from '../lib/train/logging.js';
+import { JsonLinesLogger, ProgressBar, formatDuration, type ProgressStream } from '../lib/train/outputs/logging.js';
 import { ConfusionMatrix } from '../lib/train/metrics.js';
-import { plotConfusionMatrix, plotCurves, writePng } from '../lib/train/plots.js';
-import { SummaryWriter, crc32c, maskedCrc32c } from '../lib/train/tensorboard.js';
+import { plotConfusionMatrix, plotCurves, writePng } from '../lib/train/outputs/plots.js';
+import { crc32c } from '../lib/train/crc32c.js';
+import { SummaryWriter, maskedCrc32c } from '../lib/train/outputs/tensorboard.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-train-logging-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -101,6 +102,15 @@ describe('ProgressBar', () => {
     bar.finish();
     expect(stream.text).toBe('step 4/4 100% loss 0.2500 lr 2.50e-5 acc1 0.7500 1234 img/s time 0:01\n'); // 0.5 s rounds up
     expect(() => bar.update(1, { los: 1 } as never)).toThrow();
+  });
+
+  it('counts the rate and the time left from `initial` when it starts part-way (a resumed epoch)', () => {
+    const { stream, now } = fakes(false);
+    const bar = new ProgressBar({ total: 100, initial: 90, stream, printEvery: 5, batchSize: 10, now });
+    for (let i = 91; i <= 100; i++) bar.update(i);
+    // 5 steps in 0.5 s: 10 steps/s and 100 img/s, not the 95 steps of the whole epoch; 5 steps left.
+    expect(stream.text.split('\n')[0]).toBe('step  95/100  95% 100 img/s ETA 0:01');
+    expect(() => new ProgressBar({ total: 10, initial: 11 })).toThrow(/initial/);
   });
 
   it('redraws one line in place on a terminal', () => {
@@ -321,6 +331,17 @@ describe('plots', () => {
     const empty = await decode(await plotCurves([], { title: 'nothing yet' }));
     expect([empty.width, empty.height]).toEqual([800, 500]);
     await expect(plotCurves([{ name: 'x', points: [[0, 'a']] as never }])).rejects.toThrow(/points\[0\]/);
+  });
+
+  it('plotCurves marks each point of a short curve', async () => {
+    // The same horizontal segment as 3 points and as 31 (too many to mark): the 5x5 markers of the
+    // three inner points add about 15 blue pixels each to the 2-pixel line.
+    const ref = { name: 'ref', points: [[0, 0], [4, 1]] as [number, number][] };
+    const blue = async (count: number): Promise<number> => {
+      const points = Array.from({ length: count }, (_, i) => [1 + (2 * i) / (count - 1), 0.5] as [number, number]);
+      return countColour((await decode(await plotCurves([{ name: 'val', points }, ref]))).data, [31, 119, 180]);
+    };
+    expect(await blue(3)).toBeGreaterThan((await blue(31)) + 30);
   });
 
   it('plotConfusionMatrix draws a heat map with counts', async () => {

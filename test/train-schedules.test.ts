@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import {
   ConstantSchedule,
   ConstantWarmup,
-  CosineAnnealing,
+  CosineAnnealingLR,
   ExponentialLR,
   LinearWarmup,
   MultiStepLR,
@@ -67,8 +67,8 @@ describe('warmups', () => {
 });
 
 describe('decays', () => {
-  it('CosineAnnealing: minLr + (base - minLr) * (1 + cos(pi t / tMax)) / 2, periodic past tMax as in PyTorch', () => {
-    const c = new CosineAnnealing({ tMax: 10, minLr: 0.001 });
+  it('CosineAnnealingLR: minLr + (base - minLr) * (1 + cos(pi t / tMax)) / 2, periodic past tMax as in PyTorch', () => {
+    const c = new CosineAnnealingLR({ tMax: 10, minLr: 0.001 });
     const [t0, t2, t5, t10, t15, t20] = values(c, 0.1, [0, 2, 5, 10, 15, 20]);
     close(t0!, 0.1);
     close(t2!, 0.0905463412215599); // cos(0.2 pi) = 0.809017
@@ -144,7 +144,7 @@ describe('OneCycleLR', () => {
 describe('SequentialSchedule', () => {
   it('warmup then cosine: the second schedule restarts its clock at the milestone (SequentialLR)', () => {
     const s = new SequentialSchedule({
-      schedules: [new LinearWarmup({ totalIters: 5, startFactor: 0.1 }), new CosineAnnealing({ tMax: 10 })],
+      schedules: [new LinearWarmup({ totalIters: 5, startFactor: 0.1 }), new CosineAnnealingLR({ tMax: 10 })],
       milestones: [5],
     });
     const [a, b, c, d, e] = values(s, 1, [0, 4, 5, 10, 15]);
@@ -181,7 +181,7 @@ describe('SequentialSchedule', () => {
 describe('Scheduler', () => {
   it('scales every group from its own base lr and resumes exactly from state()', () => {
     const schedule = new SequentialSchedule({
-      schedules: [new LinearWarmup({ totalIters: 3, startFactor: 0.25 }), new CosineAnnealing({ tMax: 8, minLr: 0 })],
+      schedules: [new LinearWarmup({ totalIters: 3, startFactor: 0.25 }), new CosineAnnealingLR({ tMax: 8, minLr: 0 })],
       milestones: [3],
     });
     const opt = { paramGroups: [{ lr: 0.4 }, { lr: 0.04 }] };

@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, truncateSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, truncateSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -8,7 +8,7 @@ import {
   CenterCrop,
   Compose,
   Conv2d,
-  CosineAnnealing,
+  CosineAnnealingLR,
   DataLoader,
   Flatten,
   Linear,
@@ -66,7 +66,7 @@ function records(out: string): Record<string, unknown>[] {
 describe('Trainer', () => {
   it('trains, evaluates and leaves checkpoints, a JSON log, TensorBoard events, PNGs and weights', async () => {
     const out = outDir();
-    const trainer = make(1, { outDir: out, logEvery: 2, schedule: new CosineAnnealing({ tMax: 12 }), ema: { decay: 0.9 } });
+    const trainer = make(1, { outDir: out, logEvery: 2, schedule: new CosineAnnealingLR({ tMax: 12 }), ema: { decay: 0.9 } });
     const train = loader(96, { shuffle: true, augment: true });
     const val = loader(64, { dataSeed: 4 });
     const result = await trainer.fit(train, { epochs: 2, val });
@@ -101,7 +101,7 @@ describe('Trainer', () => {
   });
 
   it('resumes an interrupted run with exactly the losses of the uninterrupted run', async () => {
-    const options = { logEvery: 1, checkpoint: { everySteps: 3, keepLast: 2 }, schedule: new CosineAnnealing({ tMax: 20, minLr: 0.001 }) };
+    const options = { logEvery: 1, checkpoint: { everySteps: 3, keepLast: 2 }, schedule: new CosineAnnealingLR({ tMax: 20, minLr: 0.001 }) };
     const whole = outDir();
     const a = make(2, { ...options, outDir: whole });
     await a.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3 });
@@ -249,12 +249,12 @@ describe('Trainer', () => {
 
   it('refuses to resume a checkpoint made with other options before changing anything', async () => {
     const out = outDir();
-    const a = make(17, { outDir: out, schedule: new CosineAnnealing({ tMax: 10 }) });
+    const a = make(17, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }) });
     await a.fit(loader(32), { epochs: 1 });
     const b = make(18, { outDir: out, ema: { decay: 0.9 } });
     const before = b.model.stateDict().get('0.weight')!.data.slice();
     await expect(b.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('follows a schedule') });
-    const c = make(18, { outDir: out, schedule: new CosineAnnealing({ tMax: 10 }), ema: { decay: 0.9 } });
+    const c = make(18, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }), ema: { decay: 0.9 } });
     await expect(c.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('no moving average') });
     expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
     expect(c.stepCount).toBe(0);
@@ -359,7 +359,7 @@ describe('Trainer', () => {
     expect(bad({ amp: 'fp16' })).toThrow(/needs a CUDA device/);
     expect(bad({ amp: 'fp8' })).toThrow(/amp/);
     expect(bad({ accumulate: 0 })).toThrow(/accumulate/);
-    expect(bad({ schedule: new CosineAnnealing({ tMax: 3 }), plateau: {} })).toThrow(/either schedule or plateau/);
+    expect(bad({ schedule: new CosineAnnealingLR({ tMax: 3 }), plateau: {} })).toThrow(/either schedule or plateau/);
     expect(bad({ earlyStopping: { monitor: 'val/acc7', patience: 1 } })).toThrow(/metric name/);
     expect(bad({ optimizer: new SGD(tinyNet(11), { lr: 0.1 }) })).toThrow(/do not belong to this model/);
     const trainer = new Trainer({ model, optimizer, progress: false, earlyStopping: { monitor: 'val/acc1', patience: 1 } });
@@ -367,5 +367,93 @@ describe('Trainer', () => {
     await expect(trainer.fit(loader(16), { epochs: 1, resume: true })).rejects.toThrow(/no outDir/);
     await expect(trainer.fit(loader(16), { epochs: 0 })).rejects.toThrow(/epochs/);
     await expect(trainer.evaluate(loader(16), { ema: true })).rejects.toThrow(/no moving average/);
+  });
+});
+
+describe('Trainer runs and resumes', () => {
+  it('resume: true on a fresh outDir starts fresh; a missing checkpoint path writes nothing', async () => {
+    const out = outDir();
+    const trainer = make(20, { outDir: out });
+    const result = await trainer.fit(loader(32), { epochs: 1, resume: true });
+    expect(result.steps).toBe(2);
+    expect(existsSync(join(out, 'checkpoints', 'latest.json'))).toBe(true);
+    await trainer.dispose();
+    const other = outDir();
+    const refused = make(20, { outDir: other });
+    await expect(refused.fit(loader(32), { epochs: 1, resume: join(other, 'nothing-here') })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT' });
+    expect(existsSync(other)).toBe(false);
+    await refused.dispose();
+  });
+
+  it('a resumed epoch reports the loss, time and images of the whole epoch, and keep-last holds the resumed file too', async () => {
+    const options = { logEvery: 2, checkpoint: { everySteps: 2, keepLast: 2 } };
+    const whole = outDir();
+    const a = make(21, { ...options, outDir: whole });
+    const expected = await a.fit(loader(96, { shuffle: true }), { epochs: 2 });
+    await a.dispose();
+
+    const broken = outDir();
+    const b = make(21, { ...options, outDir: broken, callbacks: [{ onStepEnd: (_t, info) => void (info.step === 9 && _t.requestStop()) }] });
+    await b.fit(loader(96, { shuffle: true }), { epochs: 2 });
+    await b.dispose();
+    // Stopped at step 9, in the middle of the second epoch (6 steps per epoch), with a partial log window.
+    expect(JSON.parse(readFileSync(join(broken, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 9, epoch: 1, batch: 3 });
+    writeFileSync(join(broken, 'checkpoints', '.step-00000010.safetensors.0123456789ab.tmp'), 'partial');
+    writeFileSync(join(broken, '.model.safetensors.0123456789ab.tmp'), 'partial');
+
+    const c = make(99, { ...options, outDir: broken });
+    const resumed = await c.fit(loader(96, { shuffle: true }), { epochs: 2, resume: true });
+    await c.dispose();
+    const epoch = resumed.history.at(-1)!;
+    expect(epoch.trainLoss).toBe(expected.history.at(-1)!.trainLoss);
+    // The whole epoch's 96 images over its whole time, which includes the time before the stop.
+    expect(epoch.imagesPerSec * epoch.seconds).toBeCloseTo(96, 6);
+    // After the resume, the log points (each the mean loss since the previous one) are the uninterrupted run's.
+    const log = records(broken);
+    const after = log.slice(log.findIndex((r) => r.type === 'resume')).filter((r) => r.type === 'train').map((r) => [r.step, r.loss]);
+    expect(after).toEqual(records(whole).filter((r) => r.type === 'train' && (r.step as number) > 9).map((r) => [r.step, r.loss]));
+    // Partial files of the killed run are gone, and only the last two checkpoints are kept.
+    expect(readdirSync(join(broken, 'checkpoints')).filter((f) => f.startsWith('step-') || f.endsWith('.tmp'))).toEqual(['step-00000010.safetensors', 'step-00000012.safetensors']);
+    expect(readdirSync(broken).filter((f) => f.endsWith('.tmp'))).toEqual([]);
+  });
+
+  it('writes the confusion matrix, report and summary for a model with more classes than the dataset', async () => {
+    const out = outDir();
+    const trainer = make(22, { outDir: out, classNames: ['circle', 'square', 'triangle'] });
+    const result = await trainer.fit(loader(32), { epochs: 1, val: loader(16, { dataSeed: 5 }) });
+    expect(result.lastEval!.confusion.toArray()).toHaveLength(4);
+    for (const f of ['confusion-matrix.png', 'classification-report.txt', 'summary.json']) expect(existsSync(join(out, f)), f).toBe(true);
+    expect(readFileSync(join(out, 'classification-report.txt'), 'utf8')).toMatch(/triangle[\s\S]*\b3\b/);
+    await trainer.dispose();
+  });
+
+  it('refuses a second fit or an evaluate while fit runs, and allows evaluate from its callbacks', async () => {
+    let inside: number | undefined;
+    const trainer = make(23, { callbacks: [{ onEpochEnd: async (t) => void (inside = (await t.evaluate(loader(16))).count) }] });
+    const running = trainer.fit(loader(64), { epochs: 1 });
+    await expect(trainer.fit(loader(64), { epochs: 1 })).rejects.toMatchObject({ code: 'ERR_RC_INVALID_ARGUMENT', message: expect.stringContaining('already running fit()') });
+    await expect(trainer.evaluate(loader(16))).rejects.toThrow(/already running fit\(\)/);
+    await expect(trainer.predict(loader(16))).rejects.toThrow(/already running fit\(\)/);
+    expect((await running).steps).toBe(4);
+    expect(inside).toBe(16);
+    expect((await trainer.evaluate(loader(16))).count).toBe(16);
+    await trainer.dispose();
+  });
+
+  it('stops at a step boundary on an AbortSignal with an AbortError, and can train again', async () => {
+    const controller = new AbortController();
+    const trainer = make(24, { callbacks: [{ onStepEnd: (_t, info) => void (info.step === 2 && controller.abort(new Error('user'))) }] });
+    const error = (await trainer.fit(loader(64), { epochs: 3, signal: controller.signal }).then(
+      () => null,
+      (e: unknown) => e,
+    )) as { name: string; code: string; cause: Error };
+    expect(error).toMatchObject({ name: 'AbortError', code: 'ABORT_ERR' });
+    expect(error.cause.message).toBe('user');
+    expect(trainer.stepCount).toBe(2);
+    await expect(trainer.evaluate(loader(16), { signal: controller.signal })).rejects.toMatchObject({ code: 'ABORT_ERR' });
+    await expect(trainer.predict(loader(16), { signal: controller.signal })).rejects.toMatchObject({ code: 'ABORT_ERR' });
+    await expect(trainer.fit(loader(16), { epochs: 1, signal: 'stop' as never })).rejects.toThrow(/AbortSignal for signal/);
+    expect((await trainer.fit(loader(64), { epochs: 1 })).steps).toBe(6);
+    await trainer.dispose();
   });
 });

@@ -9,7 +9,7 @@ import { DataLoader, defaultWorkers } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
 import { SGD } from '../optim/sgd.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
-import { plotConfusionMatrix, writePng } from '../train/plots.js';
+import { plotConfusionMatrix, writePng } from '../train/outputs/plots.js';
 import { Trainer } from '../train/trainer.js';
 import {
   DATASET_NAMES,

@@ -16,11 +16,11 @@ import { AdamW, LAMB } from '../optim/adam.js';
 import { parameterGroups, type Optimizer } from '../optim/optimizer.js';
 import { SGD } from '../optim/sgd.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
-import { formatDuration } from '../train/logging.js';
+import { formatDuration } from '../train/outputs/logging.js';
 import {
   ConstantSchedule,
   ConstantWarmup,
-  CosineAnnealing,
+  CosineAnnealingLR,
   ExponentialLR,
   LinearWarmup,
   MultiStepLR,
@@ -360,7 +360,7 @@ function buildSchedule(a: TrainArgs, stepsPerEpoch: number): Schedule | undefine
   switch (a.lrScheduler) {
     // Cosine and one-cycle are smooth curves: per step. The step decays count epochs, as in train.py.
     case 'cosineannealinglr':
-      main = new CosineAnnealing({ tMax: mainSteps, minLr: a.lrMin });
+      main = new CosineAnnealingLR({ tMax: mainSteps, minLr: a.lrMin });
       break;
     case 'onecyclelr':
       main = new OneCycleLR({ totalSteps: a.epochs * stepsPerEpoch });

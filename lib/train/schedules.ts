@@ -154,8 +154,8 @@ export class ConstantSchedule extends Schedule {
   }
 }
 
-/** Options of {@link CosineAnnealing} (PyTorch's `CosineAnnealingLR`). */
-export interface CosineAnnealingOptions extends IntervalOptions {
+/** Options of {@link CosineAnnealingLR}. */
+export interface CosineAnnealingLROptions extends IntervalOptions {
   /** Steps (or epochs) from the base lr down to `minLr` (PyTorch's `T_max`). */
   tMax: number;
   /** The floor the lr reaches at `tMax` (PyTorch's `eta_min`), absolute; default 0. */
@@ -169,15 +169,15 @@ export interface CosineAnnealingOptions extends IntervalOptions {
  * As in PyTorch the curve is periodic past `tMax` (the lr climbs back up); size `tMax` to the
  * training run, or follow it with another schedule in a {@link SequentialSchedule}.
  */
-export class CosineAnnealing extends Schedule {
+export class CosineAnnealingLR extends Schedule {
   readonly tMax: number;
   readonly minLr: number;
 
-  constructor(options: CosineAnnealingOptions) {
-    super('CosineAnnealing options', options, ['tMax', 'minLr']);
-    const o: Partial<CosineAnnealingOptions> = options ?? {};
-    this.tMax = expectInt('CosineAnnealing options.tMax', o.tMax, 1);
-    this.minLr = expectNumber('CosineAnnealing options.minLr', o.minLr ?? 0, 0);
+  constructor(options: CosineAnnealingLROptions) {
+    super('CosineAnnealingLR options', options, ['tMax', 'minLr']);
+    const o: Partial<CosineAnnealingLROptions> = options ?? {};
+    this.tMax = expectInt('CosineAnnealingLR options.tMax', o.tMax, 1);
+    this.minLr = expectNumber('CosineAnnealingLR options.minLr', o.minLr ?? 0, 0);
   }
 
   lrAtTime(t: number, baseLr: number): number {

@@ -22,7 +22,7 @@ import {
   AdamW,
   CenterCrop,
   Compose,
-  CosineAnnealing,
+  CosineAnnealingLR,
   DataLoader,
   ResNet18,
   ShapesDataset,
@@ -299,7 +299,7 @@ export const gpuChecks: GpuCheck[] = [
         const val = new DataLoader(new ShapesDataset({ length: full ? 512 : 8, size: 32, classes: 4, seed: 2 }), { batchSize: full ? 128 : 8, transform: transform(), workers: 0, seed: 1 });
         const trainer = new Trainer({
           model, optimizer, amp, device, clipGradNorm: 5, ema: { decay: 0.98 }, progress: false, labelSmoothing: 0.05,
-          normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, schedule: new CosineAnnealing({ tMax: 100 }),
+          normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, schedule: new CosineAnnealingLR({ tMax: 100 }),
         });
         const result = await trainer.fit(train, { epochs: 1, val });
         const acc = result.lastEval!.acc1;

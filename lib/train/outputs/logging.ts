@@ -5,7 +5,7 @@
  */
 import { closeSync, mkdirSync, openSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { ResnetError, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
+import { ResnetError, expectInt, expectNumber, expectOptions, invalid } from '../../errors.js';
 
 /**
  * Appends one JSON object per line to a file, each written with one system call as soon as it is
@@ -102,6 +102,11 @@ export interface ProgressInfo {
 export interface ProgressBarOptions {
   /** Steps in the run (or the epoch) being tracked. */
   total: number;
+  /**
+   * Steps already done before this bar started (a run resumed inside an epoch); img/s and the time
+   * left count only the steps done since. Default 0.
+   */
+  initial?: number;
   /** Where to write; default `process.stderr`. */
   stream?: ProgressStream;
   /** Printed at the start of each line, e.g. "train" or "val". */
@@ -137,14 +142,17 @@ export class ProgressBar {
   #minInterval: number;
   #now: () => number;
   #start: number;
+  #initial: number;
   #lastDraw = -Infinity;
   #current = 0;
   #info: ProgressInfo = {};
   #finished = false;
 
   constructor(options: ProgressBarOptions) {
-    const o = expectOptions<ProgressBarOptions>('ProgressBar options', options, ['total', 'stream', 'label', 'printEvery', 'batchSize', 'minIntervalMs', 'now']);
+    const o = expectOptions<ProgressBarOptions>('ProgressBar options', options, ['total', 'initial', 'stream', 'label', 'printEvery', 'batchSize', 'minIntervalMs', 'now']);
     this.total = expectInt('ProgressBar options.total', o.total, 1);
+    this.#initial = expectInt('ProgressBar options.initial', o.initial ?? 0, 0, this.total);
+    this.#current = this.#initial;
     this.#stream = o.stream ?? process.stderr;
     if (this.#stream === null || typeof this.#stream !== 'object' || typeof this.#stream.write !== 'function') {
       invalid('ProgressBar options.stream', 'a writable stream', o.stream);
@@ -215,7 +223,7 @@ export class ProgressBar {
     if (info.lr !== undefined) parts.push(`lr ${formatLr(info.lr)}`);
     for (const [k, v] of Object.entries(info.metrics ?? {})) parts.push(`${k} ${formatValue(v)}`);
     const elapsed = Math.max(0, (now - this.#start) / 1000);
-    const rate = elapsed > 0 ? this.#current / elapsed : NaN;
+    const rate = elapsed > 0 ? (this.#current - this.#initial) / elapsed : NaN;
     const ips = info.imagesPerSec ?? (this.#batchSize !== undefined && Number.isFinite(rate) ? rate * this.#batchSize : undefined);
     if (ips !== undefined && Number.isFinite(ips)) parts.push(`${Math.round(ips)} img/s`);
     if (final) parts.push(`time ${formatDuration(elapsed)}`);

@@ -7,8 +7,8 @@
  */
 import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { expectInt, expectOptions, invalid } from '../errors.js';
-import { ConfusionMatrix } from './metrics.js';
+import { expectInt, expectOptions, invalid } from '../../errors.js';
+import { ConfusionMatrix } from '../metrics.js';
 
 // 5x7 glyphs, one hex byte per row from top to bottom, bit 4 the leftmost column (the classic
 // HD44780 character-ROM shapes).
@@ -222,6 +222,9 @@ export interface PlotOptions {
   logY?: boolean;
 }
 
+/** Series with at most this many points get a marker at every point. */
+const MARKED_POINTS = 30;
+
 /**
  * Draws line charts (loss, accuracy, learning rate...) with axes, nice ticks, a grid, one colour
  * per series and a legend, and encodes them as a PNG.
@@ -305,25 +308,28 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
   canvas.clip(left + 1, top + 1, right, bottom);
   series.forEach((s, i) => {
     const colour = PALETTE[i % PALETTE.length]!;
+    // A short curve (a few evaluations) marks every point, so that each value can be told apart.
+    const markAll = s.points.length <= MARKED_POINTS;
     let prev: [number, number] | null = null;
     let run = 0;
-    const flushSingle = (): void => {
-      if (prev && run === 1) canvas.rect(prev[0] - 2, prev[1] - 2, 5, 5, colour);
+    const mark = (p: [number, number] | null): void => {
+      if (p) canvas.rect(p[0] - 2, p[1] - 2, 5, 5, colour);
     };
     for (const [x, yRaw] of s.points) {
       const y = ty(yRaw);
       if (!Number.isFinite(x) || !Number.isFinite(y)) {
-        flushSingle();
+        if (run === 1) mark(prev);
         prev = null;
         run = 0;
         continue;
       }
       const p: [number, number] = [px(x), py(y)];
       if (prev) canvas.line(prev[0], prev[1], p[0], p[1], colour, 2);
+      if (markAll) mark(p);
       prev = p;
       run++;
     }
-    flushSingle();
+    if (run === 1) mark(prev);
   });
   canvas.clip();
 

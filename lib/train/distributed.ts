@@ -1,0 +1,41 @@
+/**
+ * The Trainer's data-parallel reductions: gradients averaged over ranks before each optimizer
+ * step, evaluation counts summed so that every rank reports the whole validation set.
+ * @packageDocumentation
+ */
+import type { Communicator } from '../cuda.js';
+import type { Optimizer } from '../optim/optimizer.js';
+import { Tensor } from '../tensor.js';
+import { ConfusionMatrix } from './metrics.js';
+
+/** Whether `communicator` joins more than one process. */
+export function isDistributed(communicator: Communicator | null): communicator is Communicator {
+  return communicator !== null && communicator.worldSize > 1;
+}
+
+/** Averages the optimizer's gradient arena over the ranks. */
+export function averageGradients(communicator: Communicator | null, optimizer: Optimizer<{ lr: number }>): void {
+  if (isDistributed(communicator)) communicator.allReduce(optimizer.arena().grads, { average: true });
+}
+
+/** An evaluation's counts on one rank, or over all of them. */
+export interface EvalCounts {
+  confusion: ConfusionMatrix;
+  lossTotal: number;
+  topHits: number;
+  count: number;
+}
+
+/** Sums every rank's counts (the confusion matrix, the loss total, the top-k hits and the count) in one all-reduce. */
+export function sumEvalCounts(communicator: Communicator | null, counts: EvalCounts, device: string): EvalCounts {
+  if (!isDistributed(communicator)) return counts;
+  const cells = counts.confusion.toArray().flat();
+  const packed = Tensor.from([...cells, counts.lossTotal, counts.topHits, counts.count], [cells.length + 3], { device });
+  communicator.allReduce(packed);
+  const all = packed.toFloat32Array();
+  packed.dispose();
+  const n = counts.confusion.toArray().length;
+  const rows: number[][] = [];
+  for (let r = 0; r < n; r++) rows.push(Array.from(all.subarray(r * n, (r + 1) * n), (v) => Math.round(v)));
+  return { confusion: ConfusionMatrix.fromArray(rows), lossTotal: all[n * n]!, topHits: Math.round(all[n * n + 1]!), count: Math.round(all[n * n + 2]!) };
+}
