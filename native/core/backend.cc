@@ -109,35 +109,6 @@ void validateCrossEntropy(const CrossEntropyArgs& a) {
                op << ": labelSmoothing must be in [0, 1], got " << a.labelSmoothing);
 }
 
-void validateSgd(const SgdArgs& a) {
-  const char* op = "sgd step";
-  checkDType(a.params, DType::F32, op, "params");
-  checkDType(a.grads, DType::F32, op, "grads");
-  RC_CHECK_ARG(a.grads.numel() == a.params.numel(), op << ": grads " << a.grads.describe()
-                                                        << " do not match params " << a.params.describe());
-  bool needsMomentum = false;
-  for (const auto& g : a.groups) needsMomentum = needsMomentum || g.momentum != 0.0f;
-  if (needsMomentum) {
-    checkDType(a.momentumBuffer, DType::F32, op, "momentumBuffer");
-    RC_CHECK_ARG(a.momentumBuffer.numel() == a.params.numel(), op << ": momentumBuffer size mismatch");
-  }
-  for (const auto& s : a.segments) {
-    RC_CHECK_ARG(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= a.params.numel(),
-                 op << ": segment [" << s.offset << ", +" << s.count << ") is outside the arena of "
-                    << a.params.numel());
-    RC_CHECK_ARG(s.group >= 0 && static_cast<size_t>(s.group) < a.groups.size(),
-                 op << ": segment names group " << s.group << " of " << a.groups.size());
-  }
-  if (a.foundInf.defined()) checkShape(a.foundInf, Shape{1}, op, "foundInf");
-  std::vector<std::pair<int64_t, int64_t>> ranges;
-  for (const auto& s : a.segments) ranges.emplace_back(s.offset, s.offset + s.count);
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    RC_CHECK_ARG(ranges[i].first >= ranges[i - 1].second,
-                 op << ": segments overlap at element " << ranges[i].first << "; each parameter may appear once");
-  }
-}
-
 namespace {
 
 // Segments must lie inside an arena of `numel` elements and not overlap (each parameter appears
@@ -163,6 +134,13 @@ void validateFlag(const Tensor& t, DType dtype, const char* op, const char* what
   checkShape(t, Shape{1}, op, what);
 }
 
+// The optional found-inf flag of the optimizer and norm ops: f32[1] beside `arena`.
+void validateOptionalFoundInf(const Tensor& flag, const Tensor& arena, const char* op) {
+  if (!flag.defined()) return;
+  validateFlag(flag, DType::F32, op, "foundInf");
+  checkSameDevice(arena, flag, op);
+}
+
 void validateArenaTensor(const Tensor& t, const Tensor& params, const char* op, const char* what) {
   checkDType(t, DType::F32, op, what);
   checkSameDevice(params, t, op);
@@ -171,6 +149,17 @@ void validateArenaTensor(const Tensor& t, const Tensor& params, const char* op, 
 }
 
 }  // namespace
+
+void validateSgd(const SgdArgs& a) {
+  const char* op = "sgd step";
+  checkDType(a.params, DType::F32, op, "params");
+  validateArenaTensor(a.grads, a.params, op, "grads");
+  bool needsMomentum = false;
+  for (const auto& g : a.groups) needsMomentum = needsMomentum || g.momentum != 0.0f;
+  if (needsMomentum) validateArenaTensor(a.momentumBuffer, a.params, op, "momentumBuffer");
+  validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
+  validateOptionalFoundInf(a.foundInf, a.params, op);
+}
 
 void validateAdamW(const AdamWArgs& a, const char* op) {
   checkDType(a.params, DType::F32, op, "params");
@@ -187,10 +176,7 @@ void validateAdamW(const AdamWArgs& a, const char* op) {
                     << " weightDecay=" << g.weightDecay);
   }
   validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
-  if (a.foundInf.defined()) {
-    validateFlag(a.foundInf, DType::F32, op, "foundInf");
-    checkSameDevice(a.params, a.foundInf, op);
-  }
+  validateOptionalFoundInf(a.foundInf, a.params, op);
 }
 
 void validateLamb(const LambArgs& a) { validateAdamW(a, "lamb step"); }
@@ -200,10 +186,7 @@ void validateGradNorm(const GradNormArgs& a) {
   checkDType(a.grads, DType::F32, op, "grads");
   validateFlag(a.out, DType::F32, op, "out");
   checkSameDevice(a.grads, a.out, op);
-  if (a.foundInf.defined()) {
-    validateFlag(a.foundInf, DType::F32, op, "foundInf");
-    checkSameDevice(a.grads, a.foundInf, op);
-  }
+  validateOptionalFoundInf(a.foundInf, a.grads, op);
   validateSegments(a.segments, a.grads.numel(), -1, op);
 }
 
