@@ -36,8 +36,8 @@ export interface RawConv2dOptions {
   w: number;
   c: number;
   k: number;
-  r: number;
-  s: number;
+  kernelH: number;
+  kernelW: number;
   strideH?: number;
   strideW?: number;
   padH?: number;

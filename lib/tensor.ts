@@ -4,7 +4,7 @@
  */
 import { addon, type DTypeName, type RawTensor } from './binding.js';
 import { parseDevice } from './device.js';
-import { ResnetError, expectOneOf, expectShape, invalid, mismatch } from './errors.js';
+import { ResnetError, expectNumber, expectOneOf, expectShape, invalid, mismatch } from './errors.js';
 import { Random } from './random.js';
 
 /** Element types: floats (`f32`, `bf16`, `f16`), integers (`i32`, `i64`) and bytes (`u8`). */
@@ -27,6 +27,32 @@ export interface TensorOptions {
 }
 
 type HostArray = Float32Array | Float64Array | Int32Array | Uint8Array | BigInt64Array | Uint16Array;
+
+/** The typed array that holds each dtype's elements on the host (bf16/f16 as their raw bits). */
+type HostArrayClass = typeof Float32Array | typeof Uint16Array | typeof Int32Array | typeof BigInt64Array | typeof Uint8Array;
+const HOST_ARRAY: Readonly<Record<DType, HostArrayClass>> = {
+  f32: Float32Array,
+  bf16: Uint16Array,
+  f16: Uint16Array,
+  i32: Int32Array,
+  i64: BigInt64Array,
+  u8: Uint8Array,
+};
+
+/** The integer range of the dtypes `Tensor.from` converts numbers to. */
+const INTEGER_RANGE: Partial<Record<DType, readonly [number, number]>> = { i32: [-(2 ** 31), 2 ** 31 - 1], u8: [0, 255] };
+
+/** Checks that every value of `data` is a number, and an integer in range for an integer dtype. */
+function checkValues(data: ArrayLike<number>, dtype: DType): void {
+  const range = INTEGER_RANGE[dtype];
+  for (let i = 0; i < data.length; i++) {
+    const v = data[i];
+    if (typeof v !== 'number') invalid(`data[${i}]`, 'a number', v);
+    if (range && !(Number.isInteger(v) && v >= range[0] && v <= range[1])) {
+      invalid(`data[${i}]`, `an integer between ${range[0]} and ${range[1]} for dtype ${dtype}`, v);
+    }
+  }
+}
 
 function numelOf(shape: readonly number[]): number {
   return shape.reduce((a, b) => a * b, 1);
@@ -86,6 +112,7 @@ export class Tensor {
       invalid('data', 'an array or typed array', data);
     }
     if (data.length !== n) mismatch('data', `${n} values for shape [${shape.join(', ')}]`, `${data.length} values`);
+    if (!(data instanceof HOST_ARRAY[dtype]) && !(data instanceof BigInt64Array)) checkValues(data, dtype);
     let host: HostArray;
     let hostDType: DType = dtype;
     switch (dtype) {
@@ -118,9 +145,10 @@ export class Tensor {
   /** Normal samples (mean 0, std 1 unless given) from a seeded generator. */
   static randn(shape: readonly number[], options: TensorOptions & { seed?: number; mean?: number; std?: number } = {}): Tensor {
     expectShape('shape', shape);
+    expectOneOf('dtype', options.dtype ?? 'f32', FLOAT_DTYPES);
     const rng = new Random(options.seed);
-    const mean = options.mean ?? 0;
-    const std = options.std ?? 1;
+    const mean = expectNumber('mean', options.mean ?? 0);
+    const std = expectNumber('std', options.std ?? 1, 0);
     const data = new Float32Array(numelOf(shape));
     for (let i = 0; i < data.length; i++) data[i] = mean + std * rng.normal();
     return Tensor.from(data, shape, options);
@@ -230,8 +258,9 @@ export class Tensor {
    * Uint16Array). Use `Tensor.from` to convert numbers to bf16/f16.
    */
   copyFromHost(data: ArrayBufferView): void {
-    if (!ArrayBuffer.isView(data)) invalid('data', 'a typed array', data);
-    const bytes = this.numel * ({ f32: 4, bf16: 2, f16: 2, i32: 4, i64: 8, u8: 1 } as const)[this.dtype];
+    const host = HOST_ARRAY[this.dtype];
+    if (!(data instanceof host)) invalid('data', `a ${host.name} for a ${this.dtype} tensor`, data);
+    const bytes = this.numel * host.BYTES_PER_ELEMENT;
     if (data.byteLength !== bytes) mismatch('data', `${bytes} bytes for ${this.toString()}`, `${data.byteLength} bytes`);
     this.raw.copyFromHost(data);
   }

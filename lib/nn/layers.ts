@@ -10,6 +10,22 @@ import { Tensor, expectTensor } from '../tensor.js';
 import { FLOAT_DTYPES, Module, ShapeCache, disposeAll } from './module.js';
 import { Parameter } from './parameter.js';
 
+/** The largest size cuDNN, cuBLAS and our kernels take (32-bit ints); the native plans refuse more. */
+const MAX_SIZE = 2 ** 31 - 1;
+
+/** A pair-or-scalar size of at least `min` and at most {@link MAX_SIZE}. */
+function expectSizePair(name: string, value: unknown, min: number): [number, number] {
+  const pair = expectPair(name, value, min);
+  pair.forEach((v, i) => expectInt(typeof value === 'number' ? name : `${name}[${i}]`, v, min, MAX_SIZE));
+  return pair;
+}
+
+/** Refuses a weight of more elements than the libraries take, naming the size that makes it so. */
+function expectWeightSize(name: string, dims: readonly number[], text: string): void {
+  const count = dims.reduce((a, b) => a * b, 1);
+  if (count > MAX_SIZE) mismatch(name, `a weight of at most ${MAX_SIZE} elements (${text})`, `${dims.join(' x ')} = ${count}`);
+}
+
 function uniform(n: number, bound: number, rng: Random): Float32Array {
   const out = new Float32Array(n);
   for (let i = 0; i < n; i++) out[i] = rng.uniform(-bound, bound);
@@ -114,14 +130,15 @@ export class Conv2d extends Module {
   constructor(options: Conv2dOptions) {
     super();
     const o = expectOptions<Conv2dOptions>('Conv2d options', options, ['inChannels', 'outChannels', 'kernelSize', 'stride', 'padding', 'dilation', 'bias', 'seed']);
-    this.inChannels = expectInt('inChannels', o.inChannels, 1);
-    this.outChannels = expectInt('outChannels', o.outChannels, 1);
-    this.kernelSize = expectPair('kernelSize', o.kernelSize, 1);
-    this.stride = expectPair('stride', o.stride ?? 1, 1);
-    this.padding = expectPair('padding', o.padding ?? 0, 0);
-    this.dilation = expectPair('dilation', o.dilation ?? 1, 1);
+    this.inChannels = expectInt('inChannels', o.inChannels, 1, MAX_SIZE);
+    this.outChannels = expectInt('outChannels', o.outChannels, 1, MAX_SIZE);
+    this.kernelSize = expectSizePair('kernelSize', o.kernelSize, 1);
+    this.stride = expectSizePair('stride', o.stride ?? 1, 1);
+    this.padding = expectSizePair('padding', o.padding ?? 0, 0);
+    this.dilation = expectSizePair('dilation', o.dilation ?? 1, 1);
     const rng = new Random(o.seed);
     const [kh, kw] = this.kernelSize;
+    expectWeightSize('outChannels', [this.outChannels, kh, kw, this.inChannels], 'outChannels x kernelSize x inChannels');
     const fanIn = this.inChannels * kh * kw;
     const bound = 1 / Math.sqrt(fanIn);
     const shape = [this.outChannels, kh, kw, this.inChannels];
@@ -150,7 +167,7 @@ export class Conv2d extends Module {
     const entry = this.#cache.get(x, () => {
       const [n, h, w, c] = x.shape as [number, number, number, number];
       const plan = new (addon().Conv2dPlan)({
-        device: x.device, dtype: x.dtype, n, h, w, c, k: this.outChannels, r: this.kernelSize[0], s: this.kernelSize[1],
+        device: x.device, dtype: x.dtype, n, h, w, c, k: this.outChannels, kernelH: this.kernelSize[0], kernelW: this.kernelSize[1],
         strideH: this.stride[0], strideW: this.stride[1], padH: this.padding[0], padW: this.padding[1],
         dilationH: this.dilation[0], dilationW: this.dilation[1], bias: this.bias !== null,
       });
@@ -220,7 +237,7 @@ export class BatchNorm2d extends Module {
   constructor(options: BatchNorm2dOptions) {
     super();
     const o = expectOptions<BatchNorm2dOptions>('BatchNorm2d options', options, ['numFeatures', 'eps', 'momentum', 'relu']);
-    this.numFeatures = expectInt('numFeatures', o.numFeatures, 1);
+    this.numFeatures = expectInt('numFeatures', o.numFeatures, 1, MAX_SIZE);
     this.eps = expectNumber('eps', o.eps ?? 1e-5, Number.MIN_VALUE);
     this.momentum = expectNumber('momentum', o.momentum ?? 0.1, 0, 1);
     this.relu = expectBool('relu', o.relu ?? false);
@@ -490,8 +507,9 @@ export class Linear extends Module {
   constructor(options: LinearOptions) {
     super();
     const o = expectOptions<LinearOptions>('Linear options', options, ['inFeatures', 'outFeatures', 'bias', 'seed']);
-    this.inFeatures = expectInt('inFeatures', o.inFeatures, 1);
-    this.outFeatures = expectInt('outFeatures', o.outFeatures, 1);
+    this.inFeatures = expectInt('inFeatures', o.inFeatures, 1, MAX_SIZE);
+    this.outFeatures = expectInt('outFeatures', o.outFeatures, 1, MAX_SIZE);
+    expectWeightSize('outFeatures', [this.outFeatures, this.inFeatures], 'outFeatures x inFeatures');
     const rng = new Random(o.seed);
     const bound = 1 / Math.sqrt(this.inFeatures);
     this.weight = this.registerParameter('weight', new Parameter([this.outFeatures, this.inFeatures], uniform(this.outFeatures * this.inFeatures, bound, rng), 'plain', 'weight'));

@@ -1,5 +1,6 @@
 #include "allocator.h"
 
+#include <cstdint>
 #include <sstream>
 
 #include "error.h"
@@ -35,6 +36,10 @@ CachingAllocator::~CachingAllocator() {
 }
 
 void* CachingAllocator::allocate(size_t bytes) {
+  if (bytes > SIZE_MAX / 2) {
+    RC_THROW(code::kOutOfMemory, "out of memory on " << device_.str() << ": tried to allocate " << formatBytes(bytes)
+                                                     << ", more than the address space holds");
+  }
   const size_t size = roundSize(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
   void* block = nullptr;

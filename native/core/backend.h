@@ -22,12 +22,12 @@ namespace rc {
 
 struct Conv2dParams {
   int64_t n = 0, h = 0, w = 0, c = 0;  // input NHWC
-  int64_t k = 0, r = 0, s = 0;         // output channels, kernel height, kernel width
+  int64_t k = 0, kernelH = 0, kernelW = 0;  // output channels, kernel height and width
   int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
   DType dtype = DType::F32;            // activation and compute type
   bool bias = false;
-  int64_t outH() const { return (h + 2 * padH - dilationH * (r - 1) - 1) / strideH + 1; }
-  int64_t outW() const { return (w + 2 * padW - dilationW * (s - 1) - 1) / strideW + 1; }
+  int64_t outH() const { return (h + 2 * padH - dilationH * (kernelH - 1) - 1) / strideH + 1; }
+  int64_t outW() const { return (w + 2 * padW - dilationW * (kernelW - 1) - 1) / strideW + 1; }
   std::string str() const;
 };
 
@@ -291,21 +291,5 @@ class Backend {
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void synchronize() = 0;
 };
-
-// Shared argument validation for the light ops, so every backend rejects the same inputs.
-void validateBatchNormForward(const BatchNormForwardArgs& args);
-void validateBatchNormBackward(const BatchNormBackwardArgs& args);
-void validateCrossEntropy(const CrossEntropyArgs& args);
-void validateSgd(const SgdArgs& args);
-void validateConvertInput(const ConvertInputArgs& args);
-void validateAdamW(const AdamWArgs& args, const char* op = "adamw step");
-void validateLamb(const LambArgs& args);
-void validateGradNorm(const GradNormArgs& args);
-void validateUnscale(const UnscaleArgs& args);
-void validateClipGradNorm(const ClipGradNormArgs& args);
-void validateScalerUpdate(const ScalerUpdateArgs& args);
-void validateLerp(const LerpArgs& args);
-void validateConv2dParams(const Conv2dParams& p);
-void validateSameLayout(const Tensor& a, const Tensor& b, const char* op);
 
 }  // namespace rc

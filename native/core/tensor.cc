@@ -16,8 +16,22 @@ std::string shapeStr(const Shape& shape) {
 
 int64_t shapeNumel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    RC_CHECK_ARG(d >= 0, "tensor dimensions must be non-negative, got shape " << shapeStr(shape));
+    RC_CHECK_ARG(!__builtin_mul_overflow(n, d, &n),
+                 "shape " << shapeStr(shape) << " has more elements than a 64-bit count holds");
+  }
   return n;
+}
+
+size_t shapeBytes(const Shape& shape, DType dtype) {
+  const auto numel = static_cast<size_t>(shapeNumel(shape));
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(numel, dtypeSize(dtype), &bytes)) {
+    RC_THROW(code::kOutOfMemory, "a " << dtypeName(dtype) << shapeStr(shape)
+                                      << " tensor needs more bytes than a 64-bit size holds");
+  }
+  return bytes;
 }
 
 Storage::Storage(Allocator* allocator, Device device, size_t bytes)
@@ -27,16 +41,14 @@ Storage::~Storage() { allocator_->release(data_); }
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, size_t byteOffset, Shape shape, DType dtype)
     : storage_(std::move(storage)), byteOffset_(byteOffset), shape_(std::move(shape)), dtype_(dtype) {
-  for (int64_t d : shape_) {
-    RC_CHECK_ARG(d >= 0, "tensor dimensions must be non-negative, got shape " << shapeStr(shape_));
-  }
-  RC_CHECK_ARG(byteOffset_ + nbytes() <= storage_->bytes(),
+  const size_t bytes = shapeBytes(shape_, dtype_);
+  RC_CHECK_ARG(byteOffset_ <= storage_->bytes() && bytes <= storage_->bytes() - byteOffset_,
                "a " << dtypeName(dtype_) << shapeStr(shape_) << " view at byte " << byteOffset_
                     << " does not fit in its storage of " << storage_->bytes() << " bytes");
 }
 
 Tensor Tensor::view(int64_t elementOffset, const Shape& shape) const {
-  RC_CHECK_ARG(elementOffset >= 0 && elementOffset + shapeNumel(shape) <= numel(),
+  RC_CHECK_ARG(elementOffset >= 0 && elementOffset <= numel() && shapeNumel(shape) <= numel() - elementOffset,
                "view of " << shapeStr(shape) << " at element " << elementOffset
                           << " is outside a tensor of " << numel() << " elements");
   return Tensor(storage_, byteOffset_ + static_cast<size_t>(elementOffset) * dtypeSize(dtype_), shape,

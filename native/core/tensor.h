@@ -16,7 +16,10 @@ namespace rc {
 using Shape = std::vector<int64_t>;
 
 std::string shapeStr(const Shape& shape);
+// The element count, and the byte count for `dtype`; both throw when the count overflows (an
+// invalid shape) or the bytes exceed the address space (out of memory).
 int64_t shapeNumel(const Shape& shape);
+size_t shapeBytes(const Shape& shape, DType dtype);
 
 class Storage {
  public:

@@ -15,18 +15,11 @@ using dnnl::memory;
 class CpuConv2dPlan final : public Conv2dPlan {
  public:
   CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : ctx_(ctx), p_(p) {
-    validateConv2dParams(p);
     checkCpuComputeType(p.dtype, "conv2d");
     dnnlGuard(p.str(), [&] { build(); });
   }
 
   void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
-    checkShape(x, {p_.n, p_.h, p_.w, p_.c}, "conv2d forward", "x");
-    checkDType(x, p_.dtype, "conv2d forward", "x");
-    checkShape(y, {p_.n, p_.outH(), p_.outW(), p_.k}, "conv2d forward", "y");
-    checkDType(y, p_.dtype, "conv2d forward", "y");
-    checkWeight(weight, "conv2d forward");
-    checkBias(bias, "conv2d forward");
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
       fwdReorder_->run(weight, fwdWeight_);
@@ -42,11 +35,6 @@ class CpuConv2dPlan final : public Conv2dPlan {
   }
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    checkShape(dy, {p_.n, p_.outH(), p_.outW(), p_.k}, "conv2d backward data", "dy");
-    checkDType(dy, p_.dtype, "conv2d backward data", "dy");
-    checkShape(dx, {p_.n, p_.h, p_.w, p_.c}, "conv2d backward data", "dx");
-    checkDType(dx, p_.dtype, "conv2d backward data", "dx");
-    checkWeight(weight, "conv2d backward data");
     dnnlGuard(p_.str() + " backward data", [&] {
       auto& eng = ctx_.engine();
       bwdReorder_->run(weight, bwdWeight_);
@@ -60,18 +48,6 @@ class CpuConv2dPlan final : public Conv2dPlan {
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
-    checkShape(x, {p_.n, p_.h, p_.w, p_.c}, "conv2d backward weights", "x");
-    checkDType(x, p_.dtype, "conv2d backward weights", "x");
-    checkShape(dy, {p_.n, p_.outH(), p_.outW(), p_.k}, "conv2d backward weights", "dy");
-    checkDType(dy, p_.dtype, "conv2d backward weights", "dy");
-    checkShape(dWeight, {p_.k, p_.r, p_.s, p_.c}, "conv2d backward weights", "dWeight");
-    checkDType(dWeight, DType::F32, "conv2d backward weights", "dWeight");
-    if (p_.bias) {
-      checkShape(dBias, {p_.k}, "conv2d backward weights", "dBias");
-      checkDType(dBias, DType::F32, "conv2d backward weights", "dBias");
-    } else {
-      RC_CHECK_ARG(!dBias.defined(), "conv2d backward weights: this plan was created without a bias, but dBias was given");
-    }
     dnnlGuard(p_.str() + " backward weights", [&] {
       auto& eng = ctx_.engine();
       auto& s = ctx_.stream();
@@ -102,12 +78,12 @@ class CpuConv2dPlan final : public Conv2dPlan {
     auto& eng = ctx_.engine();
     const memory::dims xDims{p_.n, p_.c, p_.h, p_.w};
     const memory::dims yDims{p_.n, p_.k, p_.outH(), p_.outW()};
-    const memory::dims wDims{p_.k, p_.c, p_.r, p_.s};
+    const memory::dims wDims{p_.k, p_.c, p_.kernelH, p_.kernelW};
     const memory::dims strides{p_.strideH, p_.strideW};
     const memory::dims dilates{p_.dilationH - 1, p_.dilationW - 1};
     const memory::dims padL{p_.padH, p_.padW};
-    const memory::dims padR{farPadding(p_.h, p_.outH(), p_.dilationH * (p_.r - 1) + 1, p_.strideH, p_.padH),
-                            farPadding(p_.w, p_.outW(), p_.dilationW * (p_.s - 1) + 1, p_.strideW, p_.padW)};
+    const memory::dims padR{farPadding(p_.h, p_.outH(), p_.dilationH * (p_.kernelH - 1) + 1, p_.strideH, p_.padH),
+                            farPadding(p_.w, p_.outW(), p_.dilationW * (p_.kernelW - 1) + 1, p_.strideW, p_.padW)};
     const dt act = toDnnl(p_.dtype);
     xMd_ = memory::desc(xDims, act, tag::nhwc);
     yMd_ = memory::desc(yDims, act, tag::nhwc);
@@ -142,28 +118,13 @@ class CpuConv2dPlan final : public Conv2dPlan {
     bwdWeights_ = dnnl::convolution_backward_weights(bwdWeightsPd_);
 
     accumulateWeight_ = accumulatingReorder(ctx_, bwdWeightsPd_.diff_weights_desc(), weightF32Md_);
-    fwdReorder_.emplace(ctx_, memory::dims{p_.k, p_.c, p_.r, p_.s}, tag::acdb, fwdPd_.weights_desc());
-    bwdReorder_.emplace(ctx_, memory::dims{p_.k, p_.c, p_.r, p_.s}, tag::acdb, bwdDataPd_.weights_desc());
+    fwdReorder_.emplace(ctx_, memory::dims{p_.k, p_.c, p_.kernelH, p_.kernelW}, tag::acdb, fwdPd_.weights_desc());
+    bwdReorder_.emplace(ctx_, memory::dims{p_.k, p_.c, p_.kernelH, p_.kernelW}, tag::acdb, bwdDataPd_.weights_desc());
 
     fwdWeight_ = ctx_.allocateBytes(fwdPd_.weights_desc().get_size());
     bwdWeight_ = ctx_.allocateBytes(bwdDataPd_.weights_desc().get_size());
     diffWeight_ = ctx_.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
     if (p_.bias) diffBias_ = ctx_.allocate({p_.k}, DType::F32);
-  }
-
-  void checkWeight(const Tensor& weight, const char* op) const {
-    checkShape(weight, {p_.k, p_.r, p_.s, p_.c}, op, "weight");
-    RC_CHECK_ARG(weight.dtype() == DType::F32 || weight.dtype() == p_.dtype,
-                 op << ": weight must be f32 or " << dtypeName(p_.dtype) << ", got " << weight.describe());
-  }
-
-  void checkBias(const Tensor& bias, const char* op) const {
-    if (!p_.bias) {
-      RC_CHECK_ARG(!bias.defined(), op << ": this plan was created without a bias, but one was given");
-      return;
-    }
-    checkShape(bias, {p_.k}, op, "bias");
-    checkDType(bias, DType::F32, op, "bias");
   }
 
   CpuContext& ctx_;

@@ -14,22 +14,11 @@ using dnnl::memory;
 class CpuLinearPlan final : public LinearPlan {
  public:
   CpuLinearPlan(CpuContext& ctx, const LinearParams& p) : ctx_(ctx), p_(p) {
-    RC_CHECK_ARG(p.n > 0 && p.in > 0 && p.out > 0, "linear: all sizes must be positive: " << p.str());
     checkCpuComputeType(p.dtype, "linear");
     dnnlGuard(p.str(), [&] { build(); });
   }
 
   void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
-    const char* op = "linear forward";
-    checkActivation(x, p_.in, op, "x");
-    checkActivation(y, p_.out, op, "y");
-    checkWeight(weight, op);
-    if (p_.bias) {
-      checkShape(bias, {p_.out}, op, "bias");
-      checkDType(bias, DType::F32, op, "bias");
-    } else {
-      RC_CHECK_ARG(!bias.defined(), op << ": this plan was created without a bias, but one was given");
-    }
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
       fwdReorder_->run(weight, fwdWeight_);
@@ -45,10 +34,6 @@ class CpuLinearPlan final : public LinearPlan {
   }
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    const char* op = "linear backward data";
-    checkActivation(dy, p_.out, op, "dy");
-    checkActivation(dx, p_.in, op, "dx");
-    checkWeight(weight, op);
     dnnlGuard(p_.str() + " backward data", [&] {
       auto& eng = ctx_.engine();
       bwdReorder_->run(weight, bwdWeight_);
@@ -62,17 +47,6 @@ class CpuLinearPlan final : public LinearPlan {
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
-    const char* op = "linear backward weights";
-    checkActivation(x, p_.in, op, "x");
-    checkActivation(dy, p_.out, op, "dy");
-    checkShape(dWeight, {p_.out, p_.in}, op, "dWeight");
-    checkDType(dWeight, DType::F32, op, "dWeight");
-    if (p_.bias) {
-      checkShape(dBias, {p_.out}, op, "dBias");
-      checkDType(dBias, DType::F32, op, "dBias");
-    } else {
-      RC_CHECK_ARG(!dBias.defined(), op << ": this plan was created without a bias, but dBias was given");
-    }
     dnnlGuard(p_.str() + " backward weights", [&] {
       auto& eng = ctx_.engine();
       auto& s = ctx_.stream();
@@ -130,17 +104,6 @@ class CpuLinearPlan final : public LinearPlan {
     bwdWeight_ = ctx_.allocateBytes(bwdDataPd_.weights_desc().get_size());
     diffWeight_ = ctx_.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
     if (p_.bias) diffBias_ = ctx_.allocate({p_.out}, DType::F32);
-  }
-
-  void checkActivation(const Tensor& t, int64_t features, const char* op, const char* what) const {
-    checkShape(t, {p_.n, features}, op, what);
-    checkDType(t, p_.dtype, op, what);
-  }
-
-  void checkWeight(const Tensor& weight, const char* op) const {
-    checkShape(weight, {p_.out, p_.in}, op, "weight");
-    RC_CHECK_ARG(weight.dtype() == DType::F32 || weight.dtype() == p_.dtype,
-                 op << ": weight must be f32 or " << dtypeName(p_.dtype) << ", got " << weight.describe());
   }
 
   CpuContext& ctx_;

@@ -230,7 +230,6 @@ double sumSquares(const float* grads, const std::vector<ArenaSegment>& segments,
 }  // namespace
 
 void adamwStep(const AdamWArgs& args) {
-  validateAdamW(args);
   if (skipped(args.foundInf)) return;
   std::vector<AdamCoeffs> groups;
   for (const AdamGroup& g : args.groups) groups.push_back(coeffs(g, args.step));
@@ -250,7 +249,6 @@ void adamwStep(const AdamWArgs& args) {
 }
 
 void lambStep(const LambArgs& args) {
-  validateLamb(args);
   if (skipped(args.foundInf)) return;
   std::vector<AdamCoeffs> groups;
   for (const AdamGroup& g : args.groups) groups.push_back(coeffs(g, args.step));
@@ -289,7 +287,6 @@ void lambStep(const LambArgs& args) {
 }
 
 void gradNorm(const GradNormArgs& args) {
-  validateGradNorm(args);
   bool bad = false;
   const double sum = sumSquares(args.grads.ptr<float>(), segmentsOrAll(args.segments, args.grads), &bad);
   args.out.ptr<float>()[0] = static_cast<float>(std::sqrt(sum));
@@ -297,7 +294,6 @@ void gradNorm(const GradNormArgs& args) {
 }
 
 void unscaleAndCheck(const UnscaleArgs& args) {
-  validateUnscale(args);
   const std::vector<Chunk> chunks = chunksOf(segmentsOrAll(args.segments, args.grads));
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* g = args.grads.ptr<float>();
@@ -312,7 +308,6 @@ void unscaleAndCheck(const UnscaleArgs& args) {
 }
 
 void clipGradNorm(const ClipGradNormArgs& args) {
-  validateClipGradNorm(args);
   const float coef = args.maxNorm / (args.norm.ptr<float>()[0] + 1e-6f);
   // min(1, coef) that keeps a NaN coefficient (NaN norm) as NaN, as torch.clamp does.
   const float factor = coef > 1.0f ? 1.0f : coef;
@@ -325,7 +320,6 @@ void clipGradNorm(const ClipGradNormArgs& args) {
 }
 
 void scalerUpdate(const ScalerUpdateArgs& args) {
-  validateScalerUpdate(args);
   float& scale = args.scale.ptr<float>()[0];
   int32_t& tracker = args.growthTracker.ptr<int32_t>()[0];
   if (args.foundInf.ptr<float>()[0] != 0.0f) {

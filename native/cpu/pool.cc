@@ -12,12 +12,6 @@ using dnnl::memory;
 class CpuPool2dPlan final : public Pool2dPlan {
  public:
   CpuPool2dPlan(CpuContext& ctx, const Pool2dParams& p) : ctx_(ctx), p_(p) {
-    RC_CHECK_ARG(p.n > 0 && p.h > 0 && p.w > 0 && p.c > 0 && p.kernelH > 0 && p.kernelW > 0 && p.strideH > 0 &&
-                     p.strideW > 0 && p.padH >= 0 && p.padW >= 0,
-                 "pool2d: sizes and strides must be positive and padding non-negative: " << p.str());
-    RC_CHECK_ARG(p.padH * 2 <= p.kernelH && p.padW * 2 <= p.kernelW,
-                 "pool2d: padding must be at most half the kernel: " << p.str());
-    RC_CHECK_ARG(p.outH() > 0 && p.outW() > 0, "pool2d: the kernel does not fit the padded input: " << p.str());
     checkCpuComputeType(p.dtype, "pool2d");
     dnnlGuard(p.str(), [&] { build(); });
   }
@@ -25,11 +19,6 @@ class CpuPool2dPlan final : public Pool2dPlan {
   size_t workspaceBytes() const override { return fwdPd_.workspace_desc().get_size(); }
 
   void forward(const Tensor& x, const Tensor& y, const Tensor& workspace) override {
-    checkShape(x, {p_.n, p_.h, p_.w, p_.c}, "pool2d forward", "x");
-    checkDType(x, p_.dtype, "pool2d forward", "x");
-    checkShape(y, {p_.n, p_.outH(), p_.outW(), p_.c}, "pool2d forward", "y");
-    checkDType(y, p_.dtype, "pool2d forward", "y");
-    checkWorkspace(workspace);
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
       std::unordered_map<int, memory> args{
@@ -43,11 +32,6 @@ class CpuPool2dPlan final : public Pool2dPlan {
   }
 
   void backward(const Tensor& dy, const Tensor& dx, const Tensor& workspace) override {
-    checkShape(dy, {p_.n, p_.outH(), p_.outW(), p_.c}, "pool2d backward", "dy");
-    checkDType(dy, p_.dtype, "pool2d backward", "dy");
-    checkShape(dx, {p_.n, p_.h, p_.w, p_.c}, "pool2d backward", "dx");
-    checkDType(dx, p_.dtype, "pool2d backward", "dx");
-    checkWorkspace(workspace);
     dnnlGuard(p_.str() + " backward", [&] {
       auto& eng = ctx_.engine();
       std::unordered_map<int, memory> args{
@@ -80,13 +64,6 @@ class CpuPool2dPlan final : public Pool2dPlan {
     dnnl::pooling_backward::desc bwdDesc(algo, xMd_, yMd_, strides, kernel, padL, padR);
     bwdPd_ = dnnl::pooling_backward::primitive_desc(bwdDesc, attr, eng, fwdPd_);
     bwd_ = dnnl::pooling_backward(bwdPd_);
-  }
-
-  void checkWorkspace(const Tensor& workspace) const {
-    if (workspaceBytes() == 0) return;
-    checkDefined(workspace, "pool2d", "workspace");
-    RC_CHECK_ARG(workspace.nbytes() >= workspaceBytes(),
-                 "pool2d: workspace needs " << workspaceBytes() << " bytes, got " << workspace.describe());
   }
 
   CpuContext& ctx_;

@@ -5,7 +5,6 @@
 namespace rc::cpu {
 
 void sgdStep(const SgdArgs& args) {
-  validateSgd(args);
   if (args.foundInf.defined() && args.foundInf.ptr<float>()[0] != 0.0f) return;
   float* params = args.params.ptr<float>();
   const float* grads = args.grads.ptr<float>();

@@ -67,9 +67,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
 
   void batchNormForward(const BatchNormForwardArgs& a) override {
-    validateBatchNormForward(a);
-    here({&a.x, &a.y, &a.residual, &a.gamma, &a.beta, &a.runningMean, &a.runningVar, &a.saveMean, &a.saveInvStd},
-         "batchnorm forward");
     DeviceGuard guard(ctx_.device());
     const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
     const void* residual = a.residual.defined() ? a.residual.data() : nullptr;
@@ -86,9 +83,6 @@ class CudaBackend final : public Backend {
   }
 
   void batchNormBackward(const BatchNormBackwardArgs& a) override {
-    validateBatchNormBackward(a);
-    here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.dx, &a.dGamma, &a.dBeta, &a.dResidual},
-         "batchnorm backward");
     DeviceGuard guard(ctx_.device());
     const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
     cuda::batchNormBackward(a.x.dtype(), a.x.data(), a.relu ? a.y.data() : nullptr, a.dy.data(), a.dx.data(),
@@ -98,49 +92,30 @@ class CudaBackend final : public Backend {
   }
 
   void relu(const Tensor& x, const Tensor& y) override {
-    validateSameLayout(x, y, "relu");
-    floating(x, "relu");
-    here({&x, &y}, "relu");
     DeviceGuard guard(ctx_.device());
     cuda::relu(x.dtype(), x.data(), y.data(), x.numel(), ctx_.stream());
   }
 
   void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
-    validateSameLayout(y, dy, "relu backward");
-    validateSameLayout(y, dx, "relu backward");
-    floating(y, "relu backward");
-    here({&y, &dy, &dx}, "relu backward");
     DeviceGuard guard(ctx_.device());
     cuda::reluBackward(y.dtype(), y.data(), dy.data(), dx.data(), y.numel(), ctx_.stream());
   }
 
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-    validateSameLayout(a, b, "add");
-    validateSameLayout(a, out, "add");
-    floating(a, "add");
-    here({&a, &b, &out}, "add");
     DeviceGuard guard(ctx_.device());
     cuda::add(a.dtype(), a.data(), b.data(), out.data(), a.numel(), ctx_.stream());
   }
 
   void cast(const Tensor& src, const Tensor& dst) override {
-    checkDefined(src, "cast", "src");
-    checkDefined(dst, "cast", "dst");
-    RC_CHECK_ARG(src.shape() == dst.shape(), "cast: shapes differ: " << src.describe() << " and " << dst.describe());
-    here({&src, &dst}, "cast");
     DeviceGuard guard(ctx_.device());
     if (src.dtype() == dst.dtype()) {
       RC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream()));
       return;
     }
-    floating(src, "cast");
-    floating(dst, "cast");
     cuda::cast(src.dtype(), src.data(), dst.dtype(), dst.data(), src.numel(), ctx_.stream());
   }
 
   void fill(const Tensor& t, double value) override {
-    checkDefined(t, "fill", "tensor");
-    here({&t}, "fill");
     DeviceGuard guard(ctx_.device());
     if (value == 0.0) {
       RC_CUDA_CHECK(cudaMemsetAsync(t.data(), 0, t.nbytes(), ctx_.stream()));
@@ -150,8 +125,6 @@ class CudaBackend final : public Backend {
   }
 
   void crossEntropy(const CrossEntropyArgs& a) override {
-    validateCrossEntropy(a);
-    here({&a.logits, &a.labels, &a.loss, &a.dLogits}, "cross entropy");
     DeviceGuard guard(ctx_.device());
     const int64_t n = a.logits.dim(0), k = a.logits.dim(1);
     cuda::crossEntropy(a.logits.dtype(), a.logits.data(), a.labels.ptr<int32_t>(), a.loss.ptr<float>(),
@@ -160,8 +133,6 @@ class CudaBackend final : public Backend {
   }
 
   void sgdStep(const SgdArgs& a) override {
-    validateSgd(a);
-    here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf}, "sgd step");
     if (a.segments.empty()) return;
     // The kernel takes firstStep as a value: a graph would start the momentum afresh at every replay.
     RC_CHECK_ARG(!a.firstStep || !ctx_.capturing(),
@@ -187,8 +158,6 @@ class CudaBackend final : public Backend {
   }
 
   void convertInput(const ConvertInputArgs& a) override {
-    validateConvertInput(a);
-    here({&a.src, &a.dst, &a.flip}, "convert input");
     RC_CHECK_ARG(a.src.dim(3) <= 16, "convert input: at most 16 channels on CUDA, got " << a.src.dim(3));
     DeviceGuard guard(ctx_.device());
     std::vector<float> meanStd(a.mean);
@@ -199,18 +168,14 @@ class CudaBackend final : public Backend {
   }
 
   void adamwStep(const AdamWArgs& a) override {
-    validateAdamW(a);
     adamStep(a, false);
   }
 
   void lambStep(const LambArgs& a) override {
-    validateLamb(a);
     adamStep(a, true);
   }
 
   void gradNorm(const GradNormArgs& a) override {
-    validateGradNorm(a);
-    here({&a.grads, &a.out, &a.foundInf}, "grad norm");
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable("grad norm segments", a.segments, a.grads.numel());
     cuda::gradNorm(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.out.ptr<float>(),
@@ -219,8 +184,6 @@ class CudaBackend final : public Backend {
   }
 
   void unscaleAndCheck(const UnscaleArgs& a) override {
-    validateUnscale(a);
-    here({&a.grads, &a.foundInf}, "unscale and check");
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable("unscale segments", a.segments, a.grads.numel());
     cuda::unscaleAndCheck(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.invScale,
@@ -228,8 +191,6 @@ class CudaBackend final : public Backend {
   }
 
   void clipGradNorm(const ClipGradNormArgs& a) override {
-    validateClipGradNorm(a);
-    here({&a.grads, &a.norm}, "clip grad norm");
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable("clip segments", a.segments, a.grads.numel());
     cuda::clipGradNorm(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.norm.ptr<float>(),
@@ -237,16 +198,12 @@ class CudaBackend final : public Backend {
   }
 
   void scalerUpdate(const ScalerUpdateArgs& a) override {
-    validateScalerUpdate(a);
-    here({&a.scale, &a.growthTracker, &a.foundInf}, "scaler update");
     DeviceGuard guard(ctx_.device());
     cuda::scalerUpdate(a.scale.ptr<float>(), a.growthTracker.ptr<int32_t>(), a.foundInf.ptr<float>(), a.growthFactor,
                        a.backoffFactor, static_cast<int32_t>(a.growthInterval), ctx_.stream());
   }
 
   void lerp(const LerpArgs& a) override {
-    validateLerp(a);
-    here({&a.a, &a.b}, "lerp");
     DeviceGuard guard(ctx_.device());
     cuda::lerp(a.a.ptr<float>(), a.b.ptr<float>(), a.a.numel(), a.weight, ctx_.stream());
   }
@@ -303,9 +260,6 @@ class CudaBackend final : public Backend {
 
   // Host copies wait for the device: the host buffer belongs to the caller once this returns.
   void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
-    checkDefined(dst, "copy from host", "dst");
-    RC_CHECK_ARG(bytes == dst.nbytes(), "copy from host: " << bytes << " bytes do not fit " << dst.describe() << " ("
-                                                           << dst.nbytes() << " bytes)");
     notCapturing("copy from host");
     DeviceGuard guard(ctx_.device());
     RC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, bytes, cudaMemcpyHostToDevice, ctx_.stream()));
@@ -313,9 +267,6 @@ class CudaBackend final : public Backend {
   }
 
   void copyToHost(const Tensor& src, void* dst, size_t bytes) override {
-    checkDefined(src, "copy to host", "src");
-    RC_CHECK_ARG(bytes == src.nbytes(), "copy to host: " << src.describe() << " (" << src.nbytes()
-                                                         << " bytes) does not fit " << bytes << " bytes");
     notCapturing("copy to host");
     DeviceGuard guard(ctx_.device());
     RC_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), bytes, cudaMemcpyDeviceToHost, ctx_.stream()));
@@ -323,8 +274,6 @@ class CudaBackend final : public Backend {
   }
 
   void copy(const Tensor& src, const Tensor& dst) override {
-    validateSameLayout(src, dst, "copy");
-    here({&src, &dst}, "copy");
     DeviceGuard guard(ctx_.device());
     if (src.data() != dst.data()) {
       RC_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, ctx_.stream()));
@@ -338,18 +287,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  void here(std::initializer_list<const Tensor*> tensors, const char* op) const {
-    for (const Tensor* t : tensors) {
-      if (t->defined() && t->device() != ctx_.rcDevice()) {
-        RC_THROW(code::kInvalidArgument, op << ": " << t->describe() << " is not on cuda:" << ctx_.device());
-      }
-    }
-  }
-
-  static void floating(const Tensor& t, const char* op) {
-    RC_CHECK_ARG(isFloating(t.dtype()), op << ": expected a floating-point tensor, got " << t.describe());
-  }
-
   void notCapturing(const char* op) const {
     RC_CHECK_ARG(!ctx_.capturing(), op << " waits for the device and cannot be part of a CUDA graph capture");
   }
@@ -381,7 +318,6 @@ class CudaBackend final : public Backend {
 
   void adamStep(const AdamWArgs& a, bool lamb) {
     const char* op = lamb ? "lamb step" : "adamw step";
-    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, op);
     // The bias correction takes the step count as a value, which a graph would replay unchanged.
     RC_CHECK_ARG(!ctx_.capturing(), op << " cannot be captured in a CUDA graph (its bias correction uses the step "
                                           "count of the captured step); capture the forward and backward passes "

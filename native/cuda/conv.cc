@@ -8,6 +8,7 @@
 
 #include "cuda_check.h"
 #include "cuda_ops.h"
+#include "handles.h"
 #include "kernels.h"
 
 namespace rc::cuda {
@@ -40,12 +41,11 @@ size_t workspaceLimit() {
 class CudaConv2dPlan final : public Conv2dPlan {
  public:
   CudaConv2dPlan(CudaContext& ctx, const Conv2dParams& p) : ctx_(ctx), p_(p) {
-    validateConv2dParams(p);
     DeviceGuard guard(ctx.device());
-    RC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&xDesc_), p.str());
-    RC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&yDesc_), p.str());
-    RC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&wDesc_), p.str());
-    RC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&convDesc_), p.str());
+    RC_CUDNN_CHECK(cudnnCreateTensorDescriptor(xDesc_.out()), p.str());
+    RC_CUDNN_CHECK(cudnnCreateTensorDescriptor(yDesc_.out()), p.str());
+    RC_CUDNN_CHECK(cudnnCreateFilterDescriptor(wDesc_.out()), p.str());
+    RC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(convDesc_.out()), p.str());
     const cudnnDataType_t dt = toCudnn(p.dtype);
     RC_CUDNN_CHECK(cudnnSetTensor4dDescriptor(xDesc_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(p.n), static_cast<int>(p.c),
                                               static_cast<int>(p.h), static_cast<int>(p.w)),
@@ -54,7 +54,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
                                               static_cast<int>(p.outH()), static_cast<int>(p.outW())),
                    p.str());
     RC_CUDNN_CHECK(cudnnSetFilter4dDescriptor(wDesc_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(p.k), static_cast<int>(p.c),
-                                              static_cast<int>(p.r), static_cast<int>(p.s)),
+                                              static_cast<int>(p.kernelH), static_cast<int>(p.kernelW)),
                    p.str());
     RC_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(convDesc_, static_cast<int>(p.padH), static_cast<int>(p.padW),
                                                    static_cast<int>(p.strideH), static_cast<int>(p.strideW),
@@ -72,24 +72,12 @@ class CudaConv2dPlan final : public Conv2dPlan {
                                                                                          << p.str());
     algorithms_ = findAlgorithms(math);
     if (p.dtype != DType::F32) {
-      lowWeight_ = ctx.allocate({p.k, p.r, p.s, p.c}, p.dtype);
-      lowWeightGrad_ = ctx.allocate({p.k, p.r, p.s, p.c}, p.dtype);
+      lowWeight_ = ctx.allocate({p.k, p.kernelH, p.kernelW, p.c}, p.dtype);
+      lowWeightGrad_ = ctx.allocate({p.k, p.kernelH, p.kernelW, p.c}, p.dtype);
     }
   }
 
-  ~CudaConv2dPlan() override {
-    cudnnDestroyConvolutionDescriptor(convDesc_);
-    cudnnDestroyFilterDescriptor(wDesc_);
-    cudnnDestroyTensorDescriptor(yDesc_);
-    cudnnDestroyTensorDescriptor(xDesc_);
-  }
-
   void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
-    const char* op = "conv2d forward";
-    checkActivation(x, {p_.n, p_.h, p_.w, p_.c}, op, "x");
-    checkActivation(y, {p_.n, p_.outH(), p_.outW(), p_.k}, op, "y");
-    checkWeight(weight, op);
-    checkBias(bias, op, "bias");
     DeviceGuard guard(ctx_.device());
     setMath(algorithms_.forwardMath);
     const float one = 1.0f, zero = 0.0f;
@@ -101,10 +89,6 @@ class CudaConv2dPlan final : public Conv2dPlan {
   }
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    const char* op = "conv2d backward data";
-    checkActivation(dy, {p_.n, p_.outH(), p_.outW(), p_.k}, op, "dy");
-    checkActivation(dx, {p_.n, p_.h, p_.w, p_.c}, op, "dx");
-    checkWeight(weight, op);
     DeviceGuard guard(ctx_.device());
     setMath(algorithms_.backwardDataMath);
     const float one = 1.0f, zero = 0.0f;
@@ -115,12 +99,6 @@ class CudaConv2dPlan final : public Conv2dPlan {
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
-    const char* op = "conv2d backward weights";
-    checkActivation(x, {p_.n, p_.h, p_.w, p_.c}, op, "x");
-    checkActivation(dy, {p_.n, p_.outH(), p_.outW(), p_.k}, op, "dy");
-    checkShape(dWeight, {p_.k, p_.r, p_.s, p_.c}, op, "dWeight");
-    checkDType(dWeight, DType::F32, op, "dWeight");
-    checkBias(dBias, op, "dBias");
     DeviceGuard guard(ctx_.device());
     setMath(algorithms_.backwardFilterMath);
     const float one = 1.0f, zero = 0.0f;
@@ -154,28 +132,6 @@ class CudaConv2dPlan final : public Conv2dPlan {
   }
 
  private:
-  void checkActivation(const Tensor& t, const Shape& shape, const char* op, const char* what) const {
-    checkShape(t, shape, op, what);
-    checkDType(t, p_.dtype, op, what);
-    RC_CHECK_ARG(t.device() == ctx_.rcDevice(), op << ": " << what << " is on " << t.device().str() << ", the plan on cuda:"
-                                                   << ctx_.device());
-  }
-
-  void checkWeight(const Tensor& weight, const char* op) const {
-    checkShape(weight, {p_.k, p_.r, p_.s, p_.c}, op, "weight");
-    RC_CHECK_ARG(weight.dtype() == DType::F32 || weight.dtype() == p_.dtype,
-                 op << ": weight must be f32 or " << dtypeName(p_.dtype) << ", got " << weight.describe());
-  }
-
-  void checkBias(const Tensor& bias, const char* op, const char* what) const {
-    if (!p_.bias) {
-      RC_CHECK_ARG(!bias.defined(), op << ": this plan was created without a bias, but " << what << " was given");
-      return;
-    }
-    checkShape(bias, {p_.k}, op, what);
-    checkDType(bias, DType::F32, op, what);
-  }
-
   // The weights in the compute type: f32 masters are converted into the plan's buffer.
   const void* computeWeight(const Tensor& weight) {
     if (weight.dtype() == p_.dtype) return weight.data();
@@ -203,7 +159,7 @@ class CudaConv2dPlan final : public Conv2dPlan {
     const size_t limit = workspaceLimit();
     // Benchmark on non-zero data: zeros can run faster than real values.
     Tensor x = ctx_.allocate({p_.n, p_.h, p_.w, p_.c}, p_.dtype);
-    Tensor w = ctx_.allocate({p_.k, p_.r, p_.s, p_.c}, p_.dtype);
+    Tensor w = ctx_.allocate({p_.k, p_.kernelH, p_.kernelW, p_.c}, p_.dtype);
     Tensor y = ctx_.allocate({p_.n, p_.outH(), p_.outW(), p_.k}, p_.dtype);
     // Each search also writes its output (y, then x, then w), which the next one reads: refilled
     // before every search.
@@ -266,9 +222,9 @@ class CudaConv2dPlan final : public Conv2dPlan {
 
   CudaContext& ctx_;
   Conv2dParams p_;
-  cudnnTensorDescriptor_t xDesc_ = nullptr, yDesc_ = nullptr;
-  cudnnFilterDescriptor_t wDesc_ = nullptr;
-  cudnnConvolutionDescriptor_t convDesc_ = nullptr;
+  TensorDescriptor xDesc_, yDesc_;
+  FilterDescriptor wDesc_;
+  ConvolutionDescriptor convDesc_;
   ConvAlgorithms algorithms_{};
   cudnnMathType_t currentMath_ = CUDNN_DEFAULT_MATH;
   Tensor lowWeight_, lowWeightGrad_;

@@ -126,12 +126,12 @@ DeviceGuard::~DeviceGuard() {
 
 CudaContext::CudaContext(int device) : device_(device) {
   DeviceGuard guard(device);
-  RC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  RC_CUDNN_CHECK(cudnnCreate(&cudnn_), "cuda:" << device);
-  RC_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_), "cuda:" << device);
-  RC_CUBLAS_CHECK(cublasCreate(&cublas_), "cuda:" << device);
-  RC_CUBLAS_CHECK(cublasSetStream(cublas_, stream_), "cuda:" << device);
+  RC_CUDA_CHECK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
   allocator_ = std::make_unique<StreamAllocator>(device, stream_);
+  RC_CUDNN_CHECK(cudnnCreate(cudnn_.out()), "cuda:" << device);
+  RC_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_), "cuda:" << device);
+  RC_CUBLAS_CHECK(cublasCreate(cublas_.out()), "cuda:" << device);
+  RC_CUBLAS_CHECK(cublasSetStream(cublas_, stream_), "cuda:" << device);
   const char* tf32 = std::getenv("RESNET_CUDA_ALLOW_TF32");
   allowTf32_ = tf32 != nullptr && std::strcmp(tf32, "1") == 0;
   RC_CUBLAS_CHECK(cublasSetMathMode(cublas_, allowTf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
@@ -139,8 +139,8 @@ CudaContext::CudaContext(int device) : device_(device) {
   // A user workspace keeps cuBLAS from allocating inside graph capture.
   cublasWorkspace_ = allocate({static_cast<int64_t>(kCublasWorkspaceBytes)}, DType::U8);
   RC_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublasWorkspace_.data(), kCublasWorkspaceBytes), "cuda:" << device);
-  RC_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&invalidLabel_), sizeof(int32_t), stream_));
-  RC_CUDA_CHECK(cudaMemsetAsync(invalidLabel_, 0, sizeof(int32_t), stream_));
+  invalidLabel_ = allocate({1}, DType::I32);
+  RC_CUDA_CHECK(cudaMemsetAsync(invalidLabel_.data(), 0, sizeof(int32_t), stream_));
 }
 
 CudaContext::~CudaContext() {
@@ -156,12 +156,8 @@ CudaContext::~CudaContext() {
   allocator_->releaseHeld();
   scratch_ = Tensor();
   cublasWorkspace_ = Tensor();
-  if (invalidLabel_) (void)cudaFreeAsync(invalidLabel_, stream_);
+  invalidLabel_ = Tensor();
   (void)cudaStreamSynchronize(stream_);
-  if (cublas_) cublasDestroy(cublas_);
-  if (cudnn_) cudnnDestroy(cudnn_);
-  allocator_.reset();
-  if (stream_) cudaStreamDestroy(stream_);
 }
 
 bool CudaContext::capturing() const {
@@ -211,10 +207,10 @@ void CudaContext::graphDestroyed() {
 
 void CudaContext::checkDeferredErrors() {
   int32_t flag = 0;
-  RC_CUDA_CHECK(cudaMemcpyAsync(&flag, invalidLabel_, sizeof(flag), cudaMemcpyDeviceToHost, stream_));
+  RC_CUDA_CHECK(cudaMemcpyAsync(&flag, invalidLabel_.data(), sizeof(flag), cudaMemcpyDeviceToHost, stream_));
   RC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (flag != 0) {
-    RC_CUDA_CHECK(cudaMemsetAsync(invalidLabel_, 0, sizeof(int32_t), stream_));
+    RC_CUDA_CHECK(cudaMemsetAsync(invalidLabel_.data(), 0, sizeof(int32_t), stream_));
     RC_THROW(code::kInvalidArgument,
              "cross entropy: a label outside [0, classes) was given on cuda:" << device_
                                                                               << " since the last synchronisation");

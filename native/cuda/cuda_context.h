@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../core/backend.h"
+#include "handles.h"
 
 namespace rc::cuda {
 
@@ -86,7 +87,7 @@ class CudaContext {
   void* scratch(size_t bytes);
   // The device flag crossEntropy raises for labels out of range; checked (and cleared) whenever
   // the host waits for the device.
-  int32_t* invalidLabelFlag() const { return invalidLabel_; }
+  int32_t* invalidLabelFlag() const { return invalidLabel_.ptr<int32_t>(); }
   void checkDeferredErrors();
   // Graph bookkeeping: while any graph exists, buffers a graph may point at (scratch, uploaded
   // tables, freed tensors) are kept instead of freed, until the last graph is destroyed.
@@ -102,10 +103,11 @@ class CudaContext {
 
  private:
   int device_;
-  cudaStream_t stream_ = nullptr;
-  cudnnHandle_t cudnn_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  // Declared in the order of creation: destroyed in reverse, also when the constructor throws.
+  StreamHandle stream_;
   std::unique_ptr<StreamAllocator> allocator_;
+  CudnnHandle cudnn_;
+  CublasHandle cublas_;
   bool allowTf32_ = false;
   Tensor scratch_;
   Tensor cublasWorkspace_;
@@ -113,7 +115,7 @@ class CudaContext {
   std::vector<Tensor> retired_;  // replaced buffers a graph may still use
   // Drops `t`, or keeps it in retired_ while a graph exists.
   void retire(Tensor& t);
-  int32_t* invalidLabel_ = nullptr;
+  Tensor invalidLabel_;
   struct Staging {
     void* pinned = nullptr;
     size_t capacity = 0;

@@ -28,7 +28,7 @@ Napi::Function Conv2dPlanWrap::Init(Napi::Env env) {
                       InstanceMethod<&Conv2dPlanWrap::Dispose>("dispose")});
 }
 
-// new Conv2dPlan({ device, dtype, n, h, w, c, k, r, s, strideH, strideW, padH, padW,
+// new Conv2dPlan({ device, dtype, n, h, w, c, k, kernelH, kernelW, strideH, strideW, padH, padW,
 //                  dilationH, dilationW, bias })
 Conv2dPlanWrap::Conv2dPlanWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Conv2dPlanWrap>(info) {
   guarded(info.Env(), [&] {
@@ -39,8 +39,8 @@ Conv2dPlanWrap::Conv2dPlanWrap(const Napi::CallbackInfo& info) : Napi::ObjectWra
     p.w = getInt(o, "w");
     p.c = getInt(o, "c");
     p.k = getInt(o, "k");
-    p.r = getInt(o, "r");
-    p.s = getInt(o, "s");
+    p.kernelH = getInt(o, "kernelH");
+    p.kernelW = getInt(o, "kernelW");
     p.strideH = getInt(o, "strideH", 1);
     p.strideW = getInt(o, "strideW", 1);
     p.padH = getInt(o, "padH", 0);

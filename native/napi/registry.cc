@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 
+#include "../core/checked_backend.h"
 #include "../core/error.h"
 #include "../cpu/backend_cpu.h"
 
@@ -254,7 +255,7 @@ int cudaDeviceCount(std::string* reason) {
 Backend& backendFor(const Device& device) {
   std::lock_guard<std::mutex> lock(gMutex);
   if (device.type == DeviceType::Cpu) {
-    if (!gCpu) gCpu = cpu::createCpuBackend();
+    if (!gCpu) gCpu = checkedBackend(cpu::createCpuBackend());
     return *gCpu;
   }
   auto it = gCuda.find(device.index);
@@ -268,7 +269,7 @@ Backend& backendFor(const Device& device) {
   }
   std::unique_ptr<Backend> backend(gCudaLib.create(device.index, kBackendAbi));
   if (!backend) RC_THROW(code::kBackendUnavailable, "the CUDA backend refused device " << device.str());
-  return *gCuda.emplace(device.index, std::move(backend)).first->second;
+  return *gCuda.emplace(device.index, checkedBackend(std::move(backend))).first->second;
 }
 
 std::vector<BackendStatus> listBackends() {

@@ -12,7 +12,7 @@ function rejectCase(name: string, body: (s: Session) => void): OpCase {
 }
 
 function smallConv(s: Session) {
-  return s.own(new s.native.Conv2dPlan({ device: s.ctx.device, dtype: 'f32', n: 1, h: 4, w: 4, c: 2, k: 3, r: 3, s: 3, padH: 1, padW: 1 }));
+  return s.own(new s.native.Conv2dPlan({ device: s.ctx.device, dtype: 'f32', n: 1, h: 4, w: 4, c: 2, k: 3, kernelH: 3, kernelW: 3, padH: 1, padW: 1 }));
 }
 
 /** Wrong shapes, wrong dtypes, out-of-range labels and disposed objects. */

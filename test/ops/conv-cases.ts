@@ -34,20 +34,20 @@ interface ConvShape extends Conv2dGeometry {
 // Strides 1 and 2, padding 0/1/2/3, odd and non-square inputs, 1x1 and rectangular kernels,
 // batch 1, dilation 2, with and without bias.
 const CONV_SHAPES: ConvShape[] = [
-  { n: 2, h: 17, w: 17, c: 3, k: 8, r: 7, s: 7, strideH: 2, strideW: 2, padH: 3, padW: 3, bias: false },
-  { n: 2, h: 8, w: 8, c: 8, k: 16, r: 3, s: 3, padH: 1, padW: 1, bias: true },
-  { n: 1, h: 9, w: 7, c: 5, k: 6, r: 3, s: 3, strideH: 2, strideW: 2, padH: 1, padW: 1, bias: true },
-  { n: 2, h: 6, w: 6, c: 16, k: 8, r: 1, s: 1, bias: false },
-  { n: 2, h: 7, w: 7, c: 8, k: 16, r: 1, s: 1, strideH: 2, strideW: 2, bias: true },
-  { n: 1, h: 9, w: 9, c: 4, k: 4, r: 3, s: 3, padH: 2, padW: 2, dilationH: 2, dilationW: 2, bias: false },
-  { n: 3, h: 7, w: 6, c: 4, k: 5, r: 3, s: 1, strideH: 2, strideW: 1, padH: 1, padW: 0, bias: true },
+  { n: 2, h: 17, w: 17, c: 3, k: 8, kernelH: 7, kernelW: 7, strideH: 2, strideW: 2, padH: 3, padW: 3, bias: false },
+  { n: 2, h: 8, w: 8, c: 8, k: 16, kernelH: 3, kernelW: 3, padH: 1, padW: 1, bias: true },
+  { n: 1, h: 9, w: 7, c: 5, k: 6, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2, padH: 1, padW: 1, bias: true },
+  { n: 2, h: 6, w: 6, c: 16, k: 8, kernelH: 1, kernelW: 1, bias: false },
+  { n: 2, h: 7, w: 7, c: 8, k: 16, kernelH: 1, kernelW: 1, strideH: 2, strideW: 2, bias: true },
+  { n: 1, h: 9, w: 9, c: 4, k: 4, kernelH: 3, kernelW: 3, padH: 2, padW: 2, dilationH: 2, dilationW: 2, bias: false },
+  { n: 3, h: 7, w: 6, c: 4, k: 5, kernelH: 3, kernelW: 1, strideH: 2, strideW: 1, padH: 1, padW: 0, bias: true },
 ];
 
 function convLabel(shape: ConvShape): string {
   const g = resolveConv2d(shape);
   const pair = (a: number, b: number): string => (a === b ? `${a}` : `${a}x${b}`);
   return (
-    `x${fmtShape([g.n, g.h, g.w, g.c])} w${fmtShape([g.k, g.r, g.s, g.c])} s${pair(g.strideH, g.strideW)} ` +
+    `x${fmtShape([g.n, g.h, g.w, g.c])} w${fmtShape([g.k, g.kernelH, g.kernelW, g.c])} s${pair(g.strideH, g.strideW)} ` +
     `p${pair(g.padH, g.padW)}${g.dilationH !== 1 || g.dilationW !== 1 ? ` d${pair(g.dilationH, g.dilationW)}` : ''}` +
     (shape.bias ? ' bias' : '')
   );
@@ -80,7 +80,7 @@ function convForwardCase(shape: ConvShape, weightsInComputeDtype = false): OpCas
       session(ctx, 'conv2d.forward', convLabel(shape), (s) => {
         const g = resolveConv2d(shape);
         const x = s.q(s.rng.normals(g.n * g.h * g.w * g.c));
-        const master = masterWeights(s, g.k * g.r * g.s * g.c, g.r * g.s * g.c);
+        const master = masterWeights(s, g.k * g.kernelH * g.kernelW * g.c, g.kernelH * g.kernelW * g.c);
         const w = computeWeights(s, master);
         const bias = shape.bias ? s.q(s.rng.normals(g.k), 'f32') : undefined;
         const plan = convPlan(s, shape);
@@ -88,8 +88,8 @@ function convForwardCase(shape: ConvShape, weightsInComputeDtype = false): OpCas
         plan.forward({
           x: s.tensor([g.n, g.h, g.w, g.c], ctx.dtype, x),
           weight: weightsInComputeDtype
-            ? s.tensor([g.k, g.r, g.s, g.c], ctx.dtype, w)
-            : s.tensor([g.k, g.r, g.s, g.c], 'f32', master),
+            ? s.tensor([g.k, g.kernelH, g.kernelW, g.c], ctx.dtype, w)
+            : s.tensor([g.k, g.kernelH, g.kernelW, g.c], 'f32', master),
           ...(bias ? { bias: s.tensor([g.k], 'f32', bias) } : {}),
           y,
         });
@@ -106,13 +106,13 @@ function convBackwardDataCase(shape: ConvShape): OpCase {
       session(ctx, 'conv2d.backwardData', convLabel(shape), (s) => {
         const g = resolveConv2d(shape);
         const dy = s.q(s.rng.normals(g.n * g.outH * g.outW * g.k));
-        const master = masterWeights(s, g.k * g.r * g.s * g.c, g.k * g.r * g.s);
+        const master = masterWeights(s, g.k * g.kernelH * g.kernelW * g.c, g.k * g.kernelH * g.kernelW);
         const plan = convPlan(s, shape);
         // Poisoned: dx is overwritten, including the elements no window reads (1x1 stride 2).
         const dx = s.poisoned([g.n, g.h, g.w, g.c]);
         plan.backwardData({
           dy: s.tensor([g.n, g.outH, g.outW, g.k], ctx.dtype, dy),
-          weight: s.tensor([g.k, g.r, g.s, g.c], 'f32', master),
+          weight: s.tensor([g.k, g.kernelH, g.kernelW, g.c], 'f32', master),
           dx,
         });
         s.check('dx', s.read(dx), conv2dBackwardData(g, dy, computeWeights(s, master)), tolerance(ctx.dtype));
@@ -130,7 +130,7 @@ function convBackwardWeightsCase(shape: ConvShape): OpCase {
         const x = s.q(s.rng.normals(g.n * g.h * g.w * g.c));
         const dy = s.q(s.rng.normals(g.n * g.outH * g.outW * g.k));
         const ref = conv2dBackwardWeights(g, x, dy);
-        const wShape = [g.k, g.r, g.s, g.c];
+        const wShape = [g.k, g.kernelH, g.kernelW, g.c];
         // Gradients accumulate (+=): start from values of the gradient's own magnitude.
         const wBefore = s.q(s.rng.normals(ref.dWeight.length, 0, rms(ref.dWeight)), 'f32');
         const bBefore = s.q(s.rng.normals(g.k, 0, rms(ref.dBias)), 'f32');

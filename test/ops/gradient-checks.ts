@@ -53,7 +53,7 @@ function convCheck(name: string, geometry: Conv2dGeometry): GradientCheck {
       const rng = new Rng(seed);
       const g = resolveConv2d(geometry);
       const x = rng.normals(g.n * g.h * g.w * g.c);
-      const w = rng.normals(g.k * g.r * g.s * g.c);
+      const w = rng.normals(g.k * g.kernelH * g.kernelW * g.c);
       const b = rng.normals(g.k);
       const dy = rng.normals(g.n * g.outH * g.outW * g.k);
       const loss = (): number => dot(conv2dForward(g, x, w, b), dy);
@@ -83,10 +83,10 @@ function poolCheck(kind: 'max' | 'avg', name: string, geometry: Pool2dGeometry):
 
 /** Every reference backward against finite differences, on tiny shapes. */
 export const gradientChecks: GradientCheck[] = [
-  convCheck('3x3 stride 2 pad 1', { n: 1, h: 5, w: 5, c: 2, k: 3, r: 3, s: 3, strideH: 2, strideW: 2, padH: 1, padW: 1 }),
-  convCheck('3x3 dilation 2 pad 2', { n: 2, h: 5, w: 6, c: 2, k: 2, r: 3, s: 3, padH: 2, padW: 2, dilationH: 2, dilationW: 2 }),
-  convCheck('7x7 stride 2 pad 3', { n: 1, h: 7, w: 7, c: 1, k: 2, r: 7, s: 7, strideH: 2, strideW: 2, padH: 3, padW: 3 }),
-  convCheck('1x3 stride 2x1', { n: 1, h: 4, w: 5, c: 3, k: 2, r: 1, s: 3, strideH: 2, strideW: 1, padH: 0, padW: 1 }),
+  convCheck('3x3 stride 2 pad 1', { n: 1, h: 5, w: 5, c: 2, k: 3, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2, padH: 1, padW: 1 }),
+  convCheck('3x3 dilation 2 pad 2', { n: 2, h: 5, w: 6, c: 2, k: 2, kernelH: 3, kernelW: 3, padH: 2, padW: 2, dilationH: 2, dilationW: 2 }),
+  convCheck('7x7 stride 2 pad 3', { n: 1, h: 7, w: 7, c: 1, k: 2, kernelH: 7, kernelW: 7, strideH: 2, strideW: 2, padH: 3, padW: 3 }),
+  convCheck('1x3 stride 2x1', { n: 1, h: 4, w: 5, c: 3, k: 2, kernelH: 1, kernelW: 3, strideH: 2, strideW: 1, padH: 0, padW: 1 }),
   {
     name: 'linear',
     run: ({ seed }) => {

@@ -22,8 +22,8 @@ export function resolveConv2d(g: Conv2dGeometry): ResolvedConv2d {
   const padW = g.padW ?? 0;
   const dilationH = g.dilationH ?? 1;
   const dilationW = g.dilationW ?? 1;
-  const outH = Math.floor((g.h + 2 * padH - dilationH * (g.r - 1) - 1) / strideH) + 1;
-  const outW = Math.floor((g.w + 2 * padW - dilationW * (g.s - 1) - 1) / strideW) + 1;
+  const outH = Math.floor((g.h + 2 * padH - dilationH * (g.kernelH - 1) - 1) / strideH) + 1;
+  const outW = Math.floor((g.w + 2 * padW - dilationW * (g.kernelW - 1) - 1) / strideW) + 1;
   return { ...g, strideH, strideW, padH, padW, dilationH, dilationW, outH, outW };
 }
 
@@ -38,13 +38,13 @@ function forEachTap(
       for (let ow = 0; ow < g.outW; ++ow) {
         for (let k = 0; k < g.k; ++k) {
           const yIndex = ((n * g.outH + oh) * g.outW + ow) * g.k + k;
-          for (let r = 0; r < g.r; ++r) {
+          for (let r = 0; r < g.kernelH; ++r) {
             const ih = oh * g.strideH - g.padH + r * g.dilationH;
             if (ih < 0 || ih >= g.h) continue;
-            for (let s = 0; s < g.s; ++s) {
+            for (let s = 0; s < g.kernelW; ++s) {
               const iw = ow * g.strideW - g.padW + s * g.dilationW;
               if (iw < 0 || iw >= g.w) continue;
-              body(yIndex, ((n * g.h + ih) * g.w + iw) * g.c, ((k * g.r + r) * g.s + s) * g.c);
+              body(yIndex, ((n * g.h + ih) * g.w + iw) * g.c, ((k * g.kernelH + r) * g.kernelW + s) * g.c);
             }
           }
         }
@@ -89,7 +89,7 @@ export function conv2dBackwardWeights(
   dy: ArrayLike<number>,
 ): { dWeight: Float64Array; dBias: Float64Array } {
   const g = resolveConv2d(geometry);
-  const dWeight = new Float64Array(g.k * g.r * g.s * g.c);
+  const dWeight = new Float64Array(g.k * g.kernelH * g.kernelW * g.c);
   const dBias = new Float64Array(g.k);
   for (let i = 0; i < dy.length; ++i) dBias[i % g.k] = dBias[i % g.k]! + dy[i]!;
   forEachTap(g, (yi, xb, wb) => {

@@ -1,0 +1,626 @@
+#include "checked_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+
+#include "error.h"
+
+namespace rc {
+
+namespace {
+
+int64_t channels(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(t.rank() - 1); }
+
+void validateSameLayout(const Tensor& a, const Tensor& b, const char* op) {
+  checkDefined(a, op, "input");
+  checkDefined(b, op, "output");
+  checkSameDevice(a, b, op);
+  RC_CHECK_ARG(a.shape() == b.shape() && a.dtype() == b.dtype(),
+               op << ": tensors must match in shape and dtype, got " << a.describe() << " and "
+                  << b.describe());
+}
+
+// cuDNN, cuBLAS and our pooling kernels take sizes as 32-bit ints, so every backend keeps to them;
+// checked before any size is computed from them, which then cannot overflow 64 bits.
+constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+
+void checkDims(std::initializer_list<int64_t> dims, const char* op, const std::string& params) {
+  for (int64_t d : dims) {
+    RC_CHECK_ARG(d <= kMaxDim, op << ": every size must be at most " << kMaxDim << " (the libraries' 32-bit limit): "
+                                  << params);
+  }
+}
+
+// An activation plane (H*W) and one sample (H*W*C) are indexed with 32 bits by the kernels.
+void checkPlane(int64_t h, int64_t w, int64_t c, const char* op, const std::string& params) {
+  RC_CHECK_ARG(h * w * c <= kMaxDim, op << ": an input sample of " << h << "x" << w << "x" << c
+                                        << " exceeds the libraries' 32-bit limit: " << params);
+}
+
+void validateConv2dParams(const Conv2dParams& p) {
+  const char* op = "conv2d";
+  RC_CHECK_ARG(p.n > 0 && p.h > 0 && p.w > 0 && p.c > 0 && p.k > 0 && p.kernelH > 0 && p.kernelW > 0,
+               op << ": all sizes must be positive: " << p.str());
+  RC_CHECK_ARG(p.strideH > 0 && p.strideW > 0 && p.dilationH > 0 && p.dilationW > 0 && p.padH >= 0 &&
+                   p.padW >= 0,
+               op << ": stride and dilation must be positive and padding non-negative: " << p.str());
+  checkDims({p.n, p.h, p.w, p.c, p.k, p.kernelH, p.kernelW, p.strideH, p.strideW, p.padH, p.padW, p.dilationH, p.dilationW}, op,
+            p.str());
+  checkPlane(p.h, p.w, p.c, op, p.str());
+  RC_CHECK_ARG(p.k * p.kernelH * p.kernelW * p.c <= kMaxDim, op << ": the filter exceeds the libraries' 32-bit limit: " << p.str());
+  RC_CHECK_ARG(p.outH() > 0 && p.outW() > 0, op << ": the kernel does not fit the padded input: " << p.str());
+  checkPlane(p.outH(), p.outW(), p.k, op, p.str());
+  RC_CHECK_ARG(isFloating(p.dtype), op << ": dtype must be floating point, got " << dtypeName(p.dtype));
+}
+
+void validateLinearParams(const LinearParams& p) {
+  const char* op = "linear";
+  RC_CHECK_ARG(p.n > 0 && p.in > 0 && p.out > 0, op << ": all sizes must be positive: " << p.str());
+  checkDims({p.n, p.in, p.out}, op, p.str());
+  RC_CHECK_ARG(isFloating(p.dtype), op << ": dtype must be floating point, got " << dtypeName(p.dtype));
+}
+
+void validatePool2dParams(const Pool2dParams& p) {
+  const char* op = "pool2d";
+  RC_CHECK_ARG(p.n > 0 && p.h > 0 && p.w > 0 && p.c > 0 && p.kernelH > 0 && p.kernelW > 0 && p.strideH > 0 &&
+                   p.strideW > 0 && p.padH >= 0 && p.padW >= 0,
+               op << ": sizes and strides must be positive and padding non-negative: " << p.str());
+  checkDims({p.n, p.h, p.w, p.c, p.kernelH, p.kernelW, p.strideH, p.strideW, p.padH, p.padW}, op, p.str());
+  checkPlane(p.h, p.w, p.c, op, p.str());
+  RC_CHECK_ARG(p.padH * 2 <= p.kernelH && p.padW * 2 <= p.kernelW,
+               op << ": padding must be at most half the kernel: " << p.str());
+  RC_CHECK_ARG(p.outH() > 0 && p.outW() > 0, op << ": the kernel does not fit the padded input: " << p.str());
+  RC_CHECK_ARG(isFloating(p.dtype), op << ": dtype must be floating point, got " << dtypeName(p.dtype));
+}
+
+void validateBatchNormForward(const BatchNormForwardArgs& a) {
+  const char* op = "batchnorm forward";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()), op << ": x must be floating point, got " << a.x.describe());
+  validateSameLayout(a.x, a.y, op);
+  if (a.residual.defined()) validateSameLayout(a.x, a.residual, op);
+  const Shape c{channels(a.x)};
+  for (const Tensor* t : {&a.gamma, &a.beta, &a.runningMean, &a.runningVar}) {
+    checkDType(*t, DType::F32, op, "gamma, beta and running statistics");
+    checkShape(*t, c, op, "gamma, beta and running statistics");
+  }
+  if (a.training) {
+    checkShape(a.saveMean, c, op, "saveMean");
+    checkShape(a.saveInvStd, c, op, "saveInvStd");
+    RC_CHECK_ARG(a.x.numel() / c[0] > 1,
+                 op << ": training needs more than one value per channel, got " << a.x.describe());
+  }
+}
+
+void validateBatchNormBackward(const BatchNormBackwardArgs& a) {
+  const char* op = "batchnorm backward";
+  checkDefined(a.x, op, "x");
+  validateSameLayout(a.x, a.dy, op);
+  validateSameLayout(a.x, a.dx, op);
+  if (a.relu) validateSameLayout(a.x, a.y, op);
+  if (a.dResidual.defined()) validateSameLayout(a.x, a.dResidual, op);
+  const Shape c{channels(a.x)};
+  for (const Tensor* t : {&a.gamma, &a.saveMean, &a.saveInvStd, &a.dGamma, &a.dBeta}) {
+    checkDType(*t, DType::F32, op, "gamma, saved statistics and their gradients");
+    checkShape(*t, c, op, "gamma, saved statistics and their gradients");
+  }
+}
+
+void validateCrossEntropy(const CrossEntropyArgs& a) {
+  const char* op = "cross entropy";
+  checkDefined(a.logits, op, "logits");
+  RC_CHECK_ARG(a.logits.rank() == 2 && isFloating(a.logits.dtype()),
+               op << ": logits must be a floating [N, K] tensor, got " << a.logits.describe());
+  checkDType(a.labels, DType::I32, op, "labels");
+  checkShape(a.labels, Shape{a.logits.dim(0)}, op, "labels");
+  checkDType(a.loss, DType::F32, op, "loss");
+  checkShape(a.loss, Shape{1}, op, "loss");
+  if (a.dLogits.defined()) validateSameLayout(a.logits, a.dLogits, op);
+  RC_CHECK_ARG(a.labelSmoothing >= 0.0f && a.labelSmoothing <= 1.0f,
+               op << ": labelSmoothing must be in [0, 1], got " << a.labelSmoothing);
+}
+
+// Segments must lie inside an arena of `numel` elements and not overlap (each parameter appears
+// once); `groups` < 0 means the op has no groups and ignores the group field.
+void validateSegments(const std::vector<ArenaSegment>& segments, int64_t numel, int64_t groups, const char* op) {
+  for (const auto& s : segments) {
+    RC_CHECK_ARG(s.offset >= 0 && s.count >= 0 && s.offset + s.count <= numel,
+                 op << ": segment [" << s.offset << ", +" << s.count << ") is outside the arena of " << numel);
+    RC_CHECK_ARG(groups < 0 || (s.group >= 0 && s.group < groups),
+                 op << ": segment names group " << s.group << " of " << groups);
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const auto& s : segments) ranges.emplace_back(s.offset, s.offset + s.count);
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    RC_CHECK_ARG(ranges[i].first >= ranges[i - 1].second,
+                 op << ": segments overlap at element " << ranges[i].first << "; each parameter may appear once");
+  }
+}
+
+void validateFlag(const Tensor& t, DType dtype, const char* op, const char* what) {
+  checkDType(t, dtype, op, what);
+  checkShape(t, Shape{1}, op, what);
+}
+
+// The optional found-inf flag of the optimizer and norm ops: f32[1].
+void validateOptionalFoundInf(const Tensor& flag, const char* op) {
+  if (flag.defined()) validateFlag(flag, DType::F32, op, "foundInf");
+}
+
+void validateArenaTensor(const Tensor& t, const Tensor& params, const char* op, const char* what) {
+  checkDType(t, DType::F32, op, what);
+  RC_CHECK_ARG(t.numel() == params.numel(),
+               op << ": " << what << " " << t.describe() << " does not match params " << params.describe());
+}
+
+void validateSgd(const SgdArgs& a) {
+  const char* op = "sgd step";
+  checkDType(a.params, DType::F32, op, "params");
+  validateArenaTensor(a.grads, a.params, op, "grads");
+  bool needsMomentum = false;
+  for (const auto& g : a.groups) needsMomentum = needsMomentum || g.momentum != 0.0f;
+  if (needsMomentum) validateArenaTensor(a.momentumBuffer, a.params, op, "momentumBuffer");
+  validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
+  validateOptionalFoundInf(a.foundInf, op);
+}
+
+void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
+  checkDType(a.params, DType::F32, op, "params");
+  validateArenaTensor(a.grads, a.params, op, "grads");
+  validateArenaTensor(a.expAvg, a.params, op, "expAvg");
+  validateArenaTensor(a.expAvgSq, a.params, op, "expAvgSq");
+  RC_CHECK_ARG(a.step >= 1, op << ": step must be at least 1 (the first step is 1), got " << a.step);
+  for (size_t i = 0; i < a.groups.size(); ++i) {
+    const AdamGroup& g = a.groups[i];
+    RC_CHECK_ARG(g.lr >= 0.0f && g.eps >= 0.0f && g.weightDecay >= 0.0f && g.beta1 >= 0.0f && g.beta1 < 1.0f &&
+                     g.beta2 >= 0.0f && g.beta2 < 1.0f,
+                 op << ": group " << i << " needs lr, eps, weightDecay >= 0 and betas in [0, 1), got lr=" << g.lr
+                    << " betas=(" << g.beta1 << ", " << g.beta2 << ") eps=" << g.eps
+                    << " weightDecay=" << g.weightDecay);
+  }
+  validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
+  validateOptionalFoundInf(a.foundInf, op);
+}
+
+void validateGradNorm(const GradNormArgs& a) {
+  const char* op = "grad norm";
+  checkDType(a.grads, DType::F32, op, "grads");
+  validateFlag(a.out, DType::F32, op, "out");
+  validateOptionalFoundInf(a.foundInf, op);
+  validateSegments(a.segments, a.grads.numel(), -1, op);
+}
+
+void validateUnscale(const UnscaleArgs& a) {
+  const char* op = "unscale and check";
+  checkDType(a.grads, DType::F32, op, "grads");
+  validateFlag(a.foundInf, DType::F32, op, "foundInf");
+  validateSegments(a.segments, a.grads.numel(), -1, op);
+}
+
+void validateClipGradNorm(const ClipGradNormArgs& a) {
+  const char* op = "clip grad norm";
+  checkDType(a.grads, DType::F32, op, "grads");
+  validateFlag(a.norm, DType::F32, op, "norm");
+  RC_CHECK_ARG(std::isfinite(a.maxNorm) && a.maxNorm >= 0.0f, op << ": maxNorm must be finite and >= 0, got " << a.maxNorm);
+  validateSegments(a.segments, a.grads.numel(), -1, op);
+}
+
+void validateScalerUpdate(const ScalerUpdateArgs& a) {
+  const char* op = "scaler update";
+  validateFlag(a.scale, DType::F32, op, "scale");
+  validateFlag(a.growthTracker, DType::I32, op, "growthTracker");
+  validateFlag(a.foundInf, DType::F32, op, "foundInf");
+  RC_CHECK_ARG(std::isfinite(a.growthFactor) && std::isfinite(a.backoffFactor) && a.growthFactor > 0.0f &&
+                   a.backoffFactor > 0.0f,
+               op << ": growthFactor and backoffFactor must be positive, got " << a.growthFactor << " and "
+                  << a.backoffFactor);
+  RC_CHECK_ARG(a.growthInterval >= 1 && a.growthInterval <= INT32_MAX,
+               op << ": growthInterval must be a positive 32-bit integer, got " << a.growthInterval);
+}
+
+void validateLerp(const LerpArgs& a) {
+  const char* op = "lerp";
+  checkDType(a.a, DType::F32, op, "a");
+  checkDType(a.b, DType::F32, op, "b");
+  RC_CHECK_ARG(a.a.numel() == a.b.numel(),
+               op << ": a " << a.a.describe() << " and b " << a.b.describe() << " differ in element count");
+  RC_CHECK_ARG(std::isfinite(a.weight) && a.weight >= 0.0f && a.weight <= 1.0f,
+               op << ": weight must be finite and in [0, 1], got " << a.weight);
+}
+
+void validateConvertInput(const ConvertInputArgs& a) {
+  const char* op = "convert input";
+  checkDType(a.src, DType::U8, op, "src");
+  RC_CHECK_ARG(a.src.rank() == 4, op << ": src must be u8[N,H,W,C], got " << a.src.describe());
+  checkShape(a.dst, a.src.shape(), op, "dst");
+  RC_CHECK_ARG(isFloating(a.dst.dtype()), op << ": dst must be floating point, got " << a.dst.describe());
+  const size_t c = static_cast<size_t>(a.src.dim(3));
+  RC_CHECK_ARG(a.mean.size() == c && a.std.size() == c,
+               op << ": mean and std need " << c << " values each, got " << a.mean.size() << " and "
+                  << a.std.size());
+  for (float s : a.std) RC_CHECK_ARG(s > 0.0f, op << ": std values must be positive, got " << s);
+  if (a.flip.defined()) {
+    checkDType(a.flip, DType::U8, op, "flip");
+    checkShape(a.flip, Shape{a.src.dim(0)}, op, "flip");
+  }
+}
+
+void validateElementwise(std::initializer_list<const Tensor*> tensors, const char* op) {
+  const Tensor& first = **tensors.begin();
+  checkDefined(first, op, "input");
+  RC_CHECK_ARG(isFloating(first.dtype()), op << ": expected a floating-point tensor, got " << first.describe());
+  for (const Tensor* t : tensors) validateSameLayout(first, *t, op);
+}
+
+void validateCast(const Tensor& src, const Tensor& dst) {
+  const char* op = "cast";
+  checkDefined(src, op, "src");
+  checkDefined(dst, op, "dst");
+  RC_CHECK_ARG(src.shape() == dst.shape(), op << ": shapes differ: " << src.describe() << " and " << dst.describe());
+  RC_CHECK_ARG(src.dtype() == dst.dtype() || (isFloating(src.dtype()) && isFloating(dst.dtype())),
+               op << ": converts between floating-point types only, got " << src.describe() << " and "
+                  << dst.describe());
+}
+
+// The range a fill value must lie in for `dtype`: integers must be integral and representable;
+// floats may be NaN or infinite, but a finite value must not overflow to infinity.
+void validateFill(const Tensor& t, double value) {
+  const char* op = "fill";
+  checkDefined(t, op, "tensor");
+  const auto fits = [&](double lo, double hi) { return value >= lo && value <= hi; };
+  switch (t.dtype()) {
+    case DType::U8:
+    case DType::I32:
+    case DType::I64: {
+      const double lo = t.dtype() == DType::U8 ? 0.0 : t.dtype() == DType::I32 ? -2147483648.0 : -9223372036854775808.0;
+      const double hi = t.dtype() == DType::U8 ? 255.0 : t.dtype() == DType::I32 ? 2147483647.0 : 9223372036854774784.0;
+      RC_CHECK_ARG(std::trunc(value) == value && fits(lo, hi),
+                   op << ": value " << value << " is not an integer in the range of " << dtypeName(t.dtype()) << " ["
+                      << lo << ", " << hi << "]");
+      return;
+    }
+    default: {
+      const double max = t.dtype() == DType::F16 ? 65504.0 : std::numeric_limits<float>::max();
+      RC_CHECK_ARG(!std::isfinite(value) || fits(-max, max),
+                   op << ": value " << value << " overflows " << dtypeName(t.dtype()) << " (largest finite " << max
+                      << ")");
+    }
+  }
+}
+
+void validateHostCopy(const Tensor& t, size_t bytes, const char* op) {
+  checkDefined(t, op, "tensor");
+  RC_CHECK_ARG(bytes == t.nbytes(), op << ": a host buffer of " << bytes << " bytes does not match " << t.describe()
+                                       << " (" << t.nbytes() << " bytes)");
+}
+
+// The tensors of one plan call: shapes from the plan's parameters, activations in its dtype,
+// weights in f32 or its dtype, parameter gradients and bias in f32.
+struct PlanTensors {
+  const char* op;
+  DType dtype;
+
+  void activation(const Tensor& t, const Shape& shape, const char* what) const {
+    checkShape(t, shape, op, what);
+    checkDType(t, dtype, op, what);
+  }
+
+  void weight(const Tensor& t, const Shape& shape) const {
+    checkShape(t, shape, op, "weight");
+    RC_CHECK_ARG(t.dtype() == DType::F32 || t.dtype() == dtype,
+                 op << ": weight must be f32 or " << dtypeName(dtype) << ", got " << t.describe());
+  }
+
+  void master(const Tensor& t, const Shape& shape, const char* what) const {
+    checkShape(t, shape, op, what);
+    checkDType(t, DType::F32, op, what);
+  }
+
+  void bias(const Tensor& t, bool planHasBias, int64_t size, const char* what) const {
+    if (planHasBias) {
+      master(t, Shape{size}, what);
+    } else {
+      RC_CHECK_ARG(!t.defined(), op << ": this plan was created without a bias, but " << what << " was given");
+    }
+  }
+};
+
+// Every defined tensor of a call must be on the backend's device.
+void checkOnDevice(std::initializer_list<const Tensor*> tensors, Device device, const char* op) {
+  for (const Tensor* t : tensors) {
+    RC_CHECK_ARG(!t->defined() || t->device() == device,
+                 op << ": tensors are on different devices: " << t->describe() << " is not on " << device.str());
+  }
+}
+
+// A conv2d or linear plan: y = x W^T (+ b) over shapes fixed at creation.
+struct WeightedShapes {
+  Shape x, y, weight;
+  int64_t biasSize;
+  bool bias;
+  DType dtype;
+};
+
+WeightedShapes shapesOf(const Conv2dParams& p) {
+  return {{p.n, p.h, p.w, p.c}, {p.n, p.outH(), p.outW(), p.k}, {p.k, p.kernelH, p.kernelW, p.c}, p.k, p.bias, p.dtype};
+}
+
+WeightedShapes shapesOf(const LinearParams& p) {
+  return {{p.n, p.in}, {p.n, p.out}, {p.out, p.in}, p.out, p.bias, p.dtype};
+}
+
+// Checks every call of a conv2d or linear plan against its shapes, then runs the backend's plan.
+template <typename Plan>
+class CheckedWeightedPlan : public Plan {
+ public:
+  CheckedWeightedPlan(std::unique_ptr<Plan> plan, WeightedShapes shapes, Device device, const char* name)
+      : plan_(std::move(plan)), s_(std::move(shapes)), device_(device), name_(name) {}
+
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
+    const PlanTensors t = tensors("forward");
+    t.activation(x, s_.x, "x");
+    t.activation(y, s_.y, "y");
+    t.weight(weight, s_.weight);
+    t.bias(bias, s_.bias, s_.biasSize, "bias");
+    checkOnDevice({&x, &weight, &bias, &y}, device_, t.op);
+    plan_->forward(x, weight, bias, y);
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    const PlanTensors t = tensors("backward data");
+    t.activation(dy, s_.y, "dy");
+    t.activation(dx, s_.x, "dx");
+    t.weight(weight, s_.weight);
+    checkOnDevice({&dy, &weight, &dx}, device_, t.op);
+    plan_->backwardData(dy, weight, dx);
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
+    const PlanTensors t = tensors("backward weights");
+    t.activation(x, s_.x, "x");
+    t.activation(dy, s_.y, "dy");
+    t.master(dWeight, s_.weight, "dWeight");
+    t.bias(dBias, s_.bias, s_.biasSize, "dBias");
+    checkOnDevice({&x, &dy, &dWeight, &dBias}, device_, t.op);
+    plan_->backwardWeights(x, dy, dWeight, dBias);
+  }
+
+ protected:
+  Plan& plan() const { return *plan_; }
+
+ private:
+  PlanTensors tensors(const char* pass) {
+    op_ = std::string(name_) + " " + pass;
+    return PlanTensors{op_.c_str(), s_.dtype};
+  }
+
+  std::unique_ptr<Plan> plan_;
+  WeightedShapes s_;
+  Device device_;
+  const char* name_;
+  std::string op_;
+};
+
+class CheckedConv2dPlan final : public CheckedWeightedPlan<Conv2dPlan> {
+ public:
+  using CheckedWeightedPlan::CheckedWeightedPlan;
+  std::string implementation() const override { return plan().implementation(); }
+};
+
+using CheckedLinearPlan = CheckedWeightedPlan<LinearPlan>;
+
+class CheckedPool2dPlan final : public Pool2dPlan {
+ public:
+  CheckedPool2dPlan(std::unique_ptr<Pool2dPlan> plan, const Pool2dParams& p, Device device)
+      : plan_(std::move(plan)), x_{p.n, p.h, p.w, p.c}, y_{p.n, p.outH(), p.outW(), p.c}, dtype_(p.dtype), device_(device) {}
+
+  size_t workspaceBytes() const override { return plan_->workspaceBytes(); }
+
+  void forward(const Tensor& x, const Tensor& y, const Tensor& workspace) override {
+    check(x, y, workspace, "pool2d forward", "x", "y");
+    plan_->forward(x, y, workspace);
+  }
+
+  void backward(const Tensor& dy, const Tensor& dx, const Tensor& workspace) override {
+    check(dx, dy, workspace, "pool2d backward", "dx", "dy");
+    plan_->backward(dy, dx, workspace);
+  }
+
+ private:
+  void check(const Tensor& in, const Tensor& out, const Tensor& workspace, const char* op, const char* inName,
+             const char* outName) const {
+    const PlanTensors t{op, dtype_};
+    t.activation(in, x_, inName);
+    t.activation(out, y_, outName);
+    if (workspaceBytes() > 0) {
+      checkDefined(workspace, op, "workspace");
+      RC_CHECK_ARG(workspace.nbytes() >= workspaceBytes(),
+                   op << ": workspace needs " << workspaceBytes() << " bytes, got " << workspace.describe());
+    }
+    checkOnDevice({&in, &out, &workspace}, device_, op);
+  }
+
+  std::unique_ptr<Pool2dPlan> plan_;
+  Shape x_, y_;
+  DType dtype_;
+  Device device_;
+};
+
+class CheckedBackend final : public Backend {
+ public:
+  explicit CheckedBackend(std::unique_ptr<Backend> backend) : b_(std::move(backend)) {}
+
+  Device device() const override { return b_->device(); }
+  Allocator& allocator() override { return b_->allocator(); }
+  BackendInfo info() override { return b_->info(); }
+  bool supports(DType dtype) const override { return b_->supports(dtype); }
+
+  std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override {
+    validateConv2dParams(p);
+    return std::make_unique<CheckedConv2dPlan>(b_->createConv2d(p), shapesOf(p), device(), "conv2d");
+  }
+
+  std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override {
+    validateLinearParams(p);
+    return std::make_unique<CheckedLinearPlan>(b_->createLinear(p), shapesOf(p), device(), "linear");
+  }
+
+  std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override {
+    validatePool2dParams(p);
+    return std::make_unique<CheckedPool2dPlan>(b_->createPool2d(p), p, device());
+  }
+
+  void batchNormForward(const BatchNormForwardArgs& a) override {
+    validateBatchNormForward(a);
+    here({&a.x, &a.gamma, &a.beta, &a.residual, &a.y, &a.runningMean, &a.runningVar, &a.saveMean, &a.saveInvStd},
+         "batchnorm forward");
+    b_->batchNormForward(a);
+  }
+
+  void batchNormBackward(const BatchNormBackwardArgs& a) override {
+    validateBatchNormBackward(a);
+    here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.dx, &a.dGamma, &a.dBeta, &a.dResidual},
+         "batchnorm backward");
+    b_->batchNormBackward(a);
+  }
+
+  void relu(const Tensor& x, const Tensor& y) override {
+    validateElementwise({&x, &y}, "relu");
+    here({&x, &y}, "relu");
+    b_->relu(x, y);
+  }
+
+  void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override {
+    validateElementwise({&y, &dy, &dx}, "relu backward");
+    here({&y, &dy, &dx}, "relu backward");
+    b_->reluBackward(y, dy, dx);
+  }
+
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    validateElementwise({&a, &b, &out}, "add");
+    here({&a, &b, &out}, "add");
+    b_->add(a, b, out);
+  }
+
+  void cast(const Tensor& src, const Tensor& dst) override {
+    validateCast(src, dst);
+    here({&src, &dst}, "cast");
+    b_->cast(src, dst);
+  }
+
+  void fill(const Tensor& t, double value) override {
+    validateFill(t, value);
+    here({&t}, "fill");
+    b_->fill(t, value);
+  }
+
+  void crossEntropy(const CrossEntropyArgs& a) override {
+    validateCrossEntropy(a);
+    here({&a.logits, &a.labels, &a.loss, &a.dLogits}, "cross entropy");
+    b_->crossEntropy(a);
+  }
+
+  void sgdStep(const SgdArgs& a) override {
+    validateSgd(a);
+    here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf}, "sgd step");
+    b_->sgdStep(a);
+  }
+
+  void convertInput(const ConvertInputArgs& a) override {
+    validateConvertInput(a);
+    here({&a.src, &a.dst, &a.flip}, "convert input");
+    b_->convertInput(a);
+  }
+
+  void adamwStep(const AdamWArgs& a) override {
+    validateAdamW(a);
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, "adamw step");
+    b_->adamwStep(a);
+  }
+
+  void lambStep(const LambArgs& a) override {
+    validateAdamW(a, "lamb step");
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, "lamb step");
+    b_->lambStep(a);
+  }
+
+  void gradNorm(const GradNormArgs& a) override {
+    validateGradNorm(a);
+    here({&a.grads, &a.out, &a.foundInf}, "grad norm");
+    b_->gradNorm(a);
+  }
+
+  void unscaleAndCheck(const UnscaleArgs& a) override {
+    validateUnscale(a);
+    here({&a.grads, &a.foundInf}, "unscale and check");
+    b_->unscaleAndCheck(a);
+  }
+
+  void clipGradNorm(const ClipGradNormArgs& a) override {
+    validateClipGradNorm(a);
+    here({&a.grads, &a.norm}, "clip grad norm");
+    b_->clipGradNorm(a);
+  }
+
+  void scalerUpdate(const ScalerUpdateArgs& a) override {
+    validateScalerUpdate(a);
+    here({&a.scale, &a.growthTracker, &a.foundInf}, "scaler update");
+    b_->scalerUpdate(a);
+  }
+
+  void lerp(const LerpArgs& a) override {
+    validateLerp(a);
+    here({&a.a, &a.b}, "lerp");
+    b_->lerp(a);
+  }
+
+  void beginCapture() override { b_->beginCapture(); }
+  int64_t endCapture() override { return b_->endCapture(); }
+  void replay(int64_t graph) override { b_->replay(graph); }
+  void destroyGraph(int64_t graph) override { b_->destroyGraph(graph); }
+
+  std::string createUniqueId() override { return b_->createUniqueId(); }
+  std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
+                                                   double timeoutSeconds) override {
+    return b_->createCommunicator(uniqueId, rank, worldSize, timeoutSeconds);
+  }
+
+  void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
+    validateHostCopy(dst, bytes, "copy from host");
+    here({&dst}, "copy from host");
+    b_->copyFromHost(src, bytes, dst);
+  }
+
+  void copyToHost(const Tensor& src, void* dst, size_t bytes) override {
+    validateHostCopy(src, bytes, "copy to host");
+    here({&src}, "copy to host");
+    b_->copyToHost(src, dst, bytes);
+  }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    validateSameLayout(src, dst, "copy");
+    here({&src, &dst}, "copy");
+    b_->copy(src, dst);
+  }
+
+  void synchronize() override { b_->synchronize(); }
+
+ private:
+  void here(std::initializer_list<const Tensor*> tensors, const char* op) const {
+    checkOnDevice(tensors, device(), op);
+  }
+
+  std::unique_ptr<Backend> b_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> checkedBackend(std::unique_ptr<Backend> backend) {
+  return std::make_unique<CheckedBackend>(std::move(backend));
+}
+
+}  // namespace rc
