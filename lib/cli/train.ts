@@ -175,7 +175,7 @@ const SPEC: CommandSpec = {
   summary: 'Train a ResNet.',
   description:
     "Trains a ResNet like torchvision's references/classification/train.py. Without DATA it runs the demo: ResNet-18 on the built-in generated dataset (coloured shapes, 32 px, 4 classes), which reaches 95-100% validation accuracy in 100 steps (a few minutes on two CPU cores).\n\n" +
-    'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, summary.json and config.json (the options, re-runnable with --config). Ctrl-C stops after the current step and writes a checkpoint; a second Ctrl-C quits at once.',
+    'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, summary.json and config.json (every option the run reads, defaults included, re-runnable with --config). Ctrl-C (SIGINT), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP stop the run after the current step and write a checkpoint (exit codes 130, 143 and 129); a second signal while stopping quits at once.',
   positionals: [{ name: 'DATA', help: `The dataset folder. imagefolder: ${DATA_LAYOUTS.imagefolder}; cifar10, cifar100, mnist and fashion-mnist: their binary files; nothing for synthetic and shapes.`, configKey: 'data' }],
   options: OPTIONS,
   examples: [
