@@ -506,6 +506,10 @@ describe('train', () => {
     expect(run.stderr).toMatch(/^resnet-cuda train: out of memory: a batch of 1,000,000,000 images of 32x32 px needs 2861\.0 GiB for its pixels alone, more than this machine's \d+\.\d GiB\n/);
     expect(run.stderr).toMatch(/\nUse a smaller -b\/--batch-size; --accumulate K/);
     expect(existsSync(join(dir, 'huge-batch'))).toBe(false);
+    // The validation batches count too.
+    const val = await cli(['train', '-b', '100000', '--train-crop-size', '8', '--val-crop-size', '4096', '--val-resize-size', '4096', '--max-steps', '1', '-j', '0', '--output-dir', join(dir, 'huge-val')]);
+    expect(val.code).toBe(1);
+    expect(val.stderr).toMatch(/^resnet-cuda train: out of memory: a batch of 100,000 images of 4096x4096 px needs 4687\.5 GiB/);
   });
 
   it('trains on synthetic data without DATA', async () => {

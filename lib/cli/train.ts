@@ -522,7 +522,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     if (!a.quiet) io.stderr.write(`${text}\n`);
   };
   const device = checkDevice(a.device);
-  checkBatchMemory(a.batchSize, a.trainCropSize);
+  // The training and the validation loader each hold batches of this size.
+  checkBatchMemory(a.batchSize, Math.max(a.trainCropSize, a.valCropSize));
   if (resume !== undefined) {
     if (savedSeed !== undefined && a.seed !== undefined && a.seed !== savedSeed) {
       throw new UsageError(`--seed ${a.seed} differs from the resumed run's seed ${savedSeed}; an exact resume needs the same data order`, 'Drop --seed when resuming.');
