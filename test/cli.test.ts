@@ -6,7 +6,7 @@
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { availableParallelism, tmpdir } from 'node:os';
 import { gzipSync } from 'node:zlib';
 import { join } from 'node:path';
 import sharp from 'sharp';
@@ -291,6 +291,28 @@ describe('predict', () => {
     expect(out.images.at(-1).file).toBe(pngs[2]);
   });
 
+  it('prints the classes of every good file and a coded error line for each bad one, and exits with 1', async () => {
+    const empty = join(dir, 'zero.jpg');
+    writeFileSync(empty, '');
+    const garbage = join(dir, 'garbage.png');
+    writeFileSync(garbage, 'not an image');
+    const run = await cli(['predict', '--weights', weightsFile, '--topk', '2', pngs[0]!, empty, pngs[1]!, garbage]);
+    expect(run.code).toBe(1);
+    const lines = run.stdout.trimEnd().split('\n');
+    expect(lines).toHaveLength(6);
+    expect(lines[0]).toBe(pngs[0]!.slice(dir.length + 1));
+    expect(lines[3]).toBe(pngs[1]!.slice(dir.length + 1));
+    const errors = run.stderr.trimEnd().split('\n');
+    expect(errors).toHaveLength(2);
+    expect(errors[0]).toMatch(/^resnet-cuda predict: zero\.jpg: [A-Z][A-Z0-9_]+: /);
+    expect(errors[1]).toMatch(/^resnet-cuda predict: garbage\.png: [A-Z][A-Z0-9_]+: /);
+    const json = await cli(['predict', '--weights', weightsFile, '--json', empty, pngs[2]!]);
+    expect(json.code).toBe(1);
+    const out = JSON.parse(json.stdout);
+    expect(out.images.map((i: { file: string }) => i.file)).toEqual([pngs[2]]);
+    expect(out.failed).toEqual([expect.objectContaining({ file: empty, code: expect.stringMatching(/^[A-Z][A-Z0-9_]+$/) })]);
+  });
+
   it('rejects a missing image, a class file of the wrong length and a model that contradicts the file', async () => {
     const missing = await cli(['predict', '--weights', weightsFile, join(dir, 'nope.png')]);
     expect(missing.code).toBe(2);
@@ -341,6 +363,13 @@ describe('eval', () => {
     expect(text.code, text.stderr).toBe(0);
     expect(text.stdout).toMatch(/^loss \d+\.\d{4} {2}Acc@1 \d+\.\d\d% {2}Acc@5 100\.00% {2}\(8 images\)\n\n/);
     expect(text.stdout).toContain('weighted avg');
+  });
+
+  it('caps the workers by the CPU cores, with a warning', async () => {
+    const cores = availableParallelism();
+    const run = await cli(['eval', folder, '--weights', weightsFile, '--val-resize-size', '16', '--val-crop-size', '16', '-j', '1000', '--quiet']);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stderr).toBe(`warning: --workers 1000 is more than the ${cores} CPU core${cores === 1 ? '' : 's'} here; using ${cores}\n`);
   });
 });
 
@@ -414,10 +443,73 @@ describe('train', () => {
     expect(run.stderr).toMatch(/on the built-in dataset \(1600 training, 512 validation images, 16 px\)/);
     expect(run.stderr).toMatch(/sgd-nesterov lr 0\.01, cosineannealinglr after \d+ warm-up steps, 2 epochs of 400 steps, seed 1/);
     expect(run.stdout).toMatch(/^stopped after 0 epochs \(2 steps\)/);
+    // Stopped before any evaluation: no report, no charts, and the closing line names only what is there.
+    expect(run.stdout).toMatch(/\noutputs in demo: model\.safetensors, checkpoints\/, log\.jsonl\n$/);
     expect(readdirSync(join(out, 'checkpoints'))).toContain('step-00000002.safetensors');
     expect(existsSync(join(out, 'model.safetensors'))).toBe(true);
     expect(existsSync(join(out, 'tensorboard'))).toBe(false);
     expect(readdirSync(out).filter((f) => f.endsWith('.png'))).toEqual([]);
+  });
+
+  it('evaluates at the scale of a small training crop, records the resolved options, and eval keeps the run\'s precision', async () => {
+    const out = join(dir, 'bf16');
+    const run = await cli(['train', folder, '--epochs', '1', '-b', '8', '-j', '0', '--train-crop-size', '16', '--amp', 'bf16', '--seed', '5', '--output-dir', out, '--no-tensorboard']);
+    expect(run.code, run.stderr).toBe(0);
+    // torchvision's ratio: resize 256 for a 224 crop, so 18 for 16.
+    expect(run.stderr).toContain('input: training crop 16 px; validation resize 18 px and center crop 16 px');
+    expect(run.stderr).toMatch(/cpu, batch 8, amp bf16, sgd lr 0\.1/);
+    const config = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
+    expect(config).toMatchObject({
+      data: folder,
+      dataset: 'imagefolder',
+      model: 'resnet18',
+      numClasses: 4,
+      stem: 'small',
+      epochs: 1,
+      batchSize: 8,
+      workers: 0,
+      trainCropSize: 16,
+      valResizeSize: 18,
+      valCropSize: 16,
+      interpolation: 'bilinear',
+      amp: 'bf16',
+      opt: 'sgd',
+      lr: 0.1,
+      momentum: 0.9,
+      weightDecay: 1e-4,
+      lrScheduler: 'steplr',
+      lrStepSize: 30,
+      lrGamma: 0.1,
+      keepLast: 3,
+      seed: 5,
+    });
+    // Only the options this run reads: it is re-runnable with --config.
+    for (const unused of ['lrMin', 'lrPlateauPatience', 'lrWarmupMethod', 'modelEmaSteps', 'earlyStoppingMinDelta', 'outputDir', 'quiet']) expect(config, unused).not.toHaveProperty(unused);
+
+    const trained = /val loss (\d+\.\d{4}), acc@1 (\d+\.\d\d%)/.exec(run.stdout);
+    expect(trained, run.stdout).not.toBeNull();
+    const evaluated = await cli(['eval', '--checkpoint', out, '-b', '8', '-j', '0']);
+    expect(evaluated.code, evaluated.stderr).toBe(0);
+    expect(evaluated.stderr).toMatch(/resize 18, crop 16, cpu, amp bf16\n/);
+    expect(evaluated.stdout).toContain(`loss ${trained![1]}  Acc@1 ${trained![2]}`);
+    // Told otherwise, it evaluates in fp32.
+    const fp32 = await cli(['eval', '--checkpoint', out, '-b', '8', '-j', '0', '--amp', 'none']);
+    expect(fp32.stderr).toMatch(/resize 18, crop 16, cpu, fp32\n/);
+
+    const again = await cli(['train', '--config', join(out, 'config.json'), '--max-steps', '1', '--output-dir', join(dir, 'bf16-again'), '--quiet']);
+    expect(again.code, again.stderr).toBe(0);
+  });
+
+  it('refuses a batch that cannot fit in memory, with the size and what to try', async () => {
+    const run = await cli(['train', '-b', '1000000000', '--max-steps', '1', '-j', '0', '--output-dir', join(dir, 'huge-batch')]);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toMatch(/^resnet-cuda train: out of memory: a batch of 1,000,000,000 images of 32x32 px needs 2861\.0 GiB for its pixels alone, more than this machine's \d+\.\d GiB\n/);
+    expect(run.stderr).toMatch(/\nUse a smaller -b\/--batch-size; --accumulate K/);
+    expect(existsSync(join(dir, 'huge-batch'))).toBe(false);
+    // The validation batches count too.
+    const val = await cli(['train', '-b', '100000', '--train-crop-size', '8', '--val-crop-size', '4096', '--val-resize-size', '4096', '--max-steps', '1', '-j', '0', '--output-dir', join(dir, 'huge-val')]);
+    expect(val.code).toBe(1);
+    expect(val.stderr).toMatch(/^resnet-cuda train: out of memory: a batch of 100,000 images of 4096x4096 px needs 4687\.5 GiB/);
   });
 
   it('trains on synthetic data without DATA', async () => {

@@ -5,12 +5,14 @@
  * @packageDocumentation
  */
 import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { availableParallelism, totalmem } from 'node:os';
 import { readFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { CifarDataset } from '../data/cifar.js';
 import { IdxDataset } from '../data/idx.js';
 import { ImageFolder } from '../data/image-folder.js';
 import { ShapesDataset } from '../data/shapes-dataset.js';
+import { defaultWorkers } from '../data/loader.js';
 import { randomSplit } from '../data/split.js';
 import { SyntheticDataset } from '../data/synthetic.js';
 import { CenterCrop, Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize, type Interpolation, type Transform } from '../data/transforms.js';
@@ -88,6 +90,25 @@ export function datasetDefaults(kind: DatasetName): DatasetDefaults {
   }
 }
 
+/**
+ * The largest image size the options take: the generated datasets' limit, 16 times ImageNet's
+ * crop. A larger one would fail later, in the middle of the work, with a message about `size`.
+ */
+export const MAX_IMAGE_SIZE = 4096;
+
+/** An image-size option (`--train-crop-size`, `--crop`...): an integer from 8 to {@link MAX_IMAGE_SIZE} pixels. */
+export function imageSizeOption(name: string, help: string, defaultText: string, section: string): OptionSpec {
+  return { name, type: 'int', min: 8, max: MAX_IMAGE_SIZE, valueName: 'PX', defaultText, help, section };
+}
+
+/**
+ * The validation resize for a crop, in torchvision's ratio (resize 256 for crop 224), so that a
+ * model trained on small crops is evaluated on images of the scale it saw.
+ */
+export function valResizeFor(crop: number): number {
+  return Math.round((crop * 256) / 224);
+}
+
 /** Sizes and normalisation of a run's transforms. */
 export interface TransformSettings {
   trainCropSize: number;
@@ -145,6 +166,11 @@ export function checkDevice(device: string, option = '--device'): string {
     }
   }
   return canonical;
+}
+
+/** How the logs name a precision: `fp32`, `amp bf16`. */
+export function precisionText(amp: AmpName): string {
+  return amp === 'none' ? 'fp32' : `amp ${amp}`;
 }
 
 /** Rejects `--amp fp16` on the CPU, which has no fp16 kernels for training. */
@@ -386,7 +412,9 @@ export interface RunConfig {
   interpolation: Interpolation;
   mean: number[];
   std: number[];
-  /** The options of the run as given (camelCase keys), re-runnable with `--config`. */
+  /** The precision the run trained (and evaluated) in. */
+  amp: AmpName;
+  /** The options of the run, resolved (defaults included), re-runnable with `--config`. */
   options: Record<string, unknown>;
 }
 
@@ -409,6 +437,9 @@ export function partialRunConfig(value: unknown): Partial<RunConfig> {
     if (Array.isArray(a) && (a.length === 1 || a.length === 3) && a.every((x) => typeof x === 'number' && Number.isFinite(x))) out[key] = a as number[];
   }
   if (v.options !== null && typeof v.options === 'object' && !Array.isArray(v.options)) out.options = v.options as Record<string, unknown>;
+  // Runs recorded before the precision had its own field kept it among the options, when given.
+  const amp = v.amp ?? out.options?.amp ?? (out.options !== undefined ? 'none' : undefined);
+  if (typeof amp === 'string' && (AMP_NAMES as readonly string[]).includes(amp)) out.amp = amp as AmpName;
   return out;
 }
 
@@ -480,11 +511,46 @@ export const SHARED_OPTIONS = {
     default: 'none',
     help: 'Mixed precision: bf16 or fp16 activations over fp32 weights (fp16 needs CUDA and uses loss scaling).',
   },
-  workers: { name: 'workers', short: 'j', type: 'int', min: 0, valueName: 'N', defaultText: 'CPU cores - 1', help: 'Data-loading worker threads; 0 loads in the main thread.' },
+  workers: { name: 'workers', short: 'j', type: 'int', min: 0, valueName: 'N', defaultText: 'CPU cores - 1', help: 'Data-loading worker threads, at most one per CPU core; 0 loads in the main thread.' },
+  interpolation: { name: 'interpolation', type: 'choice', choices: ['bilinear', 'bicubic', 'nearest', 'lanczos'], help: 'Resampling of the resizes.' },
   json: { name: 'json', type: 'boolean', help: 'Print the result as JSON on stdout instead of text.' },
 } satisfies Record<string, OptionSpec>;
 
 /** The name a file is shown by in output: relative to `cwd` when inside it. */
 export function displayPath(path: string, cwd: string): string {
   return path.startsWith(cwd + '/') ? path.slice(cwd.length + 1) : path === cwd ? '.' : path;
+}
+
+/**
+ * The data-loading workers for `requested` (the default when undefined): more threads than CPU
+ * cores only compete with each other and the training loop, so a larger count is capped, with a
+ * warning through `warn`.
+ */
+export function workerCount(requested: number | undefined, warn: (text: string) => void): number {
+  if (requested === undefined) return defaultWorkers();
+  const cores = availableParallelism();
+  if (requested <= cores) return requested;
+  warn(`warning: --workers ${requested} is more than the ${cores} CPU core${cores === 1 ? '' : 's'} here; using ${cores}`);
+  return cores;
+}
+
+/**
+ * Refuses a batch whose pixels alone (RGB bytes) would not fit in this machine's memory (the
+ * loader's buffers hold at least one batch), before anything is built, with the size and what to try.
+ * @throws {@link CliError} with code `ERR_RC_OUT_OF_MEMORY`.
+ */
+export function checkBatchMemory(batchSize: number, size: number): void {
+  const bytes = batchSize * size * size * 3;
+  const total = totalmem();
+  if (bytes <= total) return;
+  throw new CliError(
+    `out of memory: a batch of ${batchSize.toLocaleString('en-US')} images of ${size}x${size} px needs ${formatGiB(bytes)} for its pixels alone, ` +
+      `more than this machine's ${formatGiB(total)}`,
+    'Use a smaller -b/--batch-size; --accumulate K (train) keeps the effective batch with K smaller ones per step.',
+    'ERR_RC_OUT_OF_MEMORY',
+  );
+}
+
+function formatGiB(bytes: number): string {
+  return `${(bytes / 2 ** 30).toFixed(1)} GiB`;
 }

@@ -5,30 +5,37 @@
  */
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { DataLoader, defaultWorkers } from '../data/loader.js';
+import { DataLoader } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
-import { SGD } from '../optim/sgd.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
 import { plotConfusionMatrix, writePng } from '../train/outputs/plots.js';
-import { Trainer } from '../train/trainer.js';
 import {
   DATASET_NAMES,
   SHARED_OPTIONS,
-  ampOption,
-  checkAmp,
+  checkBatchMemory,
   checkDevice,
   datasetDefaults,
   displayPath,
   locateData,
   openEvalData,
   percent,
+  precisionText,
   valTransform,
+  workerCount,
   type AmpName,
   type DatasetName,
   type ModelName,
 } from './common.js';
-import { checkModelSource, loadModel, modelSourceOptions } from './inference.js';
-import { CliError, UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
+import { checkModelSource, inferencePrecision, inferenceTrainer, inputOptions, inputSettings, loadModel, modelSourceOptions } from './inference.js';
+import { CliError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
+
+const INPUT_NAMES = {
+  resize: 'val-resize-size',
+  crop: 'val-crop-size',
+  resizeDefault: "the run's, else 256 for imagefolder and the crop size for the small datasets",
+  cropDefault: "the run's, else 224 for imagefolder, 32 for CIFAR and the built-in dataset, 28 for MNIST",
+  batchSize: 64,
+};
 
 const SPEC: CommandSpec = {
   name: 'eval',
@@ -41,13 +48,8 @@ const SPEC: CommandSpec = {
   options: [
     ...modelSourceOptions('Model'),
     { name: 'dataset', type: 'choice', choices: DATASET_NAMES, valueName: 'KIND', defaultText: "the run's, else imagefolder with DATA and shapes without", help: 'What DATA holds.', section: 'Data' },
-    { name: 'val-resize-size', type: 'int', min: 8, valueName: 'PX', defaultText: "the run's, else 256 for imagefolder and the crop size for the small datasets", help: 'Resize of the smaller edge.', section: 'Data' },
-    { name: 'val-crop-size', type: 'int', min: 8, valueName: 'PX', defaultText: "the run's, else 224 for imagefolder, 32 for CIFAR and the built-in dataset, 28 for MNIST", help: 'Center crop size.', section: 'Data' },
-    { name: 'interpolation', type: 'choice', choices: ['bilinear', 'bicubic', 'nearest', 'lanczos'], defaultText: "the run's, else bilinear", help: 'Resampling of the resize.', section: 'Data' },
-    { name: 'batch-size', short: 'b', type: 'int', min: 1, default: 64, valueName: 'N', help: 'Images per batch.', section: 'Data' },
+    ...inputOptions(INPUT_NAMES, 'Data', 'Run'),
     { ...SHARED_OPTIONS.workers, section: 'Data' },
-    { ...SHARED_OPTIONS.device, section: 'Run' },
-    { ...SHARED_OPTIONS.amp, section: 'Run' },
     { name: 'output-dir', type: 'path', valueName: 'DIR', help: 'Also write confusion-matrix.png and classification-report.txt there.', section: 'Run' },
     { name: 'quiet', short: 'q', type: 'boolean', help: 'No progress line.', section: 'Run' },
     { ...SHARED_OPTIONS.json, section: 'Run' },
@@ -71,7 +73,7 @@ interface EvalArgs {
   batchSize: number;
   workers: number | undefined;
   device: string;
-  amp: AmpName;
+  amp: AmpName | undefined;
   outputDir: string | undefined;
   quiet: boolean;
   json: boolean;
@@ -82,14 +84,12 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const given = parsed.positionals[0];
   checkModelSource(a);
   if (given !== undefined) locateData(a.dataset ?? 'imagefolder', given, 'eval');
-  if (a.valCropSize !== undefined && a.valResizeSize !== undefined && a.valCropSize > a.valResizeSize) {
-    throw new UsageError(`--val-crop-size ${a.valCropSize} is larger than --val-resize-size ${a.valResizeSize}`);
-  }
   const device = checkDevice(a.device);
-  checkAmp(a.amp, device);
+  const workers = workerCount(a.workers, (text) => io.stderr.write(`${text}\n`));
 
   const loaded = await loadModel(a, device, io.cwd);
   const { config } = loaded;
+  const precision = inferencePrecision(a.amp, config.amp, device);
   // The data: as given; else the run's own (its DATA folder, or its generated data); else the built-in dataset.
   const fileKinds: DatasetName[] = ['imagefolder', 'cifar10', 'cifar100', 'mnist', 'fashion-mnist'];
   const runData = typeof config.options?.data === 'string' ? config.options.data : undefined;
@@ -99,15 +99,14 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const files = locateData(dataset, data, 'eval');
   const defaults = datasetDefaults(dataset);
   const sameData = config.dataset === dataset;
-  const valCropSize = a.valCropSize ?? (sameData ? config.valCropSize : undefined) ?? (a.valResizeSize !== undefined ? Math.min(a.valResizeSize, defaults.valCropSize) : defaults.valCropSize);
-  const settings = {
-    valResizeSize: a.valResizeSize ?? (sameData ? config.valResizeSize : undefined) ?? Math.max(valCropSize, defaults.valResizeSize),
-    valCropSize,
-    mean: (sameData ? config.mean : undefined) ?? defaults.mean,
-    std: (sameData ? config.std : undefined) ?? defaults.std,
-    interpolation: a.interpolation ?? config.interpolation ?? 'bilinear',
-  };
-  if (settings.valCropSize > settings.valResizeSize) throw new UsageError(`--val-crop-size ${settings.valCropSize} is larger than the resize ${settings.valResizeSize}`);
+  // The run's sizes and normalisation apply to its own kind of data only; its resampling to any.
+  const settings = inputSettings(
+    { resize: a.valResizeSize, crop: a.valCropSize, interpolation: a.interpolation },
+    sameData ? config : { ...(config.interpolation !== undefined ? { interpolation: config.interpolation } : {}) },
+    { resize: defaults.valResizeSize, crop: defaults.valCropSize, mean: defaults.mean, std: defaults.std },
+    INPUT_NAMES,
+  );
+  checkBatchMemory(a.batchSize, settings.valCropSize);
   const evalData = await openEvalData(files, {
     seed: sameData ? (config.seed ?? 0) : 0,
     size: (sameData ? config.trainCropSize : undefined) ?? settings.valCropSize,
@@ -118,28 +117,17 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     throw new CliError(`the data has ${evalData.classes.length} classes but the model only ${loaded.arch.numClasses}`, 'Evaluate on data with the classes the model was trained on.');
   }
   const classNames = loaded.classes ?? (evalData.classes.length === loaded.arch.numClasses ? [...evalData.classes] : undefined);
-  const notes: string[] = [];
+  const notes: string[] = precision.note !== undefined ? [precision.note] : [];
   if (loaded.classes && evalData.classes.length === loaded.classes.length && evalData.classes.some((c, i) => c !== loaded.classes![i])) {
     notes.push(`note: the data's class names differ from the run's; labels are matched by position (${evalData.classes.slice(0, 3).join(', ')}… vs ${loaded.classes.slice(0, 3).join(', ')}…)`);
   }
 
-  const loader = new DataLoader(evalData, { batchSize: a.batchSize, transform: valTransform(settings), workers: a.workers ?? defaultWorkers(), device });
-  const trainer = new Trainer({
-    model: loaded.model,
-    // The Trainer is built around an optimizer; evaluation never steps it.
-    optimizer: new SGD(loaded.model, { lr: 0 }),
-    device,
-    amp: ampOption(a.amp),
-    progress: a.quiet || a.json ? false : io.stderr,
-    tensorboard: false,
-    jsonLog: false,
-    plots: false,
-    ...(classNames ? { classNames } : {}),
-  });
+  const loader = new DataLoader(evalData, { batchSize: a.batchSize, transform: valTransform(settings), workers, device });
+  const trainer = inferenceTrainer(loaded.model, { device, amp: precision.amp, progress: a.quiet || a.json ? false : io.stderr, classNames });
   try {
     if (!a.quiet && !a.json) {
       io.stderr.write(`resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}\n`);
-      io.stderr.write(`on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}\n`);
+      io.stderr.write(`on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}, ${precisionText(precision.amp)}\n`);
       for (const note of notes) io.stderr.write(`${note}\n`);
     }
     const result = await trainer.evaluate(loader);
@@ -157,6 +145,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
         count: result.count,
         model: loaded.arch.model,
         numClasses: loaded.arch.numClasses,
+        amp: precision.amp,
         classes: classNames ?? null,
         confusion: result.confusion.toArray(),
         report: result.report,

@@ -7,22 +7,29 @@
  * @packageDocumentation
  */
 import { existsSync } from 'node:fs';
+import type { Interpolation } from '../data/transforms.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
+import { SGD } from '../optim/sgd.js';
 import { Trainer } from '../train/trainer.js';
 import {
   MODEL_NAMES,
+  SHARED_OPTIONS,
+  ampOption,
   architectureOf,
   buildModel,
+  checkAmp,
   displayPath,
+  imageSizeOption,
   partialRunConfig,
   readSafetensors,
   runConfigBeside,
+  type AmpName,
   type Architecture,
   type ModelName,
   type RunConfig,
 } from './common.js';
-import { CliError, UsageError, type OptionSpec } from './options.js';
+import { CliError, UsageError, type CliStream, type OptionSpec } from './options.js';
 
 /** The options that say which model to load, shared by `eval` and `predict`. */
 export function modelSourceOptions(section: string): OptionSpec[] {
@@ -106,4 +113,91 @@ export async function loadModel(
   model.loadStateDict(tensors);
   model.eval();
   return { model, arch: found, config, classes, source: what };
+}
+
+/** The names and help defaults of the input options of `eval` and `predict`, which differ. */
+export interface InputOptionNames {
+  resize: string;
+  crop: string;
+  resizeDefault: string;
+  cropDefault: string;
+  batchSize: number;
+}
+
+/**
+ * The options that shape the input of `eval` and `predict`: resize, crop, interpolation and batch
+ * size, then the device and the precision (by default the run's).
+ */
+export function inputOptions(names: InputOptionNames, section: string, runSection: string): OptionSpec[] {
+  return [
+    imageSizeOption(names.resize, 'Resize of the smaller edge.', names.resizeDefault, section),
+    imageSizeOption(names.crop, 'Center crop size.', names.cropDefault, section),
+    { ...SHARED_OPTIONS.interpolation, defaultText: "the run's, else bilinear", section },
+    { name: 'batch-size', short: 'b', type: 'int', min: 1, default: names.batchSize, valueName: 'N', help: 'Images per batch.', section },
+    { ...SHARED_OPTIONS.device, section: runSection },
+    { ...SHARED_OPTIONS.amp, default: undefined, defaultText: "the run's (as train evaluated), else none", section: runSection },
+  ];
+}
+
+/** What {@link inputSettings} resolves: the evaluation transform's settings. */
+export interface InputSettings {
+  valResizeSize: number;
+  valCropSize: number;
+  mean: number[];
+  std: number[];
+  interpolation: Interpolation;
+}
+
+/**
+ * The evaluation input pipeline: each setting as given, else the run's, else the fallback's (a
+ * given resize alone caps the fallback crop; a given crop alone raises the fallback resize).
+ * @throws {@link UsageError} when the crop is larger than the resize, naming the option given.
+ */
+export function inputSettings(
+  given: { resize: number | undefined; crop: number | undefined; interpolation: Interpolation | undefined },
+  run: Partial<RunConfig>,
+  fallback: { resize: number; crop: number; mean: number[]; std: number[] },
+  names: Pick<InputOptionNames, 'resize' | 'crop'>,
+): InputSettings {
+  const crop = given.crop ?? run.valCropSize ?? (given.resize !== undefined ? Math.min(given.resize, fallback.crop) : fallback.crop);
+  const resize = given.resize ?? run.valResizeSize ?? Math.max(crop, fallback.resize);
+  if (crop > resize) {
+    throw new UsageError(
+      given.crop !== undefined
+        ? `--${names.crop} ${crop} is larger than ${given.resize !== undefined ? `--${names.resize}` : "the run's resize"} ${resize}`
+        : `--${names.resize} ${resize} is smaller than the run's crop ${crop}`,
+    );
+  }
+  return { valResizeSize: resize, valCropSize: crop, mean: run.mean ?? fallback.mean, std: run.std ?? fallback.std, interpolation: given.interpolation ?? run.interpolation ?? 'bilinear' };
+}
+
+/**
+ * The precision of evaluation: `--amp` when given; else the run's, so that `eval` reports what
+ * `train` reported (except fp16 off CUDA, which falls back to fp32 with a note); else none.
+ */
+export function inferencePrecision(given: AmpName | undefined, run: AmpName | undefined, device: string): { amp: AmpName; note?: string } {
+  if (given !== undefined) {
+    checkAmp(given, device);
+    return { amp: given };
+  }
+  if (run === 'fp16' && !device.startsWith('cuda')) {
+    return { amp: 'none', note: `note: the run trained with --amp fp16, which needs CUDA; running in fp32 on ${device} (choose with --amp)` };
+  }
+  return { amp: run ?? 'none' };
+}
+
+/** A Trainer that only evaluates and predicts: no optimizer steps, no files. */
+export function inferenceTrainer(model: ResNet, o: { device: string; amp: AmpName; progress: CliStream | false; classNames?: readonly string[] | undefined }): Trainer {
+  return new Trainer({
+    model,
+    // The Trainer is built around an optimizer; evaluation never steps it.
+    optimizer: new SGD(model, { lr: 0 }),
+    device: o.device,
+    amp: ampOption(o.amp),
+    progress: o.progress,
+    tensorboard: false,
+    jsonLog: false,
+    plots: false,
+    ...(o.classNames ? { classNames: [...o.classNames] } : {}),
+  });
 }

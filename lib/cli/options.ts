@@ -56,10 +56,13 @@ export class UsageError extends Error {
 export class CliError extends Error {
   /** A second line suggesting what to do. */
   readonly hint: string | undefined;
-  constructor(message: string, hint?: string) {
+  /** The error code of the failure, when it is one the package names (`ERR_RC_OUT_OF_MEMORY`). */
+  readonly code: string | undefined;
+  constructor(message: string, hint?: string, code?: string) {
     super(message);
     this.name = 'CliError';
     this.hint = hint;
+    this.code = code;
   }
 }
 
@@ -241,19 +244,21 @@ function describeRange(option: OptionSpec): string {
 
 function checkNumber(option: OptionSpec, value: number, where: string): number {
   const integer = option.type === 'int' || option.type === 'ints';
+  // Integers past 2^53 are not exact (and no count, size or step number gets there).
+  const range = integer && option.max === undefined && Number.isInteger(value) && !Number.isSafeInteger(value) ? { ...option, max: Number.MAX_SAFE_INTEGER } : option;
   const bad =
     !Number.isFinite(value) ||
     (integer && !Number.isInteger(value)) ||
-    (option.min !== undefined && (option.exclusiveMin ? value <= option.min : value < option.min)) ||
-    (option.max !== undefined && value > option.max);
-  if (bad) throw new UsageError(`${where} expects ${describeRange(option)}, got ${JSON.stringify(value)}`);
+    (range.min !== undefined && (range.exclusiveMin ? value <= range.min : value < range.min)) ||
+    (range.max !== undefined && value > range.max);
+  if (bad) throw new UsageError(`${where} expects ${describeRange(range)}, got ${JSON.stringify(value)}`);
   return value;
 }
 
 function parseNumberText(option: OptionSpec, text: string, where: string): number {
   const trimmed = text.trim();
-  // Number('') is 0 and Number('0x10') is 16: accept only decimal notation.
-  if (!/^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(trimmed)) {
+  // Number('') is 0 and Number('0x10') is 16: accept only decimal notation; 1e400 is not finite.
+  if (!/^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$/.test(trimmed) || !Number.isFinite(Number(trimmed))) {
     throw new UsageError(`${where} expects ${describeRange(option)}, got '${text}'`);
   }
   return checkNumber(option, Number(trimmed), where);
@@ -344,8 +349,18 @@ export function requirePath(path: string, kind: 'file' | 'dir', what: string, hi
   if (kind === 'file' && isDir) throw new UsageError(`${what} '${path}' is a folder, not a file`, hint);
 }
 
+/**
+ * The flag of a parseArgs message as the user wrote it: parseArgs names an option that has a short
+ * form as `'-b, --batch-size'`, whichever form was typed.
+ */
+function typedFlag(message: string, args: readonly string[]): string {
+  const both = /'(-\w), (--[\w-]+)/.exec(message);
+  if (both) return args.includes(both[1]!) ? both[1]! : both[2]!;
+  return /'(--?[\w-]+)/.exec(message)?.[1] ?? 'an option';
+}
+
 /** Rewrites parseArgs's messages (several lines, generic) as one line naming the option. */
-function parseArgsMessage(error: Error & { code?: string }, options: readonly OptionSpec[]): UsageError {
+function parseArgsMessage(error: Error & { code?: string }, options: readonly OptionSpec[], args: readonly string[]): UsageError {
   const message = error.message;
   if (error.code === 'ERR_PARSE_ARGS_UNKNOWN_OPTION') {
     const flag = /'([^']+)'/.exec(message)?.[1] ?? message;
@@ -354,7 +369,7 @@ function parseArgsMessage(error: Error & { code?: string }, options: readonly Op
     return new UsageError(`unknown option '${flag}'${guess ? ` (did you mean '--${guess}'?)` : ''}`);
   }
   if (error.code === 'ERR_PARSE_ARGS_INVALID_OPTION_VALUE') {
-    const flag = /'(--?[\w-]+)/.exec(message)?.[1] ?? 'an option';
+    const flag = typedFlag(message, args);
     if (/argument missing/.test(message)) return new UsageError(`${flag} needs a value`);
     if (/does not take an argument/.test(message)) return new UsageError(`${flag} takes no value`);
     if (/ambiguous/.test(message)) return new UsageError(`${flag} needs a value; to pass one that starts with '-', write ${flag}=VALUE`);
@@ -382,10 +397,15 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
   if ((end === -1 ? argv : argv.slice(0, end)).some((a) => a === '--help' || a === '-h')) return 'help';
 
   // Flags that may come without a value (`--resume`): alone at the end, or before another option.
+  // A short option with `=` (`-b=VALUE`) means what its long form does (`--batch-size=VALUE`), as
+  // the hint for values that start with '-' says.
   const args = argv.map((arg, i) => {
     const option = options.find((o) => o.valueWhenBare !== undefined && (arg === `--${o.name}` || (o.aliases ?? []).some((a) => arg === `--${a}`)));
     const next = argv[i + 1];
-    return option && (next === undefined || next.startsWith('-')) ? `--${option.name}=${option.valueWhenBare}` : arg;
+    if (option && (next === undefined || next.startsWith('-'))) return `--${option.name}=${option.valueWhenBare}`;
+    const short = end !== -1 && i > end ? undefined : /^-(\w)=/.exec(arg)?.[1];
+    const named = short === undefined ? undefined : options.find((o) => o.short === short);
+    return named ? `--${named.name}${arg.slice(2)}` : arg;
   });
 
   const table: Record<string, { type: 'string' | 'boolean'; short?: string }> = {};
@@ -403,7 +423,7 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
   try {
     parsed = parseArgs({ args, options: table, strict: true, allowPositionals: true, tokens: true }) as typeof parsed;
   } catch (error) {
-    throw parseArgsMessage(error as Error & { code?: string }, options);
+    throw parseArgsMessage(error as Error & { code?: string }, options, args);
   }
 
   // Command-line values, converted; with an alias and its option both given, the later one wins.

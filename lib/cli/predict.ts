@@ -8,33 +8,39 @@ import { join } from 'node:path';
 import { compareCodePoints } from '../data/dataset.js';
 import { IMG_EXTENSIONS } from '../data/image-folder.js';
 import { ImageFiles } from '../data/image-files.js';
-import { DataLoader } from '../data/loader.js';
-import type { Interpolation } from '../data/transforms.js';
+import { DataLoader, DataLoaderError } from '../data/loader.js';
+import type { Compose, Interpolation } from '../data/transforms.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
-import { SGD } from '../optim/sgd.js';
-import { Trainer } from '../train/trainer.js';
-import { SHARED_OPTIONS, ampOption, checkAmp, checkDevice, displayPath, readClassNames, valTransform, type AmpName, type ModelName } from './common.js';
-import { checkModelSource, loadModel, modelSourceOptions } from './inference.js';
+import type { Trainer } from '../train/trainer.js';
+import { SHARED_OPTIONS, checkBatchMemory, checkDevice, displayPath, readClassNames, valTransform, type AmpName, type ModelName } from './common.js';
+import { checkModelSource, inferencePrecision, inferenceTrainer, inputOptions, inputSettings, loadModel, modelSourceOptions } from './inference.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
+
+const INPUT_NAMES = {
+  resize: 'resize',
+  crop: 'crop',
+  resizeDefault: "the run's validation resize, else 256 (32 for small-stem models)",
+  cropDefault: "the run's validation crop, else 224 (32 for small-stem models)",
+  batchSize: 32,
+};
+
+/** Files per data loader: a bad file costs at most this many files' work again. */
+const FILES_PER_PASS = 256;
 
 const SPEC: CommandSpec = {
   name: 'predict',
   summary: 'Classify images.',
   description:
     'Classifies image files (JPEG, PNG, WebP) and prints the --topk most likely classes of each with their probabilities. A folder stands for the images directly in it. ' +
-    'The resize, crop and normalisation are those the model was trained with when the checkpoint (or the run folder of the weights) records them.',
+    'The resize, crop and normalisation are those the model was trained with when the checkpoint (or the run folder of the weights) records them. ' +
+    'A file that cannot be read or decoded gets an error line (with its code) on stderr, the others their classes, and the exit code is then 1.',
   positionals: [{ name: 'IMAGE', help: 'Image files or folders of images.', variadic: true, required: true, configKey: 'images' }],
   options: [
     ...modelSourceOptions('Model'),
     { name: 'classes', type: 'path', mustExist: 'file', valueName: 'FILE', defaultText: 'the run\'s class names, else the class indices', help: 'Class names, one per line, in label order.', section: 'Model' },
     { name: 'topk', type: 'int', min: 1, default: 5, valueName: 'K', help: 'Classes to print per image (at most the number of classes).', section: 'Output' },
     { ...SHARED_OPTIONS.json, section: 'Output' },
-    { name: 'resize', type: 'int', min: 8, valueName: 'PX', defaultText: "the run's validation resize, else 256 (32 for small-stem models)", help: 'Resize of the smaller edge.', section: 'Input' },
-    { name: 'crop', type: 'int', min: 8, valueName: 'PX', defaultText: "the run's validation crop, else 224 (32 for small-stem models)", help: 'Center crop size.', section: 'Input' },
-    { name: 'interpolation', type: 'choice', choices: ['bilinear', 'bicubic', 'nearest', 'lanczos'], defaultText: "the run's, else bilinear", help: 'Resampling of the resize.', section: 'Input' },
-    { name: 'batch-size', short: 'b', type: 'int', min: 1, default: 32, valueName: 'N', help: 'Images per batch.', section: 'Input' },
-    { ...SHARED_OPTIONS.device, section: 'Run' },
-    { ...SHARED_OPTIONS.amp, section: 'Run' },
+    ...inputOptions(INPUT_NAMES, 'Input', 'Run'),
   ],
   examples: ['resnet-cuda predict --weights runs/demo/model.safetensors shapes/*.png', 'resnet-cuda predict --checkpoint runs/pets --topk 3 --json photos/'],
 };
@@ -52,7 +58,62 @@ interface PredictArgs {
   interpolation: Interpolation | undefined;
   batchSize: number;
   device: string;
-  amp: AmpName;
+  amp: AmpName | undefined;
+}
+
+/** One image's top-k classes. */
+interface Prediction {
+  file: string;
+  predictions: { index: number; class: string; probability: number }[];
+}
+
+/** A file that could not be classified. */
+interface Failure {
+  file: string;
+  code: string;
+  message: string;
+}
+
+/**
+ * Classifies `files`, a pass of at most {@link FILES_PER_PASS} files at a time; a file the loader
+ * cannot read or decode is set aside with its error and its pass is run again without it, so that
+ * every other file still gets its classes.
+ */
+async function classify(
+  files: readonly string[],
+  o: { trainer: Trainer; transform: Compose; batchSize: number; device: string; topk: number; name: (c: number) => string },
+): Promise<{ rows: Prediction[]; failures: Failure[] }> {
+  const rows: Prediction[] = [];
+  const failures: Failure[] = [];
+  for (let start = 0; start < files.length; start += FILES_PER_PASS) {
+    let pending = files.slice(start, start + FILES_PER_PASS);
+    while (pending.length > 0) {
+      const images = await ImageFiles.open(pending);
+      // One worker: decoding overlaps the forward passes without competing with them for cores.
+      const loader = new DataLoader(images, { batchSize: o.batchSize, transform: o.transform, workers: pending.length > o.batchSize ? 1 : 0, device: o.device });
+      try {
+        const result = await o.trainer.predict(loader, { topk: o.topk });
+        for (let s = 0; s < pending.length; s++) {
+          const at = (j: number) => s * result.topk + j;
+          rows.push({
+            file: pending[result.indices[s]!]!,
+            predictions: Array.from({ length: result.topk }, (_, j) => ({ index: result.classes[at(j)]!, class: o.name(result.classes[at(j)]!), probability: result.probabilities[at(j)]! })),
+          });
+        }
+        pending = [];
+      } catch (error) {
+        if (!(error instanceof DataLoaderError) || error.index === undefined) throw error;
+        const bad = error.index;
+        failures.push({ file: pending[bad]!, code: error.code, message: error.message });
+        pending = pending.filter((_, i) => i !== bad);
+      } finally {
+        await loader.close();
+      }
+    }
+  }
+  const order = new Map(files.map((file, i) => [file, i]));
+  rows.sort((a, b) => order.get(a.file)! - order.get(b.file)!);
+  return { rows, failures };
 }
 
 /** The image files named: files as given, folders by their images (sorted). */
@@ -81,67 +142,43 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   checkModelSource(a);
   const files = expandImages(parsed.positionals);
   const classFile = a.classes !== undefined ? readClassNames(a.classes) : undefined;
-  if (a.crop !== undefined && a.resize !== undefined && a.crop > a.resize) throw new UsageError(`--crop ${a.crop} is larger than --resize ${a.resize}`);
   const device = checkDevice(a.device);
-  checkAmp(a.amp, device);
 
   const loaded = await loadModel(a, device, io.cwd);
   const { config, arch } = loaded;
+  const precision = inferencePrecision(a.amp, config.amp, device);
+  if (precision.note !== undefined) io.stderr.write(`${precision.note}\n`);
   if (classFile !== undefined && classFile.length !== arch.numClasses) {
     throw new UsageError(`--classes '${a.classes}' names ${classFile.length} classes but the model has ${arch.numClasses}`);
   }
   const classes = classFile ?? loaded.classes;
   const small = arch.smallInput;
-  const crop = a.crop ?? config.valCropSize ?? (a.resize !== undefined ? Math.min(a.resize, small ? 32 : 224) : small ? 32 : 224);
-  const resize = a.resize ?? config.valResizeSize ?? Math.max(crop, small ? 32 : 256);
-  if (crop > resize) throw new UsageError(`--crop ${crop} is larger than the resize ${resize}`);
-  const transform = {
-    valResizeSize: resize,
-    valCropSize: crop,
-    mean: config.mean ?? [...IMAGENET_MEAN],
-    std: config.std ?? [...IMAGENET_STD],
-    interpolation: a.interpolation ?? config.interpolation ?? 'bilinear',
-  };
+  const settings = inputSettings(
+    { resize: a.resize, crop: a.crop, interpolation: a.interpolation },
+    config,
+    { resize: small ? 32 : 256, crop: small ? 32 : 224, mean: [...IMAGENET_MEAN], std: [...IMAGENET_STD] },
+    INPUT_NAMES,
+  );
+  checkBatchMemory(a.batchSize, settings.valCropSize);
 
-  const images = await ImageFiles.open(files);
-  // One worker: decoding overlaps the forward passes without competing with them for cores.
-  const loader = new DataLoader(images, { batchSize: a.batchSize, transform: valTransform(transform), workers: files.length > a.batchSize ? 1 : 0, device });
-  const trainer = new Trainer({
-    model: loaded.model,
-    optimizer: new SGD(loaded.model, { lr: 0 }),
-    device,
-    amp: ampOption(a.amp),
-    progress: false,
-    tensorboard: false,
-    jsonLog: false,
-    plots: false,
-  });
+  const trainer = inferenceTrainer(loaded.model, { device, amp: precision.amp, progress: false });
   try {
-    const result = await trainer.predict(loader, { topk: a.topk });
     const name = (c: number) => classes?.[c] ?? String(c);
-    const rows = Array.from({ length: files.length }, (_, s) => {
-      const at = result.indices[s]!;
-      return {
-        file: files[at]!,
-        predictions: Array.from({ length: result.topk }, (_, j) => ({
-          index: result.classes[s * result.topk + j]!,
-          class: name(result.classes[s * result.topk + j]!),
-          probability: result.probabilities[s * result.topk + j]!,
-        })),
-      };
-    });
+    const { rows, failures } = await classify(files, { trainer, transform: valTransform(settings), batchSize: a.batchSize, device, topk: a.topk, name });
+    const resize = settings.valResizeSize;
+    const crop = settings.valCropSize;
     if (a.json) {
-      io.stdout.write(`${JSON.stringify({ model: arch.model, numClasses: arch.numClasses, resize, crop, images: rows }, null, 2)}\n`);
+      io.stdout.write(`${JSON.stringify({ model: arch.model, numClasses: arch.numClasses, resize, crop, images: rows, failed: failures }, null, 2)}\n`);
     } else {
       for (const row of rows) {
         io.stdout.write(`${displayPath(row.file, io.cwd)}\n`);
         for (const p of row.predictions) io.stdout.write(`  ${(100 * p.probability).toFixed(2).padStart(6)}%  ${p.class}\n`);
       }
     }
-    return 0;
+    for (const failure of failures) io.stderr.write(`resnet-cuda predict: ${displayPath(failure.file, io.cwd)}: ${failure.code}: ${failure.message}\n`);
+    return failures.length > 0 ? 1 : 0;
   } finally {
     await trainer.dispose();
-    await loader.close();
   }
 }
 

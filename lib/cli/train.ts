@@ -6,9 +6,9 @@
  * @packageDocumentation
  */
 import { randomInt } from 'node:crypto';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
-import { DataLoader, defaultWorkers } from '../data/loader.js';
+import { DataLoader } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
@@ -40,18 +40,23 @@ import {
   architectureOf,
   buildModel,
   checkAmp,
+  checkBatchMemory,
   checkDevice,
   datasetDefaults,
   displayPath,
+  imageSizeOption,
   latestRun,
   locateData,
   openTrainData,
   partialRunConfig,
   percent,
+  precisionText,
   readSafetensors,
   timestampName,
   trainTransform,
+  valResizeFor,
   valTransform,
+  workerCount,
   type AmpName,
   type Architecture,
   type DataFiles,
@@ -59,7 +64,7 @@ import {
   type ModelName,
   type RunConfig,
 } from './common.js';
-import { CliError, UsageError, type CliIO, type Command, type CommandSpec, type OptionSpec, type OptionValue, type ParsedCommand } from './options.js';
+import { CliError, UsageError, kebabCase, type CliIO, type Command, type CommandSpec, type OptionSpec, type OptionValue, type ParsedCommand } from './options.js';
 
 const SCHEDULERS = ['cosineannealinglr', 'steplr', 'multisteplr', 'exponentiallr', 'onecyclelr', 'plateau', 'constant'] as const;
 type SchedulerName = (typeof SCHEDULERS)[number];
@@ -103,10 +108,10 @@ const OPTIONS: OptionSpec[] = [
   { name: 'dataset', type: 'choice', choices: DATASET_NAMES, valueName: 'KIND', defaultText: 'imagefolder with DATA, else shapes (the built-in dataset)', help: 'What DATA holds.', section: S_DATA },
   { name: 'data-path', type: 'path', mustExist: 'dir', valueName: 'DIR', help: 'DATA given as an option, as train.py takes it.', section: S_DATA },
   option({ ...SHARED_OPTIONS.workers, section: S_DATA }),
-  { name: 'train-crop-size', type: 'int', min: 8, valueName: 'PX', defaultText: '224; 32 for CIFAR and the built-in dataset, 28 for MNIST', help: 'Training crop size (RandomResizedCrop).', section: S_DATA },
-  { name: 'val-resize-size', type: 'int', min: 8, valueName: 'PX', defaultText: '256 for imagefolder, else the validation crop size', help: 'Validation resize of the smaller edge.', section: S_DATA },
-  { name: 'val-crop-size', type: 'int', min: 8, valueName: 'PX', defaultText: '224 for imagefolder, else the training crop size', help: 'Validation center crop size.', section: S_DATA },
-  { name: 'interpolation', type: 'choice', choices: ['bilinear', 'bicubic', 'nearest', 'lanczos'], default: 'bilinear', help: 'Resampling of the resizes.', section: S_DATA },
+  imageSizeOption('train-crop-size', 'Training crop size (RandomResizedCrop).', '224; 32 for CIFAR and the built-in dataset, 28 for MNIST', S_DATA),
+  imageSizeOption('val-resize-size', 'Validation resize of the smaller edge.', "for imagefolder the validation crop size x 256/224 (torchvision's 256 for 224), else the validation crop size", S_DATA),
+  imageSizeOption('val-crop-size', 'Validation center crop size.', 'the training crop size', S_DATA),
+  { ...SHARED_OPTIONS.interpolation, default: 'bilinear', section: S_DATA },
 
   { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet18', help: 'The network.', section: S_MODEL },
   { name: 'num-classes', type: 'int', min: 1, valueName: 'N', defaultText: "the dataset's classes; 4 for the built-in dataset, 1000 for synthetic", help: 'Output classes.', section: S_MODEL },
@@ -170,7 +175,7 @@ const SPEC: CommandSpec = {
   summary: 'Train a ResNet.',
   description:
     "Trains a ResNet like torchvision's references/classification/train.py. Without DATA it runs the demo: ResNet-18 on the built-in generated dataset (coloured shapes, 32 px, 4 classes), which reaches 95-100% validation accuracy in 100 steps (a few minutes on two CPU cores).\n\n" +
-    'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, summary.json and config.json (the options, re-runnable with --config). Ctrl-C stops after the current step and writes a checkpoint; a second Ctrl-C quits at once.',
+    'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, summary.json and config.json (every option the run reads, defaults included, re-runnable with --config). Ctrl-C (SIGINT), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP stop the run after the current step and write a checkpoint (exit codes 130, 143 and 129); a second signal while stopping quits at once.',
   positionals: [{ name: 'DATA', help: `The dataset folder. imagefolder: ${DATA_LAYOUTS.imagefolder}; cifar10, cifar100, mnist and fashion-mnist: their binary files; nothing for synthetic and shapes.`, configKey: 'data' }],
   options: OPTIONS,
   examples: [
@@ -239,7 +244,7 @@ interface TrainArgs {
   quiet: boolean;
 }
 
-/** Which schedulers read which options: setting one the chosen scheduler ignores is a mistake. */
+/** Which schedulers read which options. */
 const SCHEDULER_OPTIONS: Record<string, readonly SchedulerName[]> = {
   lrStepSize: ['steplr'],
   lrMilestones: ['multisteplr'],
@@ -249,11 +254,28 @@ const SCHEDULER_OPTIONS: Record<string, readonly SchedulerName[]> = {
 };
 
 /**
+ * Options that only some runs read. Giving one that this run ignores is a mistake (refused with
+ * `refusal`); `config.json` leaves them out, so that it can be passed back with `--config`.
+ */
+const DEPENDENT_OPTIONS: readonly { keys: readonly string[]; applies: (a: TrainArgs) => boolean; refusal: (a: TrainArgs, flag: string) => string }[] = [
+  ...Object.entries(SCHEDULER_OPTIONS).map(([key, users]) => ({
+    keys: [key],
+    applies: (a: TrainArgs) => users.includes(a.lrScheduler),
+    refusal: (a: TrainArgs, flag: string) => `${flag} is not used by --lr-scheduler ${a.lrScheduler} (only by ${users.join(', ')})`,
+  })),
+  { keys: ['momentum'], applies: (a) => a.opt === 'sgd' || a.opt === 'sgd-nesterov', refusal: (a) => `--momentum applies to --opt sgd and sgd-nesterov, not ${a.opt}` },
+  { keys: ['lrWarmupMethod', 'lrWarmupDecay'], applies: (a) => a.lrWarmupEpochs > 0, refusal: (_, flag) => `${flag} needs --lr-warmup-epochs above 0` },
+  { keys: ['modelEmaSteps', 'modelEmaDecay'], applies: (a) => a.modelEma, refusal: () => '--model-ema-steps and --model-ema-decay need --model-ema' },
+  { keys: ['earlyStoppingMinDelta'], applies: (a) => a.earlyStoppingPatience !== undefined, refusal: () => '--early-stopping-min-delta needs --early-stopping-patience' },
+  { keys: ['checkpointEverySteps', 'keepLast'], applies: (a) => a.dryRun === undefined, refusal: () => '--dry-run writes no checkpoints: drop --checkpoint-every-steps and --keep-last' },
+];
+
+/**
  * Resolves the parsed options: the built-in dataset's presets, the per-dataset image sizes, and
  * every check that involves more than one option.
  * @throws {@link UsageError} for contradictions, naming the options.
  */
-function resolveArgs(parsed: ParsedCommand): { args: TrainArgs; files: DataFiles } {
+function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { args: TrainArgs; files: DataFiles } {
   const v = { ...parsed.values } as Record<string, OptionValue | undefined>;
   const explicit = parsed.explicit;
   const set = (key: string) => explicit.has(key);
@@ -262,14 +284,12 @@ function resolveArgs(parsed: ParsedCommand): { args: TrainArgs; files: DataFiles
   const data = parsed.positionals[0] ?? (v.dataPath as string | undefined);
   const dataset = (v.dataset as DatasetName | undefined) ?? (data === undefined ? 'shapes' : 'imagefolder');
   if (dataset === 'shapes') for (const [key, value] of Object.entries(DEMO_DEFAULTS)) if (!set(key)) v[key] = value;
-  const d = datasetDefaults(dataset);
-  v.trainCropSize ??= d.trainCropSize;
-  // Photographs are evaluated as train.py does (resize 256, crop 224); the small fixed-size
-  // datasets at the size they were trained at.
-  const photos = dataset === 'imagefolder';
-  v.valCropSize ??= photos ? d.valCropSize : v.trainCropSize;
-  v.valResizeSize ??= photos ? Math.max(d.valResizeSize, v.valCropSize as number) : v.valCropSize;
-  v.workers ??= defaultWorkers();
+  v.trainCropSize ??= datasetDefaults(dataset).trainCropSize;
+  // Evaluation at the scale of training: photographs resized in train.py's ratio (256 for a
+  // 224 crop) and center-cropped, the small fixed-size datasets taken whole.
+  v.valCropSize ??= v.trainCropSize;
+  v.valResizeSize ??= dataset === 'imagefolder' ? valResizeFor(v.valCropSize as number) : v.valCropSize;
+  v.workers = workerCount(v.workers as number | undefined, warn);
   const a = { ...v, dataset, data } as unknown as TrainArgs;
 
   const files = locateData(dataset, data, 'train');
@@ -279,13 +299,9 @@ function resolveArgs(parsed: ParsedCommand): { args: TrainArgs; files: DataFiles
   }
   if (a.valCropSize > a.valResizeSize) throw new UsageError(`--val-crop-size ${a.valCropSize} is larger than --val-resize-size ${a.valResizeSize}: the crop would be padded`);
   if (a.normWeightDecay !== undefined && a.normWeightDecay !== 0) throw new UsageError('--norm-weight-decay supports only 0 (no decay on BatchNorm parameters and biases)');
-  if (set('momentum') && a.opt !== 'sgd' && a.opt !== 'sgd-nesterov') throw new UsageError(`--momentum applies to --opt sgd and sgd-nesterov, not ${a.opt}`);
-
-  for (const [key, users] of Object.entries(SCHEDULER_OPTIONS)) {
-    if (set(key) && !users.includes(a.lrScheduler)) {
-      const flag = `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
-      throw new UsageError(`${flag} is not used by --lr-scheduler ${a.lrScheduler} (only by ${users.join(', ')})`);
-    }
+  for (const dependent of DEPENDENT_OPTIONS) {
+    const given = dependent.keys.find((key) => set(key));
+    if (given !== undefined && !dependent.applies(a)) throw new UsageError(dependent.refusal(a, `--${kebabCase(given)}`));
   }
   if (a.lrScheduler === 'multisteplr' && a.lrMilestones === undefined) throw new UsageError('--lr-scheduler multisteplr needs --lr-milestones, e.g. --lr-milestones 30,60,80');
   if (a.lrWarmupEpochs > 0 && a.lrScheduler === 'plateau') {
@@ -295,13 +311,7 @@ function resolveArgs(parsed: ParsedCommand): { args: TrainArgs; files: DataFiles
     throw new UsageError('--lr-warmup-epochs cannot be combined with --lr-scheduler onecyclelr, whose first phase is its own warm-up');
   }
   if (a.lrWarmupEpochs >= a.epochs) throw new UsageError(`--lr-warmup-epochs ${a.lrWarmupEpochs} must be less than --epochs ${a.epochs}`);
-  for (const key of ['lrWarmupMethod', 'lrWarmupDecay'] as const) {
-    if (set(key) && a.lrWarmupEpochs === 0) throw new UsageError(`--${key === 'lrWarmupMethod' ? 'lr-warmup-method' : 'lr-warmup-decay'} needs --lr-warmup-epochs above 0`);
-  }
-  if (!a.modelEma && (set('modelEmaSteps') || set('modelEmaDecay'))) throw new UsageError('--model-ema-steps and --model-ema-decay need --model-ema');
   if (a.monitor.startsWith('val_ema') && !a.modelEma) throw new UsageError(`--monitor ${a.monitor} needs --model-ema`);
-  if (set('earlyStoppingMinDelta') && a.earlyStoppingPatience === undefined) throw new UsageError('--early-stopping-min-delta needs --early-stopping-patience');
-  if (a.dryRun !== undefined && (a.checkpointEverySteps !== undefined || set('keepLast'))) throw new UsageError('--dry-run writes no checkpoints: drop --checkpoint-every-steps and --keep-last');
   if (a.stem === 'small' && a.trainCropSize > 128) throw new UsageError(`--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`);
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
@@ -444,16 +454,38 @@ function loadStartWeights(tensors: StateDict, model: ResNet, numClasses: number,
   return `loaded ${file} without its classifier (${fc.shape[0]} classes; this run has ${numClasses})`;
 }
 
-/** Keys of the options file written into the run folder (re-runnable with `--config`). */
-function rerunnableOptions(parsed: ParsedCommand, a: TrainArgs, seed: number): Record<string, unknown> {
+/** Options that say where and how verbosely this invocation works, not what the run is. */
+const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet'];
+
+/**
+ * The options file written into the run folder: every option the run uses, resolved (defaults,
+ * presets, sizes, seed, classes and stem included), re-runnable with `--config`.
+ */
+function resolvedOptions(parsed: ParsedCommand, a: TrainArgs, resolved: { seed: number; numClasses: number; smallInput: boolean }): Record<string, unknown> {
+  const unused = new Set(DEPENDENT_OPTIONS.filter((d) => !d.applies(a)).flatMap((d) => d.keys));
   const out: Record<string, unknown> = {};
   if (a.data !== undefined) out.data = a.data;
-  for (const key of parsed.explicit) {
-    if (['outputDir', 'resume', 'dataPath', 'verbose', 'quiet'].includes(key)) continue;
-    out[key] = parsed.values[key];
+  for (const key of Object.keys(parsed.values)) {
+    const value = (a as unknown as Record<string, unknown>)[key];
+    if (value !== undefined && !INVOCATION_OPTIONS.includes(key) && !unused.has(key)) out[key] = value;
   }
-  out.seed = seed;
-  return out;
+  return { ...out, seed: resolved.seed, numClasses: resolved.numClasses, stem: resolved.smallInput ? 'small' : 'imagenet' };
+}
+
+/** The exit code of a run stopped by each signal (128 + its number, as shells report it). */
+const STOP_SIGNALS: Readonly<Record<string, number>> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 };
+
+/** What a finished run may have written, in the order the closing line names them. */
+const OUTPUTS = ['model.safetensors', 'model-ema.safetensors', 'checkpoints/', 'log.jsonl', 'tensorboard/', '*.png', 'classification-report.txt'];
+
+/** The outputs of {@link OUTPUTS} that are in `outDir` (a folder when it holds something). */
+function writtenOutputs(outDir: string): string[] {
+  const present = new Set(
+    readdirSync(outDir, { withFileTypes: true })
+      .filter((e) => !e.isDirectory() || readdirSync(join(outDir, e.name)).length > 0)
+      .map((e) => (e.isDirectory() ? `${e.name}/` : e.name.endsWith('.png') ? '*.png' : e.name)),
+  );
+  return OUTPUTS.filter((name) => present.has(name));
 }
 
 /**
@@ -485,11 +517,13 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     savedSeed = info.run?.data.trainSeed ?? resumed.seed;
   }
   const parsed = withSavedOptions(given, resumed.options);
-  const { args: a, files } = resolveArgs(parsed);
+  const { args: a, files } = resolveArgs(parsed, (text) => io.stderr.write(`${text}\n`));
   const say = (text: string) => {
     if (!a.quiet) io.stderr.write(`${text}\n`);
   };
   const device = checkDevice(a.device);
+  // The training and the validation loader each hold batches of this size.
+  checkBatchMemory(a.batchSize, Math.max(a.trainCropSize, a.valCropSize));
   if (resume !== undefined) {
     if (savedSeed !== undefined && a.seed !== undefined && a.seed !== savedSeed) {
       throw new UsageError(`--seed ${a.seed} differs from the resumed run's seed ${savedSeed}; an exact resume needs the same data order`, 'Drop --seed when resuming.');
@@ -535,7 +569,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     interpolation: a.interpolation,
     mean: transformSettings.mean,
     std: transformSettings.std,
-    options: rerunnableOptions(parsed, a, seed),
+    amp: a.amp,
+    options: resolvedOptions(parsed, a, { seed, numClasses, smallInput }),
   };
 
   const model = buildModel(arch, { device, seed });
@@ -560,11 +595,14 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   });
   const valLoader = new DataLoader(data.val, { batchSize: a.batchSize, transform: valTransform(transformSettings), seed, workers: a.workers, persistentWorkers: true, device });
   let trainer: Trainer | undefined;
-  let interrupts = 0;
-  const onSigint = (): void => {
-    interrupts++;
-    if (trainer === undefined || interrupts > 1) process.exit(130);
-    io.stderr.write('\nstopping after this step and writing a checkpoint (Ctrl-C again to quit at once)\n');
+  // SIGINT (Ctrl-C), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP (the
+  // terminal closed) stop the run after the current step, with a checkpoint; a second signal
+  // while stopping quits at once, as a second Ctrl-C does in most tools.
+  let stoppedBy: string | undefined;
+  const onSignal = (signal: string): void => {
+    if (trainer === undefined || stoppedBy !== undefined) process.exit(STOP_SIGNALS[signal]);
+    stoppedBy = signal;
+    io.stderr.write(`\n${signal}: stopping after this step and writing a checkpoint (a second Ctrl-C or signal quits at once)\n`);
     trainer.requestStop();
   };
   try {
@@ -604,13 +642,14 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const what = `${source} (${data.train.length} training, ${data.val.length} validation images${a.data === undefined ? `, ${a.trainCropSize} px` : ''})`;
     say(`resnet-cuda train: ${a.model}${arch.smallInput ? ' (small-image stem)' : ''}, ${numClasses} classes, on ${what}`);
     say(
-      `${device}, batch ${a.batchSize}${a.accumulate > 1 ? ` x ${a.accumulate}` : ''}, ${a.amp === 'none' ? 'fp32' : `amp ${a.amp}`}, ${a.opt} lr ${lr}` +
+      `${device}, batch ${a.batchSize}${a.accumulate > 1 ? ` x ${a.accumulate}` : ''}, ${precisionText(a.amp)}, ${a.opt} lr ${lr}` +
         `, ${a.lrScheduler}${a.lrWarmupEpochs > 0 ? ` after ${Math.round(a.lrWarmupEpochs * stepsPerEpoch)} warm-up steps` : ''}, ${a.epochs} epoch${a.epochs === 1 ? '' : 's'} of ${stepsPerEpoch} steps, seed ${seed}`,
     );
+    say(`input: training crop ${a.trainCropSize} px; validation resize ${a.valResizeSize} px and center crop ${a.valCropSize} px`);
     for (const note of notes) say(note);
     say(`writing to ${where}`);
 
-    process.on('SIGINT', onSigint);
+    for (const signal of Object.keys(STOP_SIGNALS)) process.on(signal, onSignal);
     const started = performance.now();
     const result = await trainer.fit(trainLoader, {
       epochs: a.epochs,
@@ -632,11 +671,11 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     }
     io.stdout.write(`${summary}\n`);
     if (final && !a.quiet) io.stdout.write(`\n${final.report}\n`);
-    io.stdout.write(`outputs in ${where}: model.safetensors, checkpoints/, log.jsonl${a.noTensorboard ? '' : ', tensorboard/'}${a.noPlots ? '' : ', *.png'}, classification-report.txt\n`);
-    // Stopped by Ctrl-C: the checkpoint is written, but the run did not finish (128 + SIGINT).
-    return interrupts > 0 ? 130 : 0;
+    io.stdout.write(`outputs in ${where}: ${writtenOutputs(outDir).join(', ')}\n`);
+    // Stopped by a signal: the checkpoint is written, but the run did not finish.
+    return stoppedBy !== undefined ? STOP_SIGNALS[stoppedBy]! : 0;
   } finally {
-    process.removeListener('SIGINT', onSigint);
+    for (const signal of Object.keys(STOP_SIGNALS)) process.removeListener(signal, onSignal);
     await trainer?.dispose();
     await trainLoader.close();
     await valLoader.close();
