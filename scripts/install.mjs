@@ -15,6 +15,8 @@
 //   RESNET_CUDA_SKIP_NATIVE_BUILD=1  do nothing at all.
 //   RESNET_CUDA_FORBID_BUILD=1       fail instead of compiling (checks that a prebuilt binary is used).
 //   RESNET_CUDA_BUILD_CUDA=1 / =0    require / skip the CUDA backend (default: build it when possible).
+//   RESNET_CUDA_WERROR=1             compiler warnings are errors (CI sets it; off by default, so that a
+//                                    newer compiler's new warnings do not break an install).
 //
 // The build uses the headers of the Node.js that runs this script (<prefix>/include/node) and never
 // downloads Node.js headers: when they are absent, it falls back to the Node-API headers of the
@@ -167,7 +169,8 @@ function build(cmakeJs) {
   }
   const headers = nodeDir(cmakeJs);
   const jobs = String(Math.max(1, availableParallelism()));
-  log(`building the native addon from source with CMake (${jobs} jobs) ${cuda.what}, using ${headers.what}`);
+  const werror = envFlag('RESNET_CUDA_WERROR');
+  log(`building the native addon from source with CMake (${jobs} jobs${werror ? ', warnings as errors' : ''}) ${cuda.what}, using ${headers.what}`);
   const env = { ...process.env, npm_config_nodedir: headers.dir };
   // Configured every time, so that the CUDA settings above always apply (cmake-js alone configures
   // only a new build folder); an unchanged configuration rebuilds nothing.
@@ -178,8 +181,9 @@ function build(cmakeJs) {
     emulatorWanted === undefined || emulatorWanted === ''
       ? existsSync(join(root, 'native', 'cuda-emulator')) && existsSync(join(root, 'test'))
       : envFlag('RESNET_CUDA_BUILD_EMULATOR');
+  // RC_WERROR is passed every time too, so that a value cached by an earlier build does not stay.
   const steps = [
-    [cmakeJs, 'configure', '--out', 'build', ...cuda.args, `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`],
+    [cmakeJs, 'configure', '--out', 'build', ...cuda.args, `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`, `--CDRC_WERROR=${werror ? 'ON' : 'OFF'}`],
     [cmakeJs, 'build', '--out', 'build', '--parallel', jobs],
   ];
   for (const args of steps) {
