@@ -205,11 +205,9 @@ async function measure(dataset: ImageFolder, pipeline: string, transform: Compos
   });
   let seen = 0;
   let images = 0;
-  let checksum = 0;
   let started = 0;
   let cpuStart = process.cpuUsage();
   for await (const batch of loader) {
-    checksum = (checksum + batch.images[batch.images.length - 1]! + batch.flips[0]!) & 0xffff;
     if (++seen === warmBatches) {
       started = performance.now();
       cpuStart = process.cpuUsage();
@@ -221,7 +219,6 @@ async function measure(dataset: ImageFolder, pipeline: string, transform: Compos
   const cpu = process.cpuUsage(cpuStart);
   await loader.close();
   const cpuSeconds = (cpu.user + cpu.system) / 1e6;
-  void checksum;
   return {
     pipeline,
     workers,
@@ -266,22 +263,26 @@ interface ReferenceRow {
   imagesPerCpuSecond: number | null;
 }
 
-interface Reference {
-  available: boolean;
-  reason?: string;
-  rows?: ReferenceRow[];
-  versions?: Record<string, string>;
-  python?: string;
+interface AvailableReference {
+  available: true;
+  rows: ReferenceRow[];
+  versions: { torch: string; torchvision: string; pillow: string };
+  python: string;
 }
+
+type Reference = AvailableReference | { available: false; reason: string };
 
 /** torchvision's DataLoader (PIL) with one worker on the same folder and pipelines, if installed. */
 function torchvisionReference(root: string): Reference {
   const probe = spawnSync(python, ['-c', 'import torch, torchvision, PIL; print(torch.__version__, torchvision.__version__, PIL.__version__)'], { encoding: 'utf8' });
   if (probe.status !== 0) {
-    const why = probe.error ? String(probe.error.message) : (probe.stderr.trim().split('\n').pop() ?? 'import failed');
+    const why = probe.error ? probe.error.message : (probe.stderr.trim().split('\n').pop() ?? 'import failed');
     return { available: false, reason: `${python} cannot import torchvision here (${why}); give an interpreter that can with --python or PYTHON` };
   }
   const [torch, torchvision, pil] = probe.stdout.trim().split(' ');
+  if (torch === undefined || torchvision === undefined || pil === undefined) {
+    return { available: false, reason: `${python} printed no torch, torchvision and PIL versions: ${probe.stdout.trim()}` };
+  }
   // The worker's CPU time comes from /proc (Linux) at the start and the end of the timed batches,
   // read while it is alive; the main process's from process_time (all its threads).
   const script = `
@@ -336,7 +337,7 @@ print('RESULT ' + json.dumps(rows))
   });
   const line = run.stdout.split('\n').find((l) => l.startsWith('RESULT '));
   if (run.status !== 0 || !line) return { available: false, reason: `the torchvision run failed: ${run.stderr.trim().split('\n').slice(-3).join(' ')}` };
-  return { available: true, rows: JSON.parse(line.slice(7)) as ReferenceRow[], versions: { torch: torch!, torchvision: torchvision!, pillow: pil! }, python };
+  return { available: true, rows: JSON.parse(line.slice(7)) as ReferenceRow[], versions: { torch, torchvision, pillow: pil }, python };
 }
 
 function median(values: number[]): number {
@@ -363,18 +364,22 @@ function medianRow(runs: Row[]): Row {
 /** The medians of the reference's repeated runs (unavailable when any run was). */
 function medianReference(runs: Reference[]): Reference {
   const failed = runs.find((r) => !r.available);
-  if (failed || runs.length === 0) return failed ?? { available: false, reason: 'not run' };
-  const rows = runs[0]!.rows!.map((row, i) => {
-    const cpus = runs.map((r) => r.rows![i]!.cpuMsPerImage);
-    const known = cpus.every((c): c is number => c !== null);
+  if (failed) return failed;
+  const done = runs.filter((r) => r.available);
+  const first = done[0];
+  if (first === undefined) return { available: false, reason: 'not run' };
+  const known = (v: number | null): v is number => v !== null;
+  const rows = first.rows.map((row, i) => {
+    const cpuMs = done.map((r) => r.rows[i]!.cpuMsPerImage);
+    const perCpuSecond = done.map((r) => r.rows[i]!.imagesPerCpuSecond);
     return {
       pipeline: row.pipeline,
-      imagesPerSecond: median(runs.map((r) => r.rows![i]!.imagesPerSecond)),
-      cpuMsPerImage: known ? median(cpus) : null,
-      imagesPerCpuSecond: known ? median(runs.map((r) => r.rows![i]!.imagesPerCpuSecond!)) : null,
+      imagesPerSecond: median(done.map((r) => r.rows[i]!.imagesPerSecond)),
+      cpuMsPerImage: cpuMs.every(known) ? median(cpuMs) : null,
+      imagesPerCpuSecond: perCpuSecond.every(known) ? median(perCpuSecond) : null,
     };
   });
-  return { ...runs[0]!, rows };
+  return { ...first, rows };
 }
 
 const { root, meanBytes } = await benchFolder();
@@ -419,11 +424,14 @@ for (const r of rows) {
 console.log('');
 if (reference.available) {
   console.log(
-    `torchvision ${reference.versions!.torchvision} (PIL ${reference.versions!.pillow}) DataLoader, num_workers=1, same folder and pipelines` +
+    `torchvision ${reference.versions.torchvision} (PIL ${reference.versions.pillow}) DataLoader, num_workers=1, same folder and pipelines` +
       `${repeats > 1 ? `, medians of ${repeats} runs` : ''}:`,
   );
-  for (const r of reference.rows!) {
-    const cpu = r.cpuMsPerImage === null ? 'CPU time unknown' : `${r.cpuMsPerImage.toFixed(2)} CPU ms/img, ${r.imagesPerCpuSecond!.toFixed(1)} img/CPU-s`;
+  for (const r of reference.rows) {
+    const cpu =
+      r.cpuMsPerImage === null || r.imagesPerCpuSecond === null
+        ? 'CPU time unknown'
+        : `${r.cpuMsPerImage.toFixed(2)} CPU ms/img, ${r.imagesPerCpuSecond.toFixed(1)} img/CPU-s`;
     console.log(`  ${r.pipeline.padEnd(8)}${r.imagesPerSecond.toFixed(1)} images/s, ${cpu}`);
   }
 } else {

@@ -39,22 +39,22 @@ export interface MemoryStats {
 }
 
 /** Allocator statistics for a device. */
-export function memoryStats(device: string = 'cpu'): MemoryStats {
+export function memoryStats(device = 'cpu'): MemoryStats {
   return addon().memoryStats({ device: parseDevice(device) });
 }
 
 /** Resets `peakAllocatedBytes` to the current allocation. */
-export function resetPeakMemory(device: string = 'cpu'): void {
+export function resetPeakMemory(device = 'cpu'): void {
   addon().resetPeakMemory({ device: parseDevice(device) });
 }
 
 /** Returns cached, unused blocks to the system. */
-export function emptyCache(device: string = 'cpu'): void {
+export function emptyCache(device = 'cpu'): void {
   addon().emptyCache({ device: parseDevice(device) });
 }
 
 /** Waits until all work queued on the device has finished. */
-export function synchronize(device: string = 'cpu'): void {
+export function synchronize(device = 'cpu'): void {
   addon().synchronize({ device: parseDevice(device) });
 }
 

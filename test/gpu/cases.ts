@@ -62,7 +62,7 @@ export function cudaDeviceCount(): number {
   return listBackends().find((b) => b.name === 'cuda')?.deviceCount ?? 0;
 }
 
-function assert(condition: boolean, message: string): void {
+function assert(condition: boolean, message: string): asserts condition {
   if (!condition) throw new Error(message);
 }
 
@@ -101,8 +101,8 @@ export const gpuChecks: GpuCheck[] = [
     name: 'the CUDA backend is available and reports its device',
     run: ({ log }) => {
       const cuda = listBackends().find((b) => b.name === 'cuda');
-      assert(!!cuda?.available, `cuda is not available: ${cuda?.reason}`);
-      log(`${cuda!.device} ${JSON.stringify(cuda!.properties)}`);
+      assert(cuda?.available === true, `cuda is not available: ${cuda?.reason}`);
+      log(`${cuda.device} ${JSON.stringify(cuda.properties)}`);
     },
   },
   {
@@ -116,13 +116,15 @@ export const gpuChecks: GpuCheck[] = [
       const eagerLosses = [0, 1, 2].map(() => eager.step().item());
       const captured = make();
       const graphLosses = [captured.step().item()];
-      let lossTensor: Tensor | null = null;
+      // Set by the captured step; the type keeps TypeScript from taking it for null below.
+      let lossTensor = null as Tensor | null;
       const graph = CudaGraph.capture(device, () => {
         lossTensor = captured.step();
       });
+      assert(lossTensor !== null, 'the captured step returned no loss');
       for (let i = 0; i < 2; i++) {
         graph.replay();
-        graphLosses.push((lossTensor as Tensor | null)!.item());
+        graphLosses.push(lossTensor.item());
       }
       synchronize(device);
       log(`eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`);
@@ -225,15 +227,17 @@ export const gpuChecks: GpuCheck[] = [
       const captured = make();
       const graphLosses = [captured.step().item()];
       const doomed = Tensor.zeros([1 << 20], { device });
-      let lossTensor: Tensor | null = null;
+      // Set by the captured step; the type keeps TypeScript from taking it for null below.
+      let lossTensor = null as Tensor | null;
       const graph = CudaGraph.capture(device, () => {
         lossTensor = captured.step();
         doomed.dispose();
       });
+      assert(lossTensor !== null, 'the captured step returned no loss');
       for (let i = 0; i < 3; i++) {
         if (i === 1) bigStep();
         graph.replay();
-        graphLosses.push((lossTensor as Tensor | null)!.item());
+        graphLosses.push(lossTensor.item());
       }
       log(`eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`);
       eagerLosses.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v), `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`));
@@ -249,7 +253,7 @@ export const gpuChecks: GpuCheck[] = [
       } catch (error) {
         refused = error as Error & { code?: string };
       }
-      assert(refused?.code === 'ERR_RC_INVALID_ARGUMENT' && /cannot be captured/.test(refused.message), `AdamW capture: ${refused?.code} ${refused?.message}`);
+      assert(refused?.code === 'ERR_RC_INVALID_ARGUMENT' && refused.message.includes('cannot be captured'), `AdamW capture: ${refused?.code} ${refused?.message}`);
     },
   },
   {
@@ -283,7 +287,7 @@ export const gpuChecks: GpuCheck[] = [
       } catch (error) {
         const e = error as Error & { code?: string };
         assert(e.code === 'ERR_RC_OUT_OF_MEMORY', `expected ERR_RC_OUT_OF_MEMORY, got ${e.code}: ${e.message}`);
-        assert(/tried to allocate/.test(e.message) && /free/.test(e.message), `message lacks sizes: ${e.message}`);
+        assert(e.message.includes('tried to allocate') && e.message.includes('free'), `message lacks sizes: ${e.message}`);
       }
     },
   },
@@ -302,12 +306,14 @@ export const gpuChecks: GpuCheck[] = [
           normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, schedule: new CosineAnnealing({ tMax: 100 }),
         });
         const result = await trainer.fit(train, { epochs: 1, val });
-        const acc = result.lastEval!.acc1;
-        log(`${amp}: ${result.steps} steps, val acc@1 ${(100 * acc).toFixed(1)}%, ema ${(100 * result.lastEvalEma!.acc1).toFixed(1)}%, loss scale ${trainer.scaler.lossScale}`);
+        const { lastEval, lastEvalEma } = result;
+        assert(lastEval !== undefined && lastEvalEma !== undefined, `${amp}: the run ended without an evaluation`);
+        const acc = lastEval.acc1;
+        log(`${amp}: ${result.steps} steps, val acc@1 ${(100 * acc).toFixed(1)}%, ema ${(100 * lastEvalEma.acc1).toFixed(1)}%, loss scale ${trainer.scaler.lossScale}`);
         // The small run is too short to learn the task: it checks that every part of the step runs
         // and stays finite.
         if (full) assert(acc >= 0.9, `${amp}: validation accuracy ${acc} below 0.9`);
-        assert(Number.isFinite(result.lastEval!.loss), `${amp}: validation loss ${result.lastEval!.loss}`);
+        assert(Number.isFinite(lastEval.loss), `${amp}: validation loss ${lastEval.loss}`);
         assert(trainer.scaler.enabled === (amp === 'fp16'), `${amp}: the GradScaler should be ${amp === 'fp16' ? 'on' : 'off'}`);
         await trainer.dispose();
         await train.close();
