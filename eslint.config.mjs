@@ -55,6 +55,9 @@ export default defineConfig(
       // Public arguments are checked at run time whatever their declared types say (JavaScript
       // callers, JSON state): those checks are the rule's "unnecessary" conditions.
       '@typescript-eslint/no-unnecessary-condition': 'off',
+      // One-line `if (a) return b;` is the code's habit; a body on its own line gets braces (as
+      // Prettier wraps a long one-liner, `--fix` adds them).
+      curly: ['error', 'multi-line'],
       // A leading underscore marks a parameter or binding that is unused on purpose (a signature to
       // implement, a property taken out of a rest object).
       '@typescript-eslint/no-unused-vars': [
