@@ -16,7 +16,10 @@ export function parseDevice(device: unknown, name = 'device'): string {
   if (device === 'cpu') return 'cpu';
   if (device === 'cuda') return 'cuda:0';
   if (typeof device === 'string' && /^cuda:\d{1,4}$/.test(device)) return `cuda:${Number(device.slice(5))}`;
-  throw new ResnetError('ERR_RC_DEVICE', `Expected 'cpu', 'cuda' or 'cuda:N' for ${name} but received ${describe(device)}`);
+  throw new ResnetError(
+    'ERR_RC_DEVICE',
+    `Expected 'cpu', 'cuda' or 'cuda:N' for ${name} but received ${describe(device)}`,
+  );
 }
 
 /** What each backend was built with and whether it can be used now. */

@@ -41,8 +41,9 @@ function tracked(patterns) {
   let files = r.stdout.split('\0').filter(Boolean);
   if (pathspecs.length > 0) {
     const narrowed = spawnSync('git', ['ls-files', '-z', '--', ...pathspecs], { cwd: root, encoding: 'utf8' });
-    if (narrowed.error || narrowed.status !== 0)
+    if (narrowed.error || narrowed.status !== 0) {
       fail(`git ls-files failed: ${narrowed.error?.message ?? narrowed.stderr.trim()}`);
+    }
     const wanted = new Set(narrowed.stdout.split('\0'));
     files = files.filter((f) => wanted.has(f));
   }
@@ -95,8 +96,9 @@ if (mode === 'check') {
   if (!run('eslint', bin('eslint'), ['--max-warnings', '0'], scripts)) failed.push('eslint');
   if (!run('prettier --check', bin('prettier'), ['--check'], formatted)) failed.push('prettier');
   // One report per file is enough to find it; `npm run format` fixes them all.
-  if (!run('clang-format --dry-run', clang, ['--dry-run', '--Werror', '--ferror-limit=1'], native))
+  if (!run('clang-format --dry-run', clang, ['--dry-run', '--Werror', '--ferror-limit=1'], native)) {
     failed.push('clang-format');
+  }
 } else {
   if (mode === 'fix' && !run('eslint --fix', bin('eslint'), ['--fix'], scripts)) failed.push('eslint');
   if (!run('prettier --write', bin('prettier'), ['--write', '--log-level', 'warn'], formatted)) failed.push('prettier');
