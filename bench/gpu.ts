@@ -58,5 +58,7 @@ for (const mode of modes) {
     loss: measured.loss,
   };
   console.log(`RESULT ${JSON.stringify(result)}`);
-  console.log(`${result.impl} ${dtype} batch ${batch}: ${result.stepMs.toFixed(1)} ms/step, ${result.imagesPerSecond.toFixed(0)} img/s, peak ${result.peakMemoryGiB.toFixed(1)} GiB`);
+  console.log(
+    `${result.impl} ${dtype} batch ${batch}: ${result.stepMs.toFixed(1)} ms/step, ${result.imagesPerSecond.toFixed(0)} img/s, peak ${result.peakMemoryGiB.toFixed(1)} GiB`,
+  );
 }

@@ -47,10 +47,14 @@ const cores = availableParallelism();
 // (4 threads unless UV_THREADPOOL_SIZE says otherwise, read when the pool first starts). With more
 // cores than that, rerun this script with a pool of one thread per core.
 if (process.env.UV_THREADPOOL_SIZE === undefined && cores > 4) {
-  const child = spawnSync(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), ...process.argv.slice(2)], {
-    stdio: 'inherit',
-    env: { ...process.env, UV_THREADPOOL_SIZE: String(cores + 1) },
-  });
+  const child = spawnSync(
+    process.execPath,
+    [...process.execArgv, fileURLToPath(import.meta.url), ...process.argv.slice(2)],
+    {
+      stdio: 'inherit',
+      env: { ...process.env, UV_THREADPOOL_SIZE: String(cores + 1) },
+    },
+  );
   process.exit(child.status ?? 1);
 }
 
@@ -69,7 +73,9 @@ const imageCount = Number(values.images);
 const timedImages = Number(values.count);
 const batchSize = Number(values.batch);
 const prefetch = Number(values.prefetch);
-const workerCounts = [...new Set(values.workers.split(',').map((w) => (w === 'all' ? cores : Number(w))))].sort((a, b) => a - b);
+const workerCounts = [...new Set(values.workers.split(',').map((w) => (w === 'all' ? cores : Number(w))))].sort(
+  (a, b) => a - b,
+);
 const repeats = Math.max(1, Math.trunc(Number(values.repeat)) || 1);
 const python = values.python;
 
@@ -103,8 +109,10 @@ function drawImage(rng: Random, height: number, width: number): Uint8Array {
       const t = (x + y) / (width + height);
       const p = (y * width + x) * 3;
       for (let c = 0; c < 3; c++) {
-        const g = (i: number, j: number) => grid[((j * gw + i) * 3) + c]!;
-        const coarse = (1 - fy) * ((1 - fx) * g(x0, y0) + fx * g(x0 + 1, y0)) + fy * ((1 - fx) * g(x0, y0 + 1) + fx * g(x0 + 1, y0 + 1));
+        const g = (i: number, j: number) => grid[(j * gw + i) * 3 + c]!;
+        const coarse =
+          (1 - fy) * ((1 - fx) * g(x0, y0) + fx * g(x0 + 1, y0)) +
+          fy * ((1 - fx) * g(x0, y0 + 1) + fx * g(x0 + 1, y0 + 1));
         const v = a[c]! * (1 - t) + b[c]! * t + coarse + (rng.next() - 0.5) * NOISE;
         out[p + c] = v < 0 ? 0 : v > 255 ? 255 : v;
       }
@@ -148,7 +156,9 @@ async function benchFolder(): Promise<{ root: string; meanBytes: number }> {
       const kind = rng.next();
       const [width, height] = kind < 0.7 ? [500, 375] : kind < 0.85 ? [375, 500] : [500, 333];
       const pixels = drawImage(rng, height, width);
-      await sharp(pixels, { raw: { width, height, channels: 3 } }).jpeg({ quality: 90 }).toFile(join(dir, `${String(i).padStart(5, '0')}.jpg`));
+      await sharp(pixels, { raw: { width, height, channels: 3 } })
+        .jpeg({ quality: 90 })
+        .toFile(join(dir, `${String(i).padStart(5, '0')}.jpg`));
     }
     writeFileSync(marker, JSON.stringify({ images: imageCount, version: VERSION }));
     console.log(`${((performance.now() - started) / 1000).toFixed(1)} s`);
@@ -205,11 +215,9 @@ async function measure(dataset: ImageFolder, pipeline: string, transform: Compos
   });
   let seen = 0;
   let images = 0;
-  let checksum = 0;
   let started = 0;
   let cpuStart = process.cpuUsage();
   for await (const batch of loader) {
-    checksum = (checksum + batch.images[batch.images.length - 1]! + batch.flips[0]!) & 0xffff;
     if (++seen === warmBatches) {
       started = performance.now();
       cpuStart = process.cpuUsage();
@@ -221,7 +229,6 @@ async function measure(dataset: ImageFolder, pipeline: string, transform: Compos
   const cpu = process.cpuUsage(cpuStart);
   await loader.close();
   const cpuSeconds = (cpu.user + cpu.system) / 1e6;
-  void checksum;
   return {
     pipeline,
     workers,
@@ -266,22 +273,36 @@ interface ReferenceRow {
   imagesPerCpuSecond: number | null;
 }
 
-interface Reference {
-  available: boolean;
-  reason?: string;
-  rows?: ReferenceRow[];
-  versions?: Record<string, string>;
-  python?: string;
+interface AvailableReference {
+  available: true;
+  rows: ReferenceRow[];
+  versions: { torch: string; torchvision: string; pillow: string };
+  python: string;
 }
+
+type Reference = AvailableReference | { available: false; reason: string };
 
 /** torchvision's DataLoader (PIL) with one worker on the same folder and pipelines, if installed. */
 function torchvisionReference(root: string): Reference {
-  const probe = spawnSync(python, ['-c', 'import torch, torchvision, PIL; print(torch.__version__, torchvision.__version__, PIL.__version__)'], { encoding: 'utf8' });
+  const probe = spawnSync(
+    python,
+    ['-c', 'import torch, torchvision, PIL; print(torch.__version__, torchvision.__version__, PIL.__version__)'],
+    { encoding: 'utf8' },
+  );
   if (probe.status !== 0) {
-    const why = probe.error ? String(probe.error.message) : (probe.stderr.trim().split('\n').pop() ?? 'import failed');
-    return { available: false, reason: `${python} cannot import torchvision here (${why}); give an interpreter that can with --python or PYTHON` };
+    const why = probe.error ? probe.error.message : (probe.stderr.trim().split('\n').pop() ?? 'import failed');
+    return {
+      available: false,
+      reason: `${python} cannot import torchvision here (${why}); give an interpreter that can with --python or PYTHON`,
+    };
   }
   const [torch, torchvision, pil] = probe.stdout.trim().split(' ');
+  if (torch === undefined || torchvision === undefined || pil === undefined) {
+    return {
+      available: false,
+      reason: `${python} printed no torch, torchvision and PIL versions: ${probe.stdout.trim()}`,
+    };
+  }
   // The worker's CPU time comes from /proc (Linux) at the start and the end of the timed batches,
   // read while it is alive; the main process's from process_time (all its threads).
   const script = `
@@ -330,13 +351,35 @@ for name, tf in pipelines.items():
                  'cpuMsPerImage': used * 1000 / images if used else None, 'imagesPerCpuSecond': images / used if used else None})
 print('RESULT ' + json.dumps(rows))
 `;
-  const run = spawnSync(python, ['-c', script, root, String(batchSize), String(prefetch + 1), String(Math.ceil(timedImages / batchSize)), String(prefetch)], {
-    encoding: 'utf8',
-    env: { ...process.env, OMP_NUM_THREADS: '1' },
-  });
+  const run = spawnSync(
+    python,
+    [
+      '-c',
+      script,
+      root,
+      String(batchSize),
+      String(prefetch + 1),
+      String(Math.ceil(timedImages / batchSize)),
+      String(prefetch),
+    ],
+    {
+      encoding: 'utf8',
+      env: { ...process.env, OMP_NUM_THREADS: '1' },
+    },
+  );
   const line = run.stdout.split('\n').find((l) => l.startsWith('RESULT '));
-  if (run.status !== 0 || !line) return { available: false, reason: `the torchvision run failed: ${run.stderr.trim().split('\n').slice(-3).join(' ')}` };
-  return { available: true, rows: JSON.parse(line.slice(7)) as ReferenceRow[], versions: { torch: torch!, torchvision: torchvision!, pillow: pil! }, python };
+  if (run.status !== 0 || !line) {
+    return {
+      available: false,
+      reason: `the torchvision run failed: ${run.stderr.trim().split('\n').slice(-3).join(' ')}`,
+    };
+  }
+  return {
+    available: true,
+    rows: JSON.parse(line.slice(7)) as ReferenceRow[],
+    versions: { torch, torchvision, pillow: pil },
+    python,
+  };
 }
 
 function median(values: number[]): number {
@@ -363,18 +406,22 @@ function medianRow(runs: Row[]): Row {
 /** The medians of the reference's repeated runs (unavailable when any run was). */
 function medianReference(runs: Reference[]): Reference {
   const failed = runs.find((r) => !r.available);
-  if (failed || runs.length === 0) return failed ?? { available: false, reason: 'not run' };
-  const rows = runs[0]!.rows!.map((row, i) => {
-    const cpus = runs.map((r) => r.rows![i]!.cpuMsPerImage);
-    const known = cpus.every((c): c is number => c !== null);
+  if (failed) return failed;
+  const done = runs.filter((r) => r.available);
+  const first = done[0];
+  if (first === undefined) return { available: false, reason: 'not run' };
+  const known = (v: number | null): v is number => v !== null;
+  const rows = first.rows.map((row, i) => {
+    const cpuMs = done.map((r) => r.rows[i]!.cpuMsPerImage);
+    const perCpuSecond = done.map((r) => r.rows[i]!.imagesPerCpuSecond);
     return {
       pipeline: row.pipeline,
-      imagesPerSecond: median(runs.map((r) => r.rows![i]!.imagesPerSecond)),
-      cpuMsPerImage: known ? median(cpus) : null,
-      imagesPerCpuSecond: known ? median(runs.map((r) => r.rows![i]!.imagesPerCpuSecond!)) : null,
+      imagesPerSecond: median(done.map((r) => r.rows[i]!.imagesPerSecond)),
+      cpuMsPerImage: cpuMs.every(known) ? median(cpuMs) : null,
+      imagesPerCpuSecond: perCpuSecond.every(known) ? median(perCpuSecond) : null,
     };
   });
-  return { ...runs[0]!, rows };
+  return { ...first, rows };
 }
 
 const { root, meanBytes } = await benchFolder();
@@ -389,7 +436,9 @@ console.log(
     `UV_THREADPOOL_SIZE ${process.env.UV_THREADPOOL_SIZE ?? '4 (default)'}`,
 );
 const speedup = await parallelSpeedup(cores);
-console.log(`parallel speedup of ${cores} busy threads over one: ${speedup.toFixed(2)}x (worker scaling cannot exceed it)`);
+console.log(
+  `parallel speedup of ${cores} busy threads over one: ${speedup.toFixed(2)}x (worker scaling cannot exceed it)`,
+);
 const runs = new Map<string, Row[]>();
 const referenceRuns: Reference[] = [];
 for (let r = 0; r < repeats; r++) {
@@ -409,7 +458,9 @@ const reference = medianReference(referenceRuns);
 const pad = (s: string, n: number) => s.padStart(n);
 console.log('');
 if (repeats > 1) console.log(`medians of ${repeats} runs:`);
-console.log(`${'pipeline'.padEnd(10)}${pad('workers', 9)}${pad('images/s', 11)}${pad('per worker', 12)}${pad('CPU ms/img', 12)}${pad('img/CPU-s', 11)}`);
+console.log(
+  `${'pipeline'.padEnd(10)}${pad('workers', 9)}${pad('images/s', 11)}${pad('per worker', 12)}${pad('CPU ms/img', 12)}${pad('img/CPU-s', 11)}`,
+);
 for (const r of rows) {
   console.log(
     `${r.pipeline.padEnd(10)}${pad(r.workers === 0 ? 'main' : String(r.workers), 9)}${pad(r.imagesPerSecond.toFixed(1), 11)}` +
@@ -419,17 +470,24 @@ for (const r of rows) {
 console.log('');
 if (reference.available) {
   console.log(
-    `torchvision ${reference.versions!.torchvision} (PIL ${reference.versions!.pillow}) DataLoader, num_workers=1, same folder and pipelines` +
+    `torchvision ${reference.versions.torchvision} (PIL ${reference.versions.pillow}) DataLoader, num_workers=1, same folder and pipelines` +
       `${repeats > 1 ? `, medians of ${repeats} runs` : ''}:`,
   );
-  for (const r of reference.rows!) {
-    const cpu = r.cpuMsPerImage === null ? 'CPU time unknown' : `${r.cpuMsPerImage.toFixed(2)} CPU ms/img, ${r.imagesPerCpuSecond!.toFixed(1)} img/CPU-s`;
+  for (const r of reference.rows) {
+    const cpu =
+      r.cpuMsPerImage === null || r.imagesPerCpuSecond === null
+        ? 'CPU time unknown'
+        : `${r.cpuMsPerImage.toFixed(2)} CPU ms/img, ${r.imagesPerCpuSecond.toFixed(1)} img/CPU-s`;
     console.log(`  ${r.pipeline.padEnd(8)}${r.imagesPerSecond.toFixed(1)} images/s, ${cpu}`);
   }
 } else {
-  console.log(`torchvision reference: unavailable: ${reference.reason}. No published per-core figure for this pipeline is quoted.`);
+  console.log(
+    `torchvision reference: unavailable: ${reference.reason}. No published per-core figure for this pipeline is quoted.`,
+  );
 }
-const packageVersion = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+const packageVersion = (
+  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
 console.log(
   `RESULT ${JSON.stringify({
     bench: 'loader',

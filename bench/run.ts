@@ -15,7 +15,17 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Bench } from 'tinybench';
-import { Conv2d, CrossEntropyLoss, Linear, ResNet, SGD, Tensor, listBackends, memoryStats, type DType } from '../lib/index.js';
+import {
+  Conv2d,
+  CrossEntropyLoss,
+  Linear,
+  ResNet,
+  SGD,
+  Tensor,
+  listBackends,
+  memoryStats,
+  type DType,
+} from '../lib/index.js';
 
 const { values } = parseArgs({
   options: {
@@ -61,8 +71,14 @@ function convShapes(model: ResNet, x: Tensor): { convs: ConvShape[]; linearMacs:
         if (entry) entry.count++;
         else {
           found.set(key, {
-            key, input: [...input.shape], inChannels: m.inChannels, outChannels: m.outChannels, kernel: m.kernelSize[0],
-            stride: m.stride[0], padding: m.padding[0], count: 1,
+            key,
+            input: [...input.shape],
+            inChannels: m.inChannels,
+            outChannels: m.outChannels,
+            kernel: m.kernelSize[0],
+            stride: m.stride[0],
+            padding: m.padding[0],
+            count: 1,
             macs: out[0]! * out[1]! * out[2]! * m.outChannels * m.inChannels * m.kernelSize[0] * m.kernelSize[1],
           });
         }
@@ -81,7 +97,9 @@ function rssMiB(): number {
 }
 
 const cpu = listBackends().find((b) => b.name === 'cpu');
-console.log(`resnet-cuda bench: ResNet-${depth}, batch ${batch}, ${size}px, ${device}; ${cpu?.device ?? ''} [oneDNN ${cpu?.properties?.onednn}, ${cpu?.properties?.isa}, ${cpu?.properties?.threads} threads]`);
+console.log(
+  `resnet-cuda bench: ResNet-${depth}, batch ${batch}, ${size}px, ${device}; ${cpu?.device ?? ''} [oneDNN ${cpu?.properties?.onednn}, ${cpu?.properties?.isa}, ${cpu?.properties?.threads} threads]`,
+);
 
 const results: Record<string, unknown> = {
   date: new Date().toISOString(),
@@ -103,9 +121,21 @@ for (const dtype of dtypes) {
   const stepFlops = 3 * 2 * (convMacs + linearMacs); // forward + backward data + backward weights
 
   // 1. The convolutions one by one.
-  const layerBench = new Bench({ iterations: Math.max(2, Math.ceil(iterations / 2)), warmupIterations: 1, time: 0, warmupTime: 0 });
+  const layerBench = new Bench({
+    iterations: Math.max(2, Math.ceil(iterations / 2)),
+    warmupIterations: 1,
+    time: 0,
+    warmupTime: 0,
+  });
   const layerData = convs.map((c) => {
-    const conv = new Conv2d({ inChannels: c.inChannels, outChannels: c.outChannels, kernelSize: c.kernel, stride: c.stride, padding: c.padding, seed: 3 });
+    const conv = new Conv2d({
+      inChannels: c.inChannels,
+      outChannels: c.outChannels,
+      kernelSize: c.kernel,
+      stride: c.stride,
+      padding: c.padding,
+      seed: 3,
+    });
     const input = Tensor.randn(c.input, { seed: 4, device, dtype });
     const dy = Tensor.randn(conv.outputShape(c.input), { seed: 5, device, dtype });
     layerBench.add(c.key, () => {
@@ -116,7 +146,9 @@ for (const dtype of dtypes) {
   });
   await layerBench.run();
   let convSeconds = 0;
-  console.log(`\n${dtype}: convolutions of one ResNet-${depth} step, forward + backward (${layerBench.tasks[0]?.name ? 'tinybench mean' : ''})`);
+  console.log(
+    `\n${dtype}: convolutions of one ResNet-${depth} step, forward + backward (${layerBench.tasks[0]?.name ? 'tinybench mean' : ''})`,
+  );
   console.log('  input shape        conv            count   ms/call   GFLOP/s   implementation');
   for (const [i, task] of layerBench.tasks.entries()) {
     const r = task.result;
@@ -125,8 +157,21 @@ for (const dtype of dtypes) {
     const ms = r.latency.mean;
     convSeconds += (ms / 1000) * c.count;
     const gflops = (3 * 2 * c.macs) / (ms / 1000) / 1e9;
-    console.log(`  ${c.input.join('x').padEnd(18)} ${`${c.inChannels}->${c.outChannels} ${c.kernel}x${c.kernel}/${c.stride}`.padEnd(15)} ${String(c.count).padStart(5)} ${ms.toFixed(2).padStart(9)} ${gflops.toFixed(1).padStart(9)}   ${conv.implementation()}`);
-    (results.layers as unknown[]).push({ dtype, shape: c.input, inChannels: c.inChannels, outChannels: c.outChannels, kernel: c.kernel, stride: c.stride, count: c.count, ms, gflops, implementation: conv.implementation() });
+    console.log(
+      `  ${c.input.join('x').padEnd(18)} ${`${c.inChannels}->${c.outChannels} ${c.kernel}x${c.kernel}/${c.stride}`.padEnd(15)} ${String(c.count).padStart(5)} ${ms.toFixed(2).padStart(9)} ${gflops.toFixed(1).padStart(9)}   ${conv.implementation()}`,
+    );
+    (results.layers as unknown[]).push({
+      dtype,
+      shape: c.input,
+      inChannels: c.inChannels,
+      outChannels: c.outChannels,
+      kernel: c.kernel,
+      stride: c.stride,
+      count: c.count,
+      ms,
+      gflops,
+      implementation: conv.implementation(),
+    });
   }
   for (const { conv, input, dy } of layerData) {
     conv.releaseBuffers();
@@ -139,7 +184,11 @@ for (const dtype of dtypes) {
   // 2. The whole training step.
   const loss = new CrossEntropyLoss();
   const optimizer = new SGD(model, { lr: 0.01, momentum: 0.9, weightDecay: 1e-4 });
-  const labels = Tensor.from(Array.from({ length: batch }, (_, i) => i % 1000), [batch], { dtype: 'i32', device });
+  const labels = Tensor.from(
+    Array.from({ length: batch }, (_, i) => i % 1000),
+    [batch],
+    { dtype: 'i32', device },
+  );
   const step = () => {
     const value = loss.forward(model.forward(x), labels);
     model.backward(loss.backward());
@@ -163,12 +212,25 @@ for (const dtype of dtypes) {
   const rssAfter = rssMiB();
   const gflops = stepFlops / (stepMs / 1000) / 1e9;
   const ratio = stepMs / (convSeconds * 1000);
-  console.log(`  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s, ${ratio.toFixed(2)}x the conv-only time; loss ${last.toFixed(3)}`);
-  console.log(`  memory: RSS ${rssBefore.toFixed(0)} -> ${rssAfter.toFixed(0)} MiB over ${iterations + 1} steps; allocator ${(allocAfter.allocatedBytes / 2 ** 20).toFixed(0)} MiB live, ${(allocAfter.reservedBytes / 2 ** 20).toFixed(0)} MiB reserved, ${allocAfter.systemAllocationCount - allocBefore.systemAllocationCount} new system allocations`);
+  console.log(
+    `  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s, ${ratio.toFixed(2)}x the conv-only time; loss ${last.toFixed(3)}`,
+  );
+  console.log(
+    `  memory: RSS ${rssBefore.toFixed(0)} -> ${rssAfter.toFixed(0)} MiB over ${iterations + 1} steps; allocator ${(allocAfter.allocatedBytes / 2 ** 20).toFixed(0)} MiB live, ${(allocAfter.reservedBytes / 2 ** 20).toFixed(0)} MiB reserved, ${allocAfter.systemAllocationCount - allocBefore.systemAllocationCount} new system allocations`,
+  );
   (results.models as unknown[]).push({
-    dtype, stepMs, stepSd: r.latency.sd, imagesPerSecond: (batch * 1000) / stepMs, gflops, convOnlyMs: convSeconds * 1000, convOnlyGflops,
-    ratioToConvOnly: ratio, stepGflop: stepFlops / 1e9, rssMiB: { before: rssBefore, after: rssAfter },
-    allocator: allocAfter, newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,
+    dtype,
+    stepMs,
+    stepSd: r.latency.sd,
+    imagesPerSecond: (batch * 1000) / stepMs,
+    gflops,
+    convOnlyMs: convSeconds * 1000,
+    convOnlyGflops,
+    ratioToConvOnly: ratio,
+    stepGflop: stepFlops / 1e9,
+    rssMiB: { before: rssBefore, after: rssAfter },
+    allocator: allocAfter,
+    newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,
   });
   model.releaseBuffers();
   optimizer.dispose();

@@ -78,12 +78,29 @@ export class Communicator {
   #raw: RawCommunicator | null;
 
   constructor(options: CommunicatorOptions) {
-    const o = expectOptions<CommunicatorOptions>('Communicator options', options, ['device', 'uniqueId', 'rank', 'worldSize', 'timeoutSeconds']);
+    const o = expectOptions<CommunicatorOptions>('Communicator options', options, [
+      'device',
+      'uniqueId',
+      'rank',
+      'worldSize',
+      'timeoutSeconds',
+    ]);
     this.worldSize = expectInt('worldSize', o.worldSize, 1);
     this.rank = expectInt('rank', o.rank, 0, this.worldSize - 1);
     this.#timeout = expectNumber('timeoutSeconds', o.timeoutSeconds ?? 300, Number.MIN_VALUE);
-    if (typeof o.uniqueId !== 'string') throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'Expected the uniqueId string from createUniqueId() for uniqueId');
-    this.#raw = new (addon().Communicator)({ device: parseDevice(o.device), uniqueId: o.uniqueId, rank: this.rank, worldSize: this.worldSize, timeoutSeconds: this.#timeout });
+    if (typeof o.uniqueId !== 'string') {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'Expected the uniqueId string from createUniqueId() for uniqueId',
+      );
+    }
+    this.#raw = new (addon().Communicator)({
+      device: parseDevice(o.device),
+      uniqueId: o.uniqueId,
+      rank: this.rank,
+      worldSize: this.worldSize,
+      timeoutSeconds: this.#timeout,
+    });
   }
 
   /** Sums (or averages) `tensor` over all ranks, in place. */
@@ -93,7 +110,10 @@ export class Communicator {
 
   /** Copies rank `root`'s `tensor` to every rank, in place. */
   broadcast(tensor: Tensor, root = 0): void {
-    this.#comm().broadcast({ tensor: expectTensor('tensor', tensor).raw, root: expectInt('root', root, 0, this.worldSize - 1) });
+    this.#comm().broadcast({
+      tensor: expectTensor('tensor', tensor).raw,
+      root: expectInt('root', root, 0, this.worldSize - 1),
+    });
   }
 
   /** Waits for the queued collectives; throws (and aborts the group) on error or timeout. */

@@ -16,7 +16,10 @@ export function parseDevice(device: unknown, name = 'device'): string {
   if (device === 'cpu') return 'cpu';
   if (device === 'cuda') return 'cuda:0';
   if (typeof device === 'string' && /^cuda:\d{1,4}$/.test(device)) return `cuda:${Number(device.slice(5))}`;
-  throw new ResnetError('ERR_RC_DEVICE', `Expected 'cpu', 'cuda' or 'cuda:N' for ${name} but received ${describe(device)}`);
+  throw new ResnetError(
+    'ERR_RC_DEVICE',
+    `Expected 'cpu', 'cuda' or 'cuda:N' for ${name} but received ${describe(device)}`,
+  );
 }
 
 /** What each backend was built with and whether it can be used now. */
@@ -39,22 +42,22 @@ export interface MemoryStats {
 }
 
 /** Allocator statistics for a device. */
-export function memoryStats(device: string = 'cpu'): MemoryStats {
+export function memoryStats(device = 'cpu'): MemoryStats {
   return addon().memoryStats({ device: parseDevice(device) });
 }
 
 /** Resets `peakAllocatedBytes` to the current allocation. */
-export function resetPeakMemory(device: string = 'cpu'): void {
+export function resetPeakMemory(device = 'cpu'): void {
   addon().resetPeakMemory({ device: parseDevice(device) });
 }
 
 /** Returns cached, unused blocks to the system. */
-export function emptyCache(device: string = 'cpu'): void {
+export function emptyCache(device = 'cpu'): void {
   addon().emptyCache({ device: parseDevice(device) });
 }
 
 /** Waits until all work queued on the device has finished. */
-export function synchronize(device: string = 'cpu'): void {
+export function synchronize(device = 'cpu'): void {
   addon().synchronize({ device: parseDevice(device) });
 }
 

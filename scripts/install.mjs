@@ -15,12 +15,23 @@
 //   RESNET_CUDA_SKIP_NATIVE_BUILD=1  do nothing at all.
 //   RESNET_CUDA_FORBID_BUILD=1       fail instead of compiling (checks that a prebuilt binary is used).
 //   RESNET_CUDA_BUILD_CUDA=1 / =0    require / skip the CUDA backend (default: build it when possible).
+//   RESNET_CUDA_WERROR=1             compiler warnings are errors (CI sets it; off by default, so that a
+//                                    newer compiler's new warnings do not break an install).
 //
 // The build uses the headers of the Node.js that runs this script (<prefix>/include/node) and never
 // downloads Node.js headers: when they are absent, it falls back to the Node-API headers of the
 // `node-api-headers` package, which is all the addon includes.
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readFileSync,
+  readdirSync,
+  realpathSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join, relative } from 'node:path';
@@ -86,7 +97,11 @@ function buildTools() {
 }
 
 function hasNodeHeaders(prefix) {
-  return Boolean(prefix) && existsSync(join(prefix, 'include/node/node.h')) && existsSync(join(prefix, 'include/node/node_api.h'));
+  return (
+    Boolean(prefix) &&
+    existsSync(join(prefix, 'include/node/node.h')) &&
+    existsSync(join(prefix, 'include/node/node_api.h'))
+  );
 }
 
 /**
@@ -95,8 +110,12 @@ function hasNodeHeaders(prefix) {
  */
 function nodeDir(cmakeJs) {
   const prefix = (exe) => dirname(dirname(exe));
-  const candidates = [...new Set([process.env.npm_config_nodedir, prefix(process.execPath), prefix(realpathSync(process.execPath))])];
-  for (const prefix of candidates) if (hasNodeHeaders(prefix)) return { dir: prefix, what: `Node.js headers in ${join(prefix, 'include/node')}` };
+  const candidates = [
+    ...new Set([process.env.npm_config_nodedir, prefix(process.execPath), prefix(realpathSync(process.execPath))]),
+  ];
+  for (const prefix of candidates) {
+    if (hasNodeHeaders(prefix)) return { dir: prefix, what: `Node.js headers in ${join(prefix, 'include/node')}` };
+  }
 
   const cmakeJsRequire = createRequire(join(dirname(dirname(cmakeJs)), 'package.json'));
   const includeDir = cmakeJsRequire('node-api-headers').include_dir;
@@ -106,7 +125,10 @@ function nodeDir(cmakeJs) {
   for (const f of readdirSync(includeDir)) if (f.endsWith('.h')) copyFileSync(join(includeDir, f), join(target, f));
   // cmake-js checks for node.h before it would download headers; the addon itself includes only Node-API.
   writeFileSync(join(target, 'node.h'), '#error "resnet-cuda builds against Node-API only (node_api.h)"\n');
-  return { dir, what: `Node-API headers from node-api-headers (no Node.js headers under ${candidates.filter(Boolean).join(', ')})` };
+  return {
+    dir,
+    what: `Node-API headers from node-api-headers (no Node.js headers under ${candidates.filter(Boolean).join(', ')})`,
+  };
 }
 
 /**
@@ -119,15 +141,26 @@ function nodeDir(cmakeJs) {
 function cudaOptions() {
   const wanted = process.env.RESNET_CUDA_BUILD_CUDA;
   const mode = wanted === undefined || wanted === '' ? 'AUTO' : envFlag('RESNET_CUDA_BUILD_CUDA') ? 'ON' : 'OFF';
-  if (mode === 'OFF') return { enabled: false, args: ['--CDRC_CUDA=OFF'], what: 'without the CUDA backend (RESNET_CUDA_BUILD_CUDA=0)' };
+  if (mode === 'OFF') {
+    return { enabled: false, args: ['--CDRC_CUDA=OFF'], what: 'without the CUDA backend (RESNET_CUDA_BUILD_CUDA=0)' };
+  }
   const script = join(root, 'scripts', 'setup-cuda-sdk');
   if (!existsSync(script)) {
-    return { enabled: true, args: [`--CDRC_CUDA=${mode}`], what: 'with the CUDA backend if CMake finds a CUDA 13 toolkit (CUDA_HOME)' };
+    return {
+      enabled: true,
+      args: [`--CDRC_CUDA=${mode}`],
+      what: 'with the CUDA backend if CMake finds a CUDA 13 toolkit (CUDA_HOME)',
+    };
   }
   const r = spawnSync('bash', [script, '--print-root'], { cwd: root, encoding: 'utf8' });
   const cudaRoot = r.status === 0 ? (r.stdout.trim().split('\n').pop() ?? '') : '';
   if (cudaRoot) {
-    return { enabled: true, cudaRoot, args: [`--CDRC_CUDA=${mode}`, `--CDRC_CUDA_ROOT=${cudaRoot}`], what: `with the CUDA backend (toolkit ${cudaRoot})` };
+    return {
+      enabled: true,
+      cudaRoot,
+      args: [`--CDRC_CUDA=${mode}`, `--CDRC_CUDA_ROOT=${cudaRoot}`],
+      what: `with the CUDA backend (toolkit ${cudaRoot})`,
+    };
   }
   if (mode === 'ON') {
     fail([
@@ -135,14 +168,20 @@ function cudaOptions() {
       '(scripts/setup-cuda-sdk --print-root found none): run scripts/setup-cuda-sdk first, or set CUDA_HOME.',
     ]);
   }
-  return { enabled: false, args: ['--CDRC_CUDA=OFF'], what: 'CPU only (no CUDA toolkit: scripts/setup-cuda-sdk installs one)' };
+  return {
+    enabled: false,
+    args: ['--CDRC_CUDA=OFF'],
+    what: 'CPU only (no CUDA toolkit: scripts/setup-cuda-sdk installs one)',
+  };
 }
 
 /** The value of a variable in build/CMakeCache.txt, or undefined when it is not there. */
 function cachedValue(name) {
   const cache = join(root, 'build', 'CMakeCache.txt');
   if (!existsSync(cache)) return undefined;
-  const line = readFileSync(cache, 'utf8').split('\n').find((l) => l.startsWith(`${name}:`));
+  const line = readFileSync(cache, 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith(`${name}:`));
   return line === undefined ? undefined : line.slice(line.indexOf('=') + 1);
 }
 
@@ -158,16 +197,23 @@ function build(cmakeJs) {
   // records it), so a change of toolkit starts the configuration afresh.
   const previous = cachedValue('RC_CUDA_NVCC');
   if (cuda.enabled && previous) {
-    const candidates = cuda.cudaRoot ? [cuda.cudaRoot] : [process.env.CUDA_HOME, process.env.CUDA_PATH, '/usr/local/cuda'];
+    const candidates = cuda.cudaRoot
+      ? [cuda.cudaRoot]
+      : [process.env.CUDA_HOME, process.env.CUDA_PATH, '/usr/local/cuda'];
     const toolkit = candidates.find((dir) => dir && existsSync(join(dir, 'bin', 'nvcc')));
     if (toolkit && previous !== join(realpathSync(toolkit), 'bin', 'nvcc')) {
       log(`the CUDA toolkit changed (${previous} -> ${join(toolkit, 'bin', 'nvcc')}): configuring build/ afresh`);
-      for (const f of ['CMakeCache.txt', 'CMakeFiles']) rmSync(join(root, 'build', f), { recursive: true, force: true });
+      for (const f of ['CMakeCache.txt', 'CMakeFiles']) {
+        rmSync(join(root, 'build', f), { recursive: true, force: true });
+      }
     }
   }
   const headers = nodeDir(cmakeJs);
   const jobs = String(Math.max(1, availableParallelism()));
-  log(`building the native addon from source with CMake (${jobs} jobs) ${cuda.what}, using ${headers.what}`);
+  const werror = envFlag('RESNET_CUDA_WERROR');
+  log(
+    `building the native addon from source with CMake (${jobs} jobs${werror ? ', warnings as errors' : ''}) ${cuda.what}, using ${headers.what}`,
+  );
   const env = { ...process.env, npm_config_nodedir: headers.dir };
   // Configured every time, so that the CUDA settings above always apply (cmake-js alone configures
   // only a new build folder); an unchanged configuration rebuilds nothing.
@@ -178,8 +224,17 @@ function build(cmakeJs) {
     emulatorWanted === undefined || emulatorWanted === ''
       ? existsSync(join(root, 'test', 'cuda-emulator'))
       : envFlag('RESNET_CUDA_BUILD_EMULATOR');
+  // RC_WERROR is passed every time too, so that a value cached by an earlier build does not stay.
   const steps = [
-    [cmakeJs, 'configure', '--out', 'build', ...cuda.args, `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`],
+    [
+      cmakeJs,
+      'configure',
+      '--out',
+      'build',
+      ...cuda.args,
+      `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`,
+      `--CDRC_WERROR=${werror ? 'ON' : 'OFF'}`,
+    ],
     [cmakeJs, 'build', '--out', 'build', '--parallel', jobs],
   ];
   for (const args of steps) {
@@ -193,7 +248,9 @@ function build(cmakeJs) {
           'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 ocl-icd-opencl-dev',
           '(scripts/setup in the source repository installs all of it).',
           ...(cuda.enabled
-            ? ['The CUDA backend (native/cuda) is part of this build; RESNET_CUDA_BUILD_CUDA=0 builds the CPU backend only.']
+            ? [
+                'The CUDA backend (native/cuda) is part of this build; RESNET_CUDA_BUILD_CUDA=0 builds the CPU backend only.',
+              ]
             : []),
         ],
         r.status || 1,
@@ -212,7 +269,12 @@ if (envFlag('RESNET_CUDA_SKIP_NATIVE_BUILD')) {
 
 const tools = buildTools();
 if (forceBuild) {
-  if (tools.missing.length) fail([`cannot build from source: missing ${tools.missing.join(', ')}.`, 'Run `npm ci` in a source checkout first.']);
+  if (tools.missing.length) {
+    fail([
+      `cannot build from source: missing ${tools.missing.join(', ')}.`,
+      'Run `npm ci` in a source checkout first.',
+    ]);
+  }
   build(tools.cmakeJs);
   process.exit(0);
 }
@@ -233,7 +295,11 @@ if (found.found) {
   fail([
     `the prebuilt native addon ${rel(found.file)} does not load:`,
     found.error,
-    ...(lib ? [`A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgomp1 ocl-icd-libopencl1 libjpeg62-turbo`] : []),
+    ...(lib
+      ? [
+          `A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgomp1 ocl-icd-libopencl1 libjpeg62-turbo`,
+        ]
+      : []),
   ]);
 }
 fail([

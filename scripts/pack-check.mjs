@@ -31,7 +31,9 @@ function run(cmd, args, options = {}) {
   if (echo && output.trim()) console.log(output.trimEnd().replace(/^/gm, '  | '));
   if (r.error) throw new CheckError(`${cmd} ${args.join(' ')}: ${r.error.message}`);
   if (r.status !== 0) {
-    throw new CheckError(`${cmd} ${args.join(' ')} failed (${r.signal ?? `exit code ${r.status}`})${echo ? '' : `:\n${output.trimEnd()}`}`);
+    throw new CheckError(
+      `${cmd} ${args.join(' ')} failed (${r.signal ?? `exit code ${r.status}`})${echo ? '' : `:\n${output.trimEnd()}`}`,
+    );
   }
   return r;
 }
@@ -61,7 +63,9 @@ function pack() {
   const tarball = join(dest, info.filename);
   const files = info.files.map((f) => f.path);
   const mib = (statSync(tarball).size / 2 ** 20).toFixed(2);
-  step(`packed ${info.filename}: ${files.length} files, ${mib} MiB (unpacked ${(info.unpackedSize / 2 ** 20).toFixed(2)} MiB)`);
+  step(
+    `packed ${info.filename}: ${files.length} files, ${mib} MiB (unpacked ${(info.unpackedSize / 2 ** 20).toFixed(2)} MiB)`,
+  );
 
   const problems = [];
   const required = [
@@ -73,10 +77,16 @@ function pack() {
     'CMakeLists.txt',
   ];
   for (const f of required) if (!files.includes(f)) problems.push(`missing ${f}`);
-  if (!files.some((f) => f.startsWith(`prebuilds/${tuple}/`) && f.endsWith('.node'))) problems.push(`missing prebuilds/${tuple}/*.node`);
+  if (!files.some((f) => f.startsWith(`prebuilds/${tuple}/`) && f.endsWith('.node'))) {
+    problems.push(`missing prebuilds/${tuple}/*.node`);
+  }
   if (!files.some((f) => f.startsWith('native/') && f.endsWith('.cc'))) problems.push('missing native/ sources');
-  const unwanted = files.filter((f) => /^(build|test|bench|node_modules|dist\/(test|bench))\//.test(f) || f.endsWith('.map') || f.endsWith('.tgz'));
-  if (unwanted.length) problems.push(`unexpected files: ${unwanted.slice(0, 10).join(', ')}${unwanted.length > 10 ? ', ...' : ''}`);
+  const unwanted = files.filter(
+    (f) => /^(build|test|bench|node_modules|dist\/(test|bench))\//.test(f) || f.endsWith('.map') || f.endsWith('.tgz'),
+  );
+  if (unwanted.length) {
+    problems.push(`unexpected files: ${unwanted.slice(0, 10).join(', ')}${unwanted.length > 10 ? ', ...' : ''}`);
+  }
   if (problems.length) throw new CheckError(`the tarball is not right:\n  ${problems.join('\n  ')}`);
   return tarball;
 }
@@ -85,26 +95,40 @@ function install(tarball) {
   const project = temp('resnet-cuda-consumer-');
   // allowScripts: npm 11.16+ lists dependency install scripts nobody approved, and npm 12 skips them.
   // A tarball is approved by its file: address (a registry install would use `resnet-cuda`).
-  const manifest = { name: 'consumer', version: '1.0.0', private: true, type: 'module', allowScripts: { [`file:${tarball}`]: true } };
+  const manifest = {
+    name: 'consumer',
+    version: '1.0.0',
+    private: true,
+    type: 'module',
+    allowScripts: { [`file:${tarball}`]: true },
+  };
   writeFileSync(join(project, 'package.json'), JSON.stringify(manifest, null, 2) + '\n');
   step(`installing the tarball into an empty project (RESNET_CUDA_FORBID_BUILD=1)`);
   const env = { ...process.env, RESNET_CUDA_FORBID_BUILD: '1' };
   delete env.RESNET_CUDA_SKIP_NATIVE_BUILD;
   delete env.RESNET_CUDA_PREBUILD;
   delete env.PREBUILDS_ONLY;
-  const r = run(npm, ['install', tarball, '--prefer-offline', '--foreground-scripts', '--no-audit', '--no-fund', '--loglevel=warn'], {
-    cwd: project,
-    env,
-    echo: true,
-  });
+  const r = run(
+    npm,
+    ['install', tarball, '--prefer-offline', '--foreground-scripts', '--no-audit', '--no-fund', '--loglevel=warn'],
+    {
+      cwd: project,
+      env,
+      echo: true,
+    },
+  );
   // The install script must have run (not been skipped) and picked the prebuilt binary.
   if (!/resnet-cuda: using prebuilds\//.test(r.stdout + r.stderr)) {
     throw new CheckError('the package install script did not report using a prebuilt binary (did it run?)');
   }
   const installed = join(project, 'node_modules', 'resnet-cuda');
-  if (existsSync(join(installed, 'build'))) throw new CheckError('the install created node_modules/resnet-cuda/build: something was compiled');
+  if (existsSync(join(installed, 'build'))) {
+    throw new CheckError('the install created node_modules/resnet-cuda/build: something was compiled');
+  }
   const file = createRequire(join(project, 'package.json'))('node-gyp-build').resolve(installed);
-  if (!file.startsWith(join(installed, 'prebuilds', tuple) + '/')) throw new CheckError(`node-gyp-build resolves ${file}, not a prebuilt binary`);
+  if (!file.startsWith(join(installed, 'prebuilds', tuple) + '/')) {
+    throw new CheckError(`node-gyp-build resolves ${file}, not a prebuilt binary`);
+  }
   return project;
 }
 
@@ -160,7 +184,9 @@ function consume(project) {
   const line = r.stdout.split('\n').find((l) => l.startsWith('RESULT '));
   if (!line) throw new CheckError('the consumer printed no RESULT line');
   const result = JSON.parse(line.slice('RESULT '.length));
-  if (JSON.stringify(result.shape) !== '[2,10]') throw new CheckError(`logits.shape is ${JSON.stringify(result.shape)}, expected [2,10]`);
+  if (JSON.stringify(result.shape) !== '[2,10]') {
+    throw new CheckError(`logits.shape is ${JSON.stringify(result.shape)}, expected [2,10]`);
+  }
   if (typeof result.backend !== 'string' || !result.backend) throw new CheckError('listBackends()[0].name is empty');
 
   step('running the installed command line (node_modules/.bin/resnet-cuda doctor --json)');

@@ -29,7 +29,9 @@ const files = [
   { from: join(release, 'libresnet_cuda_backend.so'), to: 'libresnet_cuda_backend.so', required: false },
 ];
 for (const f of files) {
-  if (f.required && !existsSync(f.from)) fail(`${relative(root, f.from)} is missing: run \`npm run build:native\` first.`);
+  if (f.required && !existsSync(f.from)) {
+    fail(`${relative(root, f.from)} is missing: run \`npm run build:native\` first.`);
+  }
 }
 
 // Start from an empty folder so that nothing from an older build (a backend no longer built) remains.
@@ -56,5 +58,9 @@ const r = spawnSync(process.execPath, ['-e', code, root], {
 });
 if (r.status !== 0) fail(`the copied addon does not load:\n${r.stderr.trim()}`);
 const loaded = JSON.parse(r.stdout);
-if (dirname(loaded.file) !== outDir) fail(`node-gyp-build picked ${loaded.file}, not a file in ${relative(root, outDir)}`);
-console.log(`prebuild: ${relative(root, loaded.file)} loads (native ${loaded.version}); ${readdirSync(outDir).length} file(s) in ${relative(root, outDir)}/`);
+if (dirname(loaded.file) !== outDir) {
+  fail(`node-gyp-build picked ${loaded.file}, not a file in ${relative(root, outDir)}`);
+}
+console.log(
+  `prebuild: ${relative(root, loaded.file)} loads (native ${loaded.version}); ${readdirSync(outDir).length} file(s) in ${relative(root, outDir)}/`,
+);

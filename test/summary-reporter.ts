@@ -5,7 +5,7 @@
 import type { Reporter, SerializedError, TestModule } from 'vitest/node';
 
 export default class SummaryReporter implements Reporter {
-  onTestRunEnd(testModules: ReadonlyArray<TestModule>, unhandledErrors: ReadonlyArray<SerializedError>): void {
+  onTestRunEnd(testModules: readonly TestModule[], unhandledErrors: readonly SerializedError[]): void {
     let passed = 0;
     let failed = unhandledErrors.length;
     let skipped = 0;

@@ -62,7 +62,7 @@ export function cudaDeviceCount(): number {
   return listBackends().find((b) => b.name === 'cuda')?.deviceCount ?? 0;
 }
 
-function assert(condition: boolean, message: string): void {
+function assert(condition: boolean, message: string): asserts condition {
   if (!condition) throw new Error(message);
 }
 
@@ -79,7 +79,13 @@ function relativeError(a: Float32Array, b: Float32Array): number {
 type Model = ReturnType<typeof ResNet18>;
 
 /** A training step of `model` with SGD on fixed inputs, returning the loss tensor. */
-function sgdStepper(model: Model, x: Tensor, labels: Tensor, options: { lr: number; momentum: number; weightDecay?: number }, labelSmoothing = 0) {
+function sgdStepper(
+  model: Model,
+  x: Tensor,
+  labels: Tensor,
+  options: { lr: number; momentum: number; weightDecay?: number },
+  labelSmoothing = 0,
+) {
   const loss = new CrossEntropyLoss({ labelSmoothing });
   const optimizer = new SGD(model, options);
   const step = () => {
@@ -93,7 +99,11 @@ function sgdStepper(model: Model, x: Tensor, labels: Tensor, options: { lr: numb
 }
 
 function labelsFor(n: number, classes: number, device: string, stride = 1): Tensor {
-  return Tensor.from(Array.from({ length: n }, (_, i) => (i * stride) % classes), [n], { dtype: 'i32', device });
+  return Tensor.from(
+    Array.from({ length: n }, (_, i) => (i * stride) % classes),
+    [n],
+    { dtype: 'i32', device },
+  );
 }
 
 export const gpuChecks: GpuCheck[] = [
@@ -101,8 +111,8 @@ export const gpuChecks: GpuCheck[] = [
     name: 'the CUDA backend is available and reports its device',
     run: ({ log }) => {
       const cuda = listBackends().find((b) => b.name === 'cuda');
-      assert(!!cuda?.available, `cuda is not available: ${cuda?.reason}`);
-      log(`${cuda!.device} ${JSON.stringify(cuda!.properties)}`);
+      assert(cuda?.available === true, `cuda is not available: ${cuda?.reason}`);
+      log(`${cuda.device} ${JSON.stringify(cuda.properties)}`);
     },
   },
   {
@@ -111,23 +121,36 @@ export const gpuChecks: GpuCheck[] = [
       const [batch, size] = scale === 'full' ? [32, 224] : [2, 32];
       const x = Tensor.randn([batch, size, size, 3], { seed: 3, device, dtype: 'bf16' });
       const labels = labelsFor(batch, 1000, device, 13);
-      const make = () => sgdStepper(ResNet50({ seed: 7, device }), x, labels, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 }, 0.1);
+      const make = () =>
+        sgdStepper(ResNet50({ seed: 7, device }), x, labels, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 }, 0.1);
       const eager = make();
       const eagerLosses = [0, 1, 2].map(() => eager.step().item());
       const captured = make();
       const graphLosses = [captured.step().item()];
-      let lossTensor: Tensor | null = null;
+      // Set by the captured step; the type keeps TypeScript from taking it for null below.
+      let lossTensor = null as Tensor | null;
       const graph = CudaGraph.capture(device, () => {
         lossTensor = captured.step();
       });
+      assert(lossTensor !== null, 'the captured step returned no loss');
       for (let i = 0; i < 2; i++) {
         graph.replay();
-        graphLosses.push((lossTensor as Tensor | null)!.item());
+        graphLosses.push(lossTensor.item());
       }
       synchronize(device);
-      log(`eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`);
-      eagerLosses.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v), `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`));
-      const err = relativeError(captured.model.arena().params.toFloat32Array(), eager.model.arena().params.toFloat32Array());
+      log(
+        `eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`,
+      );
+      eagerLosses.forEach((v, i) =>
+        assert(
+          Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v),
+          `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`,
+        ),
+      );
+      const err = relativeError(
+        captured.model.arena().params.toFloat32Array(),
+        eager.model.arena().params.toFloat32Array(),
+      );
       assert(err < 1e-3, `parameters after three steps differ by ${err}`);
       graph.dispose();
     },
@@ -136,7 +159,10 @@ export const gpuChecks: GpuCheck[] = [
     name: 'LAMB, AdamW and the gradient norm over a model arena are deterministic and match the CPU',
     run: ({ device, scale, log }) => {
       // The same random gradients on the CPU and twice on the device; two steps of each optimizer.
-      const build = (where: string) => (scale === 'full' ? ResNet50({ seed: 5, device: where }) : ResNet18({ numClasses: 10, smallInput: true, seed: 5, device: where }));
+      const build = (where: string) =>
+        scale === 'full'
+          ? ResNet50({ seed: 5, device: where })
+          : ResNet18({ numClasses: 10, smallInput: true, seed: 5, device: where });
       const grads = Tensor.randn([build('cpu').arena().size], { seed: 6, std: 1e-2 }).toFloat32Array();
       const run = (where: string, kind: 'lamb' | 'adamw') => {
         const model = build(where);
@@ -156,9 +182,18 @@ export const gpuChecks: GpuCheck[] = [
         const cpu = run('cpu', kind);
         const first = run(device, kind);
         const second = run(device, kind);
-        assert(first.norm === second.norm, `${kind}: gradient norms of two runs differ: ${first.norm} and ${second.norm}`);
-        assert(first.after.every((v, i) => Object.is(v, second.after[i])), `${kind}: two runs on ${device} differ`);
-        assert(Math.abs(first.norm - cpu.norm) <= 1e-5 * cpu.norm, `${kind}: gradient norm ${first.norm} on ${device}, ${cpu.norm} on cpu`);
+        assert(
+          first.norm === second.norm,
+          `${kind}: gradient norms of two runs differ: ${first.norm} and ${second.norm}`,
+        );
+        assert(
+          first.after.every((v, i) => Object.is(v, second.after[i])),
+          `${kind}: two runs on ${device} differ`,
+        );
+        assert(
+          Math.abs(first.norm - cpu.norm) <= 1e-5 * cpu.norm,
+          `${kind}: gradient norm ${first.norm} on ${device}, ${cpu.norm} on cpu`,
+        );
         const err = relativeError(first.delta, cpu.delta);
         log(`${kind}: update vs cpu ${err.toExponential(2)}, norm ${first.norm}`);
         assert(err < 1e-5, `${kind}: the update differs from the CPU's by ${err}`);
@@ -192,7 +227,13 @@ export const gpuChecks: GpuCheck[] = [
   {
     name: 'an NCCL communicator of one rank all-reduces and broadcasts in place',
     run: ({ device }) => {
-      const comm = new Communicator({ device, uniqueId: createUniqueId(device), rank: 0, worldSize: 1, timeoutSeconds: 60 });
+      const comm = new Communicator({
+        device,
+        uniqueId: createUniqueId(device),
+        rank: 0,
+        worldSize: 1,
+        timeoutSeconds: 60,
+      });
       const t = Tensor.from([1, 2, 3, 4], [4], { device });
       comm.allReduce(t);
       comm.allReduce(t, { average: true });
@@ -209,7 +250,11 @@ export const gpuChecks: GpuCheck[] = [
       const [batch, size] = scale === 'full' ? [16, 32] : [2, 8];
       const x = Tensor.randn([batch, size, size, 3], { seed: 5, device, dtype: 'bf16' });
       const labels = labelsFor(batch, 10, device);
-      const make = () => sgdStepper(ResNet18({ numClasses: 10, smallInput: true, seed: 4, device }), x, labels, { lr: 0.02, momentum: 0.9 });
+      const make = () =>
+        sgdStepper(ResNet18({ numClasses: 10, smallInput: true, seed: 4, device }), x, labels, {
+          lr: 0.02,
+          momentum: 0.9,
+        });
       // Another model's step at 8x the batch between replays: its convolutions may need more scratch
       // than the captured ones, which replaces the scratch buffer the graph points at.
       const big = ResNet18({ numClasses: 10, smallInput: true, seed: 9, device });
@@ -225,19 +270,31 @@ export const gpuChecks: GpuCheck[] = [
       const captured = make();
       const graphLosses = [captured.step().item()];
       const doomed = Tensor.zeros([1 << 20], { device });
-      let lossTensor: Tensor | null = null;
+      // Set by the captured step; the type keeps TypeScript from taking it for null below.
+      let lossTensor = null as Tensor | null;
       const graph = CudaGraph.capture(device, () => {
         lossTensor = captured.step();
         doomed.dispose();
       });
+      assert(lossTensor !== null, 'the captured step returned no loss');
       for (let i = 0; i < 3; i++) {
         if (i === 1) bigStep();
         graph.replay();
-        graphLosses.push((lossTensor as Tensor | null)!.item());
+        graphLosses.push(lossTensor.item());
       }
-      log(`eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`);
-      eagerLosses.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v), `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`));
-      const err = relativeError(captured.model.arena().params.toFloat32Array(), eager.model.arena().params.toFloat32Array());
+      log(
+        `eager ${eagerLosses.map((v) => v.toFixed(5)).join(' ')} | graph ${graphLosses.map((v) => v.toFixed(5)).join(' ')}`,
+      );
+      eagerLosses.forEach((v, i) =>
+        assert(
+          Number.isFinite(v) && Math.abs(v - graphLosses[i]!) <= 1e-3 * Math.abs(v),
+          `step ${i}: eager loss ${v} vs graph ${graphLosses[i]}`,
+        ),
+      );
+      const err = relativeError(
+        captured.model.arena().params.toFloat32Array(),
+        eager.model.arena().params.toFloat32Array(),
+      );
       assert(err < 1e-3, `parameters after four steps differ by ${err}`);
       graph.dispose();
       const adamModel = ResNet18({ numClasses: 10, smallInput: true, seed: 4, device });
@@ -249,7 +306,10 @@ export const gpuChecks: GpuCheck[] = [
       } catch (error) {
         refused = error as Error & { code?: string };
       }
-      assert(refused?.code === 'ERR_RC_INVALID_ARGUMENT' && /cannot be captured/.test(refused.message), `AdamW capture: ${refused?.code} ${refused?.message}`);
+      assert(
+        refused?.code === 'ERR_RC_INVALID_ARGUMENT' && refused.message.includes('cannot be captured'),
+        `AdamW capture: ${refused?.code} ${refused?.message}`,
+      );
     },
   },
   {
@@ -259,7 +319,10 @@ export const gpuChecks: GpuCheck[] = [
       const on = (device: string) => {
         const x = Tensor.randn([4, 16, 16, 3], { seed: 21, device, dtype: 'bf16' });
         const model = ResNet18({ numClasses: 10, smallInput: true, seed: 2, device: 'cuda:0' });
-        return sgdStepper(device === 'cuda:0' ? model : model.to(device), x, labelsFor(4, 10, device), { lr: 0.05, momentum: 0.9 });
+        return sgdStepper(device === 'cuda:0' ? model : model.to(device), x, labelsFor(4, 10, device), {
+          lr: 0.05,
+          momentum: 0.9,
+        });
       };
       const first = on('cuda:0');
       const second = on('cuda:1');
@@ -268,9 +331,19 @@ export const gpuChecks: GpuCheck[] = [
         losses[0]!.push(first.step().item());
         losses[1]!.push(second.step().item());
       }
-      log(`cuda:0 ${losses[0]!.map((v) => v.toFixed(5)).join(' ')} | cuda:1 ${losses[1]!.map((v) => v.toFixed(5)).join(' ')}`);
-      losses[0]!.forEach((v, i) => assert(Number.isFinite(v) && Math.abs(v - losses[1]![i]!) <= 1e-3 * Math.abs(v), `step ${i}: ${v} on cuda:0, ${losses[1]![i]} on cuda:1`));
-      const err = relativeError(second.model.arena().params.toFloat32Array(), first.model.arena().params.toFloat32Array());
+      log(
+        `cuda:0 ${losses[0]!.map((v) => v.toFixed(5)).join(' ')} | cuda:1 ${losses[1]!.map((v) => v.toFixed(5)).join(' ')}`,
+      );
+      losses[0]!.forEach((v, i) =>
+        assert(
+          Number.isFinite(v) && Math.abs(v - losses[1]![i]!) <= 1e-3 * Math.abs(v),
+          `step ${i}: ${v} on cuda:0, ${losses[1]![i]} on cuda:1`,
+        ),
+      );
+      const err = relativeError(
+        second.model.arena().params.toFloat32Array(),
+        first.model.arena().params.toFloat32Array(),
+      );
       assert(err < 1e-3, `parameters after three steps differ by ${err}`);
     },
   },
@@ -283,7 +356,10 @@ export const gpuChecks: GpuCheck[] = [
       } catch (error) {
         const e = error as Error & { code?: string };
         assert(e.code === 'ERR_RC_OUT_OF_MEMORY', `expected ERR_RC_OUT_OF_MEMORY, got ${e.code}: ${e.message}`);
-        assert(/tried to allocate/.test(e.message) && /free/.test(e.message), `message lacks sizes: ${e.message}`);
+        assert(
+          e.message.includes('tried to allocate') && e.message.includes('free'),
+          `message lacks sizes: ${e.message}`,
+        );
       }
     },
   },
@@ -294,21 +370,51 @@ export const gpuChecks: GpuCheck[] = [
       const transform = () => new Compose([new CenterCrop({ size: 32 })]);
       for (const amp of ['bf16', 'fp16'] as const) {
         const model = ResNet18({ numClasses: 4, smallInput: true, seed: 1, device });
-        const optimizer = new SGD(parameterGroups(model, { weightDecay: 5e-4 }), { lr: 0.01, momentum: 0.9, nesterov: true });
-        const train = new DataLoader(new ShapesDataset({ length: full ? 3200 : 16, size: 32, classes: 4, seed: 1 }), { batchSize: full ? 32 : 8, transform: transform(), workers: 0, shuffle: true, seed: 1 });
-        const val = new DataLoader(new ShapesDataset({ length: full ? 512 : 8, size: 32, classes: 4, seed: 2 }), { batchSize: full ? 128 : 8, transform: transform(), workers: 0, seed: 1 });
+        const optimizer = new SGD(parameterGroups(model, { weightDecay: 5e-4 }), {
+          lr: 0.01,
+          momentum: 0.9,
+          nesterov: true,
+        });
+        const train = new DataLoader(new ShapesDataset({ length: full ? 3200 : 16, size: 32, classes: 4, seed: 1 }), {
+          batchSize: full ? 32 : 8,
+          transform: transform(),
+          workers: 0,
+          shuffle: true,
+          seed: 1,
+        });
+        const val = new DataLoader(new ShapesDataset({ length: full ? 512 : 8, size: 32, classes: 4, seed: 2 }), {
+          batchSize: full ? 128 : 8,
+          transform: transform(),
+          workers: 0,
+          seed: 1,
+        });
         const trainer = new Trainer({
-          model, optimizer, amp, device, clipGradNorm: 5, ema: { decay: 0.98 }, progress: false, labelSmoothing: 0.05,
-          normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, schedule: new CosineAnnealingLR({ tMax: 100 }),
+          model,
+          optimizer,
+          amp,
+          device,
+          clipGradNorm: 5,
+          ema: { decay: 0.98 },
+          progress: false,
+          labelSmoothing: 0.05,
+          normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+          schedule: new CosineAnnealingLR({ tMax: 100 }),
         });
         const result = await trainer.fit(train, { epochs: 1, val });
-        const acc = result.lastEval!.acc1;
-        log(`${amp}: ${result.steps} steps, val acc@1 ${(100 * acc).toFixed(1)}%, ema ${(100 * result.lastEvalEma!.acc1).toFixed(1)}%, loss scale ${trainer.scaler.lossScale}`);
+        const { lastEval, lastEvalEma } = result;
+        assert(lastEval !== undefined && lastEvalEma !== undefined, `${amp}: the run ended without an evaluation`);
+        const acc = lastEval.acc1;
+        log(
+          `${amp}: ${result.steps} steps, val acc@1 ${(100 * acc).toFixed(1)}%, ema ${(100 * lastEvalEma.acc1).toFixed(1)}%, loss scale ${trainer.scaler.lossScale}`,
+        );
         // The small run is too short to learn the task: it checks that every part of the step runs
         // and stays finite.
         if (full) assert(acc >= 0.9, `${amp}: validation accuracy ${acc} below 0.9`);
-        assert(Number.isFinite(result.lastEval!.loss), `${amp}: validation loss ${result.lastEval!.loss}`);
-        assert(trainer.scaler.enabled === (amp === 'fp16'), `${amp}: the GradScaler should be ${amp === 'fp16' ? 'on' : 'off'}`);
+        assert(Number.isFinite(lastEval.loss), `${amp}: validation loss ${lastEval.loss}`);
+        assert(
+          trainer.scaler.enabled === (amp === 'fp16'),
+          `${amp}: the GradScaler should be ${amp === 'fp16' ? 'on' : 'off'}`,
+        );
         await trainer.dispose();
         await train.close();
         await val.close();
