@@ -10,6 +10,7 @@ import { DataLoader, DataLoaderError, type Batch } from '../lib/data/loader.js';
 import { DistributedSampler, RandomSampler, SequentialSampler } from '../lib/data/sampler.js';
 import { ShapesDataset } from '../lib/data/shapes-dataset.js';
 import { SyntheticDataset } from '../lib/data/synthetic.js';
+import { workerExecArgv } from '../lib/data/worker-flags.js';
 import { CenterCrop, ColorJitter, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
 
 /** A batch's contents copied out of the shared slot (which the loader reuses). */
@@ -445,6 +446,12 @@ console.log('samples', n);`;
       expect(child.stderr).toBe('');
       expect(child.stdout.trim()).toBe('samples 8');
     }
+  });
+
+  it('keeps the Node flags that suit a worker and drops those that choose the main program', () => {
+    expect(
+      workerExecArgv(['--input-type', 'module', '-e', 'code', '--require', './hook.cjs', '--max-old-space-size=100', '-pe', '1', '--eval=2', '--import', 'tsx', '--watch', '--check']),
+    ).toEqual(['--require', './hook.cjs', '--max-old-space-size=100', '--import', 'tsx']);
   });
 
   it('warns that workers outnumber the threadpool only when sharp decodes (PNG), not for natively decoded JPEGs', async () => {
