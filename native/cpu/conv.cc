@@ -10,23 +10,15 @@ using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 using dnnl::memory;
 
-class CpuConv2dPlan final : public Conv2dPlan {
+using Forward = dnnl::convolution_forward;
+using BackwardData = dnnl::convolution_backward_data;
+using BackwardWeights = dnnl::convolution_backward_weights;
+
+class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardData, BackwardWeights> {
  public:
-  CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : ctx_(ctx), p_(p) {
+  CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : WeightedPlan(p.str()), ctx_(ctx), p_(p) {
     checkCpuComputeType(p.dtype, "conv2d");
     dnnlGuard(p.str(), [&] { build(); });
-  }
-
-  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
-    dnnlGuard(p_.str() + " forward", [&] { passes_.forward(x, weight, bias, y); });
-  }
-
-  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    dnnlGuard(p_.str() + " backward data", [&] { passes_.backwardData(dy, weight, dx); });
-  }
-
-  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
-    dnnlGuard(p_.str() + " backward weights", [&] { passes_.backwardWeights(x, dy, dWeight, dBias); });
   }
 
   std::string implementation() const override { return passes_.forwardPd().impl_info_str(); }
@@ -69,13 +61,8 @@ class CpuConv2dPlan final : public Conv2dPlan {
                   BackwardWeights::primitive_desc(bwdWDesc, attr, eng, fwdPd));
   }
 
-  using Forward = dnnl::convolution_forward;
-  using BackwardData = dnnl::convolution_backward_data;
-  using BackwardWeights = dnnl::convolution_backward_weights;
-
   CpuContext& ctx_;
   Conv2dParams p_;
-  WeightedPasses<Forward, BackwardData, BackwardWeights> passes_;
 };
 
 }  // namespace

@@ -10,23 +10,15 @@ using tag = dnnl::memory::format_tag;
 using dt = dnnl::memory::data_type;
 using dnnl::memory;
 
-class CpuLinearPlan final : public LinearPlan {
+using Forward = dnnl::inner_product_forward;
+using BackwardData = dnnl::inner_product_backward_data;
+using BackwardWeights = dnnl::inner_product_backward_weights;
+
+class CpuLinearPlan final : public WeightedPlan<LinearPlan, Forward, BackwardData, BackwardWeights> {
  public:
-  CpuLinearPlan(CpuContext& ctx, const LinearParams& p) : ctx_(ctx), p_(p) {
+  CpuLinearPlan(CpuContext& ctx, const LinearParams& p) : WeightedPlan(p.str()), ctx_(ctx), p_(p) {
     checkCpuComputeType(p.dtype, "linear");
     dnnlGuard(p.str(), [&] { build(); });
-  }
-
-  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
-    dnnlGuard(p_.str() + " forward", [&] { passes_.forward(x, weight, bias, y); });
-  }
-
-  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    dnnlGuard(p_.str() + " backward data", [&] { passes_.backwardData(dy, weight, dx); });
-  }
-
-  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
-    dnnlGuard(p_.str() + " backward weights", [&] { passes_.backwardWeights(x, dy, dWeight, dBias); });
   }
 
  private:
@@ -55,13 +47,8 @@ class CpuLinearPlan final : public LinearPlan {
                   BackwardWeights::primitive_desc(bwdWDesc, attr, eng, fwdPd));
   }
 
-  using Forward = dnnl::inner_product_forward;
-  using BackwardData = dnnl::inner_product_backward_data;
-  using BackwardWeights = dnnl::inner_product_backward_weights;
-
   CpuContext& ctx_;
   LinearParams p_;
-  WeightedPasses<Forward, BackwardData, BackwardWeights> passes_;
 };
 
 }  // namespace

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "cpu_context.h"
 
@@ -108,6 +110,32 @@ class WeightedPasses {
   dnnl::reorder accumulateWeight_;
   std::optional<WeightReorder> fwdReorder_, bwdReorder_;
   Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
+};
+
+// Conv2dPlan or LinearPlan over WeightedPasses: each pass runs under dnnlGuard, named by the
+// plan's description; the derived plan builds `passes_`.
+template <typename Plan, typename Forward, typename BackwardData, typename BackwardWeights>
+class WeightedPlan : public Plan {
+ public:
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
+    dnnlGuard(description_ + " forward", [&] { passes_.forward(x, weight, bias, y); });
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    dnnlGuard(description_ + " backward data", [&] { passes_.backwardData(dy, weight, dx); });
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
+    dnnlGuard(description_ + " backward weights", [&] { passes_.backwardWeights(x, dy, dWeight, dBias); });
+  }
+
+ protected:
+  explicit WeightedPlan(std::string description) : description_(std::move(description)) {}
+
+  WeightedPasses<Forward, BackwardData, BackwardWeights> passes_;
+
+ private:
+  std::string description_;
 };
 
 }  // namespace rc::cpu
