@@ -4,7 +4,7 @@
  * @packageDocumentation
  */
 import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan, type RawTensor } from '../binding.js';
-import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, expectPair, mismatch } from '../errors.js';
+import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, expectPair, invalid, mismatch } from '../errors.js';
 import { Random } from '../random.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { FLOAT_DTYPES, Module, ShapeCache, disposeAll } from './module.js';
@@ -13,10 +13,21 @@ import { Parameter } from './parameter.js';
 /** The largest size cuDNN, cuBLAS and our kernels take (32-bit ints); the native plans refuse more. */
 const MAX_SIZE = 2 ** 31 - 1;
 
+/** Refuses a size past {@link MAX_SIZE}, once it is known to be an integer of at least its minimum. */
+function expectWithinLimit(name: string, value: number): number {
+  if (value > MAX_SIZE) invalid(name, `an integer of at most ${MAX_SIZE} (the libraries' 32-bit limit)`, value);
+  return value;
+}
+
+/** An integer size of at least `min` and at most {@link MAX_SIZE}. */
+function expectSize(name: string, value: unknown, min: number): number {
+  return expectWithinLimit(name, expectInt(name, value, min));
+}
+
 /** A pair-or-scalar size of at least `min` and at most {@link MAX_SIZE}. */
 function expectSizePair(name: string, value: unknown, min: number): [number, number] {
   const pair = expectPair(name, value, min);
-  pair.forEach((v, i) => expectInt(typeof value === 'number' ? name : `${name}[${i}]`, v, min, MAX_SIZE));
+  pair.forEach((v, i) => expectWithinLimit(typeof value === 'number' ? name : `${name}[${i}]`, v));
   return pair;
 }
 
@@ -130,8 +141,8 @@ export class Conv2d extends Module {
   constructor(options: Conv2dOptions) {
     super();
     const o = expectOptions<Conv2dOptions>('Conv2d options', options, ['inChannels', 'outChannels', 'kernelSize', 'stride', 'padding', 'dilation', 'bias', 'seed']);
-    this.inChannels = expectInt('inChannels', o.inChannels, 1, MAX_SIZE);
-    this.outChannels = expectInt('outChannels', o.outChannels, 1, MAX_SIZE);
+    this.inChannels = expectSize('inChannels', o.inChannels, 1);
+    this.outChannels = expectSize('outChannels', o.outChannels, 1);
     this.kernelSize = expectSizePair('kernelSize', o.kernelSize, 1);
     this.stride = expectSizePair('stride', o.stride ?? 1, 1);
     this.padding = expectSizePair('padding', o.padding ?? 0, 0);
@@ -237,7 +248,7 @@ export class BatchNorm2d extends Module {
   constructor(options: BatchNorm2dOptions) {
     super();
     const o = expectOptions<BatchNorm2dOptions>('BatchNorm2d options', options, ['numFeatures', 'eps', 'momentum', 'relu']);
-    this.numFeatures = expectInt('numFeatures', o.numFeatures, 1, MAX_SIZE);
+    this.numFeatures = expectSize('numFeatures', o.numFeatures, 1);
     this.eps = expectNumber('eps', o.eps ?? 1e-5, Number.MIN_VALUE);
     this.momentum = expectNumber('momentum', o.momentum ?? 0.1, 0, 1);
     this.relu = expectBool('relu', o.relu ?? false);
@@ -507,8 +518,8 @@ export class Linear extends Module {
   constructor(options: LinearOptions) {
     super();
     const o = expectOptions<LinearOptions>('Linear options', options, ['inFeatures', 'outFeatures', 'bias', 'seed']);
-    this.inFeatures = expectInt('inFeatures', o.inFeatures, 1, MAX_SIZE);
-    this.outFeatures = expectInt('outFeatures', o.outFeatures, 1, MAX_SIZE);
+    this.inFeatures = expectSize('inFeatures', o.inFeatures, 1);
+    this.outFeatures = expectSize('outFeatures', o.outFeatures, 1);
     expectWeightSize('outFeatures', [this.outFeatures, this.inFeatures], 'outFeatures x inFeatures');
     const rng = new Random(o.seed);
     const bound = 1 / Math.sqrt(this.inFeatures);

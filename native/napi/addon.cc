@@ -22,48 +22,85 @@ using Fn = Napi::Value (*)(const Napi::CallbackInfo&);
 
 Backend& backendOf(const Tensor& t) { return backendFor(t.device()); }
 
-Napi::Value BatchNormForward(const Napi::CallbackInfo& info) {
+// The name an op was registered under (the function's data), for the options check's message.
+const char* opName(const Napi::CallbackInfo& info) { return static_cast<const char*>(info.Data()); }
+
+// An op that takes one argument struct: parses the options object into it and runs the op on the
+// backend of its `On` tensor (the backend checks the rest).
+template <typename Args, void (*Parse)(const Napi::Object&, Args&), auto On, void (Backend::*Op)(const Args&)>
+Napi::Value StructOp(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "batchNormForward");
-    BatchNormForwardArgs a;
-    a.x = getTensor(o, "x");
-    a.gamma = getTensor(o, "gamma");
-    a.beta = getTensor(o, "beta");
-    a.residual = getTensor(o, "residual", false);
-    a.y = getTensor(o, "y");
-    a.runningMean = getTensor(o, "runningMean");
-    a.runningVar = getTensor(o, "runningVar");
-    a.training = getBool(o, "training", true);
-    if (a.training) {
-      a.saveMean = getTensor(o, "saveMean");
-      a.saveInvStd = getTensor(o, "saveInvStd");
-    }
-    a.relu = getBool(o, "relu", false);
-    a.momentum = static_cast<float>(getNumber(o, "momentum", 0.1));
-    a.eps = static_cast<float>(getNumber(o, "eps", 1e-5));
-    backendOf(a.x).batchNormForward(a);
+    Args a;
+    Parse(optionsArg(info, opName(info)), a);
+    (backendOf(a.*On).*Op)(a);
     return info.Env().Undefined();
   });
 }
 
-Napi::Value BatchNormBackward(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "batchNormBackward");
-    BatchNormBackwardArgs a;
-    a.x = getTensor(o, "x");
-    a.relu = getBool(o, "relu", false);
-    a.y = getTensor(o, "y", a.relu);
-    a.dy = getTensor(o, "dy");
-    a.gamma = getTensor(o, "gamma");
+// The elements of option 'groups', an array of objects, each parsed by `parse`.
+template <typename Group>
+std::vector<Group> getGroups(const Napi::Object& o, Group (*parse)(const Napi::Object&)) {
+  Napi::Value groups = o.Get("groups");
+  RC_CHECK_ARG(groups.IsArray(), "option 'groups' must be an array of parameter groups");
+  Napi::Array array = groups.As<Napi::Array>();
+  std::vector<Group> out;
+  for (uint32_t i = 0; i < array.Length(); ++i) {
+    RC_CHECK_ARG(array.Get(i).IsObject(), "option 'groups'[" << i << "] must be an object");
+    out.push_back(parse(array.Get(i).As<Napi::Object>()));
+  }
+  return out;
+}
+
+// Option 'segments': an Int32Array of (offset, count, group) triples; absent (when allowed) is
+// an empty list, which the ops without groups read as "the whole arena".
+std::vector<ArenaSegment> getSegments(const Napi::Object& o, bool required) {
+  std::vector<ArenaSegment> out;
+  if (!required && !has(o, "segments")) return out;
+  Napi::Value segments = o.Get("segments");
+  RC_CHECK_ARG(segments.IsTypedArray(), "option 'segments' must be an Int32Array of (offset, count, group) triples");
+  Napi::TypedArray ta = segments.As<Napi::TypedArray>();
+  RC_CHECK_ARG(ta.TypedArrayType() == napi_int32_array && ta.ElementLength() % 3 == 0,
+               "option 'segments' must be an Int32Array whose length is a multiple of 3");
+  const int32_t* s = reinterpret_cast<const int32_t*>(static_cast<const char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+  for (size_t i = 0; i < ta.ElementLength(); i += 3) out.push_back(ArenaSegment{s[i], s[i + 1], s[i + 2]});
+  return out;
+}
+
+float getFloat(const Napi::Object& o, const char* key) { return static_cast<float>(getNumber(o, key)); }
+float getFloat(const Napi::Object& o, const char* key, double fallback) {
+  return static_cast<float>(getNumber(o, key, fallback));
+}
+
+void parseBatchNormForward(const Napi::Object& o, BatchNormForwardArgs& a) {
+  a.x = getTensor(o, "x");
+  a.gamma = getTensor(o, "gamma");
+  a.beta = getTensor(o, "beta");
+  a.residual = getTensor(o, "residual", false);
+  a.y = getTensor(o, "y");
+  a.runningMean = getTensor(o, "runningMean");
+  a.runningVar = getTensor(o, "runningVar");
+  a.training = getBool(o, "training", true);
+  if (a.training) {
     a.saveMean = getTensor(o, "saveMean");
     a.saveInvStd = getTensor(o, "saveInvStd");
-    a.dx = getTensor(o, "dx");
-    a.dGamma = getTensor(o, "dGamma");
-    a.dBeta = getTensor(o, "dBeta");
-    a.dResidual = getTensor(o, "dResidual", false);
-    backendOf(a.x).batchNormBackward(a);
-    return info.Env().Undefined();
-  });
+  }
+  a.relu = getBool(o, "relu", false);
+  a.momentum = getFloat(o, "momentum", 0.1);
+  a.eps = getFloat(o, "eps", 1e-5);
+}
+
+void parseBatchNormBackward(const Napi::Object& o, BatchNormBackwardArgs& a) {
+  a.x = getTensor(o, "x");
+  a.relu = getBool(o, "relu", false);
+  a.y = getTensor(o, "y", a.relu);
+  a.dy = getTensor(o, "dy");
+  a.gamma = getTensor(o, "gamma");
+  a.saveMean = getTensor(o, "saveMean");
+  a.saveInvStd = getTensor(o, "saveInvStd");
+  a.dx = getTensor(o, "dx");
+  a.dGamma = getTensor(o, "dGamma");
+  a.dBeta = getTensor(o, "dBeta");
+  a.dResidual = getTensor(o, "dResidual", false);
 }
 
 Napi::Value Relu(const Napi::CallbackInfo& info) {
@@ -97,9 +134,7 @@ Napi::Value Cast(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "cast");
     Tensor src = getTensor(o, "src");
-    Tensor dst = getTensor(o, "dst");
-    checkSameDevice(src, dst, "cast");
-    backendOf(src).cast(src, dst);
+    backendOf(src).cast(src, getTensor(o, "dst"));
     return info.Env().Undefined();
   });
 }
@@ -113,205 +148,111 @@ Napi::Value Fill(const Napi::CallbackInfo& info) {
   });
 }
 
-Napi::Value CrossEntropy(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "crossEntropy");
-    CrossEntropyArgs a;
-    a.logits = getTensor(o, "logits");
-    a.labels = getTensor(o, "labels");
-    a.loss = getTensor(o, "loss");
-    a.dLogits = getTensor(o, "dLogits", false);
-    a.labelSmoothing = static_cast<float>(getNumber(o, "labelSmoothing", 0.0));
-    a.gradScale = static_cast<float>(getNumber(o, "gradScale", 1.0));
-    backendOf(a.logits).crossEntropy(a);
-    return info.Env().Undefined();
-  });
+void parseCrossEntropy(const Napi::Object& o, CrossEntropyArgs& a) {
+  a.logits = getTensor(o, "logits");
+  a.labels = getTensor(o, "labels");
+  a.loss = getTensor(o, "loss");
+  a.dLogits = getTensor(o, "dLogits", false);
+  a.labelSmoothing = getFloat(o, "labelSmoothing", 0.0);
+  a.gradScale = getFloat(o, "gradScale", 1.0);
+}
+
+SgdGroup parseSgdGroup(const Napi::Object& g) {
+  SgdGroup group;
+  group.lr = getFloat(g, "lr");
+  group.momentum = getFloat(g, "momentum", 0.0);
+  group.dampening = getFloat(g, "dampening", 0.0);
+  group.weightDecay = getFloat(g, "weightDecay", 0.0);
+  group.nesterov = getBool(g, "nesterov", false);
+  return group;
 }
 
 // sgdStep({ params, grads, momentumBuffer?, groups: [{lr, momentum, dampening, weightDecay,
-//           nesterov}], segments: Int32Array/number[] of (offset, count, group) triples,
-//           firstStep, foundInf?, gradScaleInv })
-Napi::Value SgdStep(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "sgdStep");
-    SgdArgs a;
-    a.params = getTensor(o, "params");
-    a.grads = getTensor(o, "grads");
-    a.momentumBuffer = getTensor(o, "momentumBuffer", false);
-    a.foundInf = getTensor(o, "foundInf", false);
-    a.firstStep = getBool(o, "firstStep", false);
-    a.gradScaleInv = static_cast<float>(getNumber(o, "gradScaleInv", 1.0));
-    Napi::Value groups = o.Get("groups");
-    RC_CHECK_ARG(groups.IsArray(), "option 'groups' must be an array of parameter groups");
-    Napi::Array ga = groups.As<Napi::Array>();
-    for (uint32_t i = 0; i < ga.Length(); ++i) {
-      RC_CHECK_ARG(ga.Get(i).IsObject(), "option 'groups'[" << i << "] must be an object");
-      Napi::Object g = ga.Get(i).As<Napi::Object>();
-      SgdGroup group;
-      group.lr = static_cast<float>(getNumber(g, "lr"));
-      group.momentum = static_cast<float>(getNumber(g, "momentum", 0.0));
-      group.dampening = static_cast<float>(getNumber(g, "dampening", 0.0));
-      group.weightDecay = static_cast<float>(getNumber(g, "weightDecay", 0.0));
-      group.nesterov = getBool(g, "nesterov", false);
-      a.groups.push_back(group);
-    }
-    Napi::Value segments = o.Get("segments");
-    RC_CHECK_ARG(segments.IsTypedArray(), "option 'segments' must be an Int32Array of (offset, count, group) triples");
-    Napi::TypedArray ta = segments.As<Napi::TypedArray>();
-    RC_CHECK_ARG(ta.TypedArrayType() == napi_int32_array && ta.ElementLength() % 3 == 0,
-                 "option 'segments' must be an Int32Array whose length is a multiple of 3");
-    const int32_t* s = reinterpret_cast<const int32_t*>(static_cast<const char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
-    for (size_t i = 0; i < ta.ElementLength(); i += 3) a.segments.push_back(ArenaSegment{s[i], s[i + 1], s[i + 2]});
-    backendOf(a.params).sgdStep(a);
-    return info.Env().Undefined();
-  });
+//           nesterov}], segments, firstStep, foundInf?, gradScaleInv })
+void parseSgd(const Napi::Object& o, SgdArgs& a) {
+  a.params = getTensor(o, "params");
+  a.grads = getTensor(o, "grads");
+  a.momentumBuffer = getTensor(o, "momentumBuffer", false);
+  a.foundInf = getTensor(o, "foundInf", false);
+  a.firstStep = getBool(o, "firstStep", false);
+  a.gradScaleInv = getFloat(o, "gradScaleInv", 1.0);
+  a.groups = getGroups(o, parseSgdGroup);
+  a.segments = getSegments(o, true);
 }
 
-// Option 'segments': an Int32Array of (offset, count, group) triples; absent (when allowed) is
-// an empty list, which the ops without groups read as "the whole arena".
-std::vector<ArenaSegment> getSegments(const Napi::Object& o, bool required) {
-  std::vector<ArenaSegment> out;
-  if (!required && !has(o, "segments")) return out;
-  Napi::Value segments = o.Get("segments");
-  RC_CHECK_ARG(segments.IsTypedArray(), "option 'segments' must be an Int32Array of (offset, count, group) triples");
-  Napi::TypedArray ta = segments.As<Napi::TypedArray>();
-  RC_CHECK_ARG(ta.TypedArrayType() == napi_int32_array && ta.ElementLength() % 3 == 0,
-               "option 'segments' must be an Int32Array whose length is a multiple of 3");
-  const int32_t* s = reinterpret_cast<const int32_t*>(static_cast<const char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
-  for (size_t i = 0; i < ta.ElementLength(); i += 3) out.push_back(ArenaSegment{s[i], s[i + 1], s[i + 2]});
-  return out;
+AdamGroup parseAdamGroup(const Napi::Object& g) {
+  AdamGroup group;
+  group.lr = getFloat(g, "lr");
+  group.beta1 = getFloat(g, "beta1", 0.9);
+  group.beta2 = getFloat(g, "beta2", 0.999);
+  group.eps = getFloat(g, "eps", 1e-8);
+  group.weightDecay = getFloat(g, "weightDecay", 0.0);
+  group.alwaysAdapt = getBool(g, "alwaysAdapt", false);
+  return group;
 }
 
 // The fields AdamW and LAMB share: { params, grads, expAvg, expAvgSq, groups: [{lr, beta1, beta2,
 // eps, weightDecay, alwaysAdapt}], segments, step, foundInf?, gradScaleInv? }.
-void getAdamArgs(const Napi::Object& o, AdamWArgs& a) {
+template <typename Args>
+void parseAdam(const Napi::Object& o, Args& a) {
   a.params = getTensor(o, "params");
   a.grads = getTensor(o, "grads");
   a.expAvg = getTensor(o, "expAvg");
   a.expAvgSq = getTensor(o, "expAvgSq");
   a.foundInf = getTensor(o, "foundInf", false);
   a.step = getInt(o, "step");
-  a.gradScaleInv = static_cast<float>(getNumber(o, "gradScaleInv", 1.0));
-  Napi::Value groups = o.Get("groups");
-  RC_CHECK_ARG(groups.IsArray(), "option 'groups' must be an array of parameter groups");
-  Napi::Array ga = groups.As<Napi::Array>();
-  for (uint32_t i = 0; i < ga.Length(); ++i) {
-    RC_CHECK_ARG(ga.Get(i).IsObject(), "option 'groups'[" << i << "] must be an object");
-    Napi::Object g = ga.Get(i).As<Napi::Object>();
-    AdamGroup group;
-    group.lr = static_cast<float>(getNumber(g, "lr"));
-    group.beta1 = static_cast<float>(getNumber(g, "beta1", 0.9));
-    group.beta2 = static_cast<float>(getNumber(g, "beta2", 0.999));
-    group.eps = static_cast<float>(getNumber(g, "eps", 1e-8));
-    group.weightDecay = static_cast<float>(getNumber(g, "weightDecay", 0.0));
-    group.alwaysAdapt = getBool(g, "alwaysAdapt", false);
-    a.groups.push_back(group);
-  }
+  a.gradScaleInv = getFloat(o, "gradScaleInv", 1.0);
+  a.groups = getGroups(o, parseAdamGroup);
   a.segments = getSegments(o, true);
 }
 
-Napi::Value AdamwStep(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    AdamWArgs a;
-    getAdamArgs(optionsArg(info, "adamwStep"), a);
-    backendOf(a.params).adamwStep(a);
-    return info.Env().Undefined();
-  });
-}
-
-Napi::Value LambStep(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    LambArgs a;
-    getAdamArgs(optionsArg(info, "lambStep"), a);
-    backendOf(a.params).lambStep(a);
-    return info.Env().Undefined();
-  });
-}
-
 // gradNorm({ grads, out, foundInf?, segments? })
-Napi::Value GradNorm(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "gradNorm");
-    GradNormArgs a;
-    a.grads = getTensor(o, "grads");
-    a.out = getTensor(o, "out");
-    a.foundInf = getTensor(o, "foundInf", false);
-    a.segments = getSegments(o, false);
-    backendOf(a.grads).gradNorm(a);
-    return info.Env().Undefined();
-  });
+void parseGradNorm(const Napi::Object& o, GradNormArgs& a) {
+  a.grads = getTensor(o, "grads");
+  a.out = getTensor(o, "out");
+  a.foundInf = getTensor(o, "foundInf", false);
+  a.segments = getSegments(o, false);
 }
 
 // unscaleAndCheck({ grads, invScale, foundInf, segments? })
-Napi::Value UnscaleAndCheck(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "unscaleAndCheck");
-    UnscaleArgs a;
-    a.grads = getTensor(o, "grads");
-    a.foundInf = getTensor(o, "foundInf");
-    a.invScale = static_cast<float>(getNumber(o, "invScale"));
-    a.segments = getSegments(o, false);
-    backendOf(a.grads).unscaleAndCheck(a);
-    return info.Env().Undefined();
-  });
+void parseUnscale(const Napi::Object& o, UnscaleArgs& a) {
+  a.grads = getTensor(o, "grads");
+  a.foundInf = getTensor(o, "foundInf");
+  a.invScale = getFloat(o, "invScale");
+  a.segments = getSegments(o, false);
 }
 
 // clipGradNorm({ grads, norm, maxNorm, segments? })
-Napi::Value ClipGradNorm(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "clipGradNorm");
-    ClipGradNormArgs a;
-    a.grads = getTensor(o, "grads");
-    a.norm = getTensor(o, "norm");
-    a.maxNorm = static_cast<float>(getNumber(o, "maxNorm"));
-    a.segments = getSegments(o, false);
-    backendOf(a.grads).clipGradNorm(a);
-    return info.Env().Undefined();
-  });
+void parseClipGradNorm(const Napi::Object& o, ClipGradNormArgs& a) {
+  a.grads = getTensor(o, "grads");
+  a.norm = getTensor(o, "norm");
+  a.maxNorm = getFloat(o, "maxNorm");
+  a.segments = getSegments(o, false);
 }
 
 // scalerUpdate({ scale, growthTracker, foundInf, growthFactor, backoffFactor, growthInterval })
-Napi::Value ScalerUpdate(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "scalerUpdate");
-    ScalerUpdateArgs a;
-    a.scale = getTensor(o, "scale");
-    a.growthTracker = getTensor(o, "growthTracker");
-    a.foundInf = getTensor(o, "foundInf");
-    a.growthFactor = static_cast<float>(getNumber(o, "growthFactor"));
-    a.backoffFactor = static_cast<float>(getNumber(o, "backoffFactor"));
-    a.growthInterval = getInt(o, "growthInterval");
-    backendOf(a.scale).scalerUpdate(a);
-    return info.Env().Undefined();
-  });
+void parseScalerUpdate(const Napi::Object& o, ScalerUpdateArgs& a) {
+  a.scale = getTensor(o, "scale");
+  a.growthTracker = getTensor(o, "growthTracker");
+  a.foundInf = getTensor(o, "foundInf");
+  a.growthFactor = getFloat(o, "growthFactor");
+  a.backoffFactor = getFloat(o, "backoffFactor");
+  a.growthInterval = getInt(o, "growthInterval");
 }
 
 // lerp({ a, b, weight }): a += weight * (b - a), in place.
-Napi::Value Lerp(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "lerp");
-    LerpArgs a;
-    a.a = getTensor(o, "a");
-    a.b = getTensor(o, "b");
-    a.weight = static_cast<float>(getNumber(o, "weight"));
-    backendOf(a.a).lerp(a);
-    return info.Env().Undefined();
-  });
+void parseLerp(const Napi::Object& o, LerpArgs& a) {
+  a.a = getTensor(o, "a");
+  a.b = getTensor(o, "b");
+  a.weight = getFloat(o, "weight");
 }
 
-Napi::Value ConvertInput(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] {
-    Napi::Object o = optionsArg(info, "convertInput");
-    ConvertInputArgs a;
-    a.src = getTensor(o, "src");
-    a.dst = getTensor(o, "dst");
-    a.flip = getTensor(o, "flip", false);
-    a.mean = getFloats(o, "mean");
-    a.std = getFloats(o, "std");
-    checkSameDevice(a.src, a.dst, "convertInput");
-    backendOf(a.src).convertInput(a);
-    return info.Env().Undefined();
-  });
+void parseConvertInput(const Napi::Object& o, ConvertInputArgs& a) {
+  a.src = getTensor(o, "src");
+  a.dst = getTensor(o, "dst");
+  a.flip = getTensor(o, "flip", false);
+  a.mean = getFloats(o, "mean");
+  a.std = getFloats(o, "std");
 }
 
 Napi::Value Synchronize(const Napi::CallbackInfo& info) {
@@ -423,22 +364,39 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Pool2dPlan", Pool2dPlanWrap::Init(env));
   exports.Set("Communicator", CommunicatorWrap::Init(env));
   const std::pair<const char*, Fn> functions[] = {
-      {"batchNormForward", BatchNormForward}, {"batchNormBackward", BatchNormBackward},
-      {"relu", Relu},                         {"reluBackward", ReluBackward},
-      {"add", Add},                           {"cast", Cast},
-      {"fill", Fill},                         {"crossEntropy", CrossEntropy},
-      {"sgdStep", SgdStep},                   {"convertInput", ConvertInput},
-      {"synchronize", Synchronize},           {"memoryStats", MemoryStatsFn},
-      {"resetPeakMemory", ResetPeakMemory},   {"emptyCache", EmptyCache},
-      {"listBackends", ListBackends},         {"beginCapture", BeginCapture},
-      {"endCapture", EndCapture},             {"replayGraph", ReplayGraph},
-      {"destroyGraph", DestroyGraph},         {"createUniqueId", CreateUniqueId},
-      {"adamwStep", AdamwStep},               {"lambStep", LambStep},
-      {"gradNorm", GradNorm},                 {"unscaleAndCheck", UnscaleAndCheck},
-      {"clipGradNorm", ClipGradNorm},         {"scalerUpdate", ScalerUpdate},
-      {"lerp", Lerp},
+      {"batchNormForward", StructOp<BatchNormForwardArgs, parseBatchNormForward, &BatchNormForwardArgs::x,
+                                    &Backend::batchNormForward>},
+      {"batchNormBackward", StructOp<BatchNormBackwardArgs, parseBatchNormBackward, &BatchNormBackwardArgs::x,
+                                     &Backend::batchNormBackward>},
+      {"crossEntropy", StructOp<CrossEntropyArgs, parseCrossEntropy, &CrossEntropyArgs::logits, &Backend::crossEntropy>},
+      {"sgdStep", StructOp<SgdArgs, parseSgd, &SgdArgs::params, &Backend::sgdStep>},
+      {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
+      {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},
+      {"gradNorm", StructOp<GradNormArgs, parseGradNorm, &GradNormArgs::grads, &Backend::gradNorm>},
+      {"unscaleAndCheck", StructOp<UnscaleArgs, parseUnscale, &UnscaleArgs::grads, &Backend::unscaleAndCheck>},
+      {"clipGradNorm", StructOp<ClipGradNormArgs, parseClipGradNorm, &ClipGradNormArgs::grads, &Backend::clipGradNorm>},
+      {"scalerUpdate", StructOp<ScalerUpdateArgs, parseScalerUpdate, &ScalerUpdateArgs::scale, &Backend::scalerUpdate>},
+      {"lerp", StructOp<LerpArgs, parseLerp, &LerpArgs::a, &Backend::lerp>},
+      {"convertInput", StructOp<ConvertInputArgs, parseConvertInput, &ConvertInputArgs::src, &Backend::convertInput>},
+      {"relu", Relu},
+      {"reluBackward", ReluBackward},
+      {"add", Add},
+      {"cast", Cast},
+      {"fill", Fill},
+      {"synchronize", Synchronize},
+      {"memoryStats", MemoryStatsFn},
+      {"resetPeakMemory", ResetPeakMemory},
+      {"emptyCache", EmptyCache},
+      {"listBackends", ListBackends},
+      {"beginCapture", BeginCapture},
+      {"endCapture", EndCapture},
+      {"replayGraph", ReplayGraph},
+      {"destroyGraph", DestroyGraph},
+      {"createUniqueId", CreateUniqueId},
   };
-  for (const auto& [name, fn] : functions) exports.Set(name, Napi::Function::New(env, fn, name));
+  for (const auto& [name, fn] : functions) {
+    exports.Set(name, Napi::Function::New(env, fn, name, const_cast<char*>(name)));
+  }
   RegisterImage(env, exports);
   exports.Set("version", Napi::String::New(env, RC_VERSION));
   return exports;

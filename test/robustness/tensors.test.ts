@@ -200,3 +200,75 @@ describe('layer sizes beyond what the libraries take', () => {
     expectCoded(() => new (addon().Pool2dPlan)({ ...pool, h: 2 ** 40 }), 'ERR_RC_INVALID_ARGUMENT', /32-bit/);
   });
 });
+
+describe('op arguments of the wrong dtype, shape or device through the public API', () => {
+  it('gives a coded error naming the argument, for a seeded choice of wrong tensors', async () => {
+    const rc = await import('../../lib/index.js');
+    const random = seeded(34);
+    const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
+    const wrongDtype = () => pick(['i32', 'i64', 'u8'] as const);
+    const cases: Array<[string, () => unknown, RegExp]> = [];
+    for (let i = 0; i < 6; i++) {
+      const n = 1 + Math.floor(random() * 3), hw = 4 + Math.floor(random() * 4), c = 1 + Math.floor(random() * 4);
+      const dtype = wrongDtype();
+      cases.push(
+        ['Conv2d dtype', () => new rc.Conv2d({ inChannels: c, outChannels: 2, kernelSize: 3 }).forward(rc.Tensor.zeros([n, hw, hw, c], { dtype })), /Conv2d input/],
+        ['Conv2d channels', () => new rc.Conv2d({ inChannels: c + 1, outChannels: 2, kernelSize: 3 }).forward(rc.Tensor.zeros([n, hw, hw, c])), /Conv2d input/],
+        ['Conv2d rank', () => new rc.Conv2d({ inChannels: c, outChannels: 2, kernelSize: 3 }).forward(rc.Tensor.zeros([hw, hw, c])), /Conv2d input/],
+        ['Conv2d kernel larger than input', () => new rc.Conv2d({ inChannels: c, outChannels: 2, kernelSize: hw + 1 }).forward(rc.Tensor.zeros([n, hw, hw, c])), /Conv2d input/],
+        ['BatchNorm2d channels', () => new rc.BatchNorm2d({ numFeatures: c + 1 }).forward(rc.Tensor.zeros([n, hw, hw, c])), /BatchNorm2d input/],
+        ['ReLU dtype', () => new rc.ReLU().forward(rc.Tensor.zeros([n, c], { dtype })), /ReLU input/],
+        ['MaxPool2d kernel larger than input', () => new rc.MaxPool2d({ kernelSize: hw + 1 }).forward(rc.Tensor.zeros([n, hw, hw, c])), /MaxPool2d input/],
+        ['MaxPool2d padding', () => new rc.MaxPool2d({ kernelSize: 2, padding: 2 }), /padding/],
+        ['Linear features', () => new rc.Linear({ inFeatures: c + 1, outFeatures: 2 }).forward(rc.Tensor.zeros([n, c])), /Linear input/],
+        ['Linear dtype', () => new rc.Linear({ inFeatures: c, outFeatures: 2 }).forward(rc.Tensor.zeros([n, c], { dtype })), /Linear input/],
+        ['CrossEntropyLoss labels', () => new rc.CrossEntropyLoss().forward(rc.Tensor.zeros([n, c]), Array.from({ length: n + 1 }, () => 0)), /labels/],
+        ['InputNormalize dtype', () => new rc.InputNormalize().forward(rc.Tensor.zeros([n, hw, hw, 3])), /images/],
+        ['ReLU gradOutput shape', () => {
+          const relu = new rc.ReLU();
+          relu.forward(rc.Tensor.zeros([n, c]));
+          return relu.backward(rc.Tensor.zeros([n, c + 1]));
+        }, /ReLU gradOutput/],
+      );
+    }
+    for (const [label, fn, names] of cases) {
+      let caught: unknown;
+      try {
+        fn();
+      } catch (e) {
+        caught = e;
+      }
+      expect(caught, label).toBeInstanceOf(Error);
+      expect((caught as { code?: string }).code, `${label}: ${String(caught)}`).toBe('ERR_RC_INVALID_ARGUMENT');
+      expect(String((caught as Error).message), label).toMatch(names);
+    }
+  });
+
+  it.skipIf(!existsSync(emulator) || !existsSync(dist))('refuses tensors on another device than the module or op, without crashing', () => {
+    const result = runIsolated(
+      `const { addon } = await import(${JSON.stringify(resolve('dist/lib/binding.js'))});
+       const cpu = (shape, dtype = 'f32') => rc.Tensor.zeros(shape, { dtype }), gpu = (shape, dtype = 'f32') => rc.Tensor.zeros(shape, { dtype, device: 'cuda:0' });
+       const errors = [];
+       const attempt = (label, fn) => { try { fn(); errors.push([label, 'no error']); } catch (e) { errors.push([label, e.code, e.message]); } };
+       attempt('relu', () => addon().relu({ x: cpu([4]).raw, y: gpu([4]).raw }));
+       attempt('add', () => addon().add({ a: gpu([4]).raw, b: gpu([4]).raw, out: cpu([4]).raw }));
+       attempt('cast', () => addon().cast({ src: cpu([4]).raw, dst: gpu([4], 'bf16').raw }));
+       attempt('lerp', () => addon().lerp({ a: gpu([4]).raw, b: cpu([4]).raw, weight: 0.5 }));
+       attempt('gradNorm', () => addon().gradNorm({ grads: cpu([4]).raw, out: gpu([1]).raw }));
+       attempt('scalerUpdate', () => addon().scalerUpdate({ scale: gpu([1]).raw, growthTracker: gpu([1], 'i32').raw, foundInf: cpu([1]).raw, growthFactor: 2, backoffFactor: 0.5, growthInterval: 10 }));
+       const plan = new (addon().LinearPlan)({ device: 'cuda:0', dtype: 'f32', n: 2, in: 3, out: 4, bias: false });
+       attempt('linear', () => plan.forward({ x: gpu([2, 3]).raw, weight: cpu([4, 3]).raw, y: gpu([2, 4]).raw }));
+       const linear = new rc.Linear({ inFeatures: 3, outFeatures: 4 });
+       linear.forward(cpu([2, 3]));
+       attempt('Linear module placed on cpu', () => linear.forward(gpu([2, 3])));
+       return errors;`,
+      { env: { RESNET_CUDA_BACKEND_LIBRARY: emulator } },
+    );
+    expect(result.signal, describeResult(result)).toBeNull();
+    expect(result.outcome?.ok, describeResult(result)).toBe(true);
+    for (const [label, code, message] of (result.outcome as { value: [string, string, string][] }).value) {
+      expect(code, `${label}: ${message}`).toMatch(/^ERR_RC_(INVALID_ARGUMENT|DEVICE)$/);
+      expect(message, label).toMatch(/device|cuda:0|cpu/);
+    }
+  });
+});

@@ -1,0 +1,141 @@
+// The three passes of a oneDNN plan over f32 master weights (conv2d and linear): the weights are
+// reordered into each primitive's preferred layout before forward and backward data, and the
+// weight gradient is reordered back with a sum post-op (+=) into the f32 master gradient; the
+// bias gradient is summed on the host.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "cpu_context.h"
+
+namespace rc::cpu {
+
+// The memory descriptors a plan builds its primitives from.
+struct WeightedLayout {
+  dnnl::memory::desc x, y, weightF32, bias;
+  dnnl::memory::dims weightDims;         // the master weights' logical dims, in oneDNN's order
+  dnnl::memory::format_tag weightTag;    // their plain layout (OHWI for conv, [out,in] for linear)
+  int64_t biasCount = 0;                 // 0 without a bias
+};
+
+template <typename Forward, typename BackwardData, typename BackwardWeights>
+class WeightedPasses {
+ public:
+  using ForwardPd = typename Forward::primitive_desc;
+  using BackwardDataPd = typename BackwardData::primitive_desc;
+  using BackwardWeightsPd = typename BackwardWeights::primitive_desc;
+
+  void build(CpuContext& ctx, const WeightedLayout& layout, ForwardPd fwdPd, BackwardDataPd bwdDataPd,
+             BackwardWeightsPd bwdWeightsPd) {
+    ctx_ = &ctx;
+    layout_ = layout;
+    fwdPd_ = fwdPd;
+    bwdDataPd_ = bwdDataPd;
+    bwdWeightsPd_ = bwdWeightsPd;
+    fwd_ = Forward(fwdPd_);
+    bwdData_ = BackwardData(bwdDataPd_);
+    bwdWeights_ = BackwardWeights(bwdWeightsPd_);
+    accumulateWeight_ = accumulatingReorder(ctx, bwdWeightsPd_.diff_weights_desc(), layout.weightF32);
+    fwdReorder_.emplace(ctx, layout.weightDims, layout.weightTag, fwdPd_.weights_desc());
+    bwdReorder_.emplace(ctx, layout.weightDims, layout.weightTag, bwdDataPd_.weights_desc());
+    fwdWeight_ = ctx.allocateBytes(fwdPd_.weights_desc().get_size());
+    bwdWeight_ = ctx.allocateBytes(bwdDataPd_.weights_desc().get_size());
+    diffWeight_ = ctx.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
+    if (layout.biasCount > 0) diffBias_ = ctx.allocate({layout.biasCount}, DType::F32);
+  }
+
+  const ForwardPd& forwardPd() const { return fwdPd_; }
+
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) {
+    auto& eng = ctx_->engine();
+    fwdReorder_->run(weight, fwdWeight_);
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, x.data())},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
+        {DNNL_ARG_DST, dnnl::memory(layout_.y, eng, y.data())},
+        {DNNL_ARG_SCRATCHPAD, scratchpad(fwdPd_.scratchpad_desc())}};
+    if (hasBias()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(layout_.bias, eng, bias.data()));
+    fwd_.execute(ctx_->stream(), args);
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) {
+    auto& eng = ctx_->engine();
+    bwdReorder_->run(weight, bwdWeight_);
+    bwdData_.execute(ctx_->stream(),
+                     {{DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, dy.data())},
+                      {DNNL_ARG_WEIGHTS, dnnl::memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
+                      {DNNL_ARG_DIFF_SRC, dnnl::memory(layout_.x, eng, dx.data())},
+                      {DNNL_ARG_SCRATCHPAD, scratchpad(bwdDataPd_.scratchpad_desc())}});
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) {
+    auto& eng = ctx_->engine();
+    auto& s = ctx_->stream();
+    const auto dwMd = bwdWeightsPd_.diff_weights_desc();
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, x.data())},
+        {DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, dy.data())},
+        {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(dwMd, eng, diffWeight_.data())},
+        {DNNL_ARG_SCRATCHPAD, scratchpad(bwdWeightsPd_.scratchpad_desc())}};
+    if (hasBias()) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(layout_.bias, eng, diffBias_.data()));
+    bwdWeights_.execute(s, args);
+    dnnl::memory blocked(dwMd, eng, diffWeight_.data());
+    dnnl::memory plain(layout_.weightF32, eng, dWeight.data());
+    accumulateWeight_.execute(s, blocked, plain);
+    if (hasBias()) {
+      const float* src = diffBias_.ptr<float>();
+      float* dst = dBias.ptr<float>();
+      for (int64_t i = 0; i < layout_.biasCount; ++i) dst[i] += src[i];
+    }
+  }
+
+ private:
+  bool hasBias() const { return layout_.biasCount > 0; }
+
+  dnnl::memory scratchpad(const dnnl::memory::desc& desc) {
+    return dnnl::memory(desc, ctx_->engine(), ctx_->scratch(desc.get_size()));
+  }
+
+  CpuContext* ctx_ = nullptr;
+  WeightedLayout layout_;
+  ForwardPd fwdPd_;
+  BackwardDataPd bwdDataPd_;
+  BackwardWeightsPd bwdWeightsPd_;
+  Forward fwd_;
+  BackwardData bwdData_;
+  BackwardWeights bwdWeights_;
+  dnnl::reorder accumulateWeight_;
+  std::optional<WeightReorder> fwdReorder_, bwdReorder_;
+  Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
+};
+
+// Conv2dPlan or LinearPlan over WeightedPasses: each pass runs under dnnlGuard, named by the
+// plan's description; the derived plan builds `passes_`.
+template <typename Plan, typename Forward, typename BackwardData, typename BackwardWeights>
+class WeightedPlan : public Plan {
+ public:
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
+    dnnlGuard(description_ + " forward", [&] { passes_.forward(x, weight, bias, y); });
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    dnnlGuard(description_ + " backward data", [&] { passes_.backwardData(dy, weight, dx); });
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
+    dnnlGuard(description_ + " backward weights", [&] { passes_.backwardWeights(x, dy, dWeight, dBias); });
+  }
+
+ protected:
+  explicit WeightedPlan(std::string description) : description_(std::move(description)) {}
+
+  WeightedPasses<Forward, BackwardData, BackwardWeights> passes_;
+
+ private:
+  std::string description_;
+};
+
+}  // namespace rc::cpu
