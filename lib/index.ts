@@ -147,8 +147,8 @@ export {
 } from './train/schedules.js';
 export { ConfusionMatrix, RunningAverage, accuracy, argmax, topkCorrect } from './train/metrics.js';
 export { SummaryWriter } from './train/outputs/tensorboard.js';
-export { crc32c } from './train/crc32c.js';
-export { plotConfusionMatrix, plotCurves, writePng } from './train/outputs/plots.js';
+export { plotConfusionMatrix, plotCurves } from './train/outputs/plots.js';
+export { AbortError } from './train/abort.js';
 export { JsonLinesLogger, ProgressBar, formatDuration } from './train/outputs/logging.js';
 export {
   decodeSafetensors,

@@ -80,7 +80,7 @@ describe('README examples', () => {
     expect(examples.length).toBeGreaterThanOrEqual(3);
   });
 
-  it('type-check against the package (strict)', () => {
+  it('type-check against the package (strict, unchecked index access)', () => {
     const prelude = join(work, 'prelude.d.ts');
     writeFileSync(prelude, PRELUDE_TYPES);
     // As in an ES-module project, where the examples' top-level await is allowed.
@@ -90,6 +90,7 @@ describe('README examples', () => {
       return f;
     }), {
       strict: true,
+      noUncheckedIndexedAccess: true,
       target: ts.ScriptTarget.ES2022,
       module: ts.ModuleKind.NodeNext,
       moduleResolution: ts.ModuleResolutionKind.NodeNext,

@@ -14,8 +14,9 @@ namespace rc::cuda {
 
 namespace {
 
-// Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp.
-constexpr int kBackendAbi = 3;
+// Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
+// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments).
+constexpr int kBackendAbi = 4;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
