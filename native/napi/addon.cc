@@ -34,10 +34,9 @@ Napi::Value BatchNormForward(const Napi::CallbackInfo& info) {
     a.runningMean = getTensor(o, "runningMean");
     a.runningVar = getTensor(o, "runningVar");
     a.training = getBool(o, "training", true);
-    if (a.training) {
-      a.saveMean = getTensor(o, "saveMean");
-      a.saveInvStd = getTensor(o, "saveInvStd");
-    }
+    // Inference saves the running statistics only when asked, for a backward in evaluation mode.
+    a.saveMean = getTensor(o, "saveMean", a.training);
+    a.saveInvStd = getTensor(o, "saveInvStd", a.training);
     a.relu = getBool(o, "relu", false);
     a.momentum = static_cast<float>(getNumber(o, "momentum", 0.1));
     a.eps = static_cast<float>(getNumber(o, "eps", 1e-5));
@@ -61,6 +60,7 @@ Napi::Value BatchNormBackward(const Napi::CallbackInfo& info) {
     a.dGamma = getTensor(o, "dGamma");
     a.dBeta = getTensor(o, "dBeta");
     a.dResidual = getTensor(o, "dResidual", false);
+    a.training = getBool(o, "training", true);
     backendOf(a.x).batchNormBackward(a);
     return info.Env().Undefined();
   });

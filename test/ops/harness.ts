@@ -209,6 +209,29 @@ export class Session {
     }
   }
 
+  /**
+   * For inputs holding NaN and ±inf: every element the reference makes NaN or infinite must be
+   * exactly that (a NaN must not turn into a number, nor a number into NaN), and the finite rest
+   * must agree within `tol` as in {@link check}.
+   */
+  checkSpecials(what: string, out: ArrayLike<number>, ref: ArrayLike<number>, tol: number): void {
+    if (out.length !== ref.length) this.fail(`${what}: ${out.length} elements, expected ${ref.length}`);
+    const finiteOut: number[] = [];
+    const finiteRef: number[] = [];
+    for (let i = 0; i < ref.length; ++i) {
+      const o = out[i]!;
+      const r = ref[i]!;
+      if (Number.isFinite(r) !== Number.isFinite(o) || (!Number.isFinite(r) && !Object.is(o, r))) {
+        this.fail(`${what}: element [${i}] is ${o}, expected ${r}`);
+      }
+      if (Number.isFinite(r)) {
+        finiteOut.push(o);
+        finiteRef.push(r);
+      }
+    }
+    this.check(`${what} (finite elements)`, finiteOut, finiteRef, tol);
+  }
+
   /** Throws unless out and ref are identical element by element (NaN equals NaN). */
   checkExact(what: string, out: ArrayLike<number>, ref: ArrayLike<number>): void {
     if (out.length !== ref.length) this.fail(`${what}: ${out.length} elements, expected ${ref.length}`);
