@@ -43,7 +43,7 @@ function compare(name: string, seed: number, what: string, analytic: Float64Arra
   if (!(err <= GRAD_TOL)) {
     throw new Error(
       `gradient check ${name} seed=${seed}: d loss/d ${what} from the reference backward differs from finite ` +
-        `differences by ${err.toExponential(3)} (tolerance ${GRAD_TOL}) [replay: OPS_SEED=${seed}]`,
+        `differences by ${err.toExponential(3)} (tolerance ${GRAD_TOL}) [replay: RESNET_TEST_SEED=${seed}]`,
     );
   }
 }

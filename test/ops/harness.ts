@@ -60,14 +60,14 @@ export function floatFormat(dtype: DTypeName): FloatFormat {
 }
 
 /**
- * The seed of this run: `OPS_SEED` from the environment when set (to replay a failure), else a
+ * The seed of this run: `RESNET_TEST_SEED` from the environment when set (to replay a failure), else a
  * fresh one, so every run tries new inputs.
  */
 export function suiteSeed(): number {
-  const fixed = process.env['OPS_SEED'];
+  const fixed = process.env['RESNET_TEST_SEED'];
   if (fixed !== undefined && fixed !== '') {
     const seed = Number(fixed);
-    if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`OPS_SEED must be a 32-bit unsigned integer, got '${fixed}'`);
+    if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`RESNET_TEST_SEED must be a 32-bit unsigned integer, got '${fixed}'`);
     return seed;
   }
   return freshSeed();
@@ -256,7 +256,7 @@ export class Session {
 
   /** Throws an {@link OpCheckError} prefixed with this case's identity. */
   fail(message: string): never {
-    throw new OpCheckError(`${this.describe()}: ${message} [replay: OPS_SEED=${this.ctx.seed}]`);
+    throw new OpCheckError(`${this.describe()}: ${message} [replay: RESNET_TEST_SEED=${this.ctx.seed}]`);
   }
 
   /** Disposes everything the case created, newest first. */
@@ -278,7 +278,7 @@ export function session(ctx: CaseContext, op: string, shapes: string, body: (s: 
     if (error instanceof OpCheckError) throw error;
     const e = error as Error & { code?: string };
     const wrapped = new OpCheckError(
-      `${s.describe()}: unexpected error${e.code ? ` ${e.code}` : ''}: ${e.message ?? String(error)} [replay: OPS_SEED=${ctx.seed}]`,
+      `${s.describe()}: unexpected error${e.code ? ` ${e.code}` : ''}: ${e.message ?? String(error)} [replay: RESNET_TEST_SEED=${ctx.seed}]`,
       { cause: error },
     );
     throw wrapped;
