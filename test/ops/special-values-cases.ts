@@ -12,13 +12,16 @@ import {
   batchNormBackward,
   batchNormInferenceForward,
   batchNormTrainingForward,
+  adamwStep,
   crossEntropy,
   distinctValues,
+  linearForward,
   maxPool2dBackward,
   maxPool2dForward,
   relu,
   reluBackward,
   resolvePool2d,
+  sgdStep,
   withSpecials,
   type Pool2dGeometry,
 } from '../reference/index.js';
@@ -248,6 +251,85 @@ function crossEntropyCase(labelSmoothing: number): OpCase {
   };
 }
 
+const LINEAR = { n: 5, in: 16, out: 7 };
+
+// Through oneDNN's and cuBLAS's GEMM: a NaN input makes its row NaN, an infinity its row ±inf (or
+// NaN where infinities of both signs meet), exactly as the float64 sum does.
+const linearCase: OpCase = {
+  name: `linear.forward NaN/inf x${fmtShape([LINEAR.n, LINEAR.in])} w${fmtShape([LINEAR.out, LINEAR.in])} bias`,
+  dtypes: ['f32'],
+  run: (ctx) =>
+    session(ctx, 'linear.forward NaN/inf', `x${fmtShape([LINEAR.n, LINEAR.in])}`, (s) => {
+      const g = LINEAR;
+      const x = s.q(s.rng.normals(g.n * g.in));
+      x[0 * g.in + 3] = NaN;
+      x[1 * g.in + 5] = Infinity;
+      x[2 * g.in + 1] = -Infinity;
+      x[3 * g.in + 2] = Infinity;
+      x[3 * g.in + 9] = -Infinity;
+      const w = s.q(s.rng.normals(g.out * g.in, 0, 0.3), 'f32');
+      const bias = s.q(s.rng.normals(g.out), 'f32');
+      const y = s.poisoned([g.n, g.out]);
+      const plan = s.own(new s.native.LinearPlan({ device: ctx.device, dtype: ctx.dtype, ...g, bias: true }));
+      plan.forward({ x: s.tensor([g.n, g.in], ctx.dtype, x), weight: s.tensor([g.out, g.in], 'f32', w), bias: s.tensor([g.out], 'f32', bias), y });
+      s.checkSpecials('y', s.read(y), linearForward(g, x, w, bias), tolerance(ctx.dtype));
+    }),
+};
+
+const ARENA = 4096;
+// Non-finite gradients inside the arena; the rest of it steps as usual.
+const BAD_GRADS: ReadonlyArray<[number, number]> = [[17, NaN], [1000, Infinity], [2049, -Infinity], [4000, NaN]];
+
+function badGrads(s: { rng: { normals(n: number): Float64Array }; q(v: ArrayLike<number>, d: DTypeName): Float64Array }): Float64Array {
+  const grads = new Float64Array(s.q(s.rng.normals(ARENA), 'f32'));
+  for (const [at, v] of BAD_GRADS) grads[at] = v;
+  return grads;
+}
+
+// Without the found-inf flag (no GradScaler) a non-finite gradient reaches its parameter and its
+// optimizer state, as in torch.optim; the others step as usual.
+const sgdCase: OpCase = {
+  name: `sgdStep NaN/inf gradients arena[${ARENA}] momentum`,
+  dtypes: ['f32'],
+  run: (ctx) =>
+    session(ctx, 'sgdStep NaN/inf', `arena[${ARENA}]`, (s) => {
+      const group = { lr: Math.fround(0.1), momentum: Math.fround(0.9), dampening: 0, weightDecay: Math.fround(1e-2), nesterov: true };
+      const params = s.q(s.rng.normals(ARENA), 'f32');
+      const buffer = s.q(s.rng.normals(ARENA), 'f32');
+      const grads = badGrads(s);
+      const pT = s.tensor([ARENA], 'f32', params);
+      const bT = s.tensor([ARENA], 'f32', buffer);
+      const segments = [{ offset: 0, count: ARENA, group: 0 }];
+      s.native.sgdStep({ params: pT, grads: s.tensor([ARENA], 'f32', grads), momentumBuffer: bT, groups: [group], segments: Int32Array.of(0, ARENA, 0), firstStep: false, gradScaleInv: 1 });
+      const ref = sgdStep({ params, grads, momentumBuffer: buffer, groups: [group], segments, firstStep: false, foundInf: 0, gradScaleInv: 1 });
+      s.checkSpecials('params', s.read(pT), ref.params, tolerance('f32'));
+      s.checkSpecials('momentumBuffer', s.read(bT), ref.momentumBuffer!, tolerance('f32'));
+    }),
+};
+
+const adamwCase: OpCase = {
+  name: `adamwStep NaN/inf gradients arena[${ARENA}]`,
+  dtypes: ['f32'],
+  run: (ctx) =>
+    session(ctx, 'adamwStep NaN/inf', `arena[${ARENA}]`, (s) => {
+      const group = { lr: Math.fround(1e-2), beta1: Math.fround(0.9), beta2: Math.fround(0.999), eps: Math.fround(1e-8), weightDecay: Math.fround(1e-2), alwaysAdapt: false };
+      const params = s.q(s.rng.normals(ARENA, 0, 0.1), 'f32');
+      const expAvg = s.q(s.rng.normals(ARENA, 0, 0.1), 'f32');
+      const expAvgSq = s.q(s.rng.uniforms(ARENA, 0, 0.5), 'f32');
+      const grads = badGrads(s);
+      const pT = s.tensor([ARENA], 'f32', params);
+      const mT = s.tensor([ARENA], 'f32', expAvg);
+      const vT = s.tensor([ARENA], 'f32', expAvgSq);
+      s.native.adamwStep({ params: pT, grads: s.tensor([ARENA], 'f32', grads), expAvg: mT, expAvgSq: vT, groups: [group], segments: Int32Array.of(0, ARENA, 0), step: 3, gradScaleInv: 1 });
+      const ref = adamwStep({ params, grads, expAvg, expAvgSq, groups: [group], segments: [{ offset: 0, count: ARENA, group: 0 }], step: 3, foundInf: 0, gradScaleInv: 1 });
+      // Compare the update where it is finite: the parameters are 0.1 and the update 1e-2.
+      const after = s.read(pT);
+      s.checkSpecials('params update (after - before)', after.map((p, i) => p - params[i]!), ref.params.map((p, i) => p - params[i]!), tolerance('f32'));
+      s.checkSpecials('expAvg', s.read(mT), ref.expAvg, tolerance('f32'));
+      s.checkSpecials('expAvgSq', s.read(vT), ref.expAvgSq, tolerance('f32'));
+    }),
+};
+
 /** Every op with NaN and ±inf in its inputs. */
 export const specialValueCases: OpCase[] = [
   ...reluCases,
@@ -263,4 +345,7 @@ export const specialValueCases: OpCase[] = [
   bnBackwardCase(true),
   crossEntropyCase(0),
   crossEntropyCase(0.1),
+  linearCase,
+  sgdCase,
+  adamwCase,
 ];
