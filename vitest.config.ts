@@ -40,7 +40,7 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'cuda-emulator-cases',
-          include: ['test/ema.test.ts'],
+          include: ['test/ema.test.ts', 'test/robustness/numerics.test.ts'],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },
       },

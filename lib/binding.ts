@@ -242,6 +242,8 @@ export interface RawAddon {
     dBeta: RawTensor;
     dResidual?: RawTensor;
     relu?: boolean;
+    /** false: saveMean/saveInvStd are the running statistics an inference forward saved (default true). */
+    training?: boolean;
   }): void;
   relu(args: { x: RawTensor; y: RawTensor }): void;
   reluBackward(args: { y: RawTensor; dy: RawTensor; dx: RawTensor }): void;

@@ -3,6 +3,7 @@
  * @packageDocumentation
  */
 import { addon, type DTypeName, type RawTensor } from './binding.js';
+import './dispose-symbol.js';
 import { parseDevice } from './device.js';
 import { ResnetError, expectNumber, expectOneOf, expectShape, invalid, mismatch } from './errors.js';
 import { Random } from './random.js';
@@ -176,6 +177,11 @@ export class Tensor {
   dispose(): void {
     this.#raw?.dispose();
     this.#raw = null;
+  }
+
+  /** `using t = Tensor.zeros(...)` disposes the tensor at the end of the block. */
+  [Symbol.dispose](): void {
+    this.dispose();
   }
 
   /** The values as a Float32Array (floats are widened; integers converted). */

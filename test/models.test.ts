@@ -182,6 +182,22 @@ describe('containers derive backward from their children', () => {
     expect(Math.abs(analytic - numeric) / Math.abs(numeric)).toBeLessThan(1e-2);
   });
 
+  it('a Bottleneck in evaluation mode (frozen batch-norm statistics, as in fine-tuning) matches finite differences', () => {
+    const downsample = new Sequential(new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, stride: 2, seed: 1 }), new BatchNorm2d({ numFeatures: 16 }));
+    const block = new Bottleneck(8, 4, 2, downsample, new Random(2));
+    // Running statistics away from their initial 0 and 1.
+    for (let i = 0; i < 3; i++) {
+      const batch = Tensor.randn([2, 6, 6, 8], { seed: 20 + i });
+      block.forward(batch);
+      batch.dispose();
+    }
+    block.eval();
+    const x = Tensor.randn([2, 6, 6, 8], { seed: 4 });
+    const { analytic, numeric } = directionalCheck(block, x, 14, 1e-4);
+    expect(Math.abs(analytic - numeric) / Math.abs(numeric)).toBeLessThan(1e-2);
+    block.dispose();
+  });
+
   it('a BasicBlock with the identity shortcut matches finite differences', () => {
     const block = new BasicBlock(4, 4, 1, null, new Random(3));
     const x = Tensor.randn([2, 5, 5, 4], { seed: 5 });

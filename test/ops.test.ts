@@ -1,13 +1,13 @@
 /**
  * Every op case of test/ops/cases.ts on every backend of this build, against the float64
- * reference. Inputs are fresh each run; the seed is printed, and OPS_SEED=<seed> replays it.
+ * reference. Inputs are fresh each run; the seed is printed, and RESNET_TEST_SEED=<seed> replays it.
  */
 import { describe, it } from 'vitest';
 import { addon } from '../lib/binding.js';
 import { cases, gradientChecks, suiteSeed } from './ops/cases.js';
 
 const seed = suiteSeed();
-console.log(`op tests: seed ${seed} (replay with OPS_SEED=${seed})`);
+console.log(`op tests: seed ${seed} (replay with RESNET_TEST_SEED=${seed})`);
 // RESNET_TEST_BACKENDS=cuda (comma-separated) limits the rows to those backends: the test project
 // that runs on the emulated CUDA backend uses it, as the CPU rows run in the main project.
 const only = process.env.RESNET_TEST_BACKENDS?.split(',').filter((name) => name !== '');

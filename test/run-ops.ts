@@ -1,7 +1,7 @@
 /**
  * The op test table without vitest: `node dist/test/run-ops.js [device...]` (default: every
  * available device). One line per case, then `N passed, N failed, N skipped`; exits non-zero
- * when a case fails. OPS_SEED=<seed> replays a run.
+ * when a case fails. RESNET_TEST_SEED=<seed> replays a run.
  */
 import { addon } from '../lib/binding.js';
 import { cases, gradientChecks, suiteSeed, type OpCase } from './ops/cases.js';
@@ -10,7 +10,7 @@ function main(argv: string[]): number {
   const backends = addon().listBackends();
   const devices = argv.length > 0 ? argv : backends.filter((b) => b.available).map((b) => b.name);
   const seed = suiteSeed();
-  console.log(`op tests: seed ${seed} (replay with OPS_SEED=${seed}); devices: ${devices.join(', ') || 'none'}`);
+  console.log(`op tests: seed ${seed} (replay with RESNET_TEST_SEED=${seed}); devices: ${devices.join(', ') || 'none'}`);
   let passed = 0;
   let failed = 0;
   let skipped = 0;

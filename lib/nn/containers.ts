@@ -38,6 +38,10 @@ export class Chain extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
+    return this.backwardOnce(this.constructor.name, () => this.#backward(gradOutput));
+  }
+
+  #backward(gradOutput: Tensor): Tensor | null {
     let g: Tensor | null = gradOutput;
     const n = this.#sequence.length;
     for (let i = n - 1; i >= 0; i--) {
@@ -95,6 +99,10 @@ export class Residual extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
+    return this.backwardOnce(this.constructor.name, () => this.#backward(gradOutput));
+  }
+
+  #backward(gradOutput: Tensor): Tensor | null {
     if (!this.#input) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name}.backward() was called before forward()`);
     let g: Tensor | null = this.#last.backward(gradOutput);
     const dIdentity = this.#last.residualGrad!;

@@ -190,7 +190,7 @@ export class Conv2d extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    return weightedBackward(this, this.#entry, this.#input, gradOutput);
+    return this.backwardOnce(this.constructor.name, () => weightedBackward(this, this.#entry, this.#input, gradOutput));
   }
 
   /** The implementation oneDNN/cuDNN chose for the last input shape (for logs and benchmarks). */
@@ -244,6 +244,8 @@ export class BatchNorm2d extends Module {
   #input: Tensor | null = null;
   #residual: Tensor | null = null;
   #entry: BnEntry | null = null;
+  /** The mode of the last forward, which decides its backward (batch or running statistics). */
+  #forwardTraining = true;
 
   constructor(options: BatchNorm2dOptions) {
     super();
@@ -292,6 +294,7 @@ export class BatchNorm2d extends Module {
       momentum: this.momentum, eps: this.eps,
     });
     if (this.training) this.bumpCounter('num_batches_tracked');
+    this.#forwardTraining = this.training;
     this.#input = x;
     this.#residual = residual ?? null;
     this.#entry = entry;
@@ -303,13 +306,20 @@ export class BatchNorm2d extends Module {
     return this.#residual ? this.#entry?.dResidual ?? null : null;
   }
 
+  /**
+   * Gradients of the last forward. After a training-mode forward they go through the batch
+   * statistics; after an evaluation-mode forward (fine-tuning with frozen statistics) the running
+   * statistics are constants, as in PyTorch: dx = dy·γ/√(running_var + ε), and dγ, dβ from x̂
+   * normalised with the running statistics.
+   */
   override backward(gradOutput: Tensor): Tensor | null {
+    return this.backwardOnce('BatchNorm2d', () => this.#backward(gradOutput));
+  }
+
+  #backward(gradOutput: Tensor): Tensor | null {
     const e = this.#entry;
     const x = this.#input;
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
-    if (!this.training) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'BatchNorm2d.backward() needs the batch statistics of a training-mode forward; call model.train() first');
-    }
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
     if (this.#residual) e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
@@ -318,7 +328,7 @@ export class BatchNorm2d extends Module {
     const dBeta = this.bias.requiresGrad ? this.bias.grad.raw : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
     addon().batchNormBackward({
       x: x.raw, y: e.y.raw, dy: gradOutput.raw, gamma: this.weight.data.raw, saveMean: e.saveMean.raw,
-      saveInvStd: e.saveInvStd.raw, dx: e.dx.raw, dGamma, dBeta, relu: this.relu,
+      saveInvStd: e.saveInvStd.raw, dx: e.dx.raw, dGamma, dBeta, relu: this.relu, training: this.#forwardTraining,
       ...(this.#residual ? { dResidual: e.dResidual!.raw } : {}),
     });
     return e.dx;
@@ -367,6 +377,10 @@ export class ReLU extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
+    return this.backwardOnce('ReLU', () => this.#backward(gradOutput));
+  }
+
+  #backward(gradOutput: Tensor): Tensor | null {
     const e = this.#entry;
     if (!e) return backwardBeforeForward('ReLU');
     expectTensor('ReLU gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
@@ -413,6 +427,10 @@ export abstract class Pool2d extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
+    return this.backwardOnce(this.constructor.name, () => this.#backward(gradOutput));
+  }
+
+  #backward(gradOutput: Tensor): Tensor | null {
     const e = this.#entry;
     const name = this.constructor.name;
     if (!e) return backwardBeforeForward(name);
@@ -487,9 +505,11 @@ export class Flatten extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    if (!this.#inputShape) return backwardBeforeForward('Flatten');
-    if (!this.requiresInputGrad) return null;
-    return gradOutput.reshape(this.#inputShape);
+    return this.backwardOnce('Flatten', () => {
+      if (!this.#inputShape) return backwardBeforeForward('Flatten');
+      if (!this.requiresInputGrad) return null;
+      return gradOutput.reshape(this.#inputShape);
+    });
   }
 }
 
@@ -544,7 +564,7 @@ export class Linear extends Module {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    return weightedBackward(this, this.#entry, this.#input, gradOutput);
+    return this.backwardOnce(this.constructor.name, () => weightedBackward(this, this.#entry, this.#input, gradOutput));
   }
 
   protected override disposeCache(): void {

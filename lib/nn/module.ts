@@ -4,6 +4,7 @@
  * children's.
  * @packageDocumentation
  */
+import '../dispose-symbol.js';
 import { parseDevice } from '../device.js';
 import { ResnetError, expectBool, invalid, mismatch } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';
@@ -66,6 +67,9 @@ export abstract class Module {
   readonly #buffers = new Map<string, BufferSlot>();
   #counters = new Map<string, bigint>();
   #device: string | null = null;
+  /** 'idle' before any forward, 'forwarded' until the backward of that forward, then 'backwarded'. */
+  #pass: 'idle' | 'forwarded' | 'backwarded' = 'idle';
+  #disposed = false;
 
   /** Computes the output for `x`; the result is owned by the module and reused next call. */
   abstract forward(x: Tensor): Tensor;
@@ -174,6 +178,7 @@ export abstract class Module {
    * before that this throws `ERR_RC_INVALID_ARGUMENT` rather than return tensors that do not exist.
    */
   namedBuffers(prefix = ''): [string, Tensor][] {
+    this.assertUsable('namedBuffers');
     const out: [string, Tensor][] = [];
     for (const [name, slot] of this.#buffers) {
       if (!slot.tensor) {
@@ -216,6 +221,7 @@ export abstract class Module {
    * gradients), and the buffers beside it. Gradients start at zero.
    */
   to(device: string): this {
+    this.assertUsable('to');
     const canonical = parseDevice(device);
     const params = this.parameters();
     const arena = params[0]?.arena;
@@ -228,6 +234,7 @@ export abstract class Module {
 
   /** The arena holding this module's parameters (materialising it on first use). */
   arena(): ParameterArena {
+    this.assertUsable('arena');
     const params = this.parameters();
     if (params.length === 0) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} has no parameters`);
     const arena = params[0]!.arena;
@@ -237,6 +244,7 @@ export abstract class Module {
 
   /** Sets the gradients of all parameters to zero. */
   zeroGrad(): void {
+    this.assertUsable('zeroGrad');
     const params = this.parameters();
     const arena = params[0]?.arena;
     if (arena && arena.entries.length === params.length && params.every((p) => p.arena === arena)) {
@@ -248,6 +256,7 @@ export abstract class Module {
 
   /** Parameters and buffers by torchvision name, on the host, in torchvision's layouts. */
   stateDict(): StateDict {
+    this.assertUsable('stateDict');
     const out: StateDict = new Map();
     for (const [prefix, m] of this.namedModules()) {
       const dot = prefix ? `${prefix}.` : '';
@@ -270,6 +279,7 @@ export abstract class Module {
    * unless the whole dict is valid.
    */
   loadStateDict(state: StateDict, options: { strict?: boolean } = {}): void {
+    this.assertUsable('loadStateDict');
     if (!(state instanceof Map)) throw new ResnetError('ERR_RC_STATE_DICT', 'loadStateDict expects a Map of name -> { shape, dtype, data }');
     const strict = options.strict ?? true;
     const targets = new Map<string, { shape: number[]; apply: (e: StateEntry) => void }>();
@@ -324,6 +334,7 @@ export abstract class Module {
 
   /** Checks the input of a layer and places the module on the input's device on first use. */
   protected prepare(x: Tensor, name: string): void {
+    this.assertUsable('forward');
     if (!(x instanceof Tensor)) mismatch(`${name} input`, 'a Tensor', typeof x);
     if (x.disposed) throw new ResnetError('ERR_RC_DISPOSED', `The input of ${name} was disposed and cannot be used`);
     if (this.#device === null) {
@@ -334,6 +345,72 @@ export abstract class Module {
     if (x.device !== this.#device) {
       mismatch(`${name} input`, `a tensor on ${this.#device} (the module's device; move the module with module.to())`, `a tensor on ${x.device}`);
     }
+    this.#pass = 'forwarded';
+  }
+
+  /**
+   * Runs a backward body once per forward, as PyTorch frees its graph after one backward:
+   * parameter gradients accumulate across forward/backward pairs (until `zeroGrad`), but a second
+   * backward of the same forward would add the same gradients again, so it is refused with
+   * `ERR_RC_INVALID_ARGUMENT` (as is a backward before any forward). When `body` throws (a bad
+   * gradOutput, say), the forward stays available for a corrected call.
+   */
+  protected backwardOnce<T>(name: string, body: () => T): T {
+    this.assertUsable('backward');
+    if (this.#pass === 'idle') throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${name}.backward() was called before forward()`);
+    if (this.#pass === 'backwarded') {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `${name}.backward() was called twice for one forward(); run forward() again first (gradients accumulate over forward/backward pairs until zeroGrad())`,
+      );
+    }
+    this.#pass = 'backwarded';
+    try {
+      return body();
+    } catch (error) {
+      this.#pass = 'forwarded';
+      throw error;
+    }
+  }
+
+  /** Whether {@link dispose} was called. */
+  get disposed(): boolean {
+    return this.#disposed;
+  }
+
+  /**
+   * Frees at once, without waiting for the garbage collector, everything this module and its
+   * children hold on their device: the parameter arena (values and gradients), the buffers (BN
+   * running statistics), and every cached plan and activation. Afterwards any use of the module
+   * (forward, backward, to, stateDict...) throws `ERR_RC_DISPOSED`; calling `dispose` again does
+   * nothing. An arena shared with modules outside this subtree (a child of a placed model) is freed
+   * by the model that owns it, not by the child: dispose the whole model.
+   */
+  dispose(): void {
+    if (this.#disposed) return;
+    const modules = this.namedModules().map(([, m]) => m);
+    const params = new Set(this.parameters());
+    const arenas = new Set<ParameterArena>();
+    for (const p of params) if (p.arena) arenas.add(p.arena);
+    for (const m of modules) {
+      m.disposeCache();
+      for (const slot of m.#buffers.values()) {
+        slot.tensor?.dispose();
+        slot.tensor = null;
+      }
+      m.#disposed = true;
+    }
+    for (const arena of arenas) if (arena.entries.every((p) => params.has(p))) arena.dispose();
+  }
+
+  /** `using model = ResNet18(...)` disposes the model at the end of the block. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  /** Throws `ERR_RC_DISPOSED` once the module was disposed. */
+  protected assertUsable(what: string): void {
+    if (this.#disposed) throw new ResnetError('ERR_RC_DISPOSED', `${this.constructor.name}.${what}(): the module was disposed and cannot be used`);
   }
 
   /** Frees every buffer and cached plan of this tree (parameters stay). */
@@ -361,9 +438,12 @@ export class ShapeCache<T extends { dispose(): void }> {
   readonly #entries = new Map<string, T>();
   constructor(private readonly limit = 4) {}
 
-  /** The entry for `x`'s shape and dtype, created with `make` when missing. */
+  /**
+   * The entry for `x`'s shape, dtype and device, created with `make` when missing: an entry holds
+   * tensors on the device it was made for, so inputs on another device get their own.
+   */
   get(x: Tensor, make: () => T): T {
-    const key = `${x.shape.join(',')}|${x.dtype}`;
+    const key = `${x.shape.join(',')}|${x.dtype}|${x.device}`;
     let entry = this.#entries.get(key);
     if (entry) {
       this.#entries.delete(key);

@@ -152,15 +152,21 @@ export class ParameterArena {
 
   /** @internal Frees the arena once no parameter lives in it any more. */
   releaseIfUnused(): void {
-    if (this.entries.every((p) => p.arena !== this)) {
-      for (const v of this.#views.values()) {
-        v.data.dispose();
-        v.grad.dispose();
-      }
-      this.#views.clear();
-      this.params.dispose();
-      this.grads.dispose();
+    if (this.entries.every((p) => p.arena !== this)) this.dispose();
+  }
+
+  /**
+   * Frees the values and gradients now; the parameters living here can no longer be read
+   * (`ERR_RC_DISPOSED`). `Module.dispose()` calls it for the arena of a whole model.
+   */
+  dispose(): void {
+    for (const v of this.#views.values()) {
+      v.data.dispose();
+      v.grad.dispose();
     }
+    this.#views.clear();
+    this.params.dispose();
+    this.grads.dispose();
   }
 
   #viewsOf(p: Parameter): { data: Tensor; grad: Tensor } {

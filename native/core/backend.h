@@ -101,6 +101,9 @@ struct BatchNormBackwardArgs {
   Tensor dGamma, dBeta;     // f32[C], accumulated
   Tensor dResidual;         // overwritten with the gradient reaching the residual, if defined
   bool relu = false;        // y is the ReLU output and masks dy
+  // false: the forward normalised with running statistics (saved by the inference forward), which
+  // are constants, so dx = dy * gamma * invStd without the batch-mean terms (PyTorch's eval mode).
+  bool training = true;
 };
 
 struct CrossEntropyArgs {

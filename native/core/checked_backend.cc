@@ -87,9 +87,11 @@ void validateBatchNormForward(const BatchNormForwardArgs& a) {
     checkDType(*t, DType::F32, op, "gamma, beta and running statistics");
     checkShape(*t, c, op, "gamma, beta and running statistics");
   }
-  if (a.training) {
+  if (a.training || a.saveMean.defined() || a.saveInvStd.defined()) {
     checkShape(a.saveMean, c, op, "saveMean");
     checkShape(a.saveInvStd, c, op, "saveInvStd");
+  }
+  if (a.training) {
     RC_CHECK_ARG(a.x.numel() / c[0] > 1,
                  op << ": training needs more than one value per channel, got " << a.x.describe());
   }

@@ -44,16 +44,14 @@ RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const fl
       const T* rr = res + r * channels;
       if (relu) {
         for (int64_t c = 0; c < channels; ++c) {
-          const float v = toF(xr[c]) * scale[c] + shift[c] + toF(rr[c]);
-          yr[c] = fromF<T>(v > 0.0f ? v : 0.0f);
+          yr[c] = fromF<T>(reluValue(toF(xr[c]) * scale[c] + shift[c] + toF(rr[c])));
         }
       } else {
         for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c] + toF(rr[c]));
       }
     } else if (relu) {
       for (int64_t c = 0; c < channels; ++c) {
-        const float v = toF(xr[c]) * scale[c] + shift[c];
-        yr[c] = fromF<T>(v > 0.0f ? v : 0.0f);
+        yr[c] = fromF<T>(reluValue(toF(xr[c]) * scale[c] + shift[c]));
       }
     } else {
       for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c]);
@@ -75,7 +73,7 @@ RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, con
     if (y) {
       const T* yr = y + r * channels;
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = toF(yr[c]) > 0.0f ? toF(dyr[c]) : 0.0f;
+        const float g = reluGrad(toF(yr[c]), toF(dyr[c]));
         sg[c] += g;
         sgx[c] += g * (toF(xr[c]) - mean[c]);
       }
@@ -93,10 +91,11 @@ RC_ISA_DISPATCH(gradStatsRows, gradStatsRowsImpl,
                  float* sgx),
                 (x, y, dy, mean, rows, channels, sg, sgx))
 
-// dx = a * (g - b - (x - mean) * k); dres = g
+// dx = a * (g - b - (x - mean) * k) with batch statistics, a * g with constant (running) ones;
+// dres = g
 template <typename T>
 RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a,
-                                        const float* b, const float* k, int64_t rows, int64_t channels) {
+                                        const float* b, const float* k, int64_t rows, int64_t channels, bool batchStats) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * channels;
     const T* dyr = dy + r * channels;
@@ -104,16 +103,17 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* 
     if (y) {
       const T* yr = y + r * channels;
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = toF(yr[c]) > 0.0f ? toF(dyr[c]) : 0.0f;
-        dxr[c] = fromF<T>(a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]));
+        const float g = reluGrad(toF(yr[c]), toF(dyr[c]));
+        dxr[c] = fromF<T>(batchStats ? a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]) : a[c] * g);
       }
       if (dres) {
         T* drr = dres + r * channels;
-        for (int64_t c = 0; c < channels; ++c) drr[c] = toF(yr[c]) > 0.0f ? dyr[c] : fromF<T>(0.0f);
+        for (int64_t c = 0; c < channels; ++c) drr[c] = toF(yr[c]) <= 0.0f ? fromF<T>(0.0f) : dyr[c];
       }
     } else {
       for (int64_t c = 0; c < channels; ++c) {
-        dxr[c] = fromF<T>(a[c] * (toF(dyr[c]) - b[c] - (toF(xr[c]) - mean[c]) * k[c]));
+        const float g = toF(dyr[c]);
+        dxr[c] = fromF<T>(batchStats ? a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]) : a[c] * g);
       }
       if (dres) {
         T* drr = dres + r * channels;
@@ -124,8 +124,8 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* 
 }
 RC_ISA_DISPATCH(gradInputRows, gradInputRowsImpl,
                 (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a,
-                 const float* b, const float* k, int64_t rows, int64_t channels),
-                (x, y, dy, dx, dres, mean, a, b, k, rows, channels))
+                 const float* b, const float* k, int64_t rows, int64_t channels, bool batchStats),
+                (x, y, dy, dx, dres, mean, a, b, k, rows, channels, batchStats))
 
 // ---- drivers ---------------------------------------------------------------------------------
 
@@ -214,10 +214,15 @@ void forwardTyped(const BatchNormForwardArgs& args) {
       runVar[c] = static_cast<float>((1.0 - args.momentum) * runVar[c] + args.momentum * var * m / (m - 1.0));
     }
   } else {
+    // Saved when asked, for a backward in evaluation mode: the running statistics are its constants.
+    float* saveMean = args.saveMean.defined() ? args.saveMean.ptr<float>() : nullptr;
+    float* saveInvStd = args.saveInvStd.defined() ? args.saveInvStd.ptr<float>() : nullptr;
     for (int64_t c = 0; c < channels; ++c) {
       const double invStd = 1.0 / std::sqrt(static_cast<double>(runVar[c]) + args.eps);
       scale[c] = static_cast<float>(gamma[c] * invStd);
       shift[c] = static_cast<float>(beta[c] - runMean[c] * gamma[c] * invStd);
+      if (saveMean) saveMean[c] = runMean[c];
+      if (saveInvStd) saveInvStd[c] = static_cast<float>(invStd);
     }
   }
   const float* sc = scale.data();
@@ -255,7 +260,8 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
     const double is = invStd[c];
     dGamma[c] += static_cast<float>(sumGX[c] * is);
     dBeta[c] += static_cast<float>(sumG[c]);
-    // dx = gamma*invStd * (g - sumG/M - (x - mean) * invStd^2 * sumGX / M)
+    // dx = gamma*invStd * (g - sumG/M - (x - mean) * invStd^2 * sumGX / M); in evaluation mode the
+    // statistics are constants and only gamma*invStd * g remains.
     a[c] = static_cast<float>(gamma[c] * is);
     b[c] = static_cast<float>(sumG[c] / m);
     k[c] = static_cast<float>(is * is * sumGX[c] / m);
@@ -263,7 +269,7 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
   forRowBlocks(rows, [&](int64_t first, int64_t count) {
     const int64_t at = first * channels;
     gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(), b.data(),
-                     k.data(), count, channels);
+                     k.data(), count, channels, args.training);
   });
 }
 

@@ -83,6 +83,13 @@ inline __attribute__((always_inline)) Bf16 fromF<Bf16>(float v) { return Bf16{fl
 template <>
 inline Half fromF<Half>(float v) { return Half{floatToHalf(v)}; }
 
+// max(v, 0) that keeps NaN (torch.relu(nan) is nan): written so that a NaN fails the comparison.
+inline __attribute__((always_inline)) float reluValue(float v) { return v < 0.0f ? 0.0f : v; }
+
+// The ReLU's gradient from its output, as torch's threshold_backward: zero where out <= 0, the
+// incoming gradient elsewhere, a NaN output included.
+inline __attribute__((always_inline)) float reluGrad(float out, float g) { return out <= 0.0f ? 0.0f : g; }
+
 // Calls body.template operator()<T>() with T the storage type of a floating dtype.
 template <typename Body>
 void dispatchFloat(DType dtype, const char* op, Body&& body) {

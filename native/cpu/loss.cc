@@ -6,6 +6,19 @@
 
 namespace rc::cpu {
 
+namespace {
+
+// sum_j q_j (logSumExp - z_j) with q = (1 - eps) onehot + eps / k, leaving out the terms whose
+// weight is 0: as in PyTorch, a logit of -inf away from the label gives a finite loss without
+// smoothing (not 0 * inf = NaN), and -inf at the label an infinite one.
+double smoothedLoss(double logSumExp, double zLabel, double sumZ, double eps, double k) {
+  const double hard = eps < 1.0 ? (1.0 - eps) * (logSumExp - zLabel) : 0.0;
+  const double smooth = eps > 0.0 ? eps * logSumExp - eps / k * sumZ : 0.0;
+  return hard + smooth;
+}
+
+}  // namespace
+
 void crossEntropy(const CrossEntropyArgs& args) {
   const int64_t n = args.logits.dim(0), k = args.logits.dim(1);
   const int32_t* labels = args.labels.ptr<int32_t>();
@@ -33,7 +46,7 @@ void crossEntropy(const CrossEntropyArgs& args) {
       }
       const double logSumExp = maxZ + std::log(sumExp);
       const double zLabel = toF(z[labels[i]]);
-      rowLoss[i] = logSumExp - (1.0 - eps) * zLabel - eps / static_cast<double>(k) * sumZ;
+      rowLoss[i] = smoothedLoss(logSumExp, zLabel, sumZ, eps, static_cast<double>(k));
       if (grad) {
         T* g = grad + i * k;
         for (int64_t j = 0; j < k; ++j) {

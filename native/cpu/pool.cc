@@ -1,5 +1,11 @@
-// max and average pooling on oneDNN (NHWC); max pooling keeps its argmax in a workspace that the
-// module owns between forward and backward.
+// Average pooling on oneDNN (NHWC). Max pooling is our own loop, because oneDNN's max drops NaN
+// (a window holding NaN and inf gives inf) where PyTorch propagates it; it keeps the argmax, as an
+// int32 index into the sample's H*W plane, in a workspace that the module owns between forward and
+// backward.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "cpu_ops.h"
 
 namespace rc::cpu {
@@ -9,16 +15,79 @@ namespace {
 using tag = dnnl::memory::format_tag;
 using dnnl::memory;
 
+// y = the max of each window, with PyTorch's rule: a NaN wins and the last NaN holds the index
+// (`v > best || isnan(v)`); padding never wins; a window of -inf keeps its first element.
+template <typename T>
+void maxPoolForward(const Pool2dParams& p, const T* x, T* y, int32_t* argmax) {
+  const int64_t oh = p.outH(), ow = p.outW(), c = p.c;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t s = 0; s < p.n; ++s) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      std::vector<float> best(c);
+      std::vector<int32_t> at(c);
+      const T* plane = x + s * p.h * p.w * c;
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        const int64_t y0 = oy * p.strideH - p.padH, x0 = ox * p.strideW - p.padW;
+        const int64_t yBegin = std::max<int64_t>(y0, 0), yEnd = std::min(y0 + p.kernelH, p.h);
+        const int64_t xBegin = std::max<int64_t>(x0, 0), xEnd = std::min(x0 + p.kernelW, p.w);
+        std::fill(best.begin(), best.end(), -INFINITY);
+        std::fill(at.begin(), at.end(), static_cast<int32_t>(yBegin * p.w + xBegin));
+        for (int64_t iy = yBegin; iy < yEnd; ++iy) {
+          for (int64_t ix = xBegin; ix < xEnd; ++ix) {
+            const T* px = plane + (iy * p.w + ix) * c;
+            const auto index = static_cast<int32_t>(iy * p.w + ix);
+            for (int64_t k = 0; k < c; ++k) {
+              const float v = toF(px[k]);
+              if (v > best[k] || std::isnan(v)) {
+                best[k] = v;
+                at[k] = index;
+              }
+            }
+          }
+        }
+        const int64_t out = ((s * oh + oy) * ow + ox) * c;
+        for (int64_t k = 0; k < c; ++k) {
+          y[out + k] = fromF<T>(best[k]);
+          argmax[out + k] = at[k];
+        }
+      }
+    }
+  }
+}
+
+// dx = each dy added, in f32 and in output order, to the element its window chose.
+template <typename T>
+void maxPoolBackward(const Pool2dParams& p, const T* dy, T* dx, const int32_t* argmax) {
+  const int64_t plane = p.h * p.w * p.c, outPlane = p.outH() * p.outW() * p.c, c = p.c;
+#pragma omp parallel for schedule(static)
+  for (int64_t s = 0; s < p.n; ++s) {
+    std::vector<float> sum(plane, 0.0f);
+    const T* g = dy + s * outPlane;
+    const int32_t* from = argmax + s * outPlane;
+    for (int64_t o = 0; o < outPlane; ++o) sum[from[o] * c + o % c] += toF(g[o]);
+    T* d = dx + s * plane;
+    for (int64_t i = 0; i < plane; ++i) d[i] = fromF<T>(sum[i]);
+  }
+}
+
 class CpuPool2dPlan final : public Pool2dPlan {
  public:
   CpuPool2dPlan(CpuContext& ctx, const Pool2dParams& p) : ctx_(ctx), p_(p) {
     checkCpuComputeType(p.dtype, "pool2d");
-    dnnlGuard(p.str(), [&] { build(); });
+    if (p.kind == PoolKind::Avg) dnnlGuard(p.str(), [&] { build(); });
   }
 
-  size_t workspaceBytes() const override { return fwdPd_.workspace_desc().get_size(); }
+  size_t workspaceBytes() const override {
+    if (p_.kind == PoolKind::Max) return static_cast<size_t>(p_.n * p_.outH() * p_.outW() * p_.c) * sizeof(int32_t);
+    return fwdPd_.workspace_desc().get_size();
+  }
 
   void forward(const Tensor& x, const Tensor& y, const Tensor& workspace) override {
+    if (p_.kind == PoolKind::Max) {
+      dispatchFloat(p_.dtype, "max pool forward",
+                    [&](auto t) { maxPoolForward(p_, x.ptr<decltype(t)>(), y.ptr<decltype(t)>(), workspace.ptr<int32_t>()); });
+      return;
+    }
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
       std::unordered_map<int, memory> args{
@@ -32,6 +101,11 @@ class CpuPool2dPlan final : public Pool2dPlan {
   }
 
   void backward(const Tensor& dy, const Tensor& dx, const Tensor& workspace) override {
+    if (p_.kind == PoolKind::Max) {
+      dispatchFloat(p_.dtype, "max pool backward",
+                    [&](auto t) { maxPoolBackward(p_, dy.ptr<decltype(t)>(), dx.ptr<decltype(t)>(), workspace.ptr<int32_t>()); });
+      return;
+    }
     dnnlGuard(p_.str() + " backward", [&] {
       auto& eng = ctx_.engine();
       std::unordered_map<int, memory> args{
@@ -50,8 +124,7 @@ class CpuPool2dPlan final : public Pool2dPlan {
     const auto act = toDnnl(p_.dtype);
     xMd_ = memory::desc({p_.n, p_.c, p_.h, p_.w}, act, tag::nhwc);
     yMd_ = memory::desc({p_.n, p_.c, p_.outH(), p_.outW()}, act, tag::nhwc);
-    const auto algo =
-        p_.kind == PoolKind::Max ? dnnl::algorithm::pooling_max : dnnl::algorithm::pooling_avg_include_padding;
+    const auto algo = dnnl::algorithm::pooling_avg_include_padding;
     const memory::dims strides{p_.strideH, p_.strideW}, kernel{p_.kernelH, p_.kernelW}, padL{p_.padH, p_.padW};
     const memory::dims padR{farPadding(p_.h, p_.outH(), p_.kernelH, p_.strideH, p_.padH),
                             farPadding(p_.w, p_.outW(), p_.kernelW, p_.strideW, p_.padW)};

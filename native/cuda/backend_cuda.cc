@@ -78,8 +78,10 @@ class CudaBackend final : public Backend {
                                      a.relu, partial(rows, c), ctx_.stream());
     } else {
       cuda::batchNormForwardInference(a.x.dtype(), a.x.data(), residual, a.y.data(), a.gamma.ptr<float>(),
-                                      a.beta.ptr<float>(), a.runningMean.ptr<float>(), a.runningVar.ptr<float>(), rows,
-                                      c, a.eps, a.relu, ctx_.stream());
+                                      a.beta.ptr<float>(), a.runningMean.ptr<float>(), a.runningVar.ptr<float>(),
+                                      a.saveMean.defined() ? a.saveMean.ptr<float>() : nullptr,
+                                      a.saveInvStd.defined() ? a.saveInvStd.ptr<float>() : nullptr, rows, c, a.eps,
+                                      a.relu, ctx_.stream());
     }
   }
 
@@ -89,7 +91,7 @@ class CudaBackend final : public Backend {
     cuda::batchNormBackward(a.x.dtype(), a.x.data(), a.relu ? a.y.data() : nullptr, a.dy.data(), a.dx.data(),
                             a.dResidual.defined() ? a.dResidual.data() : nullptr, a.gamma.ptr<float>(),
                             a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(), a.dGamma.ptr<float>(),
-                            a.dBeta.ptr<float>(), rows, c, a.relu, partial(rows, c), ctx_.stream());
+                            a.dBeta.ptr<float>(), rows, c, a.relu, a.training, partial(rows, c), ctx_.stream());
   }
 
   void relu(const Tensor& x, const Tensor& y) override {

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) batchnorm_fwd_kernel(const T* __rest
     }
     if (relu) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+      for (int i = 0; i < V; ++i) v[i] = reluValue(v[i]);
     }
     storePack<T, V>(y + at, v);
   }
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) batchnorm_fwd_kernel(const T* __rest
 template <int V>
 __device__ __forceinline__ void maskByOutput(const float (&out)[V], float (&g)[V]) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+  for (int i = 0; i < V; ++i) g[i] = reluGrad(out[i], g[i]);
 }
 
 // partial: sum(g)[C][rowBlocks] then sum(g * xhat)[C][rowBlocks] of each row block.
@@ -274,7 +274,7 @@ __global__ void batchnorm_bwd_finalize_kernel(const float* __restrict__ partial,
 
 // dx = gamma * invStd * (g - mean(g) - xhat * mean(g * xhat)), written with (x - mean) rather than
 // xhat so that four per-channel values stay in registers (four blocks per SM at 16-byte packs);
-// dResidual = g.
+// without batch statistics (evaluation mode) dx = gamma * invStd * g; dResidual = g.
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads, 4) batchnorm_bwd_kernel(const T* __restrict__ x, const T* __restrict__ y,
                                                                 const T* __restrict__ dy, T* __restrict__ dx,
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 4) batchnorm_bwd_kernel(const T* __r
                                                                 const float* __restrict__ saveMean,
                                                                 const float* __restrict__ saveInvStd,
                                                                 const float* __restrict__ coef, int64_t rows,
-                                                                int64_t channels, bool relu) {
+                                                                int64_t channels, bool relu, bool batchStats) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= channels) return;
   float a[V], mu[V], meanG[V], k[V];
@@ -306,8 +306,20 @@ __global__ void __launch_bounds__(kThreads, 4) batchnorm_bwd_kernel(const T* __r
     }
     if (dResidual) storePack<T, V>(dResidual + at, g);
 #pragma unroll
-    for (int i = 0; i < V; ++i) xv[i] = a[i] * (g[i] - meanG[i] - (xv[i] - mu[i]) * k[i]);
+    for (int i = 0; i < V; ++i) xv[i] = batchStats ? a[i] * (g[i] - meanG[i] - (xv[i] - mu[i]) * k[i]) : a[i] * g[i];
     storePack<T, V>(dx + at, xv);
+  }
+}
+
+// The constants of a backward in evaluation mode: the running mean and 1/sqrt(running var + eps),
+// as batchnorm_fwd_kernel computes them.
+__global__ void batchnorm_save_running_kernel(const float* __restrict__ runningMean, const float* __restrict__ runningVar,
+                                              float eps, int64_t channels, float* __restrict__ saveMean,
+                                              float* __restrict__ saveInvStd) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    saveMean[c] = runningMean[c];
+    saveInvStd[c] = 1.0f / sqrtf(runningVar[c] + eps);
   }
 }
 
@@ -353,9 +365,15 @@ void batchNormForwardTraining(DType dtype, const void* x, const void* residual, 
 }
 
 void batchNormForwardInference(DType dtype, const void* x, const void* residual, void* y, const float* gamma,
-                               const float* beta, const float* runningMean, const float* runningVar, int64_t rows,
-                               int64_t channels, float eps, bool relu, cudaStream_t stream) {
+                               const float* beta, const float* runningMean, const float* runningVar, float* saveMean,
+                               float* saveInvStd, int64_t rows, int64_t channels, float eps, bool relu,
+                               cudaStream_t stream) {
   if (rows <= 0 || channels <= 0) return;
+  if (saveMean && saveInvStd) {
+    batchnorm_save_running_kernel<<<static_cast<unsigned>(ceilDiv(channels, kThreads)), kThreads, 0, stream>>>(
+        runningMean, runningVar, eps, channels, saveMean, saveInvStd);
+    checkLaunch("batchnorm_save_running_kernel");
+  }
   dispatchFloat(dtype, "batchnorm inference", [&](auto tag) {
     using T = decltype(tag);
     dispatchPack<T>(channelPackable<T>(channels, {x, residual, y}), [&](auto pack) {
@@ -371,7 +389,8 @@ void batchNormForwardInference(DType dtype, const void* x, const void* residual,
 
 void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy, void* dx, void* dResidual,
                        const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
-                       int64_t rows, int64_t channels, bool relu, float* partial, cudaStream_t stream) {
+                       int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial,
+                       cudaStream_t stream) {
   if (rows <= 0 || channels <= 0) return;
   const int64_t rowsPerBlock = reductionRowsPerBlock(rows, channels);
   const int64_t rowBlocks = reductionRowBlocks(rows, channels);
@@ -391,7 +410,7 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
       checkLaunch("batchnorm_bwd_finalize_kernel");
       batchnorm_bwd_kernel<T, V><<<rowsGrid(t, rows), block, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx),
-          static_cast<T*>(dResidual), gamma, saveMean, saveInvStd, coef, rows, channels, relu);
+          static_cast<T*>(dResidual), gamma, saveMean, saveInvStd, coef, rows, channels, relu, batchStats);
       checkLaunch("batchnorm_bwd_kernel");
     });
   });

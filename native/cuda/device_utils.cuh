@@ -32,6 +32,15 @@ __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) { ret
 template <>
 __device__ __forceinline__ __half fromFloat<__half>(float v) { return __float2half_rn(v); }
 
+// ---- ReLU with PyTorch's NaN semantics ------------------------------------------------------
+
+// max(v, 0) that keeps NaN (torch.relu(nan) is nan): written so that a NaN fails the comparison.
+__device__ __forceinline__ float reluValue(float v) { return v < 0.0f ? 0.0f : v; }
+
+// The ReLU's gradient from its output, as torch's threshold_backward: zero where out <= 0, the
+// incoming gradient elsewhere, a NaN output included.
+__device__ __forceinline__ float reluGrad(float out, float g) { return out <= 0.0f ? 0.0f : g; }
+
 // ---- packs: V consecutive elements moved with one load or store (16 bytes at the widest) ------
 
 template <typename T, int V>

@@ -21,7 +21,7 @@ __global__ void relu_fwd_kernel(const T* __restrict__ x, T* __restrict__ y, int6
     float v[V];
     loadPack<T, V>(x + p * V, v);
 #pragma unroll
-    for (int i = 0; i < V; ++i) v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+    for (int i = 0; i < V; ++i) v[i] = reluValue(v[i]);
     storePack<T, V>(y + p * V, v);
   }
 }
@@ -34,7 +34,7 @@ __global__ void relu_bwd_kernel(const T* __restrict__ y, const T* __restrict__ d
     loadPack<T, V>(y + p * V, out);
     loadPack<T, V>(dy + p * V, g);
 #pragma unroll
-    for (int i = 0; i < V; ++i) g[i] = out[i] > 0.0f ? g[i] : 0.0f;
+    for (int i = 0; i < V; ++i) g[i] = reluGrad(out[i], g[i]);
     storePack<T, V>(dx + p * V, g);
   }
 }

@@ -23,15 +23,19 @@ void batchNormForwardTraining(DType dtype, const void* x, const void* residual, 
                               const float* beta, float* runningMean, float* runningVar, float* saveMean,
                               float* saveInvStd, int64_t rows, int64_t channels, float momentum, float eps, bool relu,
                               float* partial, cudaStream_t stream);
-// Inference forward with the running statistics.
+// Inference forward with the running statistics; when saveMean/saveInvStd are non-null they receive
+// runningMean and 1/sqrt(runningVar + eps), the constants of a backward in evaluation mode.
 void batchNormForwardInference(DType dtype, const void* x, const void* residual, void* y, const float* gamma,
-                               const float* beta, const float* runningMean, const float* runningVar, int64_t rows,
-                               int64_t channels, float eps, bool relu, cudaStream_t stream);
-// Backward: g = relu ? (y > 0 ? dy : 0) : dy; dResidual = g (if non-null); dGamma += sum(g * xhat);
-// dBeta += sum(g); dx = gamma * invStd * (g - mean_rows(g) - xhat * mean_rows(g * xhat)).
+                               const float* beta, const float* runningMean, const float* runningVar, float* saveMean,
+                               float* saveInvStd, int64_t rows, int64_t channels, float eps, bool relu,
+                               cudaStream_t stream);
+// Backward: g = relu ? (y <= 0 ? 0 : dy) : dy; dResidual = g (if non-null); dGamma += sum(g * xhat);
+// dBeta += sum(g); dx = gamma * invStd * (g - mean_rows(g) - xhat * mean_rows(g * xhat)) with batch
+// statistics, gamma * invStd * g without (batchStats false: the saved statistics were constants).
 void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy, void* dx, void* dResidual,
                        const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
-                       int64_t rows, int64_t channels, bool relu, float* partial, cudaStream_t stream);
+                       int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial,
+                       cudaStream_t stream);
 
 // ---- elementwise.cu ----------------------------------------------------------------------------
 void relu(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);

@@ -89,13 +89,19 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* __rest
     float sumZ = 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
       const float v = toFloat(z[j]);
-      state = mergeSoftmax(state, SoftmaxState{v, 1.0f});
+      // exp(v - v): 1, or NaN for an infinite logit, so +inf gives a NaN loss as in PyTorch, where
+      // the shift by the row's maximum turns inf - inf into NaN (-inf elements still add nothing).
+      state = mergeSoftmax(state, SoftmaxState{v, isfinite(v) ? 1.0f : NAN});
       sumZ += v;
     }
     blockReduce(state, sumZ, sState, sSum);
     const float logSumExp = state.m + logf(state.s);
     if (threadIdx.x == 0) {
-      blockLoss += logSumExp - (1.0f - smoothing) * toFloat(z[label]) - offLabel * sumZ;
+      // sum_j q_j (logSumExp - z_j), leaving out the terms whose weight is 0: a logit of -inf away
+      // from the label then gives a finite loss without smoothing (not 0 * inf = NaN), as in PyTorch.
+      const float hard = smoothing < 1.0f ? (1.0f - smoothing) * (logSumExp - toFloat(z[label])) : 0.0f;
+      const float smooth = smoothing > 0.0f ? smoothing * logSumExp - offLabel * sumZ : 0.0f;
+      blockLoss += hard + smooth;
     }
     if (dLogits) {
       T* g = dLogits + row * k;

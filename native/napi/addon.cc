@@ -80,10 +80,9 @@ void parseBatchNormForward(const Napi::Object& o, BatchNormForwardArgs& a) {
   a.runningMean = getTensor(o, "runningMean");
   a.runningVar = getTensor(o, "runningVar");
   a.training = getBool(o, "training", true);
-  if (a.training) {
-    a.saveMean = getTensor(o, "saveMean");
-    a.saveInvStd = getTensor(o, "saveInvStd");
-  }
+  // Inference saves the running statistics only when asked, for a backward in evaluation mode.
+  a.saveMean = getTensor(o, "saveMean", a.training);
+  a.saveInvStd = getTensor(o, "saveInvStd", a.training);
   a.relu = getBool(o, "relu", false);
   a.momentum = getFloat(o, "momentum", 0.1);
   a.eps = getFloat(o, "eps", 1e-5);
@@ -101,6 +100,7 @@ void parseBatchNormBackward(const Napi::Object& o, BatchNormBackwardArgs& a) {
   a.dGamma = getTensor(o, "dGamma");
   a.dBeta = getTensor(o, "dBeta");
   a.dResidual = getTensor(o, "dResidual", false);
+  a.training = getBool(o, "training", true);
 }
 
 Napi::Value Relu(const Napi::CallbackInfo& info) {

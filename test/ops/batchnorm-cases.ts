@@ -4,7 +4,12 @@
  * @packageDocumentation
  */
 import type { DTypeName } from '../../lib/binding.js';
-import { batchNormBackward, batchNormInferenceForward, batchNormTrainingForward } from '../reference/index.js';
+import {
+  batchNormBackward,
+  batchNormInferenceBackward,
+  batchNormInferenceForward,
+  batchNormTrainingForward,
+} from '../reference/index.js';
 import { checkAccumulated, rms } from './conv-cases.js';
 import { fmtShape, session, tolerance, type OpCase, type Session } from './harness.js';
 
@@ -172,6 +177,73 @@ function backwardCase(v: BnVariant): OpCase {
   };
 }
 
+/**
+ * Backward after an inference forward (fine-tuning with frozen statistics): the forward saves the
+ * running statistics as its constants, and the backward runs with training=false.
+ */
+function inferenceBackwardCase(v: BnVariant): OpCase {
+  const text = `x${fmtShape(v.shape)}${v.residual ? ' dResidual' : ''}${v.relu ? ' relu' : ''}`;
+  return {
+    name: `batchnorm.backward.inference ${text}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'batchnorm.backward.inference', text, (s) => {
+        const i = inputs(s, v);
+        const x = new Float64Array(i.n);
+        for (let j = 0; j < i.n; ++j) x[j] = i.runningMean[j % i.c]! + Math.sqrt(i.runningVar[j % i.c]!) * s.rng.normal();
+        const xq = s.q(x);
+        const xT = s.tensor(v.shape, ctx.dtype, xq);
+        const gammaT = s.tensor([i.c], 'f32', i.gamma);
+        const saveMean = s.poisoned([i.c], 'f32');
+        const saveInvStd = s.poisoned([i.c], 'f32');
+        const yT = s.poisoned(v.shape);
+        s.native.batchNormForward({
+          x: xT,
+          gamma: gammaT,
+          beta: s.tensor([i.c], 'f32', i.beta),
+          ...(i.residual ? { residual: s.tensor(v.shape, ctx.dtype, i.residual) } : {}),
+          y: yT,
+          runningMean: s.tensor([i.c], 'f32', i.runningMean),
+          runningVar: s.tensor([i.c], 'f32', i.runningVar),
+          saveMean,
+          saveInvStd,
+          training: false,
+          relu: v.relu,
+          eps: EPS,
+        });
+        s.checkExact('saveMean (the running mean)', s.read(saveMean), i.runningMean);
+        s.check('saveInvStd (1/sqrt(running var + eps))', s.read(saveInvStd), i.runningVar.map((rv) => 1 / Math.sqrt(rv + EPS)), STATS_TOL);
+        const y = s.read(yT);
+        const dy = s.q(s.rng.normals(i.n));
+        const ref = batchNormInferenceBackward(xq, dy, { channels: i.c, gamma: i.gamma, runningMean: i.runningMean, runningVar: i.runningVar, eps: EPS, y, relu: v.relu });
+        const gBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dGamma)), 'f32');
+        const bBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dBeta)), 'f32');
+        const dGamma = s.tensor([i.c], 'f32', gBefore);
+        const dBeta = s.tensor([i.c], 'f32', bBefore);
+        const dx = s.poisoned(v.shape);
+        const dResidual = v.residual ? s.poisoned(v.shape) : undefined;
+        s.native.batchNormBackward({
+          x: xT,
+          ...(v.relu ? { y: yT } : {}),
+          dy: s.tensor(v.shape, ctx.dtype, dy),
+          gamma: gammaT,
+          saveMean,
+          saveInvStd,
+          dx,
+          dGamma,
+          dBeta,
+          ...(dResidual ? { dResidual } : {}),
+          relu: v.relu,
+          training: false,
+        });
+        s.check('dx', s.read(dx), ref.dx, tolerance(ctx.dtype));
+        checkAccumulated(s, 'dGamma', s.read(dGamma), gBefore, ref.dGamma, STATS_TOL);
+        checkAccumulated(s, 'dBeta', s.read(dBeta), bBefore, ref.dBeta, STATS_TOL);
+        if (dResidual) s.check('dResidual', s.read(dResidual), ref.dResidual, tolerance(ctx.dtype));
+      }),
+  };
+}
+
 /** Training forward with all four residual/ReLU combinations, inference, and backward likewise. */
 export const batchNormCases: OpCase[] = [
   trainingForwardCase({ shape: [2, 5, 5, 8], residual: false, relu: false }),
@@ -190,4 +262,8 @@ export const batchNormCases: OpCase[] = [
   backwardCase({ shape: [1, 5, 5, 4], residual: true, relu: false }),
   backwardCase({ shape: [3, 4, 4, 16], residual: true, relu: true }),
   backwardCase({ shape: [4, 14, 14, 8], residual: false, relu: true }),
+  inferenceBackwardCase({ shape: [2, 5, 5, 8], residual: false, relu: false }),
+  inferenceBackwardCase({ shape: [2, 6, 6, 8], residual: false, relu: true }),
+  inferenceBackwardCase({ shape: [3, 4, 4, 16], residual: true, relu: true }),
+  inferenceBackwardCase({ shape: [4, 14, 14, 8], residual: true, relu: false }),
 ];

@@ -11,13 +11,14 @@ import type { OpCase } from './harness.js';
 import { miscCases } from './misc-cases.js';
 import { optimBadInputCases, optimCases } from './optim-cases.js';
 import { poolCases } from './pool-cases.js';
+import { specialValueCases } from './special-values-cases.js';
 
 export { badInputCases } from './bad-input-cases.js';
 export { gradientChecks } from './gradient-checks.js';
 export { suiteSeed, TOLERANCE, type CaseContext, type GradientCheck, type OpCase } from './harness.js';
 
 /** Every op case compared against the reference. */
-export const opCases: OpCase[] = [...convCases, ...poolCases, ...batchNormCases, ...miscCases, ...optimCases];
+export const opCases: OpCase[] = [...convCases, ...poolCases, ...batchNormCases, ...miscCases, ...optimCases, ...specialValueCases];
 
 /** The whole table: op cases, then the inputs that must be rejected. */
 export const cases: OpCase[] = [...opCases, ...badInputCases, ...optimBadInputCases];

@@ -7,6 +7,8 @@ import {
   avgPool2dBackward,
   avgPool2dForward,
   batchNormBackward,
+  batchNormInferenceBackward,
+  batchNormInferenceForward,
   batchNormTrainingForward,
   conv2dBackwardData,
   conv2dBackwardWeights,
@@ -41,7 +43,7 @@ function compare(name: string, seed: number, what: string, analytic: Float64Arra
   if (!(err <= GRAD_TOL)) {
     throw new Error(
       `gradient check ${name} seed=${seed}: d loss/d ${what} from the reference backward differs from finite ` +
-        `differences by ${err.toExponential(3)} (tolerance ${GRAD_TOL}) [replay: OPS_SEED=${seed}]`,
+        `differences by ${err.toExponential(3)} (tolerance ${GRAD_TOL}) [replay: RESNET_TEST_SEED=${seed}]`,
     );
   }
 }
@@ -133,6 +135,38 @@ export const gradientChecks: GradientCheck[] = [
             relu: fused,
           });
           const loss = (): number => dot(forward().y, dy);
+          compare(name, seed, 'x', ref.dx, numericGradient(x, loss));
+          compare(name, seed, 'gamma', ref.dGamma, numericGradient(gamma, loss));
+          compare(name, seed, 'beta', ref.dBeta, numericGradient(beta, loss));
+          if (residual) compare(name, seed, 'residual', ref.dResidual, numericGradient(residual, loss));
+          return;
+        }
+        throw new Error(`gradient check ${name} seed=${seed}: no draw without a pre-activation near 0 in 100 tries`);
+      },
+    }),
+  ),
+  ...[false, true].map(
+    (fused): GradientCheck => ({
+      name: `batchnorm inference${fused ? ' +residual relu' : ''}`,
+      run: ({ seed }) => {
+        const name = `batchnorm inference${fused ? ' +residual relu' : ''}`;
+        const rng = new Rng(seed);
+        const c = 3;
+        const n = 2 * 2 * 3 * c;
+        for (let attempt = 0; attempt < 100; ++attempt) {
+          const x = rng.normals(n, 1, 2);
+          const gamma = rng.uniforms(c, 0.5, 1.5);
+          const beta = rng.normals(c, 0, 0.5);
+          const runningMean = rng.normals(c);
+          const runningVar = rng.uniforms(c, 0.5, 2);
+          const residual = fused ? rng.normals(n) : undefined;
+          const dy = rng.normals(n);
+          const forward = () => batchNormInferenceForward(x, { channels: c, gamma, beta, runningMean, runningVar, residual, relu: fused });
+          const y = forward();
+          // Redraw when a pre-activation (the output without the ReLU) is near the kink.
+          if (fused && batchNormInferenceForward(x, { channels: c, gamma, beta, runningMean, runningVar, residual }).some((v) => Math.abs(v) < 1e-3)) continue;
+          const ref = batchNormInferenceBackward(x, dy, { channels: c, gamma, runningMean, runningVar, y, relu: fused });
+          const loss = (): number => dot(forward(), dy);
           compare(name, seed, 'x', ref.dx, numericGradient(x, loss));
           compare(name, seed, 'gamma', ref.dGamma, numericGradient(gamma, loss));
           compare(name, seed, 'beta', ref.dBeta, numericGradient(beta, loss));

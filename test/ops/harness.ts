@@ -60,14 +60,14 @@ export function floatFormat(dtype: DTypeName): FloatFormat {
 }
 
 /**
- * The seed of this run: `OPS_SEED` from the environment when set (to replay a failure), else a
+ * The seed of this run: `RESNET_TEST_SEED` from the environment when set (to replay a failure), else a
  * fresh one, so every run tries new inputs.
  */
 export function suiteSeed(): number {
-  const fixed = process.env['OPS_SEED'];
+  const fixed = process.env['RESNET_TEST_SEED'];
   if (fixed !== undefined && fixed !== '') {
     const seed = Number(fixed);
-    if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`OPS_SEED must be a 32-bit unsigned integer, got '${fixed}'`);
+    if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`RESNET_TEST_SEED must be a 32-bit unsigned integer, got '${fixed}'`);
     return seed;
   }
   return freshSeed();
@@ -209,6 +209,29 @@ export class Session {
     }
   }
 
+  /**
+   * For inputs holding NaN and ±inf: every element the reference makes NaN or infinite must be
+   * exactly that (a NaN must not turn into a number, nor a number into NaN), and the finite rest
+   * must agree within `tol` as in {@link check}.
+   */
+  checkSpecials(what: string, out: ArrayLike<number>, ref: ArrayLike<number>, tol: number): void {
+    if (out.length !== ref.length) this.fail(`${what}: ${out.length} elements, expected ${ref.length}`);
+    const finiteOut: number[] = [];
+    const finiteRef: number[] = [];
+    for (let i = 0; i < ref.length; ++i) {
+      const o = out[i]!;
+      const r = ref[i]!;
+      if (Number.isFinite(r) !== Number.isFinite(o) || (!Number.isFinite(r) && !Object.is(o, r))) {
+        this.fail(`${what}: element [${i}] is ${o}, expected ${r}`);
+      }
+      if (Number.isFinite(r)) {
+        finiteOut.push(o);
+        finiteRef.push(r);
+      }
+    }
+    this.check(`${what} (finite elements)`, finiteOut, finiteRef, tol);
+  }
+
   /** Throws unless out and ref are identical element by element (NaN equals NaN). */
   checkExact(what: string, out: ArrayLike<number>, ref: ArrayLike<number>): void {
     if (out.length !== ref.length) this.fail(`${what}: ${out.length} elements, expected ${ref.length}`);
@@ -233,7 +256,7 @@ export class Session {
 
   /** Throws an {@link OpCheckError} prefixed with this case's identity. */
   fail(message: string): never {
-    throw new OpCheckError(`${this.describe()}: ${message} [replay: OPS_SEED=${this.ctx.seed}]`);
+    throw new OpCheckError(`${this.describe()}: ${message} [replay: RESNET_TEST_SEED=${this.ctx.seed}]`);
   }
 
   /** Disposes everything the case created, newest first. */
@@ -255,7 +278,7 @@ export function session(ctx: CaseContext, op: string, shapes: string, body: (s: 
     if (error instanceof OpCheckError) throw error;
     const e = error as Error & { code?: string };
     const wrapped = new OpCheckError(
-      `${s.describe()}: unexpected error${e.code ? ` ${e.code}` : ''}: ${e.message ?? String(error)} [replay: OPS_SEED=${ctx.seed}]`,
+      `${s.describe()}: unexpected error${e.code ? ` ${e.code}` : ''}: ${e.message ?? String(error)} [replay: RESNET_TEST_SEED=${ctx.seed}]`,
       { cause: error },
     );
     throw wrapped;

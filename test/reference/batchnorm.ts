@@ -96,7 +96,8 @@ function affine(
     let v = o.gamma[k]! * (x[i]! - mean[k]!) * invStd[k]! + o.beta[k]!;
     if (o.residual) v += o.residual[i]!;
     preActivation[i] = v;
-    y[i] = o.relu && !(v > 0) ? 0 : v;
+    // max(v, 0) keeping NaN, as torch.relu.
+    y[i] = o.relu && v < 0 ? 0 : v;
   }
   return { y, preActivation };
 }
@@ -107,7 +108,7 @@ export interface BatchNormBackwardOptions {
   gamma: ArrayLike<number>;
   saveMean: ArrayLike<number>;
   saveInvStd: ArrayLike<number>;
-  /** The forward's output; with `relu`, dy is masked where y ≤ 0. */
+  /** The forward's output; with `relu`, dy is masked where y ≤ 0 (a NaN y passes dy, as in torch). */
   y?: ArrayLike<number> | undefined;
   relu?: boolean;
 }
@@ -126,8 +127,7 @@ export function batchNormBackward(x: ArrayLike<number>, dy: ArrayLike<number>, o
   const c = o.channels;
   const rows = x.length / c;
   if (o.relu && !o.y) throw new Error('batchNormBackward: relu needs y');
-  const g = new Float64Array(dy.length);
-  for (let i = 0; i < dy.length; ++i) g[i] = o.relu && !(o.y![i]! > 0) ? 0 : dy[i]!;
+  const g = maskedGradient(dy, o);
   const dGamma = new Float64Array(c);
   const dBeta = new Float64Array(c);
   for (let i = 0; i < x.length; ++i) {
@@ -140,6 +140,53 @@ export function batchNormBackward(x: ArrayLike<number>, dy: ArrayLike<number>, o
     const k = i % c;
     const xhat = (x[i]! - o.saveMean[k]!) * o.saveInvStd[k]!;
     dx[i] = ((o.gamma[k]! * o.saveInvStd[k]!) / rows) * (rows * g[i]! - dBeta[k]! - xhat * dGamma[k]!);
+  }
+  return { dx, dGamma, dBeta, dResidual: g };
+}
+
+// dy where the fused ReLU let the value through (torch's threshold_backward: zero where y <= 0).
+function maskedGradient(dy: ArrayLike<number>, o: { y?: ArrayLike<number> | undefined; relu?: boolean }): Float64Array {
+  const g = new Float64Array(dy.length);
+  for (let i = 0; i < dy.length; ++i) g[i] = o.relu && o.y![i]! <= 0 ? 0 : dy[i]!;
+  return g;
+}
+
+/** Inputs of the backward of the inference forward. */
+export interface BatchNormInferenceBackwardOptions {
+  channels: number;
+  gamma: ArrayLike<number>;
+  runningMean: ArrayLike<number>;
+  runningVar: ArrayLike<number>;
+  eps?: number;
+  /** The forward's output; with `relu`, dy is masked where y ≤ 0. */
+  y?: ArrayLike<number> | undefined;
+  relu?: boolean;
+}
+
+/**
+ * Backward of the inference forward, where the statistics are constants (PyTorch's
+ * batch_norm_backward with training=False): dx = g·γ/√(running_var + ε), dγ = Σ g·x̂, dβ = Σ g,
+ * with x̂ from the running statistics and g = dy masked by the ReLU.
+ */
+export function batchNormInferenceBackward(
+  x: ArrayLike<number>,
+  dy: ArrayLike<number>,
+  o: BatchNormInferenceBackwardOptions,
+): BatchNormBackwardResult {
+  const c = o.channels;
+  const eps = o.eps ?? 1e-5;
+  if (o.relu && !o.y) throw new Error('batchNormInferenceBackward: relu needs y');
+  const g = maskedGradient(dy, o);
+  const invStd = new Float64Array(c);
+  for (let k = 0; k < c; ++k) invStd[k] = 1 / Math.sqrt(o.runningVar[k]! + eps);
+  const dGamma = new Float64Array(c);
+  const dBeta = new Float64Array(c);
+  const dx = new Float64Array(x.length);
+  for (let i = 0; i < x.length; ++i) {
+    const k = i % c;
+    dBeta[k] = dBeta[k]! + g[i]!;
+    dGamma[k] = dGamma[k]! + g[i]! * (x[i]! - o.runningMean[k]!) * invStd[k]!;
+    dx[i] = g[i]! * o.gamma[k]! * invStd[k]!;
   }
   return { dx, dGamma, dBeta, dResidual: g };
 }

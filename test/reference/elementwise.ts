@@ -3,17 +3,20 @@
  * @packageDocumentation
  */
 
-/** max(x, 0). */
+/** max(x, 0), NaN kept: torch.relu(nan) is nan. */
 export function relu(x: ArrayLike<number>): Float64Array {
   const y = new Float64Array(x.length);
-  for (let i = 0; i < x.length; ++i) y[i] = x[i]! > 0 ? x[i]! : 0;
+  for (let i = 0; i < x.length; ++i) y[i] = x[i]! < 0 ? 0 : x[i]!;
   return y;
 }
 
-/** dy where the ReLU's output y is positive, else 0. */
+/**
+ * torch's threshold_backward for the ReLU: 0 where the output y is <= 0, else dy, so a NaN output
+ * passes dy on and a NaN dy reaches dx only where the ReLU was open.
+ */
 export function reluBackward(y: ArrayLike<number>, dy: ArrayLike<number>): Float64Array {
   const dx = new Float64Array(y.length);
-  for (let i = 0; i < y.length; ++i) dx[i] = y[i]! > 0 ? dy[i]! : 0;
+  for (let i = 0; i < y.length; ++i) dx[i] = y[i]! <= 0 ? 0 : dy[i]!;
   return dx;
 }
 

@@ -13,7 +13,8 @@ export interface CrossEntropyOptions {
 
 /**
  * loss = mean_i[−Σ_k q_ik log p_ik] with p = softmax(logits) and q = (1−ε)·onehot + ε/K;
- * dLogits = gradScale · (p − q) / N.
+ * dLogits = gradScale · (p − q) / N. A logit of +inf makes its row NaN (inf − inf in the shift by
+ * the maximum), as in PyTorch; one of −inf adds nothing unless its class has weight.
  */
 export function crossEntropy(
   logits: ArrayLike<number>,
@@ -34,7 +35,8 @@ export function crossEntropy(
     for (let j = 0; j < o.k; ++j) {
       const logP = logits[row + j]! - logSumExp;
       const q = (j === labels[i] ? 1 - eps : 0) + eps / o.k;
-      total -= q * logP;
+      // Terms of weight 0 are left out, as PyTorch's nll_loss does: 0 · (−inf) would be NaN.
+      if (q !== 0) total -= q * logP;
       dLogits[row + j] = scale * (Math.exp(logP) - q);
     }
   }

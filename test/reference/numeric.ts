@@ -135,3 +135,18 @@ export function distinctValues(rng: Rng, count: number): Float64Array {
   rng.shuffle(pool);
   return Float64Array.from(pool.slice(0, count));
 }
+
+/** NaN, +inf and −inf, the values every op must carry through as PyTorch does. */
+export const SPECIAL_VALUES: readonly number[] = [NaN, Infinity, -Infinity];
+
+/**
+ * A copy of `values` with `count` elements at random positions replaced by NaN, +inf and −inf in
+ * turn (at least one of each when count ≥ 3).
+ */
+export function withSpecials(rng: Rng, values: ArrayLike<number>, count: number): Float64Array {
+  const out = Float64Array.from(values);
+  const positions = Array.from({ length: out.length }, (_, i) => i);
+  rng.shuffle(positions);
+  for (let i = 0; i < Math.min(count, out.length); ++i) out[positions[i]!] = SPECIAL_VALUES[i % SPECIAL_VALUES.length]!;
+  return out;
+}

@@ -50,16 +50,20 @@ function forEachWindow(g: ResolvedPool2d, body: (yIndex: number, xIndices: numbe
   }
 }
 
-/** Max pooling: y, and for each y element the flat index of the first maximum in its window. */
+/**
+ * Max pooling: y, and for each y element the flat index of the first maximum in its window. A NaN
+ * wins, and the last NaN of the window holds the index (PyTorch's `val > max || isnan(val)`); a
+ * window of -inf keeps its first element.
+ */
 export function maxPool2dForward(geometry: Pool2dGeometry, x: ArrayLike<number>): { y: Float64Array; argmax: Int32Array } {
   const g = resolvePool2d(geometry);
   const y = new Float64Array(g.n * g.outH * g.outW * g.c);
   const argmax = new Int32Array(y.length);
   forEachWindow(g, (yi, xs) => {
     let best = -Infinity;
-    let at = -1;
+    let at = xs[0] ?? -1;
     for (const xi of xs) {
-      if (x[xi]! > best) {
+      if (x[xi]! > best || Number.isNaN(x[xi]!)) {
         best = x[xi]!;
         at = xi;
       }
@@ -70,7 +74,7 @@ export function maxPool2dForward(geometry: Pool2dGeometry, x: ArrayLike<number>)
   return { y, argmax };
 }
 
-/** Max pooling's dx: each dy goes to the first maximum of its window (PyTorch, oneDNN). */
+/** Max pooling's dx: each dy goes to the element {@link maxPool2dForward} chose in its window (PyTorch). */
 export function maxPool2dBackward(geometry: Pool2dGeometry, x: ArrayLike<number>, dy: ArrayLike<number>): Float64Array {
   const g = resolvePool2d(geometry);
   const { argmax } = maxPool2dForward(g, x);
