@@ -288,6 +288,11 @@ export interface RawAddon {
    * exactly). f32 tensors of equal element count on one device; `weight` in [0, 1].
    */
   lerp(args: { a: RawTensor; b: RawTensor; weight: number }): void;
+  /**
+   * The output size of a convolution or pooling window along one axis (PyTorch's formula, floored;
+   * 0 or less when the window does not fit the padded input), as the plans compute it.
+   */
+  windowOutputSize(args: { size: number; kernel: number; stride: number; pad: number; dilation: number }): number;
   synchronize(args: { device: string }): void;
   memoryStats(args: { device: string }): RawMemoryStats;
   resetPeakMemory(args: { device: string }): void;

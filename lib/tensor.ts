@@ -3,7 +3,7 @@
  * @packageDocumentation
  */
 import { addon, type DTypeName, type RawTensor } from './binding.js';
-import './dispose-symbol.js';
+import './dispose.js';
 import { parseDevice } from './device.js';
 import { ResnetError, expectNumber, expectOneOf, expectShape, invalid, mismatch } from './errors.js';
 import { Random } from './random.js';

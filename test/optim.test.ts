@@ -394,6 +394,17 @@ describe('optimizer checkpoints', () => {
     optB.step();
     values(b).forEach((p, i) => expect(p).toEqual(values(a)[i]));
   });
+
+  it('frees its state arenas with Symbol.dispose (as with `using`)', () => {
+    const loss = new CrossEntropyLoss();
+    const model = tinyModel(14);
+    const optimizer = new AdamW(model, { lr: 0.01 });
+    backward(model, loss);
+    optimizer.step();
+    expect(Object.keys(optimizer.state().buffers).sort()).toEqual(['expAvg', 'expAvgSq']);
+    optimizer[Symbol.dispose]();
+    expect(Object.keys(optimizer.state().buffers)).toEqual([]);
+  });
 });
 
 describe('parameterGroups', () => {

@@ -162,9 +162,9 @@ export class Conv2d extends Module {
   /** The output shape for an NHWC input shape. */
   outputShape(input: readonly number[]): number[] {
     const [n, h, w] = input as [number, number, number];
-    const oh = Math.floor((h + 2 * this.padding[0] - this.dilation[0] * (this.kernelSize[0] - 1) - 1) / this.stride[0]) + 1;
-    const ow = Math.floor((w + 2 * this.padding[1] - this.dilation[1] * (this.kernelSize[1] - 1) - 1) / this.stride[1]) + 1;
-    return [n, oh, ow, this.outChannels];
+    const size = (axis: 0 | 1, length: number): number =>
+      addon().windowOutputSize({ size: length, kernel: this.kernelSize[axis], stride: this.stride[axis], pad: this.padding[axis], dilation: this.dilation[axis] });
+    return [n, size(0, h), size(1, w), this.outChannels];
   }
 
   override forward(x: Tensor): Tensor {
@@ -410,8 +410,10 @@ export abstract class Pool2d extends Module {
     expectTensor(`${name} input`, x, { rank: 4, dtype: FLOAT_DTYPES });
     const g = this.geometry(x);
     const [n, h, w, c] = x.shape as [number, number, number, number];
-    const oh = Math.floor((h + 2 * g.padding[0] - g.kernel[0]) / g.stride[0]) + 1;
-    const ow = Math.floor((w + 2 * g.padding[1] - g.kernel[1]) / g.stride[1]) + 1;
+    const size = (axis: 0 | 1, length: number): number =>
+      addon().windowOutputSize({ size: length, kernel: g.kernel[axis], stride: g.stride[axis], pad: g.padding[axis], dilation: 1 });
+    const oh = size(0, h);
+    const ow = size(1, w);
     if (oh <= 0 || ow <= 0) mismatch(`${name} input`, 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
     const entry = this.#cache.get(x, () => {
       const plan = new (addon().Pool2dPlan)({

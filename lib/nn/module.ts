@@ -4,7 +4,7 @@
  * children's.
  * @packageDocumentation
  */
-import '../dispose-symbol.js';
+import '../dispose.js';
 import { parseDevice } from '../device.js';
 import { ResnetError, expectBool, invalid, mismatch } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';

@@ -8,6 +8,7 @@ import { addon } from '../binding.js';
 import { ResnetError, expectInt, expectNumber, invalid } from '../errors.js';
 import { Module } from '../nn/module.js';
 import { Parameter, type ParameterArena } from '../nn/parameter.js';
+import '../dispose.js';
 import { Tensor } from '../tensor.js';
 
 /** A parameter group as given to an optimizer: its parameters and any settings it overrides. */
@@ -255,6 +256,11 @@ export abstract class Optimizer<O extends object> {
   dispose(): void {
     for (const t of this.#buffers.values()) t.dispose();
     this.#buffers.clear();
+  }
+
+  /** {@link Optimizer.dispose}, for `using` declarations. */
+  [Symbol.dispose](): void {
+    this.dispose();
   }
 }
 

@@ -20,14 +20,23 @@
 
 namespace rc {
 
+// The output size of a convolution or pooling window along one axis, PyTorch's formula with the
+// division floored: 0 or less when the window does not fit the padded input. The one definition of
+// it: the plans use it, and so does the TypeScript layer (through the addon) for its messages.
+inline int64_t windowOutputSize(int64_t size, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
+  const int64_t span = size + 2 * pad - dilation * (kernel - 1) - 1;
+  const int64_t steps = span >= 0 ? span / stride : -((-span + stride - 1) / stride);
+  return steps + 1;
+}
+
 struct Conv2dParams {
   int64_t n = 0, h = 0, w = 0, c = 0;  // input NHWC
   int64_t k = 0, kernelH = 0, kernelW = 0;  // output channels, kernel height and width
   int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
   DType dtype = DType::F32;            // activation and compute type
   bool bias = false;
-  int64_t outH() const { return (h + 2 * padH - dilationH * (kernelH - 1) - 1) / strideH + 1; }
-  int64_t outW() const { return (w + 2 * padW - dilationW * (kernelW - 1) - 1) / strideW + 1; }
+  int64_t outH() const { return windowOutputSize(h, kernelH, strideH, padH, dilationH); }
+  int64_t outW() const { return windowOutputSize(w, kernelW, strideW, padW, dilationW); }
   std::string str() const;
 };
 
@@ -69,8 +78,8 @@ struct Pool2dParams {
   int64_t n = 0, h = 0, w = 0, c = 0;
   int64_t kernelH = 1, kernelW = 1, strideH = 1, strideW = 1, padH = 0, padW = 0;
   DType dtype = DType::F32;
-  int64_t outH() const { return (h + 2 * padH - kernelH) / strideH + 1; }
-  int64_t outW() const { return (w + 2 * padW - kernelW) / strideW + 1; }
+  int64_t outH() const { return windowOutputSize(h, kernelH, strideH, padH, 1); }
+  int64_t outW() const { return windowOutputSize(w, kernelW, strideW, padW, 1); }
   std::string str() const;
 };
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../core/adam_coeffs.h"
 #include "cpu_ops.h"
 #include "isa.h"
 
@@ -39,46 +40,6 @@ std::vector<ArenaSegment> segmentsOrAll(const std::vector<ArenaSegment>& segment
 }
 
 bool skipped(const Tensor& foundInf) { return foundInf.defined() && foundInf.ptr<float>()[0] != 0.0f; }
-
-// A group's coefficients for step t, computed in double from the f32 hyperparameters and rounded
-// once, as PyTorch turns its Python-float step sizes into f32 scalars (CUDA computes the same).
-struct AdamCoeffs {
-  float beta1, beta2, oneMinusBeta1, oneMinusBeta2, eps, lr, weightDecay;
-  float decay;     // AdamW: 1 - lr * wd
-  float stepSize;  // AdamW: lr / (1 - beta1^t)
-  float bc1;       // LAMB: 1 - beta1^t
-  float bc2Sqrt;   // sqrt(1 - beta2^t)
-  bool adapt;      // LAMB: whether the trust ratio applies
-};
-
-// base^e for e >= 0 by repeated squaring, exactly as the CUDA kernels compute it.
-double powInt(double base, int64_t e) {
-  double result = 1.0;
-  for (; e > 0; e >>= 1) {
-    if (e & 1) result *= base;
-    base *= base;
-  }
-  return result;
-}
-
-AdamCoeffs coeffs(const AdamGroup& g, int64_t step) {
-  const double bc1 = 1.0 - powInt(static_cast<double>(g.beta1), step);
-  const double bc2 = 1.0 - powInt(static_cast<double>(g.beta2), step);
-  AdamCoeffs c;
-  c.beta1 = g.beta1;
-  c.beta2 = g.beta2;
-  c.oneMinusBeta1 = static_cast<float>(1.0 - static_cast<double>(g.beta1));
-  c.oneMinusBeta2 = static_cast<float>(1.0 - static_cast<double>(g.beta2));
-  c.eps = g.eps;
-  c.lr = g.lr;
-  c.weightDecay = g.weightDecay;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(g.lr) * static_cast<double>(g.weightDecay));
-  c.stepSize = static_cast<float>(static_cast<double>(g.lr) / bc1);
-  c.bc1 = static_cast<float>(bc1);
-  c.bc2Sqrt = static_cast<float>(std::sqrt(bc2));
-  c.adapt = g.weightDecay != 0.0f || g.alwaysAdapt;
-  return c;
-}
 
 // 1 when x is inf or NaN (all exponent bits set), as an integer so that OR-ing it over a loop
 // vectorises.
@@ -232,7 +193,7 @@ double sumSquares(const float* grads, const std::vector<ArenaSegment>& segments,
 void adamwStep(const AdamWArgs& args) {
   if (skipped(args.foundInf)) return;
   std::vector<AdamCoeffs> groups;
-  for (const AdamGroup& g : args.groups) groups.push_back(coeffs(g, args.step));
+  for (const AdamGroup& g : args.groups) groups.push_back(adamCoeffs(g, args.step));
   const std::vector<Chunk> chunks = chunksOf(args.segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* p = args.params.ptr<float>();
@@ -251,7 +212,7 @@ void adamwStep(const AdamWArgs& args) {
 void lambStep(const LambArgs& args) {
   if (skipped(args.foundInf)) return;
   std::vector<AdamCoeffs> groups;
-  for (const AdamGroup& g : args.groups) groups.push_back(coeffs(g, args.step));
+  for (const AdamGroup& g : args.groups) groups.push_back(adamCoeffs(g, args.step));
   const std::vector<Chunk> chunks = chunksOf(args.segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* p = args.params.ptr<float>();

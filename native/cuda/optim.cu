@@ -6,6 +6,7 @@
 // partials in chunk order in a second kernel, so nothing depends on the grid or on timing.
 #include <cub/block/block_reduce.cuh>
 
+#include "../core/adam_coeffs.h"
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -31,47 +32,6 @@ __device__ __forceinline__ ChunkRange findChunk(const int64_t* __restrict__ segm
 }
 
 __device__ __forceinline__ bool skipStep(const float* foundInf) { return foundInf != nullptr && *foundInf != 0.0f; }
-
-// A group's coefficients for step t, from the f32 hyperparameters in double and rounded once (the
-// CPU backend computes the same values).
-struct AdamCoeffs {
-  float beta1, beta2, oneMinusBeta1, oneMinusBeta2, eps, lr, weightDecay;
-  float decay;     // AdamW: 1 - lr * wd
-  float stepSize;  // AdamW: lr / (1 - beta1^t)
-  float bc1;       // LAMB: 1 - beta1^t
-  float bc2Sqrt;   // sqrt(1 - beta2^t)
-  int32_t adapt;   // LAMB: whether the trust ratio applies
-};
-
-// base^e for e >= 0 by repeated squaring: a few double products (error ~1e-15, far below f32),
-// and light on registers, unlike the general pow. The CPU backend computes it the same way.
-__device__ double powInt(double base, int64_t e) {
-  double result = 1.0;
-  for (; e > 0; e >>= 1) {
-    if (e & 1) result *= base;
-    base *= base;
-  }
-  return result;
-}
-
-__device__ AdamCoeffs adamCoeffs(const AdamGroupParams& g, int64_t step) {
-  const double bc1 = 1.0 - powInt(static_cast<double>(g.beta1), step);
-  const double bc2 = 1.0 - powInt(static_cast<double>(g.beta2), step);
-  AdamCoeffs c;
-  c.beta1 = g.beta1;
-  c.beta2 = g.beta2;
-  c.oneMinusBeta1 = static_cast<float>(1.0 - static_cast<double>(g.beta1));
-  c.oneMinusBeta2 = static_cast<float>(1.0 - static_cast<double>(g.beta2));
-  c.eps = g.eps;
-  c.lr = g.lr;
-  c.weightDecay = g.weightDecay;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(g.lr) * static_cast<double>(g.weightDecay));
-  c.stepSize = static_cast<float>(static_cast<double>(g.lr) / bc1);
-  c.bc1 = static_cast<float>(bc1);
-  c.bc2Sqrt = static_cast<float>(sqrt(bc2));
-  c.adapt = (g.weightDecay != 0.0f || g.alwaysAdapt != 0) ? 1 : 0;
-  return c;
-}
 
 // Every block computes the coefficients of all groups once into shared memory (groupCount <=
 // kMaxOptimGroups, sized at launch), so no per-step table has to be uploaded.

@@ -255,6 +255,16 @@ void parseConvertInput(const Napi::Object& o, ConvertInputArgs& a) {
   a.std = getFloats(o, "std");
 }
 
+Napi::Value WindowOutputSize(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "windowOutputSize");
+    const int64_t stride = getInt(o, "stride"), dilation = getInt(o, "dilation");
+    RC_CHECK_ARG(stride > 0 && dilation > 0, "windowOutputSize: stride and dilation must be positive");
+    const int64_t size = windowOutputSize(getInt(o, "size"), getInt(o, "kernel"), stride, getInt(o, "pad"), dilation);
+    return Napi::Number::New(info.Env(), static_cast<double>(size));
+  });
+}
+
 Napi::Value Synchronize(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     backendFor(getDevice(optionsArg(info, "synchronize"), "device")).synchronize();
@@ -383,6 +393,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"add", Add},
       {"cast", Cast},
       {"fill", Fill},
+      {"windowOutputSize", WindowOutputSize},
       {"synchronize", Synchronize},
       {"memoryStats", MemoryStatsFn},
       {"resetPeakMemory", ResetPeakMemory},

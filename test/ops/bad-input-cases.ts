@@ -26,6 +26,16 @@ export const badInputCases: OpCase[] = [
       plan.forward({ x: s.tensor([1, 4, 4, 2], 'f32'), weight: s.tensor([3, 3, 2, 3], 'f32'), y: s.tensor([1, 4, 4, 3], 'f32') }),
     );
   }),
+  rejectCase('a window that does not fit the padded input, by less than one stride', (s) => {
+    // (2 - 3) / 2 rounds to 0 when divided towards zero, which once made a 1x1 output of a window
+    // that reads past the input; the division is floored.
+    s.expectThrow('max pool 3x3 stride 2 over 2x2', INVALID, () =>
+      s.own(new s.native.Pool2dPlan({ device: s.ctx.device, dtype: 'f32', kind: 'max', n: 1, h: 2, w: 2, c: 1, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2, padH: 0, padW: 0 })),
+    );
+    s.expectThrow('conv 3x3 stride 2 over 2x2', INVALID, () =>
+      s.own(new s.native.Conv2dPlan({ device: s.ctx.device, dtype: 'f32', n: 1, h: 2, w: 2, c: 1, k: 1, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2 })),
+    );
+  }),
   rejectCase('conv2d.forward x of the wrong dtype', (s) => {
     const plan = smallConv(s);
     s.expectThrow('bf16 x for an f32 plan', INVALID, () =>
