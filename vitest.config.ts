@@ -6,7 +6,9 @@ import { defineConfig } from 'vitest/config';
 // the 'cuda-emulator' project runs the CUDA test rows on it, so the CUDA backend's own code is
 // tested on machines without a GPU. Without the library, those rows are skipped with the reason.
 const emulator = resolve('build/Release/libresnet_cuda_emulator.so');
-const emulatorEnv = existsSync(emulator) ? { RESNET_CUDA_BACKEND_LIBRARY: emulator } : { RESNET_CUDA_EMULATOR_MISSING: emulator };
+const emulatorEnv = existsSync(emulator)
+  ? { RESNET_CUDA_BACKEND_LIBRARY: emulator }
+  : { RESNET_CUDA_EMULATOR_MISSING: emulator };
 
 export default defineConfig({
   resolve: {

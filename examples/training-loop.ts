@@ -27,7 +27,12 @@ const dtype = values.dtype === 'bf16' ? 'bf16' : 'f32';
 const device = values.device;
 
 const cpu = listBackends().find((b) => b.name === 'cpu');
-console.log(`resnet-cuda training loop: ResNet-18 (small-image stem) on generated shapes, ${size}px, batch ${batch}, ${dtype}, ${device}` + (cpu?.properties ? ` [oneDNN ${cpu.properties.onednn}, ${cpu.properties.isa}, ${cpu.properties.threads} threads]` : ''));
+console.log(
+  `resnet-cuda training loop: ResNet-18 (small-image stem) on generated shapes, ${size}px, batch ${batch}, ${dtype}, ${device}` +
+    (cpu?.properties
+      ? ` [oneDNN ${cpu.properties.onednn}, ${cpu.properties.isa}, ${cpu.properties.threads} threads]`
+      : ''),
+);
 
 const train = generateShapes({ count: steps * batch, size, classes: 4, seed });
 const val = generateShapes({ count: 512, size, classes: 4, seed: seed + 1 });
@@ -58,7 +63,9 @@ for (let step = 0; step < steps; step++) {
   if ((step + 1) % 10 === 0 || step === steps - 1) {
     const count = (step % 10) + 1;
     const seconds = (performance.now() - started) / 1000;
-    console.log(`step ${String(step + 1).padStart(4)}/${steps}  loss ${(recent / count).toFixed(4)}  ${(((step + 1) * batch) / seconds).toFixed(1)} img/s`);
+    console.log(
+      `step ${String(step + 1).padStart(4)}/${steps}  loss ${(recent / count).toFixed(4)}  ${(((step + 1) * batch) / seconds).toFixed(1)} img/s`,
+    );
     recent = 0;
   }
 }
@@ -77,4 +84,6 @@ for (let start = 0; start + evalBatch <= val.labels.length; start += evalBatch) 
   }
 }
 const evaluated = Math.floor(val.labels.length / evalBatch) * evalBatch;
-console.log(`validation accuracy ${((100 * correct) / evaluated).toFixed(1)}% on ${evaluated} images (${val.classNames.join(', ')}); ${((performance.now() - started) / 1000).toFixed(1)} s in all`);
+console.log(
+  `validation accuracy ${((100 * correct) / evaluated).toFixed(1)}% on ${evaluated} images (${val.classNames.join(', ')}); ${((performance.now() - started) / 1000).toFixed(1)} s in all`,
+);

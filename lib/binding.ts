@@ -209,7 +209,13 @@ export interface RawAddon {
   Conv2dPlan: new (options: RawConv2dOptions) => RawConv2dPlan;
   LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
   Pool2dPlan: new (options: RawPool2dOptions) => RawPool2dPlan;
-  Communicator: new (options: { device: string; uniqueId: string; rank: number; worldSize: number; timeoutSeconds?: number }) => RawCommunicator;
+  Communicator: new (options: {
+    device: string;
+    uniqueId: string;
+    rank: number;
+    worldSize: number;
+    timeoutSeconds?: number;
+  }) => RawCommunicator;
   beginCapture(args: { device: string }): void;
   endCapture(args: { device: string }): number;
   replayGraph(args: { device: string; graph: number }): void;
@@ -307,7 +313,12 @@ export function packageRoot(): string {
     if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'CMakeLists.txt'))) return dir;
     if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'prebuilds'))) return dir;
     const parent = dirname(dir);
-    if (parent === dir) throw new ResnetError('ERR_RC_ADDON_LOAD', 'resnet-cuda: cannot find the package root above ' + fileURLToPath(import.meta.url));
+    if (parent === dir) {
+      throw new ResnetError(
+        'ERR_RC_ADDON_LOAD',
+        'resnet-cuda: cannot find the package root above ' + fileURLToPath(import.meta.url),
+      );
+    }
     dir = parent;
   }
 }
@@ -317,22 +328,25 @@ function explainLoadFailure(error: unknown, root: string): ResnetError {
   const message = error instanceof Error ? error.message : String(error);
   const hints: string[] = [];
   const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message);
-  if (missing && missing[1]?.startsWith('libdnnl')) {
+  if (missing?.[1]?.startsWith('libdnnl')) {
     hints.push(`The CPU backend needs oneDNN 2.6 (${missing[1]}): on Debian/Ubuntu, \`apt-get install libdnnl2\`.`);
-  } else if (missing && missing[1]?.startsWith('libjpeg')) {
+  } else if (missing?.[1]?.startsWith('libjpeg')) {
     hints.push(`The JPEG decoder needs libjpeg-turbo (${missing[1]}): on Debian, \`apt-get install libjpeg62-turbo\`.`);
-  } else if (missing && missing[1]?.startsWith('libgomp')) {
+  } else if (missing?.[1]?.startsWith('libgomp')) {
     hints.push(`OpenMP's runtime (${missing[1]}) is missing: \`apt-get install libgomp1\`.`);
   } else if (missing) {
     hints.push(`A shared library the addon needs is missing: ${missing[1]}.`);
   }
-  if (/No native build was found/.test(message)) {
+  if (message.includes('No native build was found')) {
     hints.push(
       `No prebuilt binary matches ${process.platform}-${process.arch} (Node ${process.versions.node}) and no local build exists in ${join(root, 'build/Release')}.`,
       'Build from source with `npm run build:native` (needs CMake, a C++17 compiler and `libdnnl-dev`; `scripts/setup` installs them).',
     );
   }
-  const err = new ResnetError('ERR_RC_ADDON_LOAD', `resnet-cuda: the native addon failed to load.\n${message}${hints.length ? '\n' + hints.join('\n') : ''}`);
+  const err = new ResnetError(
+    'ERR_RC_ADDON_LOAD',
+    `resnet-cuda: the native addon failed to load.\n${message}${hints.length ? '\n' + hints.join('\n') : ''}`,
+  );
   Object.assign(err, { cause: error });
   return err;
 }

@@ -70,19 +70,29 @@ export function describe(value: unknown): string {
   if (Array.isArray(value)) return `array of length ${value.length}`;
   if (ArrayBuffer.isView(value)) return `${value.constructor.name} of ${value.byteLength} bytes`;
   if (typeof value === 'function') return 'function';
-  const name = (value as object).constructor?.name;
+  const name = value.constructor?.name;
   return name && name !== 'Object' ? `${name} ${String(value)}` : 'object';
 }
 
 /** Throws `ERR_RC_INVALID_ARGUMENT` naming the parameter, the expectation and the value. */
 export function invalid(name: string, expected: string, received: unknown): never {
-  throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected ${expected} for ${name} but received ${describe(received)}`);
+  throw new ResnetError(
+    'ERR_RC_INVALID_ARGUMENT',
+    `Expected ${expected} for ${name} but received ${describe(received)}`,
+  );
 }
 
 /** Validates an integer in [min, max]. */
 export function expectInt(name: string, value: unknown, min = -Infinity, max = Infinity): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    const range = min === -Infinity ? (max === Infinity ? '' : ` at most ${max}`) : max === Infinity ? ` of at least ${min}` : ` between ${min} and ${max}`;
+    const range =
+      min === -Infinity
+        ? max === Infinity
+          ? ''
+          : ` at most ${max}`
+        : max === Infinity
+          ? ` of at least ${min}`
+          : ` between ${min} and ${max}`;
     invalid(name, `an integer${range}`, value);
   }
   return value;
@@ -91,7 +101,14 @@ export function expectInt(name: string, value: unknown, min = -Infinity, max = I
 /** Validates a finite number in [min, max]. */
 export function expectNumber(name: string, value: unknown, min = -Infinity, max = Infinity): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
-    const range = min === -Infinity ? (max === Infinity ? '' : ` at most ${max}`) : max === Infinity ? ` of at least ${min}` : ` between ${min} and ${max}`;
+    const range =
+      min === -Infinity
+        ? max === Infinity
+          ? ''
+          : ` at most ${max}`
+        : max === Infinity
+          ? ` of at least ${min}`
+          : ` between ${min} and ${max}`;
     invalid(name, `a finite number${range}`, value);
   }
   return value;
@@ -124,10 +141,13 @@ export function expectOptions<T extends object>(name: string, value: unknown, kn
   if (value === null || typeof value !== 'object' || Array.isArray(value)) invalid(name, 'an options object', value);
   for (const key of Object.keys(value)) {
     if (!known.includes(key)) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Unknown option '${key}' in ${name}; known options: ${known.join(', ')}`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `Unknown option '${key}' in ${name}; known options: ${known.join(', ')}`,
+      );
     }
   }
-  return value as Partial<T>;
+  return value;
 }
 
 /** Validates a pair-or-scalar size (PyTorch's `int | (int, int)`) and returns it as a pair. */

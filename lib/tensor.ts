@@ -30,7 +30,8 @@ export interface TensorOptions {
 type HostArray = Float32Array | Float64Array | Int32Array | Uint8Array | BigInt64Array | Uint16Array;
 
 /** The typed array that holds each dtype's elements on the host (bf16/f16 as their raw bits). */
-type HostArrayClass = typeof Float32Array | typeof Uint16Array | typeof Int32Array | typeof BigInt64Array | typeof Uint8Array;
+type HostArrayClass =
+  typeof Float32Array | typeof Uint16Array | typeof Int32Array | typeof BigInt64Array | typeof Uint8Array;
 const HOST_ARRAY: Readonly<Record<DType, HostArrayClass>> = {
   f32: Float32Array,
   bf16: Uint16Array,
@@ -41,7 +42,10 @@ const HOST_ARRAY: Readonly<Record<DType, HostArrayClass>> = {
 };
 
 /** The integer range of the dtypes `Tensor.from` converts numbers to. */
-const INTEGER_RANGE: Partial<Record<DType, readonly [number, number]>> = { i32: [-(2 ** 31), 2 ** 31 - 1], u8: [0, 255] };
+const INTEGER_RANGE: Partial<Record<DType, readonly [number, number]>> = {
+  i32: [-(2 ** 31), 2 ** 31 - 1],
+  u8: [0, 255],
+};
 
 /** Checks that every value of `data` is a number, and an integer in range for an integer dtype. */
 function checkValues(data: ArrayLike<number>, dtype: DType): void {
@@ -144,7 +148,10 @@ export class Tensor {
   }
 
   /** Normal samples (mean 0, std 1 unless given) from a seeded generator. */
-  static randn(shape: readonly number[], options: TensorOptions & { seed?: number; mean?: number; std?: number } = {}): Tensor {
+  static randn(
+    shape: readonly number[],
+    options: TensorOptions & { seed?: number; mean?: number; std?: number } = {},
+  ): Tensor {
     expectShape('shape', shape);
     expectOneOf('dtype', options.dtype ?? 'f32', FLOAT_DTYPES);
     const rng = new Random(options.seed);
@@ -158,7 +165,10 @@ export class Tensor {
   /** The native tensor; throws `ERR_RC_DISPOSED` after `dispose()`. @internal */
   get raw(): RawTensor {
     if (this.#raw === null || this.#raw.disposed) {
-      throw new ResnetError('ERR_RC_DISPOSED', `This ${this.dtype}[${this.shape.join(',')}] tensor was disposed and cannot be used`);
+      throw new ResnetError(
+        'ERR_RC_DISPOSED',
+        `This ${this.dtype}[${this.shape.join(',')}] tensor was disposed and cannot be used`,
+      );
     }
     return this.#raw;
   }
@@ -267,7 +277,9 @@ export class Tensor {
     const host = HOST_ARRAY[this.dtype];
     if (!(data instanceof host)) invalid('data', `a ${host.name} for a ${this.dtype} tensor`, data);
     const bytes = this.numel * host.BYTES_PER_ELEMENT;
-    if (data.byteLength !== bytes) mismatch('data', `${bytes} bytes for ${this.toString()}`, `${data.byteLength} bytes`);
+    if (data.byteLength !== bytes) {
+      mismatch('data', `${bytes} bytes for ${this.toString()}`, `${data.byteLength} bytes`);
+    }
     this.raw.copyFromHost(data);
   }
 
@@ -297,15 +309,28 @@ export function expectTensor(
   if (expect.rank !== undefined && value.shape.length !== expect.rank) {
     mismatch(name, `a tensor of rank ${expect.rank}`, `a tensor of shape ${shapeText}`);
   }
-  if (expect.shape && (expect.shape.length !== value.shape.length || expect.shape.some((d, i) => d !== -1 && d !== value.shape[i]))) {
-    mismatch(name, `a tensor of shape [${expect.shape.map((d) => (d === -1 ? '*' : d)).join(', ')}]`, `a tensor of shape ${shapeText}`);
+  if (
+    expect.shape &&
+    (expect.shape.length !== value.shape.length || expect.shape.some((d, i) => d !== -1 && d !== value.shape[i]))
+  ) {
+    mismatch(
+      name,
+      `a tensor of shape [${expect.shape.map((d) => (d === -1 ? '*' : d)).join(', ')}]`,
+      `a tensor of shape ${shapeText}`,
+    );
   }
   if (expect.dtype !== undefined) {
     const allowed = typeof expect.dtype === 'string' ? [expect.dtype] : expect.dtype;
-    if (!allowed.includes(value.dtype)) mismatch(name, `a tensor of dtype ${allowed.join(' or ')}`, `a ${value.dtype} tensor`);
+    if (!allowed.includes(value.dtype)) {
+      mismatch(name, `a tensor of dtype ${allowed.join(' or ')}`, `a ${value.dtype} tensor`);
+    }
   }
   if (expect.device !== undefined && value.device !== expect.device) {
-    mismatch(name, `a tensor on ${expect.device} (the module's device; move it with module.to())`, `a tensor on ${value.device}`);
+    mismatch(
+      name,
+      `a tensor on ${expect.device} (the module's device; move it with module.to())`,
+      `a tensor on ${value.device}`,
+    );
   }
   return value;
 }

@@ -21,7 +21,10 @@ describe('weights and checkpoints', () => {
     // An independent read of the layout: little-endian header length, JSON header, raw data.
     const bytes = readFileSync(path);
     const headerLength = Number(bytes.readBigUInt64LE(0));
-    const header = JSON.parse(bytes.subarray(8, 8 + headerLength).toString()) as Record<string, { dtype: string; shape: number[]; data_offsets: number[] }>;
+    const header = JSON.parse(bytes.subarray(8, 8 + headerLength).toString()) as Record<
+      string,
+      { dtype: string; shape: number[]; data_offsets: number[] }
+    >;
     expect(header['conv1.weight']).toMatchObject({ dtype: 'F32', shape: [64, 3, 3, 3] });
     expect(header['bn1.num_batches_tracked']).toMatchObject({ dtype: 'I64', shape: [] });
     const fc = header['fc.weight']!;
@@ -30,7 +33,9 @@ describe('weights and checkpoints', () => {
 
     const b = ResNet18({ numClasses: 3, smallInput: true, seed: 9 });
     await loadWeights(path, b);
-    for (const [key, entry] of a.stateDict()) expect(sameBits(b.stateDict().get(key)!.data, entry.data), key).toBe(true);
+    for (const [key, entry] of a.stateDict()) {
+      expect(sameBits(b.stateDict().get(key)!.data, entry.data), key).toBe(true);
+    }
   });
 
   it('resumes a run exactly: the same losses as the uninterrupted run, bit for bit', async () => {
@@ -54,15 +59,25 @@ describe('weights and checkpoints', () => {
     const run = make(5);
     for (let i = 0; i < 3; i++) run.step();
     const path = join(dir, 'latest.ckpt');
-    await saveCheckpoint(path, { model: run.model, optimizer: run.optimizer, scheduler: run.scheduler }, { epoch: 1, step: 3, extra: { bestTop1: 0.5 } });
+    await saveCheckpoint(
+      path,
+      { model: run.model, optimizer: run.optimizer, scheduler: run.scheduler },
+      { epoch: 1, step: 3, extra: { bestTop1: 0.5 } },
+    );
     const uninterrupted = [run.step(), run.step(), run.step()];
 
     const resumed = make(77);
-    const progress = await loadCheckpoint(path, { model: resumed.model, optimizer: resumed.optimizer, scheduler: resumed.scheduler });
+    const progress = await loadCheckpoint(path, {
+      model: resumed.model,
+      optimizer: resumed.optimizer,
+      scheduler: resumed.scheduler,
+    });
     expect(progress).toEqual({ epoch: 1, step: 3, extra: { bestTop1: 0.5 } });
     const after = [resumed.step(), resumed.step(), resumed.step()];
     expect(after).toEqual(uninterrupted);
-    expect(sameBits(resumed.model.arena().params.toFloat32Array(), run.model.arena().params.toFloat32Array())).toBe(true);
+    expect(sameBits(resumed.model.arena().params.toFloat32Array(), run.model.arena().params.toFloat32Array())).toBe(
+      true,
+    );
   });
 
   it('names the file and the problem for a truncated or foreign file', async () => {
@@ -71,7 +86,10 @@ describe('weights and checkpoints', () => {
     await saveCheckpoint(path, { model }, { epoch: 0, step: 0 });
     const whole = readFileSync(path);
     writeFileSync(path, whole.subarray(0, whole.length - 1000));
-    await expect(loadCheckpoint(path, { model })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringMatching(/truncated\.ckpt: tensor '.*' lies outside the file/) });
+    await expect(loadCheckpoint(path, { model })).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+      message: expect.stringMatching(/truncated\.ckpt: tensor '.*' lies outside the file/),
+    });
     writeFileSync(path, whole.subarray(0, 4));
     await expect(loadCheckpoint(path, { model })).rejects.toThrow(/truncated\.ckpt: is 4 bytes long/);
     const weights = join(dir, 'plain.safetensors');

@@ -28,7 +28,13 @@ const dir = mkdtempSync(join(tmpdir(), 'rc-cli-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const root = join(import.meta.dirname, '..');
-const COMMANDS: Record<string, Command> = { train: trainCommand, eval: evalCommand, predict: predictCommand, bench: benchCommand, doctor: doctorCommand };
+const COMMANDS: Record<string, Command> = {
+  train: trainCommand,
+  eval: evalCommand,
+  predict: predictCommand,
+  bench: benchCommand,
+  doctor: doctorCommand,
+};
 
 interface Run {
   code: number;
@@ -73,7 +79,10 @@ function writeFakeCifarAndMnist(): void {
   }
   const mnist = join(dir, 'mnist', 'raw');
   mkdirSync(mnist, { recursive: true });
-  for (const [prefix, n] of [['train', 8], ['t10k', 12]] as const) {
+  for (const [prefix, n] of [
+    ['train', 8],
+    ['t10k', 12],
+  ] as const) {
     const images = Buffer.alloc(16 + n * 784);
     images.writeUInt32BE(0x803, 0);
     images.writeUInt32BE(n, 4);
@@ -121,8 +130,14 @@ describe('help and version', () => {
       expect(run.stdout).toMatch(new RegExp(`^Usage: resnet-cuda ${name} \\[options\\]`));
       for (const option of command.spec.options) {
         expect(run.stdout, `--${option.name}`).toContain(`--${option.name}`);
-        const shown = option.defaultText ?? (option.default === undefined || option.default === false ? undefined : String(option.default));
-        if (shown !== undefined) expect(run.stdout.replace(/\s+/g, ' '), `default of --${option.name}`).toContain(`(default: ${shown.split(';')[0]!.replace(/\s+/g, ' ')}`);
+        const shown =
+          option.defaultText ??
+          (option.default === undefined || option.default === false ? undefined : String(option.default));
+        if (shown !== undefined) {
+          expect(run.stdout.replace(/\s+/g, ' '), `default of --${option.name}`).toContain(
+            `(default: ${shown.split(';')[0]!.replace(/\s+/g, ' ')}`,
+          );
+        }
       }
       expect(run.stdout).toContain('-h, --help');
       // -h works too, and wins over other problems with the arguments.
@@ -137,9 +152,15 @@ describe('usage errors: exit code 2 and one line naming the option, before any w
     [['train', '--epochs', '0'], /--epochs expects an integer of at least 1, got 0/],
     [['train', '--learning-rate', '0.1'], /unknown option '--learning-rate'/],
     [['train', '--opt', 'rmsprop'], /--opt expects one of sgd, sgd-nesterov, adamw, lamb, got 'rmsprop'/],
-    [['train', '--lr-scheduler', 'plateau', '--lr-warmup-epochs', '1'], /--lr-warmup-epochs cannot be combined with --lr-scheduler plateau/],
+    [
+      ['train', '--lr-scheduler', 'plateau', '--lr-warmup-epochs', '1'],
+      /--lr-warmup-epochs cannot be combined with --lr-scheduler plateau/,
+    ],
     [['train', '--lr-scheduler', 'multisteplr'], /--lr-scheduler multisteplr needs --lr-milestones/],
-    [['train', '--lr-step-size', '5', '--lr-scheduler', 'cosineannealinglr'], /--lr-step-size is not used by --lr-scheduler cosineannealinglr/],
+    [
+      ['train', '--lr-step-size', '5', '--lr-scheduler', 'cosineannealinglr'],
+      /--lr-step-size is not used by --lr-scheduler cosineannealinglr/,
+    ],
     [['train', '--amp', 'fp16'], /--amp fp16 needs a CUDA device, but --device is cpu/],
     [['train', '--device', 'gpu'], /--device expects cpu, cuda or cuda:N, got 'gpu'/],
     [['train', '--norm-weight-decay', '0.1'], /--norm-weight-decay expects a number from 0 to 0, got 0.1/],
@@ -156,7 +177,10 @@ describe('usage errors: exit code 2 and one line naming the option, before any w
     [['eval', '--weights', 'missing.safetensors'], /--weights '.*missing.safetensors' does not exist/],
     [['eval', '--checkpoint', 'missing'], /--checkpoint '.*missing' does not exist/],
     [['eval', '--batch-size=-3'], /--batch-size expects an integer of at least 1, got -3/],
-    [['eval', '--batch-size', '-3'], /--batch-size needs a value; to pass one that starts with '-', write --batch-size=VALUE/],
+    [
+      ['eval', '--batch-size', '-3'],
+      /--batch-size needs a value; to pass one that starts with '-', write --batch-size=VALUE/,
+    ],
     [['predict', '--topk', '0', 'x.png'], /--topk expects an integer of at least 1, got 0/],
     [['predict', '--weights', weightsFile], /missing IMAGE/],
     [['bench', '--size', 'big'], /--size expects an integer of at least 8, got 'big'/],
@@ -199,11 +223,27 @@ describe('config files', () => {
   };
 
   it('merges a config file under the command line (camelCase and kebab-case keys)', async () => {
-    const file = write('bench.json', { model: 'resnet18', 'batch-size': 2, size: 16, smallInput: true, steps: 5, warmup: 0, json: true });
+    const file = write('bench.json', {
+      model: 'resnet18',
+      'batch-size': 2,
+      size: 16,
+      smallInput: true,
+      steps: 5,
+      warmup: 0,
+      json: true,
+    });
     const run = await cli(['bench', '--config', file, '--steps', '1']);
     expect(run.code, run.stderr).toBe(0);
     const result = JSON.parse(run.stdout);
-    expect(result).toMatchObject({ model: 'resnet18', batchSize: 2, size: 16, steps: 1, warmup: 0, amp: 'none', device: 'cpu' });
+    expect(result).toMatchObject({
+      model: 'resnet18',
+      batchSize: 2,
+      size: 16,
+      steps: 1,
+      warmup: 0,
+      amp: 'none',
+      device: 'cpu',
+    });
   });
 
   it('rejects unknown keys, values of the wrong type, and conflicts coming from the file', async () => {
@@ -215,7 +255,11 @@ describe('config files', () => {
     const type = await cli(['train', '--config', write('type.json', { lr: 'fast' })]);
     expect(type.code).toBe(2);
     expect(type.stderr).toMatch(/'lr' in .*type.json expects a number above 0, got 'fast'/);
-    const conflict = await cli(['train', '--config', write('conflict.json', { lrScheduler: 'plateau', lrWarmupEpochs: 1 })]);
+    const conflict = await cli([
+      'train',
+      '--config',
+      write('conflict.json', { lrScheduler: 'plateau', lrWarmupEpochs: 1 }),
+    ]);
     expect(conflict.code).toBe(2);
     expect(conflict.stderr).toContain('--lr-warmup-epochs cannot be combined with --lr-scheduler plateau');
     const data = await cli(['train', '--config', write('data.json', { data: 'nowhere' })]);
@@ -245,21 +289,42 @@ describe('doctor', () => {
     const report = JSON.parse(json.stdout);
     expect(report.ok).toBe(true);
     expect(report.addon.loaded).toBe(true);
-    expect(report.backends.find((b: { name: string }) => b.name === 'cpu')).toMatchObject({ built: true, available: true, works: true });
+    expect(report.backends.find((b: { name: string }) => b.name === 'cpu')).toMatchObject({
+      built: true,
+      available: true,
+      works: true,
+    });
     const cuda = report.backends.find((b: { name: string }) => b.name === 'cuda');
     expect(cuda).toBeDefined();
     // Every problem says what to do; CUDA missing on a machine without a GPU is only a warning.
     for (const p of report.problems) expect(p.fix.length).toBeGreaterThan(10);
-    if (!cuda.available) expect(report.problems.find((p: { component: string }) => p.component === 'cuda')?.severity).toBe('warning');
+    if (!cuda.available) {
+      expect(report.problems.find((p: { component: string }) => p.component === 'cuda')?.severity).toBe('warning');
+    }
     expect(report.sharp.version).toMatch(/^\d+\.\d+\.\d+$/);
   });
 });
 
 describe('bench', () => {
   it('times a tiny model on the CPU', async () => {
-    const run = await cli(['bench', '--model', 'resnet18', '--small-input', '--size', '16', '-b', '2', '--steps', '2', '--warmup', '1']);
+    const run = await cli([
+      'bench',
+      '--model',
+      'resnet18',
+      '--small-input',
+      '--size',
+      '16',
+      '-b',
+      '2',
+      '--steps',
+      '2',
+      '--warmup',
+      '1',
+    ]);
     expect(run.code, run.stderr).toBe(0);
-    expect(run.stdout).toMatch(/^\d+\.\d ms\/step, \d+\.\d img\/s, peak memory \d+\.\d\d GiB \(resnet18, batch 2, 16 px, fp32, cpu\)\n$/);
+    expect(run.stdout).toMatch(
+      /^\d+\.\d ms\/step, \d+\.\d img\/s, peak memory \d+\.\d\d GiB \(resnet18, batch 2, 16 px, fp32, cpu\)\n$/,
+    );
     expect(run.stderr).toContain('warm-up: 1 step');
   });
 });
@@ -274,7 +339,18 @@ describe('predict', () => {
 
     const classesFile = join(dir, 'classes.txt');
     writeFileSync(classesFile, 'a\nb\n\nc\nd\n');
-    const json = await cli(['predict', '--weights', weightsFile, '--classes', classesFile, '--json', '--topk', '9', join(folder, 'val', 'circle'), pngs[2]!]);
+    const json = await cli([
+      'predict',
+      '--weights',
+      weightsFile,
+      '--classes',
+      classesFile,
+      '--json',
+      '--topk',
+      '9',
+      join(folder, 'val', 'circle'),
+      pngs[2]!,
+    ]);
     expect(json.code, json.stderr).toBe(0);
     const out = JSON.parse(json.stdout);
     expect(out).toMatchObject({ model: 'resnet18', numClasses: 4, resize: 32, crop: 32 });
@@ -310,7 +386,9 @@ describe('predict', () => {
     expect(json.code).toBe(1);
     const out = JSON.parse(json.stdout);
     expect(out.images.map((i: { file: string }) => i.file)).toEqual([pngs[2]]);
-    expect(out.failed).toEqual([expect.objectContaining({ file: empty, code: expect.stringMatching(/^[A-Z][A-Z0-9_]+$/) })]);
+    expect(out.failed).toEqual([
+      expect.objectContaining({ file: empty, code: expect.stringMatching(/^[A-Z][A-Z0-9_]+$/) }),
+    ]);
   });
 
   it('rejects a missing image, a class file of the wrong length and a model that contradicts the file', async () => {
@@ -339,7 +417,10 @@ describe('ImageFiles', () => {
     const again = await datasetFromSpec(structuredClone(images.spec()));
     expect(again).toBeInstanceOf(ImageFiles);
     expect((again as ImageFiles).files).toEqual([pngs[3], pngs[1]]);
-    await expect(ImageFiles.open([join(dir, 'absent.png')])).rejects.toMatchObject({ code: 'ERR_RC_DATASET', message: expect.stringContaining('absent.png') });
+    await expect(ImageFiles.open([join(dir, 'absent.png')])).rejects.toMatchObject({
+      code: 'ERR_RC_DATASET',
+      message: expect.stringContaining('absent.png'),
+    });
     await expect(ImageFiles.open([dir])).rejects.toThrow(/is not a file/);
     expect(() => ImageFiles.fromSpec({ kind: 'ImageFiles', files: ['relative.png'] })).toThrow(/an absolute path/);
   });
@@ -348,10 +429,29 @@ describe('ImageFiles', () => {
 describe('eval', () => {
   it('evaluates weights on an image folder and writes the report and the confusion matrix', async () => {
     const out = join(dir, 'eval-out');
-    const run = await cli(['eval', folder, '--weights', weightsFile, '--val-resize-size', '16', '--val-crop-size', '16', '-j', '0', '--json', '--output-dir', out]);
+    const run = await cli([
+      'eval',
+      folder,
+      '--weights',
+      weightsFile,
+      '--val-resize-size',
+      '16',
+      '--val-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--json',
+      '--output-dir',
+      out,
+    ]);
     expect(run.code, run.stderr).toBe(0);
     const result = JSON.parse(run.stdout);
-    expect(result).toMatchObject({ count: 8, model: 'resnet18', numClasses: 4, classes: ['circle', 'cross', 'square', 'triangle'] });
+    expect(result).toMatchObject({
+      count: 8,
+      model: 'resnet18',
+      numClasses: 4,
+      classes: ['circle', 'cross', 'square', 'triangle'],
+    });
     expect(result.acc1).toBeGreaterThanOrEqual(0);
     expect(result.acc5).toBe(1);
     expect(result.confusion.flat().reduce((a: number, b: number) => a + b, 0)).toBe(8);
@@ -359,7 +459,19 @@ describe('eval', () => {
     const png = await sharp(join(out, 'confusion-matrix.png')).metadata();
     expect(png.format).toBe('png');
 
-    const text = await cli(['eval', folder, '--weights', weightsFile, '--val-resize-size', '16', '--val-crop-size', '16', '-j', '0', '--quiet']);
+    const text = await cli([
+      'eval',
+      folder,
+      '--weights',
+      weightsFile,
+      '--val-resize-size',
+      '16',
+      '--val-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--quiet',
+    ]);
     expect(text.code, text.stderr).toBe(0);
     expect(text.stdout).toMatch(/^loss \d+\.\d{4} {2}Acc@1 \d+\.\d\d% {2}Acc@5 100\.00% {2}\(8 images\)\n\n/);
     expect(text.stdout).toContain('weighted avg');
@@ -367,26 +479,68 @@ describe('eval', () => {
 
   it('caps the workers by the CPU cores, with a warning', async () => {
     const cores = availableParallelism();
-    const run = await cli(['eval', folder, '--weights', weightsFile, '--val-resize-size', '16', '--val-crop-size', '16', '-j', '1000', '--quiet']);
+    const run = await cli([
+      'eval',
+      folder,
+      '--weights',
+      weightsFile,
+      '--val-resize-size',
+      '16',
+      '--val-crop-size',
+      '16',
+      '-j',
+      '1000',
+      '--quiet',
+    ]);
     expect(run.code, run.stderr).toBe(0);
-    expect(run.stderr).toBe(`warning: --workers 1000 is more than the ${cores} CPU core${cores === 1 ? '' : 's'} here; using ${cores}\n`);
+    expect(run.stderr).toBe(
+      `warning: --workers 1000 is more than the ${cores} CPU core${cores === 1 ? '' : 's'} here; using ${cores}\n`,
+    );
   });
 });
 
 describe('eval on CIFAR-10 and MNIST files', () => {
   it('finds the files under DATA (or its usual sub-folders) and evaluates their test split', async () => {
-    const cifar = await cli(['eval', join(dir, 'cifar'), '--dataset', 'cifar10', '--weights', weights10, '-j', '0', '--json']);
+    const cifar = await cli([
+      'eval',
+      join(dir, 'cifar'),
+      '--dataset',
+      'cifar10',
+      '--weights',
+      weights10,
+      '-j',
+      '0',
+      '--json',
+    ]);
     expect(cifar.code, cifar.stderr).toBe(0);
-    expect(JSON.parse(cifar.stdout)).toMatchObject({ count: 8, classes: ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck'] });
-    const mnist = await cli(['eval', join(dir, 'mnist'), '--dataset', 'mnist', '--weights', weights10, '-j', '0', '--json']);
+    expect(JSON.parse(cifar.stdout)).toMatchObject({
+      count: 8,
+      classes: ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck'],
+    });
+    const mnist = await cli([
+      'eval',
+      join(dir, 'mnist'),
+      '--dataset',
+      'mnist',
+      '--weights',
+      weights10,
+      '-j',
+      '0',
+      '--json',
+    ]);
     expect(mnist.code, mnist.stderr).toBe(0);
-    expect(JSON.parse(mnist.stdout)).toMatchObject({ count: 12, classes: ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'] });
+    expect(JSON.parse(mnist.stdout)).toMatchObject({
+      count: 12,
+      classes: ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'],
+    });
     const fewer = await cli(['eval', join(dir, 'cifar'), '--dataset', 'cifar10', '--weights', weightsFile, '-j', '0']);
     expect(fewer.code).toBe(1);
     expect(fewer.stderr).toContain('the data has 10 classes but the model only 4');
     const wrongKind = await cli(['eval', join(dir, 'cifar'), '--dataset', 'mnist', '--weights', weights10]);
     expect(wrongKind.code).toBe(2);
-    expect(wrongKind.stderr).toMatch(/DATA folder '.*cifar' does not hold the IDX files t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte/);
+    expect(wrongKind.stderr).toMatch(
+      /DATA folder '.*cifar' does not hold the IDX files t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte/,
+    );
   });
 });
 
@@ -394,17 +548,53 @@ describe('train', () => {
   const run1 = join(dir, 'run-folder');
 
   it('trains one epoch on an image folder and writes every output', async () => {
-    const args = [folder, '--epochs', '1', '-b', '8', '-j', '0', '--train-crop-size', '16', '--val-resize-size', '16', '--val-crop-size', '16', '--seed', '5', '--output-dir', run1];
+    const args = [
+      folder,
+      '--epochs',
+      '1',
+      '-b',
+      '8',
+      '-j',
+      '0',
+      '--train-crop-size',
+      '16',
+      '--val-resize-size',
+      '16',
+      '--val-crop-size',
+      '16',
+      '--seed',
+      '5',
+      '--output-dir',
+      run1,
+    ];
     const run = await cli(['train', ...args]);
     expect(run.code, run.stderr).toBe(0);
     expect(run.stderr).toMatch(/resnet18 \(small-image stem\), 4 classes, on imagefolder/);
     expect(run.stdout).toMatch(/^finished after 1 epoch \(2 steps\) in .*: val loss \d+\.\d{4}, acc@1 /);
-    for (const name of ['model.safetensors', 'model-best.safetensors', 'log.jsonl', 'summary.json', 'config.json', 'classification-report.txt', 'confusion-matrix.png', 'curves-loss.png', 'curves-accuracy.png']) {
+    for (const name of [
+      'model.safetensors',
+      'model-best.safetensors',
+      'log.jsonl',
+      'summary.json',
+      'config.json',
+      'classification-report.txt',
+      'confusion-matrix.png',
+      'curves-loss.png',
+      'curves-accuracy.png',
+    ]) {
       expect(existsSync(join(run1, name)), name).toBe(true);
     }
-    expect(readdirSync(join(run1, 'checkpoints')).sort()).toEqual(['best.json', 'best.safetensors', 'latest.json', 'step-00000002.safetensors']);
+    expect(readdirSync(join(run1, 'checkpoints')).sort()).toEqual([
+      'best.json',
+      'best.safetensors',
+      'latest.json',
+      'step-00000002.safetensors',
+    ]);
     expect(readdirSync(join(run1, 'tensorboard')).some((f) => f.startsWith('events.out.tfevents.'))).toBe(true);
-    const log = readFileSync(join(run1, 'log.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const log = readFileSync(join(run1, 'log.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     expect(log.some((r) => r.type === 'epoch' && r.metrics['val/acc1'] !== undefined)).toBe(true);
     // config.json holds the options as given (and the seed), re-runnable with --config.
     const config = JSON.parse(readFileSync(join(run1, 'config.json'), 'utf8'));
@@ -418,7 +608,20 @@ describe('train', () => {
   });
 
   it('resumes the run from its latest checkpoint and refuses to overwrite it', async () => {
-    const again = await cli(['train', folder, '--epochs', '1', '-b', '8', '-j', '0', '--train-crop-size', '16', '--output-dir', run1]);
+    const again = await cli([
+      'train',
+      folder,
+      '--epochs',
+      '1',
+      '-b',
+      '8',
+      '-j',
+      '0',
+      '--train-crop-size',
+      '16',
+      '--output-dir',
+      run1,
+    ]);
     expect(again.code).toBe(2);
     expect(again.stderr).toContain('already holds a run');
     // The checkpoint's options (DATA, batch size, sizes, seed…) carry over; --epochs extends the run.
@@ -429,7 +632,10 @@ describe('train', () => {
     // Without DATA, eval takes the run's own validation data from the checkpoint's config.
     const evaluated = await cli(['eval', '--checkpoint', run1, '-j', '0', '--json']);
     expect(evaluated.code, evaluated.stderr).toBe(0);
-    expect(JSON.parse(evaluated.stdout)).toMatchObject({ count: 8, classes: ['circle', 'cross', 'square', 'triangle'] });
+    expect(JSON.parse(evaluated.stdout)).toMatchObject({
+      count: 8,
+      classes: ['circle', 'cross', 'square', 'triangle'],
+    });
     const predicted = await cli(['predict', '--checkpoint', run1, '--json', pngs[0]!]);
     expect(predicted.code, predicted.stderr).toBe(0);
     expect(JSON.parse(predicted.stdout)).toMatchObject({ resize: 16, crop: 16 });
@@ -438,10 +644,28 @@ describe('train', () => {
 
   it('runs the built-in dataset with a step limit, writing a checkpoint where it stopped', async () => {
     const out = join(dir, 'demo');
-    const run = await cli(['train', '--max-steps', '2', '-b', '4', '--train-crop-size', '16', '-j', '0', '--output-dir', out, '--no-tensorboard', '--no-plots', '--seed', '1']);
+    const run = await cli([
+      'train',
+      '--max-steps',
+      '2',
+      '-b',
+      '4',
+      '--train-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--output-dir',
+      out,
+      '--no-tensorboard',
+      '--no-plots',
+      '--seed',
+      '1',
+    ]);
     expect(run.code, run.stderr).toBe(0);
     expect(run.stderr).toMatch(/on the built-in dataset \(1600 training, 512 validation images, 16 px\)/);
-    expect(run.stderr).toMatch(/sgd-nesterov lr 0\.01, cosineannealinglr after \d+ warm-up steps, 2 epochs of 400 steps, seed 1/);
+    expect(run.stderr).toMatch(
+      /sgd-nesterov lr 0\.01, cosineannealinglr after \d+ warm-up steps, 2 epochs of 400 steps, seed 1/,
+    );
     expect(run.stdout).toMatch(/^stopped after 0 epochs \(2 steps\)/);
     // Stopped before any evaluation: no report, no charts, and the closing line names only what is there.
     expect(run.stdout).toMatch(/\noutputs in demo: model\.safetensors, checkpoints\/, log\.jsonl\n$/);
@@ -451,9 +675,27 @@ describe('train', () => {
     expect(readdirSync(out).filter((f) => f.endsWith('.png'))).toEqual([]);
   });
 
-  it('evaluates at the scale of a small training crop, records the resolved options, and eval keeps the run\'s precision', async () => {
+  it("evaluates at the scale of a small training crop, records the resolved options, and eval keeps the run's precision", async () => {
     const out = join(dir, 'bf16');
-    const run = await cli(['train', folder, '--epochs', '1', '-b', '8', '-j', '0', '--train-crop-size', '16', '--amp', 'bf16', '--seed', '5', '--output-dir', out, '--no-tensorboard']);
+    const run = await cli([
+      'train',
+      folder,
+      '--epochs',
+      '1',
+      '-b',
+      '8',
+      '-j',
+      '0',
+      '--train-crop-size',
+      '16',
+      '--amp',
+      'bf16',
+      '--seed',
+      '5',
+      '--output-dir',
+      out,
+      '--no-tensorboard',
+    ]);
     expect(run.code, run.stderr).toBe(0);
     // torchvision's ratio: resize 256 for a 224 crop, so 18 for 16.
     expect(run.stderr).toContain('input: training crop 16 px; validation resize 18 px and center crop 16 px');
@@ -484,7 +726,17 @@ describe('train', () => {
       seed: 5,
     });
     // Only the options this run reads: it is re-runnable with --config.
-    for (const unused of ['lrMin', 'lrPlateauPatience', 'lrWarmupMethod', 'modelEmaSteps', 'earlyStoppingMinDelta', 'outputDir', 'quiet']) expect(config, unused).not.toHaveProperty(unused);
+    for (const unused of [
+      'lrMin',
+      'lrPlateauPatience',
+      'lrWarmupMethod',
+      'modelEmaSteps',
+      'earlyStoppingMinDelta',
+      'outputDir',
+      'quiet',
+    ]) {
+      expect(config, unused).not.toHaveProperty(unused);
+    }
 
     const trained = /val loss (\d+\.\d{4}), acc@1 (\d+\.\d\d%)/.exec(run.stdout);
     expect(trained, run.stdout).not.toBeNull();
@@ -496,32 +748,105 @@ describe('train', () => {
     const fp32 = await cli(['eval', '--checkpoint', out, '-b', '8', '-j', '0', '--amp', 'none']);
     expect(fp32.stderr).toMatch(/resize 18, crop 16, cpu, fp32\n/);
 
-    const again = await cli(['train', '--config', join(out, 'config.json'), '--max-steps', '1', '--output-dir', join(dir, 'bf16-again'), '--quiet']);
+    const again = await cli([
+      'train',
+      '--config',
+      join(out, 'config.json'),
+      '--max-steps',
+      '1',
+      '--output-dir',
+      join(dir, 'bf16-again'),
+      '--quiet',
+    ]);
     expect(again.code, again.stderr).toBe(0);
   });
 
   it('refuses a batch that cannot fit in memory, with the size and what to try', async () => {
-    const run = await cli(['train', '-b', '1000000000', '--max-steps', '1', '-j', '0', '--output-dir', join(dir, 'huge-batch')]);
+    const run = await cli([
+      'train',
+      '-b',
+      '1000000000',
+      '--max-steps',
+      '1',
+      '-j',
+      '0',
+      '--output-dir',
+      join(dir, 'huge-batch'),
+    ]);
     expect(run.code).toBe(1);
-    expect(run.stderr).toMatch(/^resnet-cuda train: out of memory: a batch of 1,000,000,000 images of 32x32 px needs 2861\.0 GiB for its pixels alone, more than this machine's \d+\.\d GiB\n/);
+    expect(run.stderr).toMatch(
+      /^resnet-cuda train: out of memory: a batch of 1,000,000,000 images of 32x32 px needs 2861\.0 GiB for its pixels alone, more than this machine's \d+\.\d GiB\n/,
+    );
     expect(run.stderr).toMatch(/\nUse a smaller -b\/--batch-size; --accumulate K/);
     expect(existsSync(join(dir, 'huge-batch'))).toBe(false);
     // The validation batches count too.
-    const val = await cli(['train', '-b', '100000', '--train-crop-size', '8', '--val-crop-size', '4096', '--val-resize-size', '4096', '--max-steps', '1', '-j', '0', '--output-dir', join(dir, 'huge-val')]);
+    const val = await cli([
+      'train',
+      '-b',
+      '100000',
+      '--train-crop-size',
+      '8',
+      '--val-crop-size',
+      '4096',
+      '--val-resize-size',
+      '4096',
+      '--max-steps',
+      '1',
+      '-j',
+      '0',
+      '--output-dir',
+      join(dir, 'huge-val'),
+    ]);
     expect(val.code).toBe(1);
-    expect(val.stderr).toMatch(/^resnet-cuda train: out of memory: a batch of 100,000 images of 4096x4096 px needs 4687\.5 GiB/);
+    expect(val.stderr).toMatch(
+      /^resnet-cuda train: out of memory: a batch of 100,000 images of 4096x4096 px needs 4687\.5 GiB/,
+    );
   });
 
   it('trains on synthetic data without DATA', async () => {
-    const run = await cli(['train', '--dataset', 'synthetic', '--num-classes', '10', '--max-steps', '1', '-b', '2', '--train-crop-size', '16', '-j', '0', '--output-dir', join(dir, 'synthetic')]);
+    const run = await cli([
+      'train',
+      '--dataset',
+      'synthetic',
+      '--num-classes',
+      '10',
+      '--max-steps',
+      '1',
+      '-b',
+      '2',
+      '--train-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--output-dir',
+      join(dir, 'synthetic'),
+    ]);
     expect(run.code, run.stderr).toBe(0);
-    expect(run.stderr).toContain('resnet18 (small-image stem), 10 classes, on synthetic data (200 training, 20 validation images, 16 px)');
+    expect(run.stderr).toContain(
+      'resnet18 (small-image stem), 10 classes, on synthetic data (200 training, 20 validation images, 16 px)',
+    );
   });
 
   it('overfits a few batches with --dry-run and writes no checkpoint', async () => {
     const out = join(dir, 'dry');
     mkdirSync(out);
-    const run = await cli(['train', '--dry-run', '1', '--epochs', '2', '-b', '4', '--train-crop-size', '16', '-j', '0', '--output-dir', out, '--quiet', '--no-plots']);
+    const run = await cli([
+      'train',
+      '--dry-run',
+      '1',
+      '--epochs',
+      '2',
+      '-b',
+      '4',
+      '--train-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--output-dir',
+      out,
+      '--quiet',
+      '--no-plots',
+    ]);
     expect(run.code, run.stderr).toBe(0);
     expect(run.stdout).toMatch(/^finished after 2 epochs \(2 steps\)/);
     expect(readdirSync(join(out, 'checkpoints'))).toEqual([]);
@@ -529,20 +854,68 @@ describe('train', () => {
 
   it('fine-tunes from weights with another number of classes, leaving out the classifier, and freezes layers', async () => {
     const out = join(dir, 'finetune');
-    const run = await cli(['train', folder, '--weights', weights3, '--freeze', 'conv1,bn1,layer1', '--max-steps', '1', '-b', '8', '-j', '0', '--train-crop-size', '16', '--output-dir', out, '--no-tensorboard']);
+    const run = await cli([
+      'train',
+      folder,
+      '--weights',
+      weights3,
+      '--freeze',
+      'conv1,bn1,layer1',
+      '--max-steps',
+      '1',
+      '-b',
+      '8',
+      '-j',
+      '0',
+      '--train-crop-size',
+      '16',
+      '--output-dir',
+      out,
+      '--no-tensorboard',
+    ]);
     expect(run.code, run.stderr).toBe(0);
     expect(run.stderr).toMatch(/loaded .*fresh3.safetensors without its classifier \(3 classes; this run has 4\)/);
     expect(run.stderr).toContain('froze conv1, bn1, layer1 (');
-    const stem = await cli(['train', folder, '--weights', weights3, '--stem', 'imagenet', '--output-dir', join(dir, 'stem')]);
+    const stem = await cli([
+      'train',
+      folder,
+      '--weights',
+      weights3,
+      '--stem',
+      'imagenet',
+      '--output-dir',
+      join(dir, 'stem'),
+    ]);
     expect(stem.code).toBe(2);
     expect(stem.stderr).toMatch(/has the small stem, but this run uses the imagenet one\nPass --stem small\.\n$/);
-    const model = await cli(['train', folder, '--weights', weights3, '--model', 'resnet50', '--output-dir', join(dir, 'r50')]);
+    const model = await cli([
+      'train',
+      folder,
+      '--weights',
+      weights3,
+      '--model',
+      'resnet50',
+      '--output-dir',
+      join(dir, 'r50'),
+    ]);
     expect(model.code).toBe(2);
     expect(model.stderr).toContain('holds a resnet18, but --model is resnet50');
   });
 
   it('rejects --freeze prefixes that match no parameter, naming the modules', async () => {
-    const run = await cli(['train', '--freeze', 'layer9', '--max-steps', '1', '--train-crop-size', '16', '-j', '0', '--output-dir', join(dir, 'frozen')]);
+    const run = await cli([
+      'train',
+      '--freeze',
+      'layer9',
+      '--max-steps',
+      '1',
+      '--train-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--output-dir',
+      join(dir, 'frozen'),
+    ]);
     expect(run.code).toBe(2);
     expect(run.stderr).toContain("--freeze: no parameter is under 'layer9'");
     expect(run.stderr).toContain('conv1, bn1, layer1, layer2, layer3, layer4, fc');
@@ -552,7 +925,7 @@ describe('train', () => {
 describe('the compiled entry point', () => {
   const entry = join(root, 'dist', 'lib', 'cli', 'main.js');
 
-  it('is the package bin, starts with a shebang, and exits with the command line\'s codes', () => {
+  it("is the package bin, starts with a shebang, and exits with the command line's codes", () => {
     const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
     expect(pkg.bin).toEqual({ 'resnet-cuda': './dist/lib/cli/main.js' });
     expect(readFileSync(entry, 'utf8').startsWith('#!/usr/bin/env node\n')).toBe(true);
@@ -561,7 +934,9 @@ describe('the compiled entry point', () => {
     expect(version.stdout.trim()).toBe(pkg.version);
     const bad = spawnSync(process.execPath, [entry, 'train', '--lr', 'abc'], { encoding: 'utf8', cwd: dir });
     expect(bad.status).toBe(2);
-    expect(bad.stderr).toBe("resnet-cuda train: --lr expects a number above 0, got 'abc'\nRun 'resnet-cuda train --help' for the options.\n");
+    expect(bad.stderr).toBe(
+      "resnet-cuda train: --lr expects a number above 0, got 'abc'\nRun 'resnet-cuda train --help' for the options.\n",
+    );
     const help = spawnSync(process.execPath, [entry, 'predict', '--help'], { encoding: 'utf8' });
     expect(help.status).toBe(0);
     expect(help.stdout).toContain('Usage: resnet-cuda predict [options] IMAGE...');

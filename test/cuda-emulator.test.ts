@@ -21,19 +21,25 @@ const reason = !library
     ? undefined
     : `the emulated CUDA backend is not usable: ${cuda?.reason ?? 'no cuda backend'}`;
 
-describe.skipIf(reason !== undefined)(`CUDA backend on the emulated device${reason ? ` (skipped: ${reason})` : ''}`, () => {
-  const devices = reason === undefined ? cudaDeviceCount() : 0;
-  for (const check of gpuChecks) {
-    const short = (check.minDevices ?? 1) > devices;
-    it.skipIf(short)(`${check.name}${short ? ` (skipped: needs ${check.minDevices} devices)` : ''}`, async () => {
-      await check.run({ device: 'cuda', scale: 'small', log: (line) => console.log(`${check.name}: ${line}`) });
-    });
-  }
+describe.skipIf(reason !== undefined)(
+  `CUDA backend on the emulated device${reason ? ` (skipped: ${reason})` : ''}`,
+  () => {
+    const devices = reason === undefined ? cudaDeviceCount() : 0;
+    for (const check of gpuChecks) {
+      const short = (check.minDevices ?? 1) > devices;
+      it.skipIf(short)(`${check.name}${short ? ` (skipped: needs ${check.minDevices} devices)` : ''}`, async () => {
+        await check.run({ device: 'cuda', scale: 'small', log: (line) => console.log(`${check.name}: ${line}`) });
+      });
+    }
 
-  const executorTest = library ? join(dirname(library), 'rc_emu_executor_test') : '';
-  it.skipIf(!existsSync(executorTest))('the kernel executor: barriers, warp shuffles, faults, block reduce and scan, schedules', () => {
-    const r = spawnSync(executorTest, [], { encoding: 'utf8' });
-    expect(r.stdout + r.stderr).toMatch(/executor: \d+ passed, 0 failed/);
-    expect(r.status).toBe(0);
-  });
-});
+    const executorTest = library ? join(dirname(library), 'rc_emu_executor_test') : '';
+    it.skipIf(!existsSync(executorTest))(
+      'the kernel executor: barriers, warp shuffles, faults, block reduce and scan, schedules',
+      () => {
+        const r = spawnSync(executorTest, [], { encoding: 'utf8' });
+        expect(r.stdout + r.stderr).toMatch(/executor: \d+ passed, 0 failed/);
+        expect(r.status).toBe(0);
+      },
+    );
+  },
+);

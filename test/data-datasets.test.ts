@@ -42,7 +42,9 @@ function randomBytes(n: number, seed: number): Uint8Array {
 
 async function writePng(file: string, seed: number, size = 8): Promise<void> {
   mkdirSync(path.dirname(file), { recursive: true });
-  await sharp(randomBytes(size * size * 3, seed), { raw: { width: size, height: size, channels: 3 } }).png().toFile(file);
+  await sharp(randomBytes(size * size * 3, seed), { raw: { width: size, height: size, channels: 3 } })
+    .png()
+    .toFile(file);
 }
 
 function decoded(sample: RawSample): DecodedImage {
@@ -93,7 +95,10 @@ function labelsDataset(labels: number[]): Dataset {
     length: labels.length,
     classes: [...new Set(labels)].sort((a, b) => a - b).map(String),
     label: (i) => labels[i]!,
-    get: async (i) => ({ source: { kind: 'decoded', image: { data: new Uint8Array([i & 255]), height: 1, width: 1, channels: 1 } }, label: labels[i]! }),
+    get: async (i) => ({
+      source: { kind: 'decoded', image: { data: new Uint8Array([i & 255]), height: 1, width: 1, channels: 1 } },
+      label: labels[i]!,
+    }),
     spec: () => ({ kind: 'Labels' }),
   };
 }
@@ -101,7 +106,13 @@ function labelsDataset(labels: number[]): Dataset {
 describe('ImageFolder', () => {
   it('loads generated shapes with torchvision class order and labels, and the pixels written', async () => {
     const root = freshDir('shapes');
-    const written = await ShapesDataset.writeImageFolder(root, { count: 24, size: 16, classes: 3, seed: 5, format: 'png' });
+    const written = await ShapesDataset.writeImageFolder(root, {
+      count: 24,
+      size: 16,
+      classes: 3,
+      seed: 5,
+      format: 'png',
+    });
     const source = new ShapesDataset({ length: 24, size: 16, classes: 3, seed: 5 });
     const folder = await ImageFolder.open(root);
     expect(folder.classes).toEqual(['circle', 'square', 'triangle']);
@@ -123,11 +134,19 @@ describe('ImageFolder', () => {
       const original = byPath.get(sample.source.path)!;
       expect(original).toBeDefined();
       expect(folder.classes[sample.label]).toBe(source.classes[source.label(original)]);
-      expect(Buffer.from(await decodeFile(sample)).equals(Buffer.from(decoded(await source.get(original)).data))).toBe(true);
+      expect(Buffer.from(await decodeFile(sample)).equals(Buffer.from(decoded(await source.get(original)).data))).toBe(
+        true,
+      );
     }
     // Another seed draws other images (JPEG this time).
     const jpegRoot = freshDir('shapes-jpeg');
-    const jpegs = await ShapesDataset.writeImageFolder(jpegRoot, { count: 6, size: 16, classes: 2, seed: 6, format: 'jpeg' });
+    const jpegs = await ShapesDataset.writeImageFolder(jpegRoot, {
+      count: 6,
+      size: 16,
+      classes: 2,
+      seed: 6,
+      format: 'jpeg',
+    });
     expect(jpegs.every((f) => f.endsWith('.jpg'))).toBe(true);
     expect((await ImageFolder.open(jpegRoot)).length).toBe(6);
   });
@@ -151,7 +170,16 @@ describe('ImageFolder', () => {
     const rel = folder.spec().files;
     // sorted(os.walk(...)) orders directories by path, not depth-first: 'a/sub' < 'a/sub-x' <
     // 'a/sub/deep', since '-' (0x2d) sorts before '/' (0x2f). Checked against Python.
-    expect(rel).toEqual(['B/x.Jpeg', 'B/y.webp', '_z/q.jpg', 'a/B.PNG', 'a/b.png', 'a/sub/a.png', 'a/sub-x/c.png', 'a/sub/deep/d.png']);
+    expect(rel).toEqual([
+      'B/x.Jpeg',
+      'B/y.webp',
+      '_z/q.jpg',
+      'a/B.PNG',
+      'a/b.png',
+      'a/sub/a.png',
+      'a/sub-x/c.png',
+      'a/sub/deep/d.png',
+    ]);
     expect(Array.from({ length: folder.length }, (_, i) => folder.label(i))).toEqual([0, 0, 1, 2, 2, 2, 2, 2]);
     expect(folder.path(3)).toBe(path.join(root, 'a', 'B.PNG'));
     await rejectsWith(folder.get(8), 'ERR_RC_INVALID_ARGUMENT', 'index', 'between 0 and 7');
@@ -167,15 +195,21 @@ describe('ImageFolder', () => {
     writeFileSync(path.join(root, 'dog', 'readme.txt'), 'no images here');
     await rejectsWith(ImageFolder.open(root), 'ERR_RC_DATASET', "class 'dog'", '.png');
     await rejectsWith(ImageFolder.open(path.join(root, 'missing')), 'ERR_RC_DATASET', 'missing');
-    await expect(ImageFolder.open(root, { onCorrupt: 'drop' } as never)).rejects.toMatchObject({ code: 'ERR_RC_INVALID_ARGUMENT' });
+    await expect(ImageFolder.open(root, { onCorrupt: 'drop' } as never)).rejects.toMatchObject({
+      code: 'ERR_RC_INVALID_ARGUMENT',
+    });
     await expect(ImageFolder.open(root, { colour: true } as never)).rejects.toThrow(/Unknown option 'colour'/);
   });
 
   it('refuses file and folder names that are not UTF-8 when indexing, naming the folder', async () => {
     const root = freshDir('non-utf8');
     await writePng(path.join(root, 'cat', '1.png'), 1);
-    const latin1 = (dir: string, name: Buffer, ext = '') => Buffer.concat([Buffer.from(`${dir}/`), name, Buffer.from(ext)]);
-    writeFileSync(latin1(path.join(root, 'cat'), Buffer.from([0x63, 0x61, 0x66, 0xe9]), '.png'), readFileSync(path.join(root, 'cat', '1.png')));
+    const latin1 = (dir: string, name: Buffer, ext = '') =>
+      Buffer.concat([Buffer.from(`${dir}/`), name, Buffer.from(ext)]);
+    writeFileSync(
+      latin1(path.join(root, 'cat'), Buffer.from([0x63, 0x61, 0x66, 0xe9]), '.png'),
+      readFileSync(path.join(root, 'cat', '1.png')),
+    );
     const error = await rejectsWith(ImageFolder.open(root), 'ERR_RC_DATASET', path.join(root, 'cat'), 'UTF-8');
     expect(error.message).toContain('caf\uFFFD.png');
     const folders = freshDir('non-utf8-class');
@@ -200,7 +234,9 @@ describe('ImageFolder', () => {
     expect(skipping.skipped[0]!.path).toBe(bad);
     expect(skipping.skipped[0]!.reason.length).toBeGreaterThan(0);
     expect(skipping.spec().files).toEqual(['cat/1.png', 'cat/2.png', 'dog/1.png']);
-    await expect(ImageFolder.open(root, { onCorrupt: 'skip', checkImages: false })).rejects.toMatchObject({ code: 'ERR_RC_INVALID_ARGUMENT' });
+    await expect(ImageFolder.open(root, { onCorrupt: 'skip', checkImages: false })).rejects.toMatchObject({
+      code: 'ERR_RC_INVALID_ARGUMENT',
+    });
     // A file that disappears after the scan is named when read.
     rmSync(path.join(root, 'cat', '2.png'));
     await rejectsWith(skipping.get(1), 'ERR_RC_DATASET', path.join(root, 'cat', '2.png'), "class 'cat'");
@@ -235,7 +271,9 @@ describe('ImageFolder', () => {
     expect(again.fromCache).toBe(true);
     expect(again.length).toBe(4);
     expect(readFileSync(elsewhere, 'utf8').length).toBeGreaterThan(0);
-    expect(existsSync(path.dirname(elsewhere)) && (await import('node:fs')).readdirSync(path.dirname(elsewhere))).toEqual(['index.json']);
+    expect(
+      existsSync(path.dirname(elsewhere)) && (await import('node:fs')).readdirSync(path.dirname(elsewhere)),
+    ).toEqual(['index.json']);
   });
 });
 
@@ -277,9 +315,16 @@ describe('IDX (MNIST format)', () => {
         expect(ds.label(i)).toBe(labels[i]);
       }
     }
-    const named = await IdxDataset.open(path.join(dir, 'images'), path.join(dir, 'labels'), { classes: 'abcdefghij'.split('') });
+    const named = await IdxDataset.open(path.join(dir, 'images'), path.join(dir, 'labels'), {
+      classes: 'abcdefghij'.split(''),
+    });
     expect(named.classes[9]).toBe('j');
-    await rejectsWith(IdxDataset.open(path.join(dir, 'images'), path.join(dir, 'labels'), { classes: ['a', 'b'] }), 'ERR_RC_CORRUPT_FILE', 'label 3', '2 classes');
+    await rejectsWith(
+      IdxDataset.open(path.join(dir, 'images'), path.join(dir, 'labels'), { classes: ['a', 'b'] }),
+      'ERR_RC_CORRUPT_FILE',
+      'label 3',
+      '2 classes',
+    );
   });
 
   it('refuses a stray label that would make most inferred classes empty, naming the file and index', async () => {
@@ -289,10 +334,21 @@ describe('IDX (MNIST format)', () => {
     writeFileSync(path.join(dir, 'images'), idx(0x803, [many, 1, 1], new Uint8Array(many)));
     writeFileSync(path.join(dir, 'labels'), idx(0x801, [many], stray));
     const labelsPath = path.join(dir, 'labels');
-    await rejectsWith(IdxDataset.open(path.join(dir, 'images'), labelsPath), 'ERR_RC_CORRUPT_FILE', labelsPath, 'label 255 at index 17', 'classes');
+    await rejectsWith(
+      IdxDataset.open(path.join(dir, 'images'), labelsPath),
+      'ERR_RC_CORRUPT_FILE',
+      labelsPath,
+      'label 255 at index 17',
+      'classes',
+    );
     // Declared, the 256 classes are taken as they are.
     expect((await IdxDataset.open(path.join(dir, 'images'), labelsPath, { classes: 256 })).classes.length).toBe(256);
-    await rejectsWith(IdxDataset.open(path.join(dir, 'images'), labelsPath, { classes: 10 }), 'ERR_RC_CORRUPT_FILE', labelsPath, 'label 255 at index 17');
+    await rejectsWith(
+      IdxDataset.open(path.join(dir, 'images'), labelsPath, { classes: 10 }),
+      'ERR_RC_CORRUPT_FILE',
+      labelsPath,
+      'label 255 at index 17',
+    );
   });
 
   it('names the file for truncation (expected and actual bytes), bad magic, swapped paths and count mismatches', async () => {
@@ -300,18 +356,40 @@ describe('IDX (MNIST format)', () => {
     const truncated = path.join(dir, 'truncated');
     writeFileSync(truncated, imagesFile.subarray(0, imagesFile.length - 4));
     writeFileSync(path.join(dir, 'labels'), labelsFile);
-    await rejectsWith(IdxDataset.open(truncated, path.join(dir, 'labels')), 'ERR_RC_CORRUPT_FILE', truncated, 'truncated', `expected ${imagesFile.length} bytes`, `has ${imagesFile.length - 4}`);
+    await rejectsWith(
+      IdxDataset.open(truncated, path.join(dir, 'labels')),
+      'ERR_RC_CORRUPT_FILE',
+      truncated,
+      'truncated',
+      `expected ${imagesFile.length} bytes`,
+      `has ${imagesFile.length - 4}`,
+    );
     const truncatedGz = path.join(dir, 'truncated.gz');
     writeFileSync(truncatedGz, gzipSync(imagesFile.subarray(0, 30)));
-    await rejectsWith(IdxDataset.open(truncatedGz, path.join(dir, 'labels')), 'ERR_RC_CORRUPT_FILE', truncatedGz, 'once decompressed');
+    await rejectsWith(
+      IdxDataset.open(truncatedGz, path.join(dir, 'labels')),
+      'ERR_RC_CORRUPT_FILE',
+      truncatedGz,
+      'once decompressed',
+    );
     const brokenGz = path.join(dir, 'broken.gz');
     writeFileSync(brokenGz, gzipSync(imagesFile).subarray(0, 40));
     await rejectsWith(IdxDataset.open(brokenGz, path.join(dir, 'labels')), 'ERR_RC_CORRUPT_FILE', brokenGz, 'gzipped');
     writeFileSync(path.join(dir, 'images'), imagesFile);
-    await rejectsWith(IdxDataset.open(path.join(dir, 'labels'), path.join(dir, 'images')), 'ERR_RC_CORRUPT_FILE', 'swapped', '0x00000803');
+    await rejectsWith(
+      IdxDataset.open(path.join(dir, 'labels'), path.join(dir, 'images')),
+      'ERR_RC_CORRUPT_FILE',
+      'swapped',
+      '0x00000803',
+    );
     const fewer = path.join(dir, 'fewer-labels');
     writeFileSync(fewer, idx(0x801, [count - 1], labels.subarray(1)));
-    await rejectsWith(IdxDataset.open(path.join(dir, 'images'), fewer), 'ERR_RC_DATASET', `${count} images`, `${count - 1} labels`);
+    await rejectsWith(
+      IdxDataset.open(path.join(dir, 'images'), fewer),
+      'ERR_RC_DATASET',
+      `${count} images`,
+      `${count - 1} labels`,
+    );
     await rejectsWith(IdxDataset.open(path.join(dir, 'nope'), fewer), 'ERR_RC_DATASET', 'nope');
   });
 });
@@ -326,7 +404,11 @@ describe('CIFAR binary', () => {
       const planar = Array.from({ length: 3072 }, () => rng.int(256));
       parts.push(...labelBytes, ...planar);
       const hwc = new Uint8Array(3072);
-      for (let y = 0; y < 32; y++) for (let x = 0; x < 32; x++) for (let c = 0; c < 3; c++) hwc[(y * 32 + x) * 3 + c] = planar[c * 1024 + y * 32 + x]!;
+      for (let y = 0; y < 32; y++) {
+        for (let x = 0; x < 32; x++) {
+          for (let c = 0; c < 3; c++) hwc[(y * 32 + x) * 3 + c] = planar[c * 1024 + y * 32 + x]!;
+        }
+      }
       images.push(hwc);
     }
     return { file: Uint8Array.from(parts), images };
@@ -338,10 +420,23 @@ describe('CIFAR binary', () => {
     const b = records([[7], [2]], 2);
     writeFileSync(path.join(dir, 'data_batch_1.bin'), a.file);
     writeFileSync(path.join(dir, 'data_batch_2.bin'), b.file);
-    const ds = await CifarDataset.open([path.join(dir, 'data_batch_1.bin'), path.join(dir, 'data_batch_2.bin')], { variant: 'cifar10' });
+    const ds = await CifarDataset.open([path.join(dir, 'data_batch_1.bin'), path.join(dir, 'data_batch_2.bin')], {
+      variant: 'cifar10',
+    });
     expect(ds.length).toBe(5);
     expect(ds.classes).toEqual(CIFAR10_CLASSES);
-    expect(ds.classes).toEqual(['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck']);
+    expect(ds.classes).toEqual([
+      'airplane',
+      'automobile',
+      'bird',
+      'cat',
+      'deer',
+      'dog',
+      'frog',
+      'horse',
+      'ship',
+      'truck',
+    ]);
     const expected = [...a.images, ...b.images];
     const expectedLabels = [3, 9, 0, 7, 2];
     for (let i = 0; i < 5; i++) {
@@ -357,7 +452,14 @@ describe('CIFAR binary', () => {
 
   it('reads CIFAR-100 fine and coarse labels', async () => {
     const dir = freshDir('cifar100');
-    const r = records([[4, 99], [19, 0], [0, 57]], 3);
+    const r = records(
+      [
+        [4, 99],
+        [19, 0],
+        [0, 57],
+      ],
+      3,
+    );
     const file = path.join(dir, 'train.bin');
     writeFileSync(file, r.file);
     const fine = await CifarDataset.open([file], { variant: 'cifar100' });
@@ -367,8 +469,12 @@ describe('CIFAR binary', () => {
     expect(coarse.classes).toHaveLength(20);
     expect([0, 1, 2].map((i) => fine.label(i))).toEqual([99, 0, 57]);
     expect([0, 1, 2].map((i) => coarse.label(i))).toEqual([4, 19, 0]);
-    for (let i = 0; i < 3; i++) expect(Buffer.from(decoded(await coarse.get(i)).data).equals(Buffer.from(r.images[i]!))).toBe(true);
-    await expect(CifarDataset.open([file], { variant: 'cifar10', label: 'coarse' } as never)).rejects.toMatchObject({ code: 'ERR_RC_INVALID_ARGUMENT' });
+    for (let i = 0; i < 3; i++) {
+      expect(Buffer.from(decoded(await coarse.get(i)).data).equals(Buffer.from(r.images[i]!))).toBe(true);
+    }
+    await expect(CifarDataset.open([file], { variant: 'cifar10', label: 'coarse' } as never)).rejects.toMatchObject({
+      code: 'ERR_RC_INVALID_ARGUMENT',
+    });
     await expect(CifarDataset.open([file], { variant: 'cifar100', classes: ['a'] })).rejects.toThrow(/100 class names/);
   });
 
@@ -376,11 +482,33 @@ describe('CIFAR binary', () => {
     const dir = freshDir('cifar-bad');
     const file = path.join(dir, 'short.bin');
     writeFileSync(file, records([[1], [2]], 4).file.subarray(0, 3073 + 100));
-    await rejectsWith(CifarDataset.open([file], { variant: 'cifar10' }), 'ERR_RC_CORRUPT_FILE', file, '3073 bytes', '100 bytes over');
+    await rejectsWith(
+      CifarDataset.open([file], { variant: 'cifar10' }),
+      'ERR_RC_CORRUPT_FILE',
+      file,
+      '3073 bytes',
+      '100 bytes over',
+    );
     const c100 = path.join(dir, 'c100.bin');
-    writeFileSync(c100, records([[1, 2], [3, 4]], 5).file);
-    await rejectsWith(CifarDataset.open([c100], { variant: 'cifar10' }), 'ERR_RC_CORRUPT_FILE', c100, 'is variant right');
-    await expect(CifarDataset.open([], { variant: 'cifar10' })).rejects.toMatchObject({ code: 'ERR_RC_INVALID_ARGUMENT' });
+    writeFileSync(
+      c100,
+      records(
+        [
+          [1, 2],
+          [3, 4],
+        ],
+        5,
+      ).file,
+    );
+    await rejectsWith(
+      CifarDataset.open([c100], { variant: 'cifar10' }),
+      'ERR_RC_CORRUPT_FILE',
+      c100,
+      'is variant right',
+    );
+    await expect(CifarDataset.open([], { variant: 'cifar10' })).rejects.toMatchObject({
+      code: 'ERR_RC_INVALID_ARGUMENT',
+    });
   });
 });
 
@@ -453,7 +581,7 @@ describe('randomSplit and Subset', () => {
     expect(same.map((p) => Array.from(p.indices))).toEqual(parts.map((p) => Array.from(p.indices)));
     const other = randomSplit(ds, [0.8, 0.1, 0.1], { seed: 43 });
     expect(other.map((p) => Array.from(p.indices))).not.toEqual(parts.map((p) => Array.from(p.indices)));
-    const sub = parts[1]!;
+    const sub = parts[1];
     expect(sub.classes).toBe(ds.classes);
     for (let i = 0; i < sub.length; i++) expect(sub.label(i)).toBe(ds.label(sub.indices[i]!));
     expect(() => randomSplit(ds, [0.5, 0.6], { seed: 1 })).toThrow(/fractions/);
@@ -485,7 +613,9 @@ describe('randomSplit and Subset', () => {
         });
         expect(Math.abs(p.length - labels.length * fractions[s]!)).toBeLessThanOrEqual(2);
       });
-      expect(randomSplit(ds, fractions, { seed, stratified: true }).map((p) => Array.from(p.indices))).toEqual(parts.map((p) => Array.from(p.indices)));
+      expect(randomSplit(ds, fractions, { seed, stratified: true }).map((p) => Array.from(p.indices))).toEqual(
+        parts.map((p) => Array.from(p.indices)),
+      );
     }
   });
 });
@@ -516,7 +646,11 @@ describe('datasetFromSpec', () => {
       new ShapesDataset({ length: 8, size: 8, classes: 2, seed: 3 }),
       new Subset(folder, [8, 0, 4]),
       await ImageFiles.open([folder.path(2), folder.path(0)]),
-      randomSplit(randomSplit(new ShapesDataset({ length: 20, size: 8, seed: 1 }), [0.5, 0.5], { seed: 1 })[0]!, [0.6, 0.4], { seed: 2 })[1]!,
+      randomSplit(
+        randomSplit(new ShapesDataset({ length: 20, size: 8, seed: 1 }), [0.5, 0.5], { seed: 1 })[0],
+        [0.6, 0.4],
+        { seed: 2 },
+      )[1],
     ];
     const kinds = new Set<string>();
     for (const ds of datasets) {
@@ -527,7 +661,11 @@ describe('datasetFromSpec', () => {
     expect([...kinds].sort()).toEqual([...DATASET_KINDS].sort());
     expect(folder.spec().files).toHaveLength(9);
     await rejectsWith(datasetFromSpec({ kind: 'Parquet' }), 'ERR_RC_DATASET', "'Parquet'", 'ImageFolder');
-    await expect(datasetFromSpec({ kind: 'ImageFolder', root: 'relative', files: [], labels: [], classes: ['a'] })).rejects.toThrow(/spec.root/);
-    await expect(datasetFromSpec({ kind: 'Subset', dataset: folder.spec(), indices: [99] })).rejects.toThrow(/indices\[0\]/);
+    await expect(
+      datasetFromSpec({ kind: 'ImageFolder', root: 'relative', files: [], labels: [], classes: ['a'] }),
+    ).rejects.toThrow(/spec.root/);
+    await expect(datasetFromSpec({ kind: 'Subset', dataset: folder.spec(), indices: [99] })).rejects.toThrow(
+      /indices\[0\]/,
+    );
   });
 });

@@ -11,7 +11,14 @@ import { DistributedSampler, RandomSampler, SequentialSampler } from '../lib/dat
 import { ShapesDataset } from '../lib/data/shapes-dataset.js';
 import { SyntheticDataset } from '../lib/data/synthetic.js';
 import { workerExecArgv } from '../lib/data/worker-flags.js';
-import { CenterCrop, ColorJitter, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
+import {
+  CenterCrop,
+  ColorJitter,
+  Compose,
+  RandomHorizontalFlip,
+  RandomResizedCrop,
+  Resize,
+} from '../lib/data/transforms.js';
 
 /** A batch's contents copied out of the shared slot (which the loader reuses). */
 interface Copied {
@@ -46,7 +53,13 @@ let files: string[];
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'resnet-cuda-loader-test-'));
-  files = await ShapesDataset.writeImageFolder(join(root, 'images'), { count: 24, size: 28, classes: 3, seed: 2, format: 'jpeg' });
+  files = await ShapesDataset.writeImageFolder(join(root, 'images'), {
+    count: 24,
+    size: 28,
+    classes: 3,
+    seed: 2,
+    format: 'jpeg',
+  });
 });
 
 afterAll(() => {
@@ -72,7 +85,9 @@ describe('samplers', () => {
 
   it('DistributedSampler pads like PyTorch, partitions, and drops the tail with dropLast', () => {
     // PyTorch, 10 samples on 3 ranks without shuffling: [0..9, 0, 1] dealt out rank by rank.
-    const plain = [0, 1, 2].map((rank) => [...new DistributedSampler({ length: 10, rank, worldSize: 3, shuffle: false })]);
+    const plain = [0, 1, 2].map((rank) => [
+      ...new DistributedSampler({ length: 10, rank, worldSize: 3, shuffle: false }),
+    ]);
     expect(plain).toEqual([
       [0, 3, 6, 9],
       [1, 4, 7, 0],
@@ -85,7 +100,10 @@ describe('samplers', () => {
       [1, 3],
     ] as const) {
       for (const dropLast of [false, true]) {
-        const samplers = Array.from({ length: worldSize }, (_, rank) => new DistributedSampler({ length, rank, worldSize, seed: 3, dropLast }));
+        const samplers = Array.from(
+          { length: worldSize },
+          (_, rank) => new DistributedSampler({ length, rank, worldSize, seed: 3, dropLast }),
+        );
         for (const epochNumber of [0, 1]) {
           samplers.forEach((s) => s.setEpoch(epochNumber));
           const parts = samplers.map((s) => [...s]);
@@ -134,7 +152,13 @@ describe('DataLoader', () => {
     expect(flips).toContain(0);
     expect(flips).toContain(1);
 
-    const dropping = new DataLoader(shapes, { batchSize: 16, transform: augment(), workers: 0, dropLast: true, seed: 5 });
+    const dropping = new DataLoader(shapes, {
+      batchSize: 16,
+      transform: augment(),
+      workers: 0,
+      dropLast: true,
+      seed: 5,
+    });
     expect(dropping.length).toBe(2);
     const kept = await epoch(dropping);
     expect(kept.map((b) => b.shape[0])).toEqual([16, 16]);
@@ -143,7 +167,8 @@ describe('DataLoader', () => {
   });
 
   it('shuffles by seed and epoch, and replays an epoch exactly', async () => {
-    const make = (seed: number) => new DataLoader(shapes, { batchSize: 8, transform: augment(), workers: 0, shuffle: true, seed });
+    const make = (seed: number) =>
+      new DataLoader(shapes, { batchSize: 8, transform: augment(), workers: 0, shuffle: true, seed });
     const a = make(7);
     const b = make(7);
     const a0 = await epoch(a);
@@ -189,8 +214,25 @@ describe('DataLoader', () => {
     }
     // Without workers the skipped samples are not even read.
     let reads = 0;
-    const counting = { get length() { return shapes.length; }, get classes() { return shapes.classes; }, get: (i: number) => { reads++; return shapes.get(i); }, label: (i: number) => shapes.label(i), spec: () => shapes.spec() };
-    const inline = new DataLoader(counting as unknown as typeof shapes, { batchSize: 8, transform: augment(), workers: 0 });
+    const counting = {
+      get length() {
+        return shapes.length;
+      },
+      get classes() {
+        return shapes.classes;
+      },
+      get: (i: number) => {
+        reads++;
+        return shapes.get(i);
+      },
+      label: (i: number) => shapes.label(i),
+      spec: () => shapes.spec(),
+    };
+    const inline = new DataLoader(counting, {
+      batchSize: 8,
+      transform: augment(),
+      workers: 0,
+    });
     inline.setEpoch(0, 4);
     expect((await epoch(inline)).length).toBe(1);
     expect(reads).toBe(8);
@@ -247,7 +289,13 @@ describe('DataLoader', () => {
 
   it('reports a corrupt file from a worker with its path, index and code, then stops the workers', async () => {
     const dir = join(root, 'corrupt');
-    const written = await ShapesDataset.writeImageFolder(dir, { count: 12, size: 24, classes: 3, seed: 4, format: 'jpeg' });
+    const written = await ShapesDataset.writeImageFolder(dir, {
+      count: 12,
+      size: 24,
+      classes: 3,
+      seed: 4,
+      format: 'jpeg',
+    });
     const bad = written[7]!;
     writeFileSync(bad, Buffer.from('this is not a JPEG file at all'));
     const dataset = await ImageFolder.open(dir);
@@ -282,7 +330,13 @@ describe('DataLoader', () => {
 
   it('reports a file that disappeared the same way from a worker (which reads it synchronously) and from the main thread', async () => {
     const dir = join(root, 'vanishing');
-    const written = await ShapesDataset.writeImageFolder(dir, { count: 6, size: 20, classes: 2, seed: 6, format: 'jpeg' });
+    const written = await ShapesDataset.writeImageFolder(dir, {
+      count: 6,
+      size: 20,
+      classes: 2,
+      seed: 6,
+      format: 'jpeg',
+    });
     const dataset = await ImageFolder.open(dir);
     const index = 4;
     const gone = dataset.path(index);
@@ -367,7 +421,14 @@ describe('DataLoader', () => {
   it('reads one rank’s share with the distributed option', async () => {
     const parts: number[][] = [];
     for (const rank of [0, 1, 2]) {
-      const loader = new DataLoader(shapes, { batchSize: 6, transform: augment(), workers: 0, shuffle: true, seed: 3, distributed: { rank, worldSize: 3 } });
+      const loader = new DataLoader(shapes, {
+        batchSize: 6,
+        transform: augment(),
+        workers: 0,
+        shuffle: true,
+        seed: 3,
+        distributed: { rank, worldSize: 3 },
+      });
       expect(loader.sampler).toBeInstanceOf(DistributedSampler);
       const batches = await epoch(loader);
       expect(batches.map((b) => b.shape[0])).toEqual([6, 6, 2]);
@@ -377,12 +438,22 @@ describe('DataLoader', () => {
   });
 
   it('rejects transforms without a fixed output size and conflicting options', () => {
-    expect(() => new DataLoader(shapes, { batchSize: 4, transform: new Compose([new Resize({ size: 12 })]) })).toThrow(/fixed output size/);
-    expect(() => new DataLoader(shapes, { batchSize: 4, transform: augment(), sampler: new SequentialSampler({ length: 40 }), shuffle: true })).toThrow(
-      /sampler or shuffle/,
+    expect(() => new DataLoader(shapes, { batchSize: 4, transform: new Compose([new Resize({ size: 12 })]) })).toThrow(
+      /fixed output size/,
     );
+    expect(
+      () =>
+        new DataLoader(shapes, {
+          batchSize: 4,
+          transform: augment(),
+          sampler: new SequentialSampler({ length: 40 }),
+          shuffle: true,
+        }),
+    ).toThrow(/sampler or shuffle/);
     expect(() => new DataLoader(shapes, { batchSize: 0, transform: augment() })).toThrow(/batchSize/);
-    expect(() => new DataLoader(shapes, { batchSize: 4, transform: augment(), wrokers: 2 } as never)).toThrow(/Unknown option 'wrokers'/);
+    expect(() => new DataLoader(shapes, { batchSize: 4, transform: augment(), wrokers: 2 } as never)).toThrow(
+      /Unknown option 'wrokers'/,
+    );
   });
 
   it('reports a dataset that workers cannot rebuild', async () => {
@@ -394,7 +465,10 @@ describe('DataLoader', () => {
       spec: () => ({ kind: 'MyOwnDataset' }),
     };
     const loader = new DataLoader(custom, { batchSize: 2, transform: augment(), workers: 1 });
-    await expect(epoch(loader)).rejects.toMatchObject({ code: 'ERR_RC_DATASET', message: expect.stringMatching(/could not rebuild.*MyOwnDataset/) });
+    await expect(epoch(loader)).rejects.toMatchObject({
+      code: 'ERR_RC_DATASET',
+      message: expect.stringMatching(/could not rebuild.*MyOwnDataset/),
+    });
     expect(loader.activeWorkers).toBe(0);
     // In the main thread it works.
     const inline = new DataLoader(custom, { batchSize: 2, transform: augment(), workers: 0 });
@@ -410,14 +484,16 @@ describe('DataLoader', () => {
     expect(loader.activeWorkers).toBe(0);
   });
 
-  it.skipIf(!existsSync('/proc/self/maps'))('decodes JPEGs without loading sharp (libvips), which a PNG then loads', async () => {
-    const png = join(root, 'png');
-    await ShapesDataset.writeImageFolder(png, { count: 3, size: 16, classes: 3, seed: 1, format: 'png' });
-    const index = pathToFileURL(fileURLToPath(new URL('../dist/lib/index.js', import.meta.url))).href;
-    const script = join(root, 'lazy-sharp.mjs');
-    writeFileSync(
-      script,
-      `import { readFileSync } from 'node:fs';
+  it.skipIf(!existsSync('/proc/self/maps'))(
+    'decodes JPEGs without loading sharp (libvips), which a PNG then loads',
+    async () => {
+      const png = join(root, 'png');
+      await ShapesDataset.writeImageFolder(png, { count: 3, size: 16, classes: 3, seed: 1, format: 'png' });
+      const index = pathToFileURL(fileURLToPath(new URL('../dist/lib/index.js', import.meta.url))).href;
+      const script = join(root, 'lazy-sharp.mjs');
+      writeFileSync(
+        script,
+        `import { readFileSync } from 'node:fs';
 import { Compose, DataLoader, ImageFolder, RandomResizedCrop } from ${JSON.stringify(index)};
 const vips = () => readFileSync('/proc/self/maps', 'utf8').includes('libvips');
 const report = [vips()];
@@ -429,19 +505,24 @@ for await (const b of new DataLoader(await ImageFolder.open(${JSON.stringify(png
 report.push(n, vips());
 console.log(JSON.stringify(report));
 `,
-    );
-    const child = spawnSync(process.execPath, [script], { encoding: 'utf8', timeout: 60_000 });
-    expect(child.stderr).toBe('');
-    // Mapped by the worker that decoded the PNGs (the process's libraries are shared by its threads).
-    expect(JSON.parse(child.stdout)).toEqual([false, 24, false, 27, true]);
-  });
+      );
+      const child = spawnSync(process.execPath, [script], { encoding: 'utf8', timeout: 60_000 });
+      expect(child.stderr).toBe('');
+      // Mapped by the worker that decoded the PNGs (the process's libraries are shared by its threads).
+      expect(JSON.parse(child.stdout)).toEqual([false, 24, false, 27, true]);
+    },
+  );
 
   it('starts workers from a program given with --eval and --input-type (workers get only the flags that suit them)', () => {
     const program = `import { DataLoader, ShapesDataset } from ${JSON.stringify(pathToFileURL(fileURLToPath(new URL('../dist/lib/index.js', import.meta.url))).href)};
 let n = 0;
 for await (const b of new DataLoader(new ShapesDataset({ length: 8, size: 8, seed: 1 }), { batchSize: 4, workers: 1 })) n += b.size;
 console.log('samples', n);`;
-    for (const flags of [['--input-type=module', '-e'], ['--input-type', 'module', '--eval'], ['--no-warnings', '--input-type=module', '--eval']]) {
+    for (const flags of [
+      ['--input-type=module', '-e'],
+      ['--input-type', 'module', '--eval'],
+      ['--no-warnings', '--input-type=module', '--eval'],
+    ]) {
       const child = spawnSync(process.execPath, [...flags, program], { encoding: 'utf8', timeout: 60_000 });
       expect(child.stderr).toBe('');
       expect(child.stdout.trim()).toBe('samples 8');
@@ -450,7 +531,22 @@ console.log('samples', n);`;
 
   it('keeps the Node flags that suit a worker and drops those that choose the main program', () => {
     expect(
-      workerExecArgv(['--input-type', 'module', '-e', 'code', '--require', './hook.cjs', '--max-old-space-size=100', '-pe', '1', '--eval=2', '--import', 'tsx', '--watch', '--check']),
+      workerExecArgv([
+        '--input-type',
+        'module',
+        '-e',
+        'code',
+        '--require',
+        './hook.cjs',
+        '--max-old-space-size=100',
+        '-pe',
+        '1',
+        '--eval=2',
+        '--import',
+        'tsx',
+        '--watch',
+        '--check',
+      ]),
     ).toEqual(['--require', './hook.cjs', '--max-old-space-size=100', '--import', 'tsx']);
   });
 
@@ -459,12 +555,14 @@ console.log('samples', n);`;
     delete process.env.UV_THREADPOOL_SIZE;
     const warnings: string[] = [];
     const listen = (w: Error): void => {
-      if (/threadpool/.test(w.message)) warnings.push(w.message);
+      if (w.message.includes('threadpool')) warnings.push(w.message);
     };
     process.on('warning', listen);
     try {
       const transform = new Compose([new RandomResizedCrop({ size: 8 })]);
-      await epoch(new DataLoader(await ImageFolder.open(join(root, 'images')), { batchSize: 4, transform, workers: 5 }));
+      await epoch(
+        new DataLoader(await ImageFolder.open(join(root, 'images')), { batchSize: 4, transform, workers: 5 }),
+      );
       await new Promise((resolve) => setImmediate(resolve));
       expect(warnings).toEqual([]);
       const png = join(root, 'png-threadpool');
@@ -488,7 +586,9 @@ console.log('samples', n);`;
         [8, 16, 16, 3],
       ]);
       const first = await shapes.get(0);
-      expect(batches[0]!.images.subarray(0, 16 * 16 * 3)).toEqual((first.source as { image: { data: Uint8Array } }).image.data);
+      expect(batches[0]!.images.subarray(0, 16 * 16 * 3)).toEqual(
+        (first.source as { image: { data: Uint8Array } }).image.data,
+      );
     }
     const grey = new SyntheticDataset({ length: 4, height: 5, width: 7, channels: 1, seed: 2 });
     expect((await epoch(new DataLoader(grey, { batchSize: 4, workers: 0 })))[0]!.shape).toEqual([4, 5, 7, 1]);
@@ -499,7 +599,13 @@ console.log('samples', n);`;
   it('stops on an AbortSignal: the running epoch fails with its reason, the workers end, later epochs refuse to start', async () => {
     for (const workers of [0, 1]) {
       const controller = new AbortController();
-      const loader = new DataLoader(shapes, { batchSize: 2, transform: augment(), workers, prefetch: 1, signal: controller.signal });
+      const loader = new DataLoader(shapes, {
+        batchSize: 2,
+        transform: augment(),
+        workers,
+        prefetch: 1,
+        signal: controller.signal,
+      });
       const iterator = loader[Symbol.asyncIterator]();
       expect((await iterator.next()).done).toBe(false);
       controller.abort();
@@ -509,7 +615,9 @@ console.log('samples', n);`;
       await loader.close();
     }
     const aborted = AbortSignal.abort(new Error('stop now'));
-    await expect(epoch(new DataLoader(shapes, { batchSize: 2, transform: augment(), workers: 0, signal: aborted }))).rejects.toThrow(/stop now/);
+    await expect(
+      epoch(new DataLoader(shapes, { batchSize: 2, transform: augment(), workers: 0, signal: aborted })),
+    ).rejects.toThrow(/stop now/);
     expect(() => new DataLoader(shapes, { batchSize: 2, signal: {} as AbortSignal })).toThrow(/signal/);
   });
 

@@ -23,9 +23,18 @@ import type { DecodedImage, RawSample, SampleRandom } from '../lib/data/types.js
 const code = (c: string) => expect.objectContaining({ code: c });
 
 /** An image whose every byte is a function of its position. */
-function patterned(height: number, width: number, channels: number, f: (y: number, x: number, c: number) => number = (y, x, c) => (y * 31 + x * 7 + c * 101) & 255): DecodedImage {
+function patterned(
+  height: number,
+  width: number,
+  channels: number,
+  f: (y: number, x: number, c: number) => number = (y, x, c) => (y * 31 + x * 7 + c * 101) & 255,
+): DecodedImage {
   const data = new Uint8Array(height * width * channels);
-  for (let y = 0; y < height; y++) for (let x = 0; x < width; x++) for (let c = 0; c < channels; c++) data[(y * width + x) * channels + c] = f(y, x, c);
+  for (let y = 0; y < height; y++) {
+    for (let x = 0; x < width; x++) {
+      for (let c = 0; c < channels; c++) data[(y * width + x) * channels + c] = f(y, x, c);
+    }
+  }
   return { data, height, width, channels };
 }
 
@@ -56,7 +65,7 @@ function scripted(values: number[]): SampleRandom {
 function photo(height: number, width: number, seed = 1): Buffer {
   const data = Buffer.alloc(height * width * 3);
   let s = seed >>> 0;
-  const noise = () => ((s = (Math.imul(s, 1103515245) + 12345) >>> 0) >>> 27);
+  const noise = () => (s = (Math.imul(s, 1103515245) + 12345) >>> 0) >>> 27;
   for (let y = 0; y < height; y++) {
     for (let x = 0; x < width; x++) {
       const inDisc = (x - width * 0.3) ** 2 + (y - height * 0.4) ** 2 < (height * 0.2) ** 2;
@@ -71,7 +80,11 @@ function photo(height: number, width: number, seed = 1): Buffer {
 }
 
 async function jpeg(height: number, width: number, seed = 1): Promise<Uint8Array> {
-  return new Uint8Array(await sharp(photo(height, width, seed), { raw: { width, height, channels: 3 } }).jpeg({ quality: 92 }).toBuffer());
+  return new Uint8Array(
+    await sharp(photo(height, width, seed), { raw: { width, height, channels: 3 } })
+      .jpeg({ quality: 92 })
+      .toBuffer(),
+  );
 }
 
 let smallJpeg: Uint8Array;
@@ -89,7 +102,9 @@ describe('sampleRandom', () => {
     };
     expect(draws(7, 3, 11)).toEqual(draws(7, 3, 11));
     const base = draws(7, 3, 11);
-    for (const other of [draws(7, 3, 12), draws(7, 4, 11), draws(8, 3, 11), draws(7, 3, 11 + 2 ** 32)]) expect(other).not.toEqual(base);
+    for (const other of [draws(7, 3, 12), draws(7, 4, 11), draws(8, 3, 11), draws(7, 3, 11 + 2 ** 32)]) {
+      expect(other).not.toEqual(base);
+    }
     let sum = 0;
     const r = sampleRandom(0, 0, 0);
     for (let i = 0; i < 20000; i++) {
@@ -114,7 +129,8 @@ describe('sampleRandom', () => {
 describe('RandomHorizontalFlip', () => {
   it('mirrors the pixels exactly with p = 1 and leaves them with p = 0', async () => {
     const img = patterned(3, 4, 3);
-    const flipped = (await new Compose([new RandomHorizontalFlip({ p: 1 })]).run(decoded(img), sampleRandom(1, 0, 0))).image;
+    const flipped = (await new Compose([new RandomHorizontalFlip({ p: 1 })]).run(decoded(img), sampleRandom(1, 0, 0)))
+      .image;
     for (let y = 0; y < 3; y++) for (let x = 0; x < 4; x++) expect(px(flipped, y, x)).toEqual(px(img, y, 3 - x));
     const kept = await new Compose([new RandomHorizontalFlip({ p: 0 })]).run(decoded(img), sampleRandom(1, 0, 0));
     expect(kept.image.data).toEqual(img.data);
@@ -132,7 +148,11 @@ describe('RandomHorizontalFlip', () => {
   });
 
   it('defers the flip to the caller with deferFlip, drawing the same decisions', async () => {
-    const pipeline = new Compose([new RandomResizedCrop({ size: 24 }), new RandomHorizontalFlip(), new ColorJitter({ brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.05 })]);
+    const pipeline = new Compose([
+      new RandomResizedCrop({ size: 24 }),
+      new RandomHorizontalFlip(),
+      new ColorJitter({ brightness: 0.3, contrast: 0.3, saturation: 0.3, hue: 0.05 }),
+    ]);
     expect(pipeline.canDeferAllFlips()).toBe(true);
     let flips = 0;
     for (const sample of [decoded(patterned(40, 50, 3)), encoded(smallJpeg)]) {
@@ -181,12 +201,25 @@ describe('CenterCrop', () => {
     // Padded rows, cropped columns: left = round((7 - 3) / 2) = 2.
     const wide = patterned(2, 7, 1);
     const c = centerCrop(wide, [4, 3]);
-    expect(Array.from(c.data)).toEqual([0, 0, 0, ...[2, 3, 4].map((x) => px(wide, 0, x)[0]!), ...[2, 3, 4].map((x) => px(wide, 1, x)[0]!), 0, 0, 0]);
+    expect(Array.from(c.data)).toEqual([
+      0,
+      0,
+      0,
+      ...[2, 3, 4].map((x) => px(wide, 0, x)[0]!),
+      ...[2, 3, 4].map((x) => px(wide, 1, x)[0]!),
+      0,
+      0,
+      0,
+    ]);
   });
 
   it('crops a JPEG in the decoder to the same pixels as after a full decode', async () => {
     const full = await decodeImage(smallJpeg, 'a.jpg');
-    for (const size of [[40, 51], [75, 100], [80, 20]] as [number, number][]) {
+    for (const size of [
+      [40, 51],
+      [75, 100],
+      [80, 20],
+    ] as [number, number][]) {
       const r = await new Compose([new CenterCrop({ size })]).run(encoded(smallJpeg), sampleRandom(0, 0, 0));
       expect(r.image.data).toEqual(centerCrop(full, size).data);
     }
@@ -211,8 +244,12 @@ describe('Resize', () => {
     expect([exact.image.height, exact.image.width]).toEqual([7, 9]);
     // A constant image stays constant, and a same-size resize changes nothing.
     const flat = patterned(20, 30, 3, () => 77);
-    expect(new Set((await new Compose([new Resize({ size: 11 })]).run(decoded(flat), sampleRandom(0, 0, 0))).image.data)).toEqual(new Set([77]));
-    expect((await new Compose([new Resize({ size: 30 })]).run(decoded(img), sampleRandom(0, 0, 0))).image.data).toEqual(img.data);
+    expect(
+      new Set((await new Compose([new Resize({ size: 11 })]).run(decoded(flat), sampleRandom(0, 0, 0))).image.data),
+    ).toEqual(new Set([77]));
+    expect((await new Compose([new Resize({ size: 30 })]).run(decoded(img), sampleRandom(0, 0, 0))).image.data).toEqual(
+      img.data,
+    );
   });
 
   it('resizes a JPEG in the decoder (shrink-on-load) close to a full decode and resize', async () => {
@@ -237,18 +274,28 @@ describe('Resize + CenterCrop on a JPEG', () => {
       const resized = (await new Compose([new Resize({ size })]).run(encoded(bigJpeg), sampleRandom(0, 0, 0))).image;
       const crop = typeof cropSize === 'number' ? ([cropSize, cropSize] as [number, number]) : cropSize;
       const expected = centerCrop(resized, crop);
-      const fused = await new Compose([new Resize({ size }), new CenterCrop({ size: cropSize })]).run(encoded(bigJpeg), sampleRandom(0, 0, 0));
+      const fused = await new Compose([new Resize({ size }), new CenterCrop({ size: cropSize })]).run(
+        encoded(bigJpeg),
+        sampleRandom(0, 0, 0),
+      );
       expect([fused.image.height, fused.image.width]).toEqual(crop);
       expect(fused.image.data).toEqual(expected.data);
       // A flip right after the crop is mirrored in the same pipeline (or deferred).
-      const flipped = new Compose([new Resize({ size }), new CenterCrop({ size: cropSize }), new RandomHorizontalFlip({ p: 1 })]);
+      const flipped = new Compose([
+        new Resize({ size }),
+        new CenterCrop({ size: cropSize }),
+        new RandomHorizontalFlip({ p: 1 }),
+      ]);
       expect((await flipped.run(encoded(bigJpeg), sampleRandom(0, 0, 0))).image.data).toEqual(hflip(expected).data);
       const deferred = await flipped.run(encoded(bigJpeg), sampleRandom(0, 0, 0), { deferFlip: true });
       expect(deferred.flip).toBe(true);
       expect(deferred.image.data).toEqual(expected.data);
     }
     // A crop larger than the resized image pads with zeros, after the decoder's resize.
-    const padded = await new Compose([new Resize({ size: 20 }), new CenterCrop({ size: [24, 30] })]).run(encoded(smallJpeg), sampleRandom(0, 0, 0));
+    const padded = await new Compose([new Resize({ size: 20 }), new CenterCrop({ size: [24, 30] })]).run(
+      encoded(smallJpeg),
+      sampleRandom(0, 0, 0),
+    );
     const small = (await new Compose([new Resize({ size: 20 })]).run(encoded(smallJpeg), sampleRandom(0, 0, 0))).image;
     expect(padded.image.data).toEqual(centerCrop(small, [24, 30]).data);
   });
@@ -265,9 +312,19 @@ describe('RandomResizedCrop', () => {
   it("follows torchvision's get_params draw for draw", () => {
     // area = 20000 * (0.08 + 0.92 * 0.25) = 6200, aspect = exp(0) = 1, w = h = round(78.74) = 79,
     // top = randint(0, 22) = floor(0.5 * 22), left = randint(0, 122) = floor(0.5 * 122).
-    expect(RandomResizedCrop.getParams(100, 200, scripted([0.25, 0.5, 0.5, 0.5]))).toEqual({ top: 11, left: 61, height: 79, width: 79 });
+    expect(RandomResizedCrop.getParams(100, 200, scripted([0.25, 0.5, 0.5, 0.5]))).toEqual({
+      top: 11,
+      left: 61,
+      height: 79,
+      width: 79,
+    });
     // sqrt(area) = 10.5 rounds half to even (Python's round), to 10.
-    expect(RandomResizedCrop.getParams(21, 21, scripted([0, 0, 0, 0]), [0.25, 0.25], [1, 1])).toEqual({ top: 0, left: 0, height: 10, width: 10 });
+    expect(RandomResizedCrop.getParams(21, 21, scripted([0, 0, 0, 0]), [0.25, 0.25], [1, 1])).toEqual({
+      top: 0,
+      left: 0,
+      height: 10,
+      width: 10,
+    });
     // A rejected attempt (h = 104 > 100) draws no position; the second is accepted.
     const box = RandomResizedCrop.getParams(100, 200, scripted([0.5, 0.5, 0.25, 0.5, 0, 0.999]));
     expect(box).toEqual({ top: 0, left: 121, height: 79, width: 79 });
@@ -281,7 +338,9 @@ describe('RandomResizedCrop', () => {
     let maxRatio = 0;
     for (let i = 0; i < 3000; i++) {
       const b = rrc.getParams(375, 500, sampleRandom(1, 0, i));
-      expect(b.top >= 0 && b.left >= 0 && b.top + b.height <= 375 && b.left + b.width <= 500 && b.height > 0 && b.width > 0).toBe(true);
+      expect(
+        b.top >= 0 && b.left >= 0 && b.top + b.height <= 375 && b.left + b.width <= 500 && b.height > 0 && b.width > 0,
+      ).toBe(true);
       const area = (b.height * b.width) / (375 * 500);
       const ratio = b.width / b.height;
       // Rounding w and h to integers moves area and ratio a little past the bounds.
@@ -306,7 +365,12 @@ describe('RandomResizedCrop', () => {
     expect(RandomResizedCrop.getParams(10, 100, r, [1, 1])).toEqual({ top: 0, left: 43, height: 10, width: 13 });
     expect(RandomResizedCrop.getParams(100, 10, r, [1, 1])).toEqual({ top: 43, left: 0, height: 13, width: 10 });
     const wide = scripted(new Array(20).fill(0.999));
-    expect(RandomResizedCrop.getParams(10, 10, wide, [1, 1], [0.5, 2])).toEqual({ top: 0, left: 0, height: 10, width: 10 });
+    expect(RandomResizedCrop.getParams(10, 10, wide, [1, 1], [0.5, 2])).toEqual({
+      top: 0,
+      left: 0,
+      height: 10,
+      width: 10,
+    });
   });
 
   it('crops and resizes to size, in the decoder for a JPEG, like the decoded path', async () => {
@@ -341,14 +405,18 @@ describe('RandomResizedCrop', () => {
 describe('ColorJitter', () => {
   it('with brightness only, scales every value by the factor (truncated, clipped)', async () => {
     const img = patterned(6, 7, 3);
-    const out = (await new Compose([new ColorJitter({ brightness: [1.5, 1.5] })]).run(decoded(img), sampleRandom(0, 0, 0))).image;
+    const out = (
+      await new Compose([new ColorJitter({ brightness: [1.5, 1.5] })]).run(decoded(img), sampleRandom(0, 0, 0))
+    ).image;
     expect(Array.from(out.data)).toEqual(Array.from(img.data, (v) => Math.min(255, Math.floor(v * 1.5))));
   });
 
   it('with contrast, blends with the rounded mean grey level', () => {
     const img: DecodedImage = { data: Uint8Array.from([10, 20, 30, 200, 100, 50]), height: 1, width: 2, channels: 3 };
     // Luma 18 and 124, mean 71; 71 + 0.5 * (v - 71), truncated.
-    expect(Array.from(new ColorJitter({ contrast: [0.5, 0.5] }).apply(img, sampleRandom(0, 0, 0)).data)).toEqual([40, 45, 50, 135, 85, 60]);
+    expect(Array.from(new ColorJitter({ contrast: [0.5, 0.5] }).apply(img, sampleRandom(0, 0, 0)).data)).toEqual([
+      40, 45, 50, 135, 85, 60,
+    ]);
   });
 
   it('with saturation 0, gives grey', () => {
@@ -367,8 +435,12 @@ describe('ColorJitter', () => {
 
   it('shifts pure red by a third of a turn to green, and back by minus a third to blue', () => {
     const red: DecodedImage = { data: Uint8Array.from([255, 0, 0, 255, 0, 0]), height: 1, width: 2, channels: 3 };
-    expect(Array.from(new ColorJitter({ hue: [1 / 3, 1 / 3] }).apply(red, sampleRandom(0, 0, 0)).data)).toEqual([0, 255, 0, 0, 255, 0]);
-    expect(Array.from(new ColorJitter({ hue: [-1 / 3, -1 / 3] }).apply(red, sampleRandom(0, 0, 0)).data)).toEqual([0, 0, 255, 0, 0, 255]);
+    expect(Array.from(new ColorJitter({ hue: [1 / 3, 1 / 3] }).apply(red, sampleRandom(0, 0, 0)).data)).toEqual([
+      0, 255, 0, 0, 255, 0,
+    ]);
+    expect(Array.from(new ColorJitter({ hue: [-1 / 3, -1 / 3] }).apply(red, sampleRandom(0, 0, 0)).data)).toEqual([
+      0, 0, 255, 0, 0, 255,
+    ]);
     // Two half turns come back to the start, up to rounding; grey pixels do not change.
     const img = patterned(6, 6, 3);
     const half = new ColorJitter({ hue: [0.5, 0.5] });
@@ -380,7 +452,13 @@ describe('ColorJitter', () => {
 
   it("draws torchvision's ranges and a random order", () => {
     const jitter = new ColorJitter({ brightness: 0.4, contrast: 0.4, saturation: 1.5, hue: 0.1 });
-    expect(jitter.spec()).toEqual({ kind: 'ColorJitter', brightness: [0.6, 1.4], contrast: [0.6, 1.4], saturation: [0, 2.5], hue: [-0.1, 0.1] });
+    expect(jitter.spec()).toEqual({
+      kind: 'ColorJitter',
+      brightness: [0.6, 1.4],
+      contrast: [0.6, 1.4],
+      saturation: [0, 2.5],
+      hue: [-0.1, 0.1],
+    });
     const orders = new Set<string>();
     for (let i = 0; i < 200; i++) {
       const p = jitter.getParams(sampleRandom(1, 0, i));
@@ -400,17 +478,24 @@ describe('ColorJitter', () => {
 describe('RandomRotation', () => {
   it('rotates by 90 degrees counter-clockwise exactly (nearest)', async () => {
     const img = patterned(4, 4, 3);
-    const out = (await new Compose([new RandomRotation({ degrees: [90, 90] })]).run(decoded(img), sampleRandom(0, 0, 0))).image;
+    const out = (
+      await new Compose([new RandomRotation({ degrees: [90, 90] })]).run(decoded(img), sampleRandom(0, 0, 0))
+    ).image;
     // The right column becomes the top row.
     for (let y = 0; y < 4; y++) for (let x = 0; x < 4; x++) expect(px(out, y, x)).toEqual(px(img, x, 3 - y));
     const half = new RandomRotation({ degrees: [180, 180] }).apply(patterned(3, 5, 1), sampleRandom(0, 0, 0));
-    for (let y = 0; y < 3; y++) for (let x = 0; x < 5; x++) expect(px(half, y, x)).toEqual(px(patterned(3, 5, 1), 2 - y, 4 - x));
+    for (let y = 0; y < 3; y++) {
+      for (let x = 0; x < 5; x++) expect(px(half, y, x)).toEqual(px(patterned(3, 5, 1), 2 - y, 4 - x));
+    }
   });
 
   it('keeps the size and fills the corners rotated in from outside', () => {
     const white = patterned(21, 21, 3, () => 255);
     for (const interpolation of ['nearest', 'bilinear'] as const) {
-      const out = new RandomRotation({ degrees: [45, 45], fill: [1, 2, 3], interpolation }).apply(white, sampleRandom(0, 0, 0));
+      const out = new RandomRotation({ degrees: [45, 45], fill: [1, 2, 3], interpolation }).apply(
+        white,
+        sampleRandom(0, 0, 0),
+      );
       expect([out.height, out.width]).toEqual([21, 21]);
       expect(px(out, 0, 0)).toEqual([1, 2, 3]);
       expect(px(out, 10, 10)).toEqual([255, 255, 255]);
@@ -431,10 +516,15 @@ describe('Normalize, channels and sizes', () => {
     const img = patterned(5, 6, 3);
     expect((await pipeline.run(decoded(img), sampleRandom(0, 0, 0))).image.data).toEqual(img.data);
     expect(pipeline.normalization()).toEqual({ mean, std });
-    expect(new Compose([new Normalize({ mean: [0.5], std: [0.25] })]).normalization()).toEqual({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] });
+    expect(new Compose([new Normalize({ mean: [0.5], std: [0.25] })]).normalization()).toEqual({
+      mean: [0.5, 0.5, 0.5],
+      std: [0.25, 0.25, 0.25],
+    });
     expect(new Compose([new CenterCrop({ size: 4 })]).normalization()).toBeNull();
     expect(() => new Normalize({ mean: [0.5, 0.5, 0.5], std: [0.2, 0, 0.2] })).toThrow(/std\[1\]/);
-    expect(() => new Compose([new Normalize({ mean: [0.5, 0.5, 0.5], std: [1, 1, 1] })], { outputChannels: 1 })).toThrow(/Normalize mean/);
+    expect(
+      () => new Compose([new Normalize({ mean: [0.5, 0.5, 0.5], std: [1, 1, 1] })], { outputChannels: 1 }),
+    ).toThrow(/Normalize mean/);
   });
 
   it('expands grey images to RGB, drops alpha, and converts to grey on request', async () => {
@@ -444,21 +534,38 @@ describe('Normalize, channels and sizes', () => {
     expect(px(rgb, 2, 3)).toEqual([px(grey, 2, 3)[0], px(grey, 2, 3)[0], px(grey, 2, 3)[0]]);
     expect(new ToRGB().apply(grey).data).toEqual(rgb.data);
     const rgba = patterned(3, 4, 4);
-    const dropped = (await new Compose([new RandomHorizontalFlip({ p: 0 })]).run(decoded(rgba), sampleRandom(0, 0, 0))).image;
+    const dropped = (await new Compose([new RandomHorizontalFlip({ p: 0 })]).run(decoded(rgba), sampleRandom(0, 0, 0)))
+      .image;
     expect(px(dropped, 1, 2)).toEqual(px(rgba, 1, 2).slice(0, 3));
-    const asGrey = (await new Compose([], { outputChannels: 1 }).run(decoded(patterned(3, 4, 3)), sampleRandom(0, 0, 0))).image;
+    const asGrey = (
+      await new Compose([], { outputChannels: 1 }).run(decoded(patterned(3, 4, 3)), sampleRandom(0, 0, 0))
+    ).image;
     expect(asGrey.channels).toBe(1);
     expect(new Grayscale({ numOutputChannels: 3 }).apply(patterned(2, 2, 3)).channels).toBe(3);
     // A grey PNG with alpha decodes to RGB.
-    const png = await sharp(Buffer.from(patterned(6, 5, 2).data), { raw: { width: 5, height: 6, channels: 2 } }).png().toBuffer();
-    const fromPng = (await new Compose([new CenterCrop({ size: 4 })]).run(encoded(new Uint8Array(png), 'a.png'), sampleRandom(0, 0, 0))).image;
+    const png = await sharp(Buffer.from(patterned(6, 5, 2).data), { raw: { width: 5, height: 6, channels: 2 } })
+      .png()
+      .toBuffer();
+    const fromPng = (
+      await new Compose([new CenterCrop({ size: 4 })]).run(encoded(new Uint8Array(png), 'a.png'), sampleRandom(0, 0, 0))
+    ).image;
     expect([fromPng.height, fromPng.width, fromPng.channels]).toEqual([4, 4, 3]);
   });
 
   it('knows the fixed output size when there is one', () => {
-    expect(new Compose([new RandomResizedCrop({ size: 224 }), new RandomHorizontalFlip()]).fixedOutputSize()).toEqual([224, 224]);
-    expect(new Compose([new Resize({ size: 256 }), new CenterCrop({ size: 224 }), new Normalize({ mean: [0], std: [1] })]).fixedOutputSize()).toEqual([224, 224]);
-    expect(new Compose([new Resize({ size: [32, 48] }), new RandomRotation({ degrees: 5 })]).fixedOutputSize()).toEqual([32, 48]);
+    expect(new Compose([new RandomResizedCrop({ size: 224 }), new RandomHorizontalFlip()]).fixedOutputSize()).toEqual([
+      224, 224,
+    ]);
+    expect(
+      new Compose([
+        new Resize({ size: 256 }),
+        new CenterCrop({ size: 224 }),
+        new Normalize({ mean: [0], std: [1] }),
+      ]).fixedOutputSize(),
+    ).toEqual([224, 224]);
+    expect(new Compose([new Resize({ size: [32, 48] }), new RandomRotation({ degrees: 5 })]).fixedOutputSize()).toEqual(
+      [32, 48],
+    );
     expect(new Compose([new Resize({ size: 256 })]).fixedOutputSize()).toBeNull();
     expect(new Compose([new Resize({ size: 256 })]).outputSize([375, 500])).toEqual([256, 341]);
     expect(new Compose([new ColorJitter({ brightness: 0.1 })]).fixedOutputSize()).toBeNull();
@@ -484,7 +591,11 @@ describe('seeding, specs and errors', () => {
       expect((await p.run(sample, sampleRandom(3, 1, 11))).image.data).not.toEqual(a.image.data);
       expect((await p.run(sample, sampleRandom(3, 2, 10))).image.data).not.toEqual(a.image.data);
     }
-    const boxes = new Set(Array.from({ length: 10 }, (_, i) => JSON.stringify(new RandomResizedCrop({ size: 8 }).getParams(100, 100, sampleRandom(3, 0, i)))));
+    const boxes = new Set(
+      Array.from({ length: 10 }, (_, i) =>
+        JSON.stringify(new RandomResizedCrop({ size: 8 }).getParams(100, 100, sampleRandom(3, 0, i))),
+      ),
+    );
     expect(boxes.size).toBe(10);
   });
 
@@ -511,30 +622,44 @@ describe('seeding, specs and errors', () => {
     const p = pipeline();
     const rebuilt = Compose.fromSpec(structuredClone(p.spec()));
     const img = patterned(48, 64, 3);
-    expect((await rebuilt.run(decoded(img), sampleRandom(1, 0, 5))).image.data).toEqual((await p.run(decoded(img), sampleRandom(1, 0, 5))).image.data);
+    expect((await rebuilt.run(decoded(img), sampleRandom(1, 0, 5))).image.data).toEqual(
+      (await p.run(decoded(img), sampleRandom(1, 0, 5))).image.data,
+    );
     expect(rebuilt.normalization()).toEqual(p.normalization());
     expect(() => transformFromSpec({ kind: 'RandomErasing' })).toThrow(/RandomResizedCrop/);
-    expect(() => transformFromSpec({ kind: 'Resize', size: 10, antialias: true })).toThrow(/Unknown option 'antialias'/);
+    expect(() => transformFromSpec({ kind: 'Resize', size: 10, antialias: true })).toThrow(
+      /Unknown option 'antialias'/,
+    );
   });
 
   it('names the file and the reason of a corrupt JPEG', async () => {
     const truncated = smallJpeg.subarray(0, Math.floor(smallJpeg.length / 2));
     expect(addon().jpegHeader({ bytes: truncated })).toEqual({ height: 75, width: 100, channels: 3, supported: true });
     for (const p of [pipeline(), new Compose([new RandomHorizontalFlip()]), new Compose([])]) {
-      const err = await p.run(encoded(truncated, 'train/n01/broken.jpg'), sampleRandom(0, 0, 0)).catch((e: unknown) => e);
+      const err = await p
+        .run(encoded(truncated, 'train/n01/broken.jpg'), sampleRandom(0, 0, 0))
+        .catch((e: unknown) => e);
       expect(err).toEqual(code('ERR_RC_CORRUPT_FILE'));
       expect((err as Error).message).toMatch(/train\/n01\/broken\.jpg.*premature end/i);
     }
     // Also when the crop lies in the part of the file that is intact.
     const mostly = smallJpeg.subarray(0, Math.floor(smallJpeg.length * 0.9));
     const crop = new Compose([new RandomResizedCrop({ size: 8, scale: [0.01, 0.02] })]);
-    for (let i = 0; i < 10; i++) await expect(crop.run(encoded(mostly, 'b.jpg'), sampleRandom(0, 0, i))).rejects.toThrow(code('ERR_RC_CORRUPT_FILE'));
+    for (let i = 0; i < 10; i++) {
+      await expect(crop.run(encoded(mostly, 'b.jpg'), sampleRandom(0, 0, i))).rejects.toThrow(
+        code('ERR_RC_CORRUPT_FILE'),
+      );
+    }
     for (const p of [pipeline(), new Compose([])]) {
-      const empty = await p.run(encoded(new Uint8Array(0), 'x/empty.jpg'), sampleRandom(0, 0, 0)).catch((e: unknown) => e);
+      const empty = await p
+        .run(encoded(new Uint8Array(0), 'x/empty.jpg'), sampleRandom(0, 0, 0))
+        .catch((e: unknown) => e);
       expect(empty).toEqual(code('ERR_RC_CORRUPT_FILE'));
       expect((empty as Error).message).toMatch(/x\/empty\.jpg.*empty/);
     }
-    const garbage = await new Compose([]).run(encoded(new TextEncoder().encode('not an image'), 'x/y.jpg'), sampleRandom(0, 0, 0)).catch((e: unknown) => e);
+    const garbage = await new Compose([])
+      .run(encoded(new TextEncoder().encode('not an image'), 'x/y.jpg'), sampleRandom(0, 0, 0))
+      .catch((e: unknown) => e);
     expect(garbage).toEqual(code('ERR_RC_CORRUPT_FILE'));
     expect((garbage as Error).message).toMatch(/x\/y\.jpg.*unsupported image format/);
   });
@@ -546,6 +671,11 @@ describe('seeding, specs and errors', () => {
     expect(() => new RandomHorizontalFlip({ p: 2 })).toThrow(/p/);
     expect(() => new Resize({ size: [4, 4], maxSize: 9 })).toThrow(/maxSize/);
     expect(() => new Compose([{} as Transform])).toThrow(/transforms\[0\]/);
-    await expect(new Compose([]).run(decoded({ data: new Uint8Array(5), height: 2, width: 2, channels: 3 }), sampleRandom(0, 0, 0))).rejects.toThrow(/12 bytes/);
+    await expect(
+      new Compose([]).run(
+        decoded({ data: new Uint8Array(5), height: 2, width: 2, channels: 3 }),
+        sampleRandom(0, 0, 0),
+      ),
+    ).rejects.toThrow(/12 bytes/);
   });
 });

@@ -31,7 +31,11 @@ const LABELS = [0, 2, 1, 2];
 class SmallNet extends Sequential {
   constructor(seed = 1) {
     super(
-      new Sequential(new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed }), new BatchNorm2d({ numFeatures: 4 }), new ReLU()),
+      new Sequential(
+        new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed }),
+        new BatchNorm2d({ numFeatures: 4 }),
+        new ReLU(),
+      ),
       new AdaptiveAvgPool2d(),
       new Flatten(),
       new Linear({ inFeatures: 4, outFeatures: 3, seed: seed + 1 }),
@@ -109,7 +113,11 @@ function expectClose(got: ArrayLike<number>, want: ArrayLike<number>, tol = 1e-6
 
 function expectSameBits(got: Float32Array | Float64Array, want: Float32Array | Float64Array): void {
   expect(got.length).toBe(want.length);
-  expect(Buffer.from(got.buffer, got.byteOffset, got.byteLength).equals(Buffer.from(want.buffer, want.byteOffset, want.byteLength))).toBe(true);
+  expect(
+    Buffer.from(got.buffer, got.byteOffset, got.byteLength).equals(
+      Buffer.from(want.buffer, want.byteOffset, want.byteLength),
+    ),
+  ).toBe(true);
 }
 
 function maxDifference(a: ArrayLike<number>, b: ArrayLike<number>): number {
@@ -284,7 +292,10 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     otherEma.swap();
     const reloaded = otherEma.stateDict();
     expectSameBits(reloaded.get('3.weight')!.data as Float32Array, sd.get('3.weight')!.data as Float32Array);
-    expectSameBits(reloaded.get('0.1.running_var')!.data as Float32Array, sd.get('0.1.running_var')!.data as Float32Array);
+    expectSameBits(
+      reloaded.get('0.1.running_var')!.data as Float32Array,
+      sd.get('0.1.running_var')!.data as Float32Array,
+    );
 
     const held = averaged(model, ema).params;
     const without: StateDict = new Map(sd);
@@ -358,7 +369,7 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     expect(() => otherEma.update()).toThrow(code('ERR_RC_DISPOSED'));
   });
 
-  it('swaps the model\'s own weights back when disposed while swapped', () => {
+  it("swaps the model's own weights back when disposed while swapped", () => {
     const { model, ema } = trainWithEma(2, 0.5);
     const before = snapshot(model);
     ema.swap();
@@ -373,7 +384,10 @@ describe.skipIf(onlyCuda)('Module.namedBuffers', () => {
     const buffers = model.namedBuffers();
     expect(buffers.map(([name]) => name)).toEqual(['0.1.running_mean', '0.1.running_var']);
     expect(buffers[1]![1].toFloat32Array()).toEqual(new Float32Array(4).fill(1));
-    expect(model.features.namedBuffers('features.').map(([name]) => name)).toEqual(['features.1.running_mean', 'features.1.running_var']);
+    expect(model.features.namedBuffers('features.').map(([name]) => name)).toEqual([
+      'features.1.running_mean',
+      'features.1.running_var',
+    ]);
     // The tensors are the module's own: the forward pass updates what they show.
     model.forward(X);
     expect(maxDifference(buffers[0]![1].toFloat32Array(), new Float32Array(4))).toBeGreaterThan(0);
@@ -432,26 +446,29 @@ describe.skipIf(onlyCuda)('Module.setRequiresGrad', () => {
 
 describe('ModelEma on CUDA', () => {
   const cuda = listBackends().find((b) => b.name === 'cuda');
-  it.skipIf(!cuda?.available)(`on CUDA: matches the recurrence, and rejects a model moved back to the CPU${cuda?.available ? '' : ` (skipped: ${cuda?.reason ?? 'no CUDA backend'})`}`, () => {
-    const model = new SmallNet().to('cuda');
-    const ema = new ModelEma(model, { decay: 0.7 });
-    const opt = new SGD(model, { lr: 0.2, momentum: 0.9 });
-    const loss = new CrossEntropyLoss();
-    const x = Tensor.from(X.toFloat32Array(), X.shape, { device: 'cuda' });
-    const ref = new EmaReference(0.7);
-    for (let step = 0; step < 4; step++) {
-      model.zeroGrad();
-      loss.forward(model.forward(x), LABELS);
-      model.backward(loss.backward());
-      opt.step();
-      ema.update();
-      ref.update(snapshot(model));
-    }
-    const got = averaged(model, ema);
-    expectClose(got.params, ref.params!);
-    got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
-    model.to('cpu');
-    expect(() => ema.update()).toThrow(/was moved off cuda/);
-    ema.dispose();
-  });
+  it.skipIf(!cuda?.available)(
+    `on CUDA: matches the recurrence, and rejects a model moved back to the CPU${cuda?.available ? '' : ` (skipped: ${cuda?.reason ?? 'no CUDA backend'})`}`,
+    () => {
+      const model = new SmallNet().to('cuda');
+      const ema = new ModelEma(model, { decay: 0.7 });
+      const opt = new SGD(model, { lr: 0.2, momentum: 0.9 });
+      const loss = new CrossEntropyLoss();
+      const x = Tensor.from(X.toFloat32Array(), X.shape, { device: 'cuda' });
+      const ref = new EmaReference(0.7);
+      for (let step = 0; step < 4; step++) {
+        model.zeroGrad();
+        loss.forward(model.forward(x), LABELS);
+        model.backward(loss.backward());
+        opt.step();
+        ema.update();
+        ref.update(snapshot(model));
+      }
+      const got = averaged(model, ema);
+      expectClose(got.params, ref.params!);
+      got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
+      model.to('cpu');
+      expect(() => ema.update()).toThrow(/was moved off cuda/);
+      ema.dispose();
+    },
+  );
 });

@@ -27,14 +27,20 @@ const code = (c: string) => expect.objectContaining({ code: c });
 describe('bad input gets a clear error', () => {
   it('rejects an input of the wrong channel count, rank or dtype, naming what was expected and received', () => {
     const conv = new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, seed: 1 });
-    expect(() => conv.forward(Tensor.zeros([1, 8, 8, 5]))).toThrow(/Expected an NHWC tensor with 3 channels \(last dimension\) for Conv2d input but received shape \[1, 8, 8, 5\]/);
+    expect(() => conv.forward(Tensor.zeros([1, 8, 8, 5]))).toThrow(
+      /Expected an NHWC tensor with 3 channels \(last dimension\) for Conv2d input but received shape \[1, 8, 8, 5\]/,
+    );
     expect(() => conv.forward(Tensor.zeros([8, 8, 3]))).toThrow(/a tensor of rank 4.*shape \[8, 8, 3\]/);
     expect(() => conv.forward(Tensor.zeros([1, 8, 8, 3], { dtype: 'i32' }))).toThrow(code('ERR_RC_INVALID_ARGUMENT'));
     expect(() => conv.forward(Tensor.zeros([1, 2, 2, 3]))).toThrow(/spatial size at least the kernel size/);
     const linear = new Linear({ inFeatures: 4, outFeatures: 2, seed: 1 });
-    expect(() => linear.forward(Tensor.zeros([3, 5]))).toThrow(/Expected a \[N, 4\] tensor for Linear input but received shape \[3, 5\]/);
+    expect(() => linear.forward(Tensor.zeros([3, 5]))).toThrow(
+      /Expected a \[N, 4\] tensor for Linear input but received shape \[3, 5\]/,
+    );
     expect(() => new BatchNorm2d({ numFeatures: 4 }).forward(Tensor.zeros([2, 3, 3, 5]))).toThrow(/4 channels/);
-    expect(() => ResNet18({ numClasses: 3, smallInput: true, seed: 1 }).forward(Tensor.zeros([2, 16, 16, 1]))).toThrow(/3 channels/);
+    expect(() => ResNet18({ numClasses: 3, smallInput: true, seed: 1 }).forward(Tensor.zeros([2, 16, 16, 1]))).toThrow(
+      /3 channels/,
+    );
   });
 
   it('rejects BN training on a single value per channel (evaluation mode takes one)', () => {
@@ -48,17 +54,23 @@ describe('bad input gets a clear error', () => {
     const conv = new Conv2d({ inChannels: 1, outChannels: 1, kernelSize: 1, seed: 1 });
     expect(() => conv.backward(Tensor.zeros([1, 2, 2, 1]))).toThrow(/backward\(\) was called before forward\(\)/);
     conv.forward(Tensor.zeros([1, 2, 2, 1]));
-    expect(() => conv.backward(Tensor.zeros([1, 3, 2, 1]))).toThrow(/shape \[1, 2, 2, 1\] for Conv2d gradOutput but received a tensor of shape \[1, 3, 2, 1\]/);
+    expect(() => conv.backward(Tensor.zeros([1, 3, 2, 1]))).toThrow(
+      /shape \[1, 2, 2, 1\] for Conv2d gradOutput but received a tensor of shape \[1, 3, 2, 1\]/,
+    );
     expect(() => new CrossEntropyLoss().backward()).toThrow(/before forward/);
   });
 
   it('rejects a label count that does not match the batch, and labels out of range', () => {
     const loss = new CrossEntropyLoss();
     const logits = Tensor.zeros([4, 3]);
-    expect(() => loss.forward(logits, [0, 1, 2])).toThrow(/Expected 4 labels \(one per row of logits\) for labels but received 3 labels/);
+    expect(() => loss.forward(logits, [0, 1, 2])).toThrow(
+      /Expected 4 labels \(one per row of logits\) for labels but received 3 labels/,
+    );
     expect(() => loss.forward(logits, Tensor.from([0, 1], [2], { dtype: 'i32' }))).toThrow(/4 labels/);
     expect(() => loss.forward(logits, [0, 1, 2, 3])).toThrow(/class index in \[0, 3\) for labels\[3\]/);
-    expect(() => loss.forward(logits, Tensor.from([0, 1, 2, 9], [4], { dtype: 'i32' }))).toThrow(code('ERR_RC_INVALID_ARGUMENT'));
+    expect(() => loss.forward(logits, Tensor.from([0, 1, 2, 9], [4], { dtype: 'i32' }))).toThrow(
+      code('ERR_RC_INVALID_ARGUMENT'),
+    );
     expect(() => loss.forward(logits, Tensor.from([0, 1, 2, 0], [4], { dtype: 'f32' }))).toThrow(/dtype i32/);
   });
 
@@ -84,13 +96,21 @@ describe('bad input gets a clear error', () => {
   });
 
   it('rejects malformed options, naming the option', () => {
-    expect(() => new Conv2d({ inChannels: 0, outChannels: 1, kernelSize: 1 })).toThrow(/integer of at least 1 for inChannels but received number 0/);
-    expect(() => new Conv2d({ inChannels: 1, outChannels: 1, kernelSize: 1, strides: 2 } as never)).toThrow(/Unknown option 'strides'/);
+    expect(() => new Conv2d({ inChannels: 0, outChannels: 1, kernelSize: 1 })).toThrow(
+      /integer of at least 1 for inChannels but received number 0/,
+    );
+    expect(() => new Conv2d({ inChannels: 1, outChannels: 1, kernelSize: 1, strides: 2 } as never)).toThrow(
+      /Unknown option 'strides'/,
+    );
     expect(() => new SGD(new Linear({ inFeatures: 1, outFeatures: 1 }), { lr: -1 })).toThrow(/lr/);
-    expect(() => new SGD(new Linear({ inFeatures: 1, outFeatures: 1 }), { lr: 0.1, nesterov: true })).toThrow(/Nesterov momentum requires/);
+    expect(() => new SGD(new Linear({ inFeatures: 1, outFeatures: 1 }), { lr: 0.1, nesterov: true })).toThrow(
+      /Nesterov momentum requires/,
+    );
     expect(() => new MaxPool2d({ kernelSize: 2, padding: 2 })).toThrow(/at most half the kernel size/);
     expect(() => new InputNormalize({ mean: [0.5], std: [0.5, 0.5] })).toThrow(/1 values/);
-    expect(() => Tensor.from([1, 2, 3], [2, 2])).toThrow(/Expected 4 values for shape \[2, 2\] for data but received 3 values/);
+    expect(() => Tensor.from([1, 2, 3], [2, 2])).toThrow(
+      /Expected 4 values for shape \[2, 2\] for data but received 3 values/,
+    );
     expect(() => ResNet18({ depth: 18 } as never)).toThrow(/Unknown option 'depth'/);
   });
 
@@ -120,7 +140,9 @@ describe('error codes', () => {
     const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-addon-load-'));
     try {
       mkdirSync(join(dir, 'lib'));
-      for (const f of ['binding.js', 'errors.js']) copyFileSync(new URL(`../dist/lib/${f}`, import.meta.url), join(dir, 'lib', f));
+      for (const f of ['binding.js', 'errors.js']) {
+        copyFileSync(new URL(`../dist/lib/${f}`, import.meta.url), join(dir, 'lib', f));
+      }
       writeFileSync(join(dir, 'package.json'), '{"type":"module"}');
       writeFileSync(join(dir, 'CMakeLists.txt'), '');
       symlinkSync(fileURLToPath(new URL('../node_modules', import.meta.url)), join(dir, 'node_modules'));
@@ -128,7 +150,10 @@ describe('error codes', () => {
         import { addon } from ${JSON.stringify(pathToFileURL(join(dir, 'lib', 'binding.js')).href)};
         import { ResnetError } from ${JSON.stringify(pathToFileURL(join(dir, 'lib', 'errors.js')).href)};
         try { addon(); } catch (e) { console.log(JSON.stringify({ typed: e instanceof ResnetError, code: e.code, message: e.message })); }`;
-      const child = spawnSync(process.execPath, ['--input-type=module', '-e', program], { encoding: 'utf8', timeout: 30_000 });
+      const child = spawnSync(process.execPath, ['--input-type=module', '-e', program], {
+        encoding: 'utf8',
+        timeout: 30_000,
+      });
       const result = JSON.parse(child.stdout) as { typed: boolean; code: string; message: string };
       expect(result).toMatchObject({ typed: true, code: 'ERR_RC_ADDON_LOAD' });
       expect(result.message).toMatch(/native addon failed to load[\s\S]*npm run build:native/);

@@ -24,7 +24,13 @@ function sameBits(a: ArrayBufferView | undefined, b: ArrayBufferView | undefined
 }
 
 // torchvision.models.resnetXX(num_classes=1000): sum(p.numel() for p in model.parameters())
-const TORCHVISION_COUNTS = { 18: 11_689_512, 34: 21_797_672, 50: 25_557_032, 101: 44_549_160, 152: 60_192_808 } as const;
+const TORCHVISION_COUNTS = {
+  18: 11_689_512,
+  34: 21_797_672,
+  50: 25_557_032,
+  101: 44_549_160,
+  152: 60_192_808,
+} as const;
 
 describe('ResNet family', () => {
   for (const [depth, count] of Object.entries(TORCHVISION_COUNTS)) {
@@ -75,7 +81,9 @@ describe('ResNet family', () => {
     expect(params.every((p) => p.data.raw.sharesStorage(arena.params.raw))).toBe(true);
     expect(arena.size).toBeGreaterThanOrEqual(model.numParameters());
     const offsets = params.map((p) => p.offset);
-    for (let i = 1; i < offsets.length; i++) expect(offsets[i]!).toBeGreaterThanOrEqual(offsets[i - 1]! + params[i - 1]!.numel);
+    for (let i = 1; i < offsets.length; i++) {
+      expect(offsets[i]!).toBeGreaterThanOrEqual(offsets[i - 1]! + params[i - 1]!.numel);
+    }
   });
 
   it('round-trips a state dict exactly, and the loaded model computes the same outputs', () => {
@@ -102,7 +110,9 @@ describe('ResNet family', () => {
     const exported = conv.stateDict().get('weight')!;
     expect(exported.shape).toEqual([2, 3, 2, 3]);
     // element [o=1, i=2, y=1, x=0] of OIHW is element [o=1, y=1, x=0, i=2] of OHWI
-    expect((exported.data as Float32Array)[((1 * 3 + 2) * 2 + 1) * 3 + 0]).toBe(internal[((1 * 2 + 1) * 3 + 0) * 3 + 2]);
+    expect((exported.data as Float32Array)[((1 * 3 + 2) * 2 + 1) * 3 + 0]).toBe(
+      internal[((1 * 2 + 1) * 3 + 0) * 3 + 2],
+    );
     expect(ohwiToOihw(internal, conv.weight.shape)).toEqual(exported.data);
   });
 
@@ -125,7 +135,12 @@ describe('ResNet family', () => {
 });
 
 /** Directional derivative of sum(out * r) along a random direction, against backward(). */
-function directionalCheck(model: Sequential | BasicBlock | Bottleneck, x: Tensor, seed: number, eps: number): { analytic: number; numeric: number } {
+function directionalCheck(
+  model: Sequential | BasicBlock | Bottleneck,
+  x: Tensor,
+  seed: number,
+  eps: number,
+): { analytic: number; numeric: number } {
   const rng = new Random(seed);
   const out0 = model.forward(x);
   const r = Tensor.randn(out0.shape, { seed: seed + 1 });
@@ -173,7 +188,10 @@ describe('containers derive backward from their children', () => {
   });
 
   it('a Bottleneck block with a downsample shortcut matches finite differences', () => {
-    const downsample = new Sequential(new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, stride: 2, seed: 1 }), new BatchNorm2d({ numFeatures: 16 }));
+    const downsample = new Sequential(
+      new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, stride: 2, seed: 1 }),
+      new BatchNorm2d({ numFeatures: 16 }),
+    );
     const block = new Bottleneck(8, 4, 2, downsample, new Random(2));
     const x = Tensor.randn([2, 6, 6, 8], { seed: 4 });
     // A small step keeps ReLU units from crossing their kink between the two evaluations, which
@@ -183,7 +201,10 @@ describe('containers derive backward from their children', () => {
   });
 
   it('a Bottleneck in evaluation mode (frozen batch-norm statistics, as in fine-tuning) matches finite differences', () => {
-    const downsample = new Sequential(new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, stride: 2, seed: 1 }), new BatchNorm2d({ numFeatures: 16 }));
+    const downsample = new Sequential(
+      new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, stride: 2, seed: 1 }),
+      new BatchNorm2d({ numFeatures: 16 }),
+    );
     const block = new Bottleneck(8, 4, 2, downsample, new Random(2));
     // Running statistics away from their initial 0 and 1.
     for (let i = 0; i < 3; i++) {
@@ -243,7 +264,10 @@ describe('a plain training step', () => {
   });
 
   it('leaves frozen parameters unchanged', () => {
-    const model = new Sequential(new Linear({ inFeatures: 3, outFeatures: 3, seed: 1 }), new Linear({ inFeatures: 3, outFeatures: 2, seed: 2 }));
+    const model = new Sequential(
+      new Linear({ inFeatures: 3, outFeatures: 3, seed: 1 }),
+      new Linear({ inFeatures: 3, outFeatures: 2, seed: 2 }),
+    );
     const [first] = model.parameters();
     first!.requiresGrad = false;
     const before = first!.values();
@@ -263,10 +287,15 @@ describe('Module.getSubmodule', () => {
     const conv = model.getSubmodule('layer2.0.conv1');
     expect(model.namedParameters().find(([name]) => name === 'layer2.0.conv1.weight')![1]).toBe(conv.parameters()[0]);
     model.getSubmodule('layer1').setRequiresGrad(false);
-    const frozen = model.namedParameters().filter(([, p]) => !p.requiresGrad).map(([name]) => name);
+    const frozen = model
+      .namedParameters()
+      .filter(([, p]) => !p.requiresGrad)
+      .map(([name]) => name);
     expect(frozen.length).toBeGreaterThan(0);
     expect(frozen.every((name) => name.startsWith('layer1.'))).toBe(true);
-    expect(() => model.getSubmodule('layer9')).toThrow(/No submodule 'layer9' in the model; its children are conv1, bn1, layer1/);
+    expect(() => model.getSubmodule('layer9')).toThrow(
+      /No submodule 'layer9' in the model; its children are conv1, bn1, layer1/,
+    );
     expect(() => model.getSubmodule('layer1.5')).toThrow(/No submodule '5' in 'layer1'; its children are 0, 1/);
   });
 });

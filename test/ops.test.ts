@@ -13,7 +13,9 @@ console.log(`op tests: seed ${seed} (replay with RESNET_TEST_SEED=${seed})`);
 const only = process.env.RESNET_TEST_BACKENDS?.split(',').filter((name) => name !== '');
 const emulatorMissing = process.env.RESNET_CUDA_EMULATOR_MISSING;
 
-for (const backend of addon().listBackends().filter((b) => !only || only.includes(b.name))) {
+for (const backend of addon()
+  .listBackends()
+  .filter((b) => !only || only.includes(b.name))) {
   const device = backend.name;
   const register = (test: typeof it | typeof it.skip): void => {
     for (const c of cases) {
@@ -24,7 +26,9 @@ for (const backend of addon().listBackends().filter((b) => !only || only.include
     describe(`${device}: ${backend.device ?? 'available'}`, () => register(it));
   } else {
     // Registered and skipped, so the report counts them as skipped rather than hiding them.
-    const reason = emulatorMissing ? `the emulated CUDA backend ${emulatorMissing} was not built` : (backend.reason ?? 'not available');
+    const reason = emulatorMissing
+      ? `the emulated CUDA backend ${emulatorMissing} was not built`
+      : (backend.reason ?? 'not available');
     describe.skip(`${device}: skipped — ${reason}`, () => register(it.skip));
   }
 }

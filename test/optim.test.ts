@@ -71,7 +71,10 @@ interface AdamSettings {
 class AdamWReference {
   readonly m: Float64Array;
   readonly v: Float64Array;
-  constructor(readonly p: Float64Array, readonly h: AdamSettings) {
+  constructor(
+    readonly p: Float64Array,
+    readonly h: AdamSettings,
+  ) {
     this.m = new Float64Array(p.length);
     this.v = new Float64Array(p.length);
   }
@@ -91,7 +94,11 @@ class AdamWReference {
 
 /** LAMB (timm / FusedLAMB, bias correction on) on one tensor, in float64. */
 class LambReference extends AdamWReference {
-  constructor(p: Float64Array, h: AdamSettings, readonly adapt: boolean) {
+  constructor(
+    p: Float64Array,
+    h: AdamSettings,
+    readonly adapt: boolean,
+  ) {
     super(p, h);
   }
 
@@ -120,7 +127,11 @@ describe('AdamW', () => {
   it('matches torch.optim.AdamW over three steps, with weight decay on the weight only', () => {
     const model = tinyModel();
     const loss = new CrossEntropyLoss();
-    const opt = new AdamW(parameterGroups(model, { weightDecay: 0.1 }), { lr: ADAM.lr, betas: [ADAM.beta1, ADAM.beta2], eps: ADAM.eps });
+    const opt = new AdamW(parameterGroups(model, { weightDecay: 0.1 }), {
+      lr: ADAM.lr,
+      betas: [ADAM.beta1, ADAM.beta2],
+      eps: ADAM.eps,
+    });
     const refs = values(model).map((p, i) => new AdamWReference(p, { ...ADAM, weightDecay: i === 0 ? 0.1 : 0 }));
     for (let t = 1; t <= 3; t++) {
       const grads = backward(model, loss);
@@ -131,8 +142,8 @@ describe('AdamW', () => {
     expect(opt.stepCount).toBe(3);
     const state = opt.state();
     const weight = model.weight;
-    expectClose(state.buffers['expAvg']!.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.m);
-    expectClose(state.buffers['expAvgSq']!.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.v);
+    expectClose(state.buffers.expAvg!.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.m);
+    expectClose(state.buffers.expAvgSq!.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.v);
   });
 
   it('defaults to PyTorch settings and rejects bad ones', () => {
@@ -165,7 +176,9 @@ describe('LAMB', () => {
       const loss = new CrossEntropyLoss();
       const settings = { ...ADAM, lr: 0.05, eps: 1e-6 };
       const opt = new LAMB(parameterGroups(model, { weightDecay: 0.02 }), { lr: settings.lr, alwaysAdapt });
-      const refs = values(model).map((p, i) => new LambReference(p, { ...settings, weightDecay: i === 0 ? 0.02 : 0 }, i === 0 || alwaysAdapt));
+      const refs = values(model).map(
+        (p, i) => new LambReference(p, { ...settings, weightDecay: i === 0 ? 0.02 : 0 }, i === 0 || alwaysAdapt),
+      );
       for (let t = 1; t <= 3; t++) {
         const grads = backward(model, loss);
         opt.step();
@@ -208,12 +221,23 @@ describe('GradScaler', () => {
       scaler.update();
       expect(scaler.skippedLastStep).toBe(false);
       scales.push(scaler.lossScale);
-      refs.forEach((r, i) => r.step(scaled[i]!.map((g) => g / scale), t));
+      refs.forEach((r, i) =>
+        r.step(
+          scaled[i]!.map((g) => g / scale),
+          t,
+        ),
+      );
       values(model).forEach((p, i) => expectClose(p, refs[i]!.p));
     }
     expect(scales).toEqual([512, 512, 1024]);
     expect(opt.stepCount).toBe(3);
-    expect(scaler.state()).toEqual({ scale: 1024, growthFactor: 2, backoffFactor: 0.5, growthInterval: 3, growthTracker: 0 });
+    expect(scaler.state()).toEqual({
+      scale: 1024,
+      growthFactor: 2,
+      backoffFactor: 0.5,
+      growthInterval: 3,
+      growthTracker: 0,
+    });
   });
 
   it('keeps SGD momentum starting from the first real step after a skipped one', () => {
@@ -233,7 +257,12 @@ describe('GradScaler', () => {
     scaler.step(opt);
     scaler.update();
     // First step: buf = d (not (1 - dampening) * d), p -= lr * buf.
-    values(model).forEach((p, i) => expectClose(p, before[i]!.map((v, j) => v - 0.1 * (scaled[i]![j]! / 128))));
+    values(model).forEach((p, i) =>
+      expectClose(
+        p,
+        before[i]!.map((v, j) => v - 0.1 * (scaled[i]![j]! / 128)),
+      ),
+    );
   });
 
   it('unscales before clipping, as in PyTorch', () => {
@@ -253,7 +282,12 @@ describe('GradScaler', () => {
     scaler.step(opt);
     scaler.update();
     const coef = norm / 2 / (norm + 1e-6);
-    values(model).forEach((p, i) => expectClose(p, before[i]!.map((v, j) => v - 0.1 * coef * grads[i]![j]!)));
+    values(model).forEach((p, i) =>
+      expectClose(
+        p,
+        before[i]!.map((v, j) => v - 0.1 * coef * grads[i]![j]!),
+      ),
+    );
   });
 
   it('passes everything through when disabled, and rejects misuse', () => {
@@ -268,7 +302,12 @@ describe('GradScaler', () => {
     off.unscale(opt);
     off.step(opt);
     off.update();
-    values(model).forEach((p, i) => expectClose(p, before[i]!.map((v, j) => v - 0.1 * grads[i]![j]!)));
+    values(model).forEach((p, i) =>
+      expectClose(
+        p,
+        before[i]!.map((v, j) => v - 0.1 * grads[i]![j]!),
+      ),
+    );
     const on = new GradScaler();
     expect(() => on.update()).toThrow(/no gradients were unscaled/);
     expect(() => new GradScaler({ growthFactor: 0.5 })).toThrow(/growthFactor/);
@@ -313,7 +352,12 @@ describe('gradient clipping', () => {
     expectClose([total.item()], [norm]);
     opt.step();
     const coef = maxNorm / (norm + 1e-6);
-    values(model).forEach((p, i) => expectClose(p, before[i]!.map((v, j) => v - 0.5 * coef * grads[i]![j]!)));
+    values(model).forEach((p, i) =>
+      expectClose(
+        p,
+        before[i]!.map((v, j) => v - 0.5 * coef * grads[i]![j]!),
+      ),
+    );
     // A norm within maxNorm leaves the gradients as they are.
     const grads2 = backward(model, loss);
     clipGradNorm(model.arena(), 1e6);
@@ -323,7 +367,12 @@ describe('gradient clipping', () => {
 
 describe('gradient accumulation', () => {
   it('two half batches with gradScale 0.5 give the SGD update of the full batch', () => {
-    const make = () => new Sequential(new Linear({ inFeatures: 4, outFeatures: 5, seed: 1 }), new ReLU(), new Linear({ inFeatures: 5, outFeatures: 3, seed: 2 })).to('cpu');
+    const make = () =>
+      new Sequential(
+        new Linear({ inFeatures: 4, outFeatures: 5, seed: 1 }),
+        new ReLU(),
+        new Linear({ inFeatures: 5, outFeatures: 3, seed: 2 }),
+      ).to('cpu');
     const full = make();
     const split = make();
     const x = Tensor.randn([8, 4], { seed: 3 });
@@ -375,7 +424,9 @@ describe('optimizer checkpoints', () => {
     optB.step();
     values(b).forEach((p, i) => expect(p).toEqual(values(a)[i]));
     expect(() => optB.loadState({ ...saved, buffers: { expAvg: new Float32Array(3) } })).toThrow(/arena's size/);
-    expect(() => optB.loadState({ ...saved, buffers: { momentum: saved.buffers['expAvg']! } })).toThrow(/expAvg, expAvgSq/);
+    expect(() => optB.loadState({ ...saved, buffers: { momentum: saved.buffers.expAvg! } })).toThrow(
+      /expAvg, expAvgSq/,
+    );
   });
 
   it('round-trips SGD momentum', () => {

@@ -3,10 +3,38 @@ import * as api from '../lib/index.js';
 
 describe('the package entry point', () => {
   it('exports the public API, not the helpers the modules share among themselves', () => {
-    for (const internal of ['ShapeCache', 'expectTensor', 'ohwiToOihw', 'oihwToOhwi', 'Pool2d', 'permutation', 'defaultWorkers', 'datasetFromSpec', 'DATASET_KINDS', 'writeFileAtomic', 'crc32c', 'writePng']) {
+    for (const internal of [
+      'ShapeCache',
+      'expectTensor',
+      'ohwiToOihw',
+      'oihwToOhwi',
+      'Pool2d',
+      'permutation',
+      'defaultWorkers',
+      'datasetFromSpec',
+      'DATASET_KINDS',
+      'writeFileAtomic',
+      'crc32c',
+      'writePng',
+    ]) {
       expect(Object.keys(api)).not.toContain(internal);
     }
-    for (const name of ['Tensor', 'ResNet50', 'SGD', 'DataLoader', 'DataLoaderError', 'ImageFolder', 'Compose', 'RandomResizedCrop', 'randomSplit', 'Trainer', 'ResnetError', 'ERROR_CODES', 'AbortError', 'CosineAnnealingLR']) {
+    for (const name of [
+      'Tensor',
+      'ResNet50',
+      'SGD',
+      'DataLoader',
+      'DataLoaderError',
+      'ImageFolder',
+      'Compose',
+      'RandomResizedCrop',
+      'randomSplit',
+      'Trainer',
+      'ResnetError',
+      'ERROR_CODES',
+      'AbortError',
+      'CosineAnnealingLR',
+    ]) {
       expect(Object.keys(api)).toContain(name);
     }
   });

@@ -44,7 +44,12 @@ export {};
 `;
 
 function shapesLoader(length: number, seed: number): DataLoader {
-  return new DataLoader(new ShapesDataset({ length, size: 32, classes: 4, seed }), { batchSize: 8, transform: new Compose([new CenterCrop({ size: 32 })]), workers: 0, seed });
+  return new DataLoader(new ShapesDataset({ length, size: 32, classes: 4, seed }), {
+    batchSize: 8,
+    transform: new Compose([new CenterCrop({ size: 32 })]),
+    workers: 0,
+    seed,
+  });
 }
 
 /** A folder of JPEGs in ImageFolder's layout: `data/train/<class>/*.jpg`. */
@@ -54,7 +59,9 @@ async function writeImageFolder(base: string): Promise<void> {
     const folder = join(base, 'data', 'train', name);
     mkdirSync(folder, { recursive: true });
     for (let i = 0; i < 10; i++) {
-      const jpeg = await sharp({ create: { width: 40 + i, height: 36, channels: 3, background } }).jpeg().toBuffer();
+      const jpeg = await sharp({ create: { width: 40 + i, height: 36, channels: 3, background } })
+        .jpeg()
+        .toBuffer();
       writeFileSync(join(folder, `${i}.jpg`), jpeg);
     }
   }
@@ -66,7 +73,12 @@ const examples = blocks();
 const files = examples.map((_, i) => join(work, `example-${i}.ts`));
 
 beforeAll(async () => {
-  examples.forEach((b, i) => writeFileSync(files[i]!, b.code.replace(/from 'resnet-cuda'/g, `from ${JSON.stringify(shim.replace(/\.ts$/, '.js'))}`)));
+  examples.forEach((b, i) =>
+    writeFileSync(
+      files[i]!,
+      b.code.replace(/from 'resnet-cuda'/g, `from ${JSON.stringify(shim.replace(/\.ts$/, '.js'))}`),
+    ),
+  );
   await writeImageFolder(work);
   process.chdir(work);
 });
@@ -85,31 +97,37 @@ describe('README examples', () => {
     writeFileSync(prelude, PRELUDE_TYPES);
     // As in an ES-module project, where the examples' top-level await is allowed.
     writeFileSync(join(work, 'package.json'), '{ "type": "module" }\n');
-    const program = ts.createProgram([prelude, ...examples.map((b, i) => join(work, `typed-${i}.ts`))].map((f, i) => {
-      if (i > 0) writeFileSync(f, `export {};\n${examples[i - 1]!.code}`);
-      return f;
-    }), {
-      strict: true,
-      noUncheckedIndexedAccess: true,
-      target: ts.ScriptTarget.ES2022,
-      module: ts.ModuleKind.NodeNext,
-      moduleResolution: ts.ModuleResolutionKind.NodeNext,
-      types: ['node'],
-      typeRoots: [join(root, 'node_modules', '@types')],
-      noEmit: true,
-      skipLibCheck: true,
-      baseUrl: root,
-      paths: { 'resnet-cuda': ['lib/index.ts'] },
-      allowImportingTsExtensions: false,
-    });
-    const problems = ts.getPreEmitDiagnostics(program).filter((d) => d.file && d.file.fileName.startsWith(work)).map((d) => {
-      const file = d.file!;
-      const index = Number(/typed-(\d+)\.ts$/.exec(file.fileName)?.[1] ?? -1);
-      const { line } = file.getLineAndCharacterOfPosition(d.start ?? 0);
-      // The written file starts with one added line.
-      const where = index >= 0 ? `README.md:${examples[index]!.line + line - 1}` : file.fileName;
-      return `${where}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`;
-    });
+    const program = ts.createProgram(
+      [prelude, ...examples.map((b, i) => join(work, `typed-${i}.ts`))].map((f, i) => {
+        if (i > 0) writeFileSync(f, `export {};\n${examples[i - 1]!.code}`);
+        return f;
+      }),
+      {
+        strict: true,
+        noUncheckedIndexedAccess: true,
+        target: ts.ScriptTarget.ES2022,
+        module: ts.ModuleKind.NodeNext,
+        moduleResolution: ts.ModuleResolutionKind.NodeNext,
+        types: ['node'],
+        typeRoots: [join(root, 'node_modules', '@types')],
+        noEmit: true,
+        skipLibCheck: true,
+        baseUrl: root,
+        paths: { 'resnet-cuda': ['lib/index.ts'] },
+        allowImportingTsExtensions: false,
+      },
+    );
+    const problems = ts
+      .getPreEmitDiagnostics(program)
+      .filter((d) => d.file?.fileName.startsWith(work))
+      .map((d) => {
+        const file = d.file!;
+        const index = Number(/typed-(\d+)\.ts$/.exec(file.fileName)?.[1] ?? -1);
+        const { line } = file.getLineAndCharacterOfPosition(d.start ?? 0);
+        // The written file starts with one added line.
+        const where = index >= 0 ? `README.md:${examples[index]!.line + line - 1}` : file.fileName;
+        return `${where}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`;
+      });
     expect(problems).toEqual([]);
   });
 

@@ -10,7 +10,9 @@ function main(argv: string[]): number {
   const backends = addon().listBackends();
   const devices = argv.length > 0 ? argv : backends.filter((b) => b.available).map((b) => b.name);
   const seed = suiteSeed();
-  console.log(`op tests: seed ${seed} (replay with RESNET_TEST_SEED=${seed}); devices: ${devices.join(', ') || 'none'}`);
+  console.log(
+    `op tests: seed ${seed} (replay with RESNET_TEST_SEED=${seed}); devices: ${devices.join(', ') || 'none'}`,
+  );
   let passed = 0;
   let failed = 0;
   let skipped = 0;
@@ -30,7 +32,11 @@ function main(argv: string[]): number {
   for (const device of devices) {
     const backendName = device.split(':')[0];
     const backend = backends.find((b) => b.name === backendName);
-    const unavailable = !backend ? `unknown backend '${backendName}'` : backend.available ? undefined : (backend.reason ?? 'not available');
+    const unavailable = !backend
+      ? `unknown backend '${backendName}'`
+      : backend.available
+        ? undefined
+        : (backend.reason ?? 'not available');
     const each = (fn: (c: OpCase, dtype: (typeof c.dtypes)[number]) => void): void => {
       for (const c of cases) for (const dtype of c.dtypes) fn(c, dtype);
     };

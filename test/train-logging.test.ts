@@ -98,7 +98,9 @@ describe('ProgressBar', () => {
   it('with printEvery 0 prints only the final line; metrics and small lrs are shown', () => {
     const { stream, now } = fakes(false);
     const bar = new ProgressBar({ total: 4, stream, printEvery: 0, now });
-    for (let i = 1; i <= 4; i++) bar.update(i, { loss: 0.25, lr: 2.5e-5, imagesPerSec: 1234.4, metrics: { acc1: 0.75 } });
+    for (let i = 1; i <= 4; i++) {
+      bar.update(i, { loss: 0.25, lr: 2.5e-5, imagesPerSec: 1234.4, metrics: { acc1: 0.75 } });
+    }
     bar.finish();
     expect(stream.text).toBe('step 4/4 100% loss 0.2500 lr 2.50e-5 acc1 0.7500 1234 img/s time 0:01\n'); // 0.5 s rounds up
     expect(() => bar.update(1, { los: 1 } as never)).toThrow();
@@ -120,7 +122,7 @@ describe('ProgressBar', () => {
     bar.finish();
     const draws = stream.text.split('\r').slice(1);
     expect(draws).toHaveLength(2);
-    expect(draws[0]).toMatch(/^step 2\/4 \[##########\.{10}\]  50% loss 1\.0000 ETA 0:00\x1b\[K$/);
+    expect(draws[0]).toMatch(/^step 2\/4 \[##########\.{10}\] {2}50% loss 1\.0000 ETA 0:00\x1b\[K$/);
     expect(draws[1]!.endsWith('\x1b[K\n')).toBe(true);
     expect(stream.text.split('\n')).toHaveLength(2);
   });
@@ -160,7 +162,12 @@ function readRecords(file: Buffer): Buffer[] {
   return out;
 }
 
-type Field = { field: number; wire: number; varint?: bigint; bytes?: Buffer };
+interface Field {
+  field: number;
+  wire: number;
+  varint?: bigint;
+  bytes?: Buffer;
+}
 
 /** Decodes one protobuf message into its fields, in order. */
 function decodeMessage(buf: Buffer): Field[] {
@@ -300,14 +307,19 @@ async function decode(png: Buffer): Promise<{ width: number; height: number; dat
 
 function countColour(data: Buffer, rgb: [number, number, number]): number {
   let n = 0;
-  for (let i = 0; i < data.length; i += 4) if (data[i] === rgb[0] && data[i + 1] === rgb[1] && data[i + 2] === rgb[2]) n++;
+  for (let i = 0; i < data.length; i += 4) {
+    if (data[i] === rgb[0] && data[i + 1] === rgb[1] && data[i + 2] === rgb[2]) n++;
+  }
   return n;
 }
 
 describe('plots', () => {
   it('plotCurves draws axes, text and each series in its colour at the requested size', async () => {
     const loss = Array.from({ length: 200 }, (_, i) => [i * 10, 2.5 * Math.exp(-i / 50) + 0.1] as [number, number]);
-    const val = Array.from({ length: 20 }, (_, i) => [i * 100, i === 7 ? NaN : 2 * Math.exp(-i / 6) + 0.3] as [number, number]);
+    const val = Array.from(
+      { length: 20 },
+      (_, i) => [i * 100, i === 7 ? NaN : 2 * Math.exp(-i / 6) + 0.3] as [number, number],
+    );
     const png = await plotCurves(
       [
         { name: 'train loss', points: loss },
@@ -326,7 +338,21 @@ describe('plots', () => {
     expect(countColour(img.data, [255, 127, 14])).toBeGreaterThan(200); // tab10 orange: the second
     expect(countColour(img.data, [0, 0, 0])).toBeGreaterThan(500); // text
 
-    const small = await decode(await plotCurves([{ name: 'lr', points: [[0, 1e-4], [50, 0.1], [100, 1e-6]] }], { width: 320, height: 200, logY: true }));
+    const small = await decode(
+      await plotCurves(
+        [
+          {
+            name: 'lr',
+            points: [
+              [0, 1e-4],
+              [50, 0.1],
+              [100, 1e-6],
+            ],
+          },
+        ],
+        { width: 320, height: 200, logY: true },
+      ),
+    );
     expect([small.width, small.height]).toEqual([320, 200]);
     const empty = await decode(await plotCurves([], { title: 'nothing yet' }));
     expect([empty.width, empty.height]).toEqual([800, 500]);
@@ -336,7 +362,13 @@ describe('plots', () => {
   it('plotCurves marks each point of a short curve', async () => {
     // The same horizontal segment as 3 points and as 31 (too many to mark): the 5x5 markers of the
     // three inner points add about 15 blue pixels each to the 2-pixel line.
-    const ref = { name: 'ref', points: [[0, 0], [4, 1]] as [number, number][] };
+    const ref = {
+      name: 'ref',
+      points: [
+        [0, 0],
+        [4, 1],
+      ] as [number, number][],
+    };
     const blue = async (count: number): Promise<number> => {
       const points = Array.from({ length: count }, (_, i) => [1 + (2 * i) / (count - 1), 0.5] as [number, number]);
       return countColour((await decode(await plotCurves([{ name: 'val', points }, ref]))).data, [31, 119, 180]);
@@ -355,13 +387,30 @@ describe('plots', () => {
     expect(img.height).toBeGreaterThan(200);
     expect(countColour(img.data, [8, 48, 107])).toBeGreaterThan(1000); // the largest cell, darkest blue
     expect(countColour(img.data, [247, 251, 255])).toBeGreaterThan(1000); // the empty cells
-    const many = await decode(await plotConfusionMatrix(Array.from({ length: 100 }, (_, i) => Array.from({ length: 100 }, (_, j) => (i === j ? 9 : 0))), undefined, { normalize: true }));
+    const many = await decode(
+      await plotConfusionMatrix(
+        Array.from({ length: 100 }, (_, i) => Array.from({ length: 100 }, (_, j) => (i === j ? 9 : 0))),
+        undefined,
+        { normalize: true },
+      ),
+    );
     expect(many.width).toBeGreaterThan(600);
   });
 
   it('writePng replaces the file atomically and leaves no temporary file', async () => {
     const path = join(dir, 'plots', 'loss.png');
-    const png = await plotCurves([{ name: 'a', points: [[0, 1], [1, 0]] }], { width: 200, height: 150 });
+    const png = await plotCurves(
+      [
+        {
+          name: 'a',
+          points: [
+            [0, 1],
+            [1, 0],
+          ],
+        },
+      ],
+      { width: 200, height: 150 },
+    );
     await writePng(path, png);
     await writePng(path, png);
     expect(readFileSync(path).equals(png)).toBe(true);

@@ -11,12 +11,30 @@ import { ConfusionMatrix, RunningAverage, accuracy, argmax, formatFixed, topkCor
 // s1 label 2: 1 (class 0 is higher)     s4 label 2: 1 (tied with class 1, which comes first)
 // s2 label 0: 0 (all tied, lowest)      s5 label 3: 1 (NaN ranks highest, as in torch.topk)
 const logits = new Float32Array([
-  0.1, 2.0, 0.3, -1.0,
-  3.0, 1.0, 2.0, 0.0,
-  0.0, 0.0, 0.0, 0.0,
-  0.0, 0.0, 0.0, 0.0,
-  1.0, 5.0, 5.0, 2.0,
-  NaN, 1.0, 2.0, 3.0,
+  0.1,
+  2.0,
+  0.3,
+  -1.0,
+  3.0,
+  1.0,
+  2.0,
+  0.0,
+  0.0,
+  0.0,
+  0.0,
+  0.0,
+  0.0,
+  0.0,
+  0.0,
+  0.0,
+  1.0,
+  5.0,
+  5.0,
+  2.0,
+  NaN,
+  1.0,
+  2.0,
+  3.0,
 ]);
 const labels = new Int32Array([1, 2, 0, 3, 2, 3]);
 

@@ -7,7 +7,12 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { Flatten, Linear, SGD, Sequential, Tensor } from '../lib/index.js';
 import { AbortError, checkSignal, throwIfAborted } from '../lib/train/abort.js';
 import { isLoader } from '../lib/train/batches.js';
-import { CheckpointManager, findResumeFile, resolveCheckpointPath, type RunState } from '../lib/train/checkpoint-manager.js';
+import {
+  CheckpointManager,
+  findResumeFile,
+  resolveCheckpointPath,
+  type RunState,
+} from '../lib/train/checkpoint-manager.js';
 import { sumEvalCounts } from '../lib/train/distributed.js';
 import { EpochMeter } from '../lib/train/epoch-meter.js';
 import { evalResult, namesFor, rankPredictions } from '../lib/train/evaluation.js';
@@ -83,7 +88,18 @@ describe('EpochMeter', () => {
 });
 
 describe('CheckpointManager', () => {
-  const run = (periodic: string[]): RunState => ({ batch: 0, epochs: 1, best: null, earlyStopping: null, earlyMonitor: null, history: [], trainLossPoints: [], periodic, data: { trainSeed: 0, trainLength: 1, batchSize: 1 }, config: {} });
+  const run = (periodic: string[]): RunState => ({
+    batch: 0,
+    epochs: 1,
+    best: null,
+    earlyStopping: null,
+    earlyMonitor: null,
+    history: [],
+    trainLossPoints: [],
+    periodic,
+    data: { trainSeed: 0, trainLength: 1, batchSize: 1 },
+    config: {},
+  });
 
   it('keeps the last keepLast files, lists the new file among them, and points latest.json at it', async () => {
     const out = folder();
@@ -95,9 +111,22 @@ describe('CheckpointManager', () => {
       writeFileSync(path, 'x');
     };
     for (const step of [3, 5, 6]) await manager.save({ epoch: 0, batch: step, step }, write);
-    expect(lists).toEqual([['step-00000003.safetensors'], ['step-00000003.safetensors', 'step-00000005.safetensors'], ['step-00000005.safetensors', 'step-00000006.safetensors']]);
-    expect(readdirSync(manager.dir).sort()).toEqual(['latest.json', 'step-00000005.safetensors', 'step-00000006.safetensors']);
-    expect(JSON.parse(readFileSync(join(manager.dir, 'latest.json'), 'utf8'))).toEqual({ file: 'step-00000006.safetensors', epoch: 0, batch: 6, step: 6 });
+    expect(lists).toEqual([
+      ['step-00000003.safetensors'],
+      ['step-00000003.safetensors', 'step-00000005.safetensors'],
+      ['step-00000005.safetensors', 'step-00000006.safetensors'],
+    ]);
+    expect(readdirSync(manager.dir).sort()).toEqual([
+      'latest.json',
+      'step-00000005.safetensors',
+      'step-00000006.safetensors',
+    ]);
+    expect(JSON.parse(readFileSync(join(manager.dir, 'latest.json'), 'utf8'))).toEqual({
+      file: 'step-00000006.safetensors',
+      epoch: 0,
+      batch: 6,
+      step: 6,
+    });
     expect(manager.hasStep(6)).toBe(true);
     expect(await findResumeFile(true, out)).toBe(join(manager.dir, 'step-00000006.safetensors'));
   });
@@ -128,7 +157,10 @@ describe('CheckpointManager', () => {
   it('findResumeFile(true) is null for a fresh folder; resolveCheckpointPath names what is wrong', async () => {
     const out = folder();
     expect(await findResumeFile(true, out)).toBeNull();
-    await expect(resolveCheckpointPath(join(out, 'missing'))).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('no such checkpoint') });
+    await expect(resolveCheckpointPath(join(out, 'missing'))).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+      message: expect.stringContaining('no such checkpoint'),
+    });
     mkdirSync(out, { recursive: true });
     writeFileSync(join(out, 'latest.json'), 'null');
     await expect(resolveCheckpointPath(out)).rejects.toThrow(/does not name a checkpoint file/);
@@ -140,7 +172,14 @@ describe('RunOutputs', () => {
     const out = folder();
     const lines: string[] = [];
     const stream = { write: (s: string) => lines.push(s) > 0 };
-    const worker = new RunOutputs({ outDir: out, isMain: false, progress: stream, jsonLog: true, tensorboard: true, plots: true });
+    const worker = new RunOutputs({
+      outDir: out,
+      isMain: false,
+      progress: stream,
+      jsonLog: true,
+      tensorboard: true,
+      plots: true,
+    });
     await worker.open();
     worker.log({ type: 'x' });
     worker.say('hello');
@@ -148,7 +187,14 @@ describe('RunOutputs', () => {
     expect(existsSync(out)).toBe(false);
     expect(lines).toEqual([]);
     expect(worker.progressBar({ total: 3 })).toBeNull();
-    const main = new RunOutputs({ outDir: null, isMain: true, progress: stream, jsonLog: true, tensorboard: true, plots: true });
+    const main = new RunOutputs({
+      outDir: null,
+      isMain: true,
+      progress: stream,
+      jsonLog: true,
+      tensorboard: true,
+      plots: true,
+    });
     main.say('hello');
     expect(lines).toEqual(['hello\n']);
     expect(main.writes).toBe(false);
@@ -160,10 +206,23 @@ describe('RunOutputs', () => {
   it('draws the loss curves and logs when it writes', async () => {
     const out = folder();
     mkdirSync(out);
-    const outputs = new RunOutputs({ outDir: out, isMain: true, progress: null, jsonLog: true, tensorboard: false, plots: true });
+    const outputs = new RunOutputs({
+      outDir: out,
+      isMain: true,
+      progress: null,
+      jsonLog: true,
+      tensorboard: false,
+      plots: true,
+    });
     await outputs.open();
     outputs.log({ type: 'train', loss: 1 });
-    await outputs.writeCurves([{ epoch: 0, step: 2, metrics: { 'val/loss': 0.5, 'val/acc1': 0.75 } }], [[1, 2.3], [2, 0.01]]);
+    await outputs.writeCurves(
+      [{ epoch: 0, step: 2, metrics: { 'val/loss': 0.5, 'val/acc1': 0.75 } }],
+      [
+        [1, 2.3],
+        [2, 0.01],
+      ],
+    );
     await outputs.close();
     expect(readdirSync(out).sort()).toEqual(['curves-accuracy.png', 'curves-loss.png', 'log.jsonl']);
     expect(JSON.parse(readFileSync(join(out, 'log.jsonl'), 'utf8'))).toMatchObject({ type: 'train', loss: 1 });
@@ -176,12 +235,24 @@ describe('trainer options', () => {
 
   it('resolves the defaults; no checkpoints without an outDir; the plateau mode follows its monitor', () => {
     const s = parseTrainerOptions({ model, optimizer, plateau: { monitor: 'val/acc1', patience: 1 } });
-    expect(s).toMatchObject({ device: 'cpu', amp: false, accumulate: 1, logEvery: 10, checkpoint: null, outDir: null, progress: process.stderr });
+    expect(s).toMatchObject({
+      device: 'cpu',
+      amp: false,
+      accumulate: 1,
+      logEvery: 10,
+      checkpoint: null,
+      outDir: null,
+      progress: process.stderr,
+    });
     expect(s.plateau).toEqual({ monitor: 'val/acc1', patience: 1, mode: 'max' });
     const withDir = parseTrainerOptions({ model, optimizer, outDir: 'runs/x', checkpoint: { keepLast: 5 } });
     expect(withDir.checkpoint).toEqual({ everyEpochs: 1, everySteps: null, keepLast: 5, monitor: null, mode: null });
-    expect(() => parseTrainerOptions({ model, optimizer, checkpoint: { keep: 1 } as never })).toThrow(/Unknown option 'keep'/);
-    expect(() => parseTrainerOptions({ model, optimizer, normalize: { mean: 0.5, std: [1] } as never })).toThrow(/normalize\.mean/);
+    expect(() => parseTrainerOptions({ model, optimizer, checkpoint: { keep: 1 } as never })).toThrow(
+      /Unknown option 'keep'/,
+    );
+    expect(() => parseTrainerOptions({ model, optimizer, normalize: { mean: 0.5, std: [1] } as never })).toThrow(
+      /normalize\.mean/,
+    );
     expect(() => parseTrainerOptions({ model, optimizer, progress: 3 as never })).toThrow(/progress/);
   });
 
@@ -191,8 +262,14 @@ describe('trainer options', () => {
     expect(isLoader(train)).toBe(true);
     expect(() => parseFitOptions({}, { epochs: 1 }, { settings, hasEma: true })).toThrow(/DataLoader for train/);
     expect(() => parseFitOptions(train, { epochs: 1 }, { settings, hasEma: true })).toThrow(/no validation data/);
-    expect(() => parseFitOptions(train, { epochs: 1, val: train as never }, { settings, hasEma: false })).toThrow(/moving average/);
-    const f = parseFitOptions(train, { epochs: 2, val: train as never, signal: new AbortController().signal }, { settings, hasEma: true });
+    expect(() => parseFitOptions(train, { epochs: 1, val: train as never }, { settings, hasEma: false })).toThrow(
+      /moving average/,
+    );
+    const f = parseFitOptions(
+      train,
+      { epochs: 2, val: train as never, signal: new AbortController().signal },
+      { settings, hasEma: true },
+    );
     expect(f).toMatchObject({ epochs: 2, resume: null, evalEvery: 1, overfit: null, maxSteps: null });
     expect(f.signal).toBeInstanceOf(AbortSignal);
   });
@@ -210,21 +287,35 @@ describe('evaluation helpers', () => {
   it('names the classes beyond the given names by index, and builds the report with them', () => {
     expect(namesFor(4, ['a', 'b', 'c'])).toEqual(['a', 'b', 'c', '3']);
     expect(namesFor(2, null)).toBeUndefined();
-    const confusion = ConfusionMatrix.fromArray([[2, 0, 0], [0, 1, 1], [0, 0, 0]]);
+    const confusion = ConfusionMatrix.fromArray([
+      [2, 0, 0],
+      [0, 1, 1],
+      [0, 0, 0],
+    ]);
     const result = evalResult({ confusion, lossTotal: 2, topHits: 4, count: 4 }, ['cat', 'dog']);
     expect(result).toMatchObject({ loss: 0.5, acc1: 0.75, acc5: 1, count: 4 });
     expect(result.report).toMatch(/cat[\s\S]*dog[\s\S]*\b2\b/);
   });
 
   it('sumEvalCounts adds every rank’s counts in one all-reduce, and does nothing for one process', () => {
-    const confusion = ConfusionMatrix.fromArray([[1, 0], [1, 2]]);
+    const confusion = ConfusionMatrix.fromArray([
+      [1, 0],
+      [1, 2],
+    ]);
     const counts = { confusion, lossTotal: 1.5, topHits: 4, count: 4 };
     expect(sumEvalCounts(null, counts, 'cpu')).toBe(counts);
     const calls: number[] = [];
-    const twice = { rank: 0, worldSize: 2, allReduce: (t: Tensor) => void (calls.push(t.numel), t.copyFromHost(t.toFloat32Array().map((v) => 2 * v))) };
+    const twice = {
+      rank: 0,
+      worldSize: 2,
+      allReduce: (t: Tensor) => (calls.push(t.numel), t.copyFromHost(t.toFloat32Array().map((v) => 2 * v))),
+    };
     const summed = sumEvalCounts(twice as never, counts, 'cpu');
     expect(calls).toEqual([7]);
-    expect(summed.confusion.toArray()).toEqual([[2, 0], [2, 4]]);
+    expect(summed.confusion.toArray()).toEqual([
+      [2, 0],
+      [2, 4],
+    ]);
     expect(summed).toMatchObject({ lossTotal: 3, topHits: 8, count: 8 });
   });
 });
@@ -241,7 +332,12 @@ describe('abort', () => {
       error = e;
     }
     expect(error).toBeInstanceOf(AbortError);
-    expect(error).toMatchObject({ name: 'AbortError', code: 'ABORT_ERR', cause: 'why', message: 'the run was aborted' });
+    expect(error).toMatchObject({
+      name: 'AbortError',
+      code: 'ABORT_ERR',
+      cause: 'why',
+      message: 'the run was aborted',
+    });
     expect(checkSignal('signal', undefined)).toBeNull();
     expect(() => checkSignal('signal', {})).toThrow(/AbortSignal for signal/);
   });

@@ -133,7 +133,14 @@ describe('OneCycleLR', () => {
     close(short.lrAt(2, 1), 0.9890738440717014);
     close(short.lrAt(9, 1), 4e-6);
     // Three phases: up to step 4, down to the initial lr at 8, to the minimum at 19.
-    const three = new OneCycleLR({ maxLr: 1, totalSteps: 20, pctStart: 0.25, divFactor: 10, finalDivFactor: 100, threePhase: true });
+    const three = new OneCycleLR({
+      maxLr: 1,
+      totalSteps: 20,
+      pctStart: 0.25,
+      divFactor: 10,
+      finalDivFactor: 100,
+      threePhase: true,
+    });
     close(three.lrAt(4, 0), 1);
     close(three.lrAt(6, 0), 0.55);
     close(three.lrAt(8, 0), 0.1);
@@ -157,7 +164,10 @@ describe('SequentialSchedule', () => {
 
   it('mixes a per-step warmup with a per-epoch decay, milestones in epochs', () => {
     const s = new SequentialSchedule({
-      schedules: [new LinearWarmup({ totalIters: 20 }), new MultiStepLR({ milestones: [3], gamma: 0.1, interval: 'epoch' })],
+      schedules: [
+        new LinearWarmup({ totalIters: 20 }),
+        new MultiStepLR({ milestones: [3], gamma: 0.1, interval: 'epoch' }),
+      ],
       milestones: [2],
       interval: 'epoch',
     });
@@ -172,7 +182,9 @@ describe('SequentialSchedule', () => {
   it('rejects bad milestones', () => {
     const parts = [new ConstantSchedule(), new ConstantSchedule(), new ConstantSchedule()];
     expect(code(() => new SequentialSchedule({ schedules: parts, milestones: [5] }))).toBe('ERR_RC_INVALID_ARGUMENT');
-    expect(code(() => new SequentialSchedule({ schedules: parts, milestones: [5, 5] }))).toBe('ERR_RC_INVALID_ARGUMENT');
+    expect(code(() => new SequentialSchedule({ schedules: parts, milestones: [5, 5] }))).toBe(
+      'ERR_RC_INVALID_ARGUMENT',
+    );
     expect(() => new StepLR({ stepSize: 0 })).toThrow(/stepSize/);
     expect(() => new StepLR({ stepSize: 3, gama: 0.1 } as never)).toThrow(/Unknown option 'gama'/);
   });
@@ -191,8 +203,8 @@ describe('Scheduler', () => {
     for (let i = 0; i < 5; i++) sched.step();
     expect(sched.stepCount).toBe(5);
     // step 5 = cosine step 2 of 8: 0.4 * (1 + cos(pi / 4)) / 2
-    close(sched.lr, 0.4 * (1 + Math.SQRT1_2) / 2);
-    close(sched.lrs[1]!, 0.04 * (1 + Math.SQRT1_2) / 2);
+    close(sched.lr, (0.4 * (1 + Math.SQRT1_2)) / 2);
+    close(sched.lrs[1]!, (0.04 * (1 + Math.SQRT1_2)) / 2);
 
     const saved = JSON.parse(JSON.stringify(sched.state()));
     const opt2 = { paramGroups: [{ lr: 999 }, { lr: 999 }] };
@@ -209,7 +221,9 @@ describe('Scheduler', () => {
 
   it('needs stepsPerEpoch for epoch schedules and checks its state', () => {
     const opt = { paramGroups: [{ lr: 0.1 }] };
-    expect(code(() => new Scheduler(opt, new StepLR({ stepSize: 1, interval: 'epoch' })))).toBe('ERR_RC_INVALID_ARGUMENT');
+    expect(code(() => new Scheduler(opt, new StepLR({ stepSize: 1, interval: 'epoch' })))).toBe(
+      'ERR_RC_INVALID_ARGUMENT',
+    );
     const s = new Scheduler(opt, new StepLR({ stepSize: 2, interval: 'epoch' }), { stepsPerEpoch: 10 });
     for (let i = 0; i < 20; i++) s.step();
     close(opt.paramGroups[0]!.lr, 0.01);

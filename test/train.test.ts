@@ -1,12 +1,25 @@
 import { describe, expect, it } from 'vitest';
-import { CrossEntropyLoss, InputNormalize, ResNet18, SGD, Tensor, generateShapes, memoryStats, type DType } from '../lib/index.js';
+import {
+  CrossEntropyLoss,
+  InputNormalize,
+  ResNet18,
+  SGD,
+  Tensor,
+  generateShapes,
+  memoryStats,
+  type DType,
+} from '../lib/index.js';
 
 const SIZE = 16;
 const CLASSES = 4;
 const BATCH = 32;
 
 /** Trains a small-stem ResNet-18 on generated shapes and returns the validation accuracy. */
-function trainAndEvaluate(dtype: DType, steps: number, seed: number): { accuracy: number; firstLoss: number; lastLoss: number } {
+function trainAndEvaluate(
+  dtype: DType,
+  steps: number,
+  seed: number,
+): { accuracy: number; firstLoss: number; lastLoss: number } {
   const train = generateShapes({ count: steps * BATCH, size: SIZE, classes: CLASSES, seed });
   const val = generateShapes({ count: 256, size: SIZE, classes: CLASSES, seed: seed + 1000 });
   const model = ResNet18({ numClasses: CLASSES, smallInput: true, seed });
@@ -22,7 +35,10 @@ function trainAndEvaluate(dtype: DType, steps: number, seed: number): { accuracy
     // a freshly initialised ResNet overshoot, and the outcome depends on the seed.
     optimizer.paramGroups[0]!.lr = peak * Math.min(1, (s + 1) / 10) * 0.5 * (1 + Math.cos((Math.PI * s) / steps));
     images.copyFromHost(train.images.subarray(s * BATCH * bytes, (s + 1) * BATCH * bytes));
-    const value = loss.forward(model.forward(normalize.forward(images)), train.labels.subarray(s * BATCH, (s + 1) * BATCH));
+    const value = loss.forward(
+      model.forward(normalize.forward(images)),
+      train.labels.subarray(s * BATCH, (s + 1) * BATCH),
+    );
     model.backward(loss.backward());
     optimizer.step();
     optimizer.zeroGrad();
@@ -38,7 +54,11 @@ function trainAndEvaluate(dtype: DType, steps: number, seed: number): { accuracy
     if (best === val.labels[i]) correct++;
   }
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-  return { accuracy: correct / val.labels.length, firstLoss: mean(losses.slice(0, 5)), lastLoss: mean(losses.slice(-5)) };
+  return {
+    accuracy: correct / val.labels.length,
+    firstLoss: mean(losses.slice(0, 5)),
+    lastLoss: mean(losses.slice(-5)),
+  };
 }
 
 describe('end to end on the CPU', () => {

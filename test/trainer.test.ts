@@ -1,4 +1,13 @@
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, truncateSync, statSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  truncateSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -33,9 +42,17 @@ const outDir = (): string => join(dir, `run-${runs++}`);
 function tinyNet(seed: number, bn = true): Module {
   const layers: Module[] = [new Conv2d({ inChannels: 3, outChannels: 8, kernelSize: 3, padding: 1, seed })];
   if (bn) layers.push(new BatchNorm2d({ numFeatures: 8 }));
-  layers.push(new ReLU(), new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 3, stride: 2, padding: 1, seed: seed + 1 }));
+  layers.push(
+    new ReLU(),
+    new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 3, stride: 2, padding: 1, seed: seed + 1 }),
+  );
   if (bn) layers.push(new BatchNorm2d({ numFeatures: 16 }));
-  layers.push(new ReLU(), new AdaptiveAvgPool2d(1), new Flatten(), new Linear({ inFeatures: 16, outFeatures: 4, seed: seed + 2 }));
+  layers.push(
+    new ReLU(),
+    new AdaptiveAvgPool2d(1),
+    new Flatten(),
+    new Linear({ inFeatures: 16, outFeatures: 4, seed: seed + 2 }),
+  );
   return new Sequential(...layers).to('cpu');
 }
 
@@ -43,7 +60,10 @@ const shapes = (length: number, seed: number) => new ShapesDataset({ length, siz
 const plain = () => new Compose([new CenterCrop({ size: 16 })]);
 const augment = () => new Compose([new RandomResizedCrop({ size: 16, scale: [0.6, 1] }), new RandomHorizontalFlip()]);
 
-function loader(length: number, options: { batchSize?: number; shuffle?: boolean; seed?: number; augment?: boolean; dataSeed?: number } = {}): DataLoader {
+function loader(
+  length: number,
+  options: { batchSize?: number; shuffle?: boolean; seed?: number; augment?: boolean; dataSeed?: number } = {},
+): DataLoader {
   return new DataLoader(shapes(length, options.dataSeed ?? 3), {
     batchSize: options.batchSize ?? 16,
     transform: options.augment ? augment() : plain(),
@@ -56,17 +76,31 @@ function loader(length: number, options: { batchSize?: number; shuffle?: boolean
 function make(seed: number, extra: Partial<TrainerOptions> = {}, bn = true): Trainer {
   const model = tinyNet(seed, bn);
   const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, weightDecay: 1e-4 });
-  return new Trainer({ model, optimizer, progress: false, normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }, ...extra });
+  return new Trainer({
+    model,
+    optimizer,
+    progress: false,
+    normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+    ...extra,
+  });
 }
 
 function records(out: string): Record<string, unknown>[] {
-  return readFileSync(join(out, 'log.jsonl'), 'utf8').trim().split('\n').map((line) => JSON.parse(line) as Record<string, unknown>);
+  return readFileSync(join(out, 'log.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((line) => JSON.parse(line) as Record<string, unknown>);
 }
 
 describe('Trainer', () => {
   it('trains, evaluates and leaves checkpoints, a JSON log, TensorBoard events, PNGs and weights', async () => {
     const out = outDir();
-    const trainer = make(1, { outDir: out, logEvery: 2, schedule: new CosineAnnealingLR({ tMax: 12 }), ema: { decay: 0.9 } });
+    const trainer = make(1, {
+      outDir: out,
+      logEvery: 2,
+      schedule: new CosineAnnealingLR({ tMax: 12 }),
+      ema: { decay: 0.9 },
+    });
     const train = loader(96, { shuffle: true, augment: true });
     const val = loader(64, { dataSeed: 4 });
     const result = await trainer.fit(train, { epochs: 2, val });
@@ -78,12 +112,33 @@ describe('Trainer', () => {
     expect(result.lastEval!.report).toContain('weighted avg');
     expect(result.lastEvalEma!.count).toBe(64);
     expect(result.best!.monitor).toBe('val/acc1');
-    for (const f of ['log.jsonl', 'model.safetensors', 'model-ema.safetensors', 'model-best.safetensors', 'curves-loss.png', 'curves-accuracy.png', 'confusion-matrix.png', 'classification-report.txt', 'summary.json']) {
+    for (const f of [
+      'log.jsonl',
+      'model.safetensors',
+      'model-ema.safetensors',
+      'model-best.safetensors',
+      'curves-loss.png',
+      'curves-accuracy.png',
+      'confusion-matrix.png',
+      'classification-report.txt',
+      'summary.json',
+    ]) {
       expect(existsSync(join(out, f)), f).toBe(true);
     }
     const ckpts = readdirSync(join(out, 'checkpoints')).sort();
-    expect(ckpts).toEqual(['best.json', 'best.safetensors', 'latest.json', 'step-00000006.safetensors', 'step-00000012.safetensors']);
-    expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ file: 'step-00000012.safetensors', epoch: 2, batch: 0, step: 12 });
+    expect(ckpts).toEqual([
+      'best.json',
+      'best.safetensors',
+      'latest.json',
+      'step-00000006.safetensors',
+      'step-00000012.safetensors',
+    ]);
+    expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({
+      file: 'step-00000012.safetensors',
+      epoch: 2,
+      batch: 0,
+      step: 12,
+    });
     const events = readdirSync(join(out, 'tensorboard'));
     expect(events.some((f) => f.startsWith('events.out.tfevents.'))).toBe(true);
     const log = records(out);
@@ -101,11 +156,17 @@ describe('Trainer', () => {
   });
 
   it('resumes an interrupted run with exactly the losses of the uninterrupted run', async () => {
-    const options = { logEvery: 1, checkpoint: { everySteps: 3, keepLast: 2 }, schedule: new CosineAnnealingLR({ tMax: 20, minLr: 0.001 }) };
+    const options = {
+      logEvery: 1,
+      checkpoint: { everySteps: 3, keepLast: 2 },
+      schedule: new CosineAnnealingLR({ tMax: 20, minLr: 0.001 }),
+    };
     const whole = outDir();
     const a = make(2, { ...options, outDir: whole });
     await a.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3 });
-    const expected = records(whole).filter((r) => r.type === 'train').map((r) => r.loss);
+    const expected = records(whole)
+      .filter((r) => r.type === 'train')
+      .map((r) => r.loss);
     expect(expected).toHaveLength(15);
     await a.dispose();
 
@@ -119,9 +180,16 @@ describe('Trainer', () => {
     await expect(b.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3 })).rejects.toThrow('simulated crash');
     await b.dispose();
     // The last checkpoint is at step 6, in the middle of the second epoch (5 steps per epoch).
-    expect(JSON.parse(readFileSync(join(broken, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 6, epoch: 1, batch: 1 });
+    expect(JSON.parse(readFileSync(join(broken, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({
+      step: 6,
+      epoch: 1,
+      batch: 1,
+    });
     // Checkpoints at steps 3 and 6 (every 3) and 5 (end of the first epoch); keepLast: 2 pruned step 3.
-    expect(readdirSync(join(broken, 'checkpoints')).filter((f) => f.startsWith('step-'))).toEqual(['step-00000005.safetensors', 'step-00000006.safetensors']);
+    expect(readdirSync(join(broken, 'checkpoints')).filter((f) => f.startsWith('step-'))).toEqual([
+      'step-00000005.safetensors',
+      'step-00000006.safetensors',
+    ]);
 
     const c = make(99, { ...options, outDir: broken });
     const result = await c.fit(loader(80, { shuffle: true, augment: true }), { epochs: 3, resume: true });
@@ -133,7 +201,9 @@ describe('Trainer', () => {
     expect(after.map((r) => r.step)).toEqual([7, 8, 9, 10, 11, 12, 13, 14, 15]);
     expect(after.map((r) => r.loss)).toEqual(expected.slice(6));
     // The resumed model ends with the uninterrupted model's weights, bit for bit.
-    for (const [name, entry] of a.model.stateDict()) expect(c.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+    for (const [name, entry] of a.model.stateDict()) {
+      expect(c.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+    }
     await c.dispose();
   });
 
@@ -145,14 +215,23 @@ describe('Trainer', () => {
     const file = join(out, 'checkpoints', 'step-00000002.safetensors');
     const b = make(4, { outDir: out });
     const before = b.model.stateDict().get('0.weight')!.data.slice();
-    await expect(b.fit(loader(32, { seed: 8 }), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('seed: 7') });
+    await expect(b.fit(loader(32, { seed: 8 }), { epochs: 2, resume: true })).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+      message: expect.stringContaining('seed: 7'),
+    });
     truncateSync(file, statSync(file).size - 100);
-    await expect(b.fit(loader(32), { epochs: 2, resume: file })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('truncated') });
+    await expect(b.fit(loader(32), { epochs: 2, resume: file })).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+      message: expect.stringContaining('truncated'),
+    });
     expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
     await b.dispose();
   });
 
-  it.each([['without clipping', undefined], ['with clipping', 0.5]])('accumulating gradients %s gives the update of the single large batch', async (_name, clip) => {
+  it.each([
+    ['without clipping', undefined],
+    ['with clipping', 0.5],
+  ])('accumulating gradients %s gives the update of the single large batch', async (_name, clip) => {
     const extra = clip === undefined ? {} : { clipGradNorm: clip };
     const big = make(5, extra, false);
     const small = make(5, { ...extra, accumulate: 4 }, false);
@@ -204,8 +283,22 @@ describe('Trainer', () => {
       ],
     });
     await trainer.fit(loader(64), { epochs: 2 });
-    expect(events).toEqual(['fit', 'epoch 0', 'begin 1', 'end 1 true', 'begin 2', 'end 2 true', 'begin 3', 'end 3 true', 'fit end 3 true']);
-    expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 3, epoch: 0, batch: 3 });
+    expect(events).toEqual([
+      'fit',
+      'epoch 0',
+      'begin 1',
+      'end 1 true',
+      'begin 2',
+      'end 2 true',
+      'begin 3',
+      'end 3 true',
+      'fit end 3 true',
+    ]);
+    expect(JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({
+      step: 3,
+      epoch: 0,
+      batch: 3,
+    });
   });
 
   it('stops at an epoch boundary when asked during evaluation, and keeps each step loss', async () => {
@@ -253,9 +346,15 @@ describe('Trainer', () => {
     await a.fit(loader(32), { epochs: 1 });
     const b = make(18, { outDir: out, ema: { decay: 0.9 } });
     const before = b.model.stateDict().get('0.weight')!.data.slice();
-    await expect(b.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('follows a schedule') });
+    await expect(b.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+      message: expect.stringContaining('follows a schedule'),
+    });
     const c = make(18, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }), ema: { decay: 0.9 } });
-    await expect(c.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('no moving average') });
+    await expect(c.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+      message: expect.stringContaining('no moving average'),
+    });
     expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
     expect(c.stepCount).toBe(0);
   });
@@ -267,7 +366,12 @@ describe('Trainer', () => {
         if (broken) t.optimizer.paramGroups[0]!.lr = -1;
       },
     };
-    const trainer = make(19, { amp: 'bf16', gradScaler: { enabled: true, initScale: 1024 }, clipGradNorm: 1, callbacks: [failing] });
+    const trainer = make(19, {
+      amp: 'bf16',
+      gradScaler: { enabled: true, initScale: 1024 },
+      clipGradNorm: 1,
+      callbacks: [failing],
+    });
     await expect(trainer.fit(loader(32), { epochs: 1 })).rejects.toThrow(/lr/);
     broken = false;
     trainer.optimizer.paramGroups[0]!.lr = 0.05;
@@ -280,7 +384,12 @@ describe('Trainer', () => {
 
   it('overfits a few batches in the dry-run mode', async () => {
     const model = tinyNet(8);
-    const trainer = new Trainer({ model, optimizer: new SGD(model, { lr: 0.2, momentum: 0.9 }), progress: false, normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] } });
+    const trainer = new Trainer({
+      model,
+      optimizer: new SGD(model, { lr: 0.2, momentum: 0.9 }),
+      progress: false,
+      normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+    });
     const result = await trainer.fit(loader(256, { shuffle: true }), { epochs: 40, overfitBatches: 1 });
     expect(result.steps).toBe(40);
     const first = result.history[0]!.trainLoss;
@@ -333,19 +442,33 @@ describe('Trainer', () => {
     expect(b.lastEval!.count).toBe(48);
     expect(b.lastEval!.acc1).toBe(a.lastEval!.acc1);
     expect(b.lastEval!.loss).toBeCloseTo(a.lastEval!.loss, 6);
-    for (const [name, entry] of single.model.stateDict()) expect(ranked.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+    for (const [name, entry] of single.model.stateDict()) {
+      expect(ranked.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+    }
   });
 
   it('trains in bf16 with loss scaling, and checkpoints the scaler', async () => {
     const out = outDir();
-    const trainer = make(13, { amp: 'bf16', gradScaler: { enabled: true, initScale: 1024, growthInterval: 2 }, clipGradNorm: 1, outDir: out, logEvery: 1 });
+    const trainer = make(13, {
+      amp: 'bf16',
+      gradScaler: { enabled: true, initScale: 1024, growthInterval: 2 },
+      clipGradNorm: 1,
+      outDir: out,
+      logEvery: 1,
+    });
     const result = await trainer.fit(loader(64), { epochs: 1 });
     expect(result.steps).toBe(4);
     // No overflow in four steps: the scale doubled after steps 2 and 4.
     expect(trainer.scaler.lossScale).toBe(4096);
-    const losses = records(out).filter((r) => r.type === 'train').map((r) => r.loss as number);
+    const losses = records(out)
+      .filter((r) => r.type === 'train')
+      .map((r) => r.loss as number);
     expect(losses.every(Number.isFinite)).toBe(true);
-    const resumed = make(14, { amp: 'bf16', gradScaler: { enabled: true, initScale: 1, growthInterval: 2 }, outDir: out });
+    const resumed = make(14, {
+      amp: 'bf16',
+      gradScaler: { enabled: true, initScale: 1, growthInterval: 2 },
+      outDir: out,
+    });
     await resumed.fit(loader(64), { epochs: 1, resume: true });
     expect(resumed.scaler.lossScale).toBe(4096);
     expect(resumed.stepCount).toBe(4);
@@ -354,7 +477,7 @@ describe('Trainer', () => {
   it('rejects bad options with clear errors', async () => {
     const model = tinyNet(10);
     const optimizer = new SGD(model, { lr: 0.1 });
-    const bad = (extra: Record<string, unknown>) => () => new Trainer({ model, optimizer, progress: false, ...extra } as TrainerOptions);
+    const bad = (extra: Record<string, unknown>) => () => new Trainer({ model, optimizer, progress: false, ...extra });
     expect(bad({ colour: 'red' })).toThrow(/Unknown option 'colour'/);
     expect(bad({ amp: 'fp16' })).toThrow(/needs a CUDA device/);
     expect(bad({ amp: 'fp8' })).toThrow(/amp/);
@@ -362,7 +485,12 @@ describe('Trainer', () => {
     expect(bad({ schedule: new CosineAnnealingLR({ tMax: 3 }), plateau: {} })).toThrow(/either schedule or plateau/);
     expect(bad({ earlyStopping: { monitor: 'val/acc7', patience: 1 } })).toThrow(/metric name/);
     expect(bad({ optimizer: new SGD(tinyNet(11), { lr: 0.1 }) })).toThrow(/do not belong to this model/);
-    const trainer = new Trainer({ model, optimizer, progress: false, earlyStopping: { monitor: 'val/acc1', patience: 1 } });
+    const trainer = new Trainer({
+      model,
+      optimizer,
+      progress: false,
+      earlyStopping: { monitor: 'val/acc1', patience: 1 },
+    });
     await expect(trainer.fit(loader(16), { epochs: 1 })).rejects.toThrow(/no validation data/);
     await expect(trainer.fit(loader(16), { epochs: 1, resume: true })).rejects.toThrow(/no outDir/);
     await expect(trainer.fit(loader(16), { epochs: 0 })).rejects.toThrow(/epochs/);
@@ -380,7 +508,9 @@ describe('Trainer runs and resumes', () => {
     await trainer.dispose();
     const other = outDir();
     const refused = make(20, { outDir: other });
-    await expect(refused.fit(loader(32), { epochs: 1, resume: join(other, 'nothing-here') })).rejects.toMatchObject({ code: 'ERR_RC_CHECKPOINT' });
+    await expect(refused.fit(loader(32), { epochs: 1, resume: join(other, 'nothing-here') })).rejects.toMatchObject({
+      code: 'ERR_RC_CHECKPOINT',
+    });
     expect(existsSync(other)).toBe(false);
     await refused.dispose();
   });
@@ -393,11 +523,19 @@ describe('Trainer runs and resumes', () => {
     await a.dispose();
 
     const broken = outDir();
-    const b = make(21, { ...options, outDir: broken, callbacks: [{ onStepEnd: (_t, info) => void (info.step === 9 && _t.requestStop()) }] });
+    const b = make(21, {
+      ...options,
+      outDir: broken,
+      callbacks: [{ onStepEnd: (_t, info) => void (info.step === 9 && _t.requestStop()) }],
+    });
     await b.fit(loader(96, { shuffle: true }), { epochs: 2 });
     await b.dispose();
     // Stopped at step 9, in the middle of the second epoch (6 steps per epoch), with a partial log window.
-    expect(JSON.parse(readFileSync(join(broken, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({ step: 9, epoch: 1, batch: 3 });
+    expect(JSON.parse(readFileSync(join(broken, 'checkpoints', 'latest.json'), 'utf8'))).toMatchObject({
+      step: 9,
+      epoch: 1,
+      batch: 3,
+    });
     writeFileSync(join(broken, 'checkpoints', '.step-00000010.safetensors.0123456789ab.tmp'), 'partial');
     writeFileSync(join(broken, '.model.safetensors.0123456789ab.tmp'), 'partial');
 
@@ -410,10 +548,19 @@ describe('Trainer runs and resumes', () => {
     expect(epoch.imagesPerSec * epoch.seconds).toBeCloseTo(96, 6);
     // After the resume, the log points (each the mean loss since the previous one) are the uninterrupted run's.
     const log = records(broken);
-    const after = log.slice(log.findIndex((r) => r.type === 'resume')).filter((r) => r.type === 'train').map((r) => [r.step, r.loss]);
-    expect(after).toEqual(records(whole).filter((r) => r.type === 'train' && (r.step as number) > 9).map((r) => [r.step, r.loss]));
+    const after = log
+      .slice(log.findIndex((r) => r.type === 'resume'))
+      .filter((r) => r.type === 'train')
+      .map((r) => [r.step, r.loss]);
+    expect(after).toEqual(
+      records(whole)
+        .filter((r) => r.type === 'train' && (r.step as number) > 9)
+        .map((r) => [r.step, r.loss]),
+    );
     // Partial files of the killed run are gone, and only the last two checkpoints are kept.
-    expect(readdirSync(join(broken, 'checkpoints')).filter((f) => f.startsWith('step-') || f.endsWith('.tmp'))).toEqual(['step-00000010.safetensors', 'step-00000012.safetensors']);
+    expect(readdirSync(join(broken, 'checkpoints')).filter((f) => f.startsWith('step-') || f.endsWith('.tmp'))).toEqual(
+      ['step-00000010.safetensors', 'step-00000012.safetensors'],
+    );
     expect(readdirSync(broken).filter((f) => f.endsWith('.tmp'))).toEqual([]);
   });
 
@@ -422,16 +569,23 @@ describe('Trainer runs and resumes', () => {
     const trainer = make(22, { outDir: out, classNames: ['circle', 'square', 'triangle'] });
     const result = await trainer.fit(loader(32), { epochs: 1, val: loader(16, { dataSeed: 5 }) });
     expect(result.lastEval!.confusion.toArray()).toHaveLength(4);
-    for (const f of ['confusion-matrix.png', 'classification-report.txt', 'summary.json']) expect(existsSync(join(out, f)), f).toBe(true);
+    for (const f of ['confusion-matrix.png', 'classification-report.txt', 'summary.json']) {
+      expect(existsSync(join(out, f)), f).toBe(true);
+    }
     expect(readFileSync(join(out, 'classification-report.txt'), 'utf8')).toMatch(/triangle[\s\S]*\b3\b/);
     await trainer.dispose();
   });
 
   it('refuses a second fit or an evaluate while fit runs, and allows evaluate from its callbacks', async () => {
     let inside: number | undefined;
-    const trainer = make(23, { callbacks: [{ onEpochEnd: async (t) => void (inside = (await t.evaluate(loader(16))).count) }] });
+    const trainer = make(23, {
+      callbacks: [{ onEpochEnd: async (t) => void (inside = (await t.evaluate(loader(16))).count) }],
+    });
     const running = trainer.fit(loader(64), { epochs: 1 });
-    await expect(trainer.fit(loader(64), { epochs: 1 })).rejects.toMatchObject({ code: 'ERR_RC_INVALID_ARGUMENT', message: expect.stringContaining('already running fit()') });
+    await expect(trainer.fit(loader(64), { epochs: 1 })).rejects.toMatchObject({
+      code: 'ERR_RC_INVALID_ARGUMENT',
+      message: expect.stringContaining('already running fit()'),
+    });
     await expect(trainer.evaluate(loader(16))).rejects.toThrow(/already running fit\(\)/);
     await expect(trainer.predict(loader(16))).rejects.toThrow(/already running fit\(\)/);
     expect((await running).steps).toBe(4);
@@ -442,7 +596,9 @@ describe('Trainer runs and resumes', () => {
 
   it('stops at a step boundary on an AbortSignal with an AbortError, and can train again', async () => {
     const controller = new AbortController();
-    const trainer = make(24, { callbacks: [{ onStepEnd: (_t, info) => void (info.step === 2 && controller.abort(new Error('user'))) }] });
+    const trainer = make(24, {
+      callbacks: [{ onStepEnd: (_t, info) => void (info.step === 2 && controller.abort(new Error('user'))) }],
+    });
     const error = (await trainer.fit(loader(64), { epochs: 3, signal: controller.signal }).then(
       () => null,
       (e: unknown) => e,
@@ -450,9 +606,15 @@ describe('Trainer runs and resumes', () => {
     expect(error).toMatchObject({ name: 'AbortError', code: 'ABORT_ERR' });
     expect(error.cause.message).toBe('user');
     expect(trainer.stepCount).toBe(2);
-    await expect(trainer.evaluate(loader(16), { signal: controller.signal })).rejects.toMatchObject({ code: 'ABORT_ERR' });
-    await expect(trainer.predict(loader(16), { signal: controller.signal })).rejects.toMatchObject({ code: 'ABORT_ERR' });
-    await expect(trainer.fit(loader(16), { epochs: 1, signal: 'stop' as never })).rejects.toThrow(/AbortSignal for signal/);
+    await expect(trainer.evaluate(loader(16), { signal: controller.signal })).rejects.toMatchObject({
+      code: 'ABORT_ERR',
+    });
+    await expect(trainer.predict(loader(16), { signal: controller.signal })).rejects.toMatchObject({
+      code: 'ABORT_ERR',
+    });
+    await expect(trainer.fit(loader(16), { epochs: 1, signal: 'stop' as never })).rejects.toThrow(
+      /AbortSignal for signal/,
+    );
     expect((await trainer.fit(loader(64), { epochs: 1 })).steps).toBe(6);
     await trainer.dispose();
   });

@@ -7,7 +7,15 @@
  */
 import { listBackends } from '../device.js';
 import { benchmarkTraining } from '../train/benchmark.js';
-import { MODEL_NAMES, SHARED_OPTIONS, buildModel, checkAmp, checkDevice, type AmpName, type ModelName } from './common.js';
+import {
+  MODEL_NAMES,
+  SHARED_OPTIONS,
+  buildModel,
+  checkAmp,
+  checkDevice,
+  type AmpName,
+  type ModelName,
+} from './common.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const SPEC: CommandSpec = {
@@ -19,18 +27,41 @@ const SPEC: CommandSpec = {
   positionals: [],
   options: [
     { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet50', help: 'The network.' },
-    { name: 'batch-size', short: 'b', type: 'int', min: 1, valueName: 'N', defaultText: '256 on cuda, 16 on cpu', help: 'Images per step.' },
+    {
+      name: 'batch-size',
+      short: 'b',
+      type: 'int',
+      min: 1,
+      valueName: 'N',
+      defaultText: '256 on cuda, 16 on cpu',
+      help: 'Images per step.',
+    },
     { name: 'size', type: 'int', min: 8, default: 224, valueName: 'PX', help: 'Image height and width.' },
     { name: 'num-classes', type: 'int', min: 1, default: 1000, valueName: 'N', help: 'Output classes.' },
-    { name: 'small-input', type: 'boolean', help: 'Use the small-image stem (3x3 stride-1, no pooling), as train does for crops up to 64 px.' },
+    {
+      name: 'small-input',
+      type: 'boolean',
+      help: 'Use the small-image stem (3x3 stride-1, no pooling), as train does for crops up to 64 px.',
+    },
     SHARED_OPTIONS.device,
     { ...SHARED_OPTIONS.amp, default: undefined, defaultText: 'bf16 on cuda, none on cpu' },
     { name: 'steps', type: 'int', min: 1, valueName: 'N', defaultText: '30 on cuda, 5 on cpu', help: 'Timed steps.' },
-    { name: 'warmup', type: 'int', min: 0, valueName: 'N', defaultText: '5 on cuda, 2 on cpu', help: 'Untimed steps first (algorithm selection, allocations).' },
+    {
+      name: 'warmup',
+      type: 'int',
+      min: 0,
+      valueName: 'N',
+      defaultText: '5 on cuda, 2 on cpu',
+      help: 'Untimed steps first (algorithm selection, allocations).',
+    },
     { name: 'cuda-graph', type: 'boolean', help: 'Capture one step as a CUDA graph and time its replays (CUDA only).' },
     SHARED_OPTIONS.json,
   ],
-  examples: ['resnet-cuda bench --device cuda --amp bf16 -b 256', 'resnet-cuda bench --model resnet18 --size 64 -b 8 --steps 3', 'resnet-cuda bench --device cuda --cuda-graph --json'],
+  examples: [
+    'resnet-cuda bench --device cuda --amp bf16 -b 256',
+    'resnet-cuda bench --model resnet18 --size 64 -b 8 --steps 3',
+    'resnet-cuda bench --device cuda --cuda-graph --json',
+  ],
 };
 
 interface BenchArgs {
@@ -82,10 +113,24 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     if (!a.json) io.stderr.write(`${text}\n`);
   };
   const props = backend?.properties ?? {};
-  const detail = cuda ? [props.runtime && `CUDA ${props.runtime}`, props.cudnn && `cuDNN ${props.cudnn}`] : [props.onednn && `oneDNN ${props.onednn}`, props.isa, props.threads && `${props.threads} threads`];
-  say(`resnet-cuda bench: ${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device} (${[backend?.device, ...detail].filter(Boolean).join(', ')})`);
+  const detail = cuda
+    ? [props.runtime && `CUDA ${props.runtime}`, props.cudnn && `cuDNN ${props.cudnn}`]
+    : [props.onednn && `oneDNN ${props.onednn}`, props.isa, props.threads && `${props.threads} threads`];
+  say(
+    `resnet-cuda bench: ${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device} (${[backend?.device, ...detail].filter(Boolean).join(', ')})`,
+  );
   say(`warm-up: ${warmup} step${warmup === 1 ? '' : 's'}, then ${steps} timed step${steps === 1 ? '' : 's'}`);
-  const measured = benchmarkTraining({ model, device, numClasses: a.numClasses, dtype, batch, size: a.size, steps, warmup, cudaGraph: a.cudaGraph });
+  const measured = benchmarkTraining({
+    model,
+    device,
+    numClasses: a.numClasses,
+    dtype,
+    batch,
+    size: a.size,
+    steps,
+    warmup,
+    cudaGraph: a.cudaGraph,
+  });
   const ms = measured.msPerStep;
   const result: BenchResult = {
     model: a.model,

@@ -15,7 +15,16 @@ import { ShapesDataset } from '../data/shapes-dataset.js';
 import { defaultWorkers } from '../data/loader.js';
 import { randomSplit } from '../data/split.js';
 import { SyntheticDataset } from '../data/synthetic.js';
-import { CenterCrop, Compose, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize, type Interpolation, type Transform } from '../data/transforms.js';
+import {
+  CenterCrop,
+  Compose,
+  Normalize,
+  RandomHorizontalFlip,
+  RandomResizedCrop,
+  Resize,
+  type Interpolation,
+  type Transform,
+} from '../data/transforms.js';
 import type { Dataset } from '../data/types.js';
 import { listBackends, parseDevice } from '../device.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
@@ -36,7 +45,15 @@ export function modelDepth(name: ModelName): ResNetDepth {
 }
 
 /** The dataset kinds `--dataset` names. */
-export const DATASET_NAMES = ['imagefolder', 'cifar10', 'cifar100', 'mnist', 'fashion-mnist', 'synthetic', 'shapes'] as const;
+export const DATASET_NAMES = [
+  'imagefolder',
+  'cifar10',
+  'cifar100',
+  'mnist',
+  'fashion-mnist',
+  'synthetic',
+  'shapes',
+] as const;
 /** A dataset kind. */
 export type DatasetName = (typeof DATASET_NAMES)[number];
 
@@ -51,7 +68,18 @@ export function ampOption(amp: AmpName): 'bf16' | 'fp16' | false {
 }
 
 /** Fashion-MNIST's class names, by label. */
-export const FASHION_MNIST_CLASSES: readonly string[] = ['T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot'];
+export const FASHION_MNIST_CLASSES: readonly string[] = [
+  'T-shirt/top',
+  'Trouser',
+  'Pullover',
+  'Dress',
+  'Coat',
+  'Sandal',
+  'Shirt',
+  'Sneaker',
+  'Bag',
+  'Ankle boot',
+];
 
 /** The built-in dataset's sizes: training images (50 batches of 32) and validation images. */
 export const SHAPES_TRAIN_LENGTH = 1600;
@@ -77,16 +105,55 @@ export function datasetDefaults(kind: DatasetName): DatasetDefaults {
   switch (kind) {
     case 'imagefolder':
     case 'synthetic':
-      return { trainCropSize: 224, valResizeSize: 256, valCropSize: 224, ...imagenet, flip: true, cropScale: kind === 'synthetic' ? null : [0.08, 1] };
+      return {
+        trainCropSize: 224,
+        valResizeSize: 256,
+        valCropSize: 224,
+        ...imagenet,
+        flip: true,
+        cropScale: kind === 'synthetic' ? null : [0.08, 1],
+      };
     case 'cifar10':
     case 'cifar100':
-      return { trainCropSize: 32, valResizeSize: 32, valCropSize: 32, mean: [0.4914, 0.4822, 0.4465], std: [0.247, 0.2435, 0.2616], flip: true, cropScale: [0.6, 1] };
+      return {
+        trainCropSize: 32,
+        valResizeSize: 32,
+        valCropSize: 32,
+        mean: [0.4914, 0.4822, 0.4465],
+        std: [0.247, 0.2435, 0.2616],
+        flip: true,
+        cropScale: [0.6, 1],
+      };
     case 'mnist':
-      return { trainCropSize: 28, valResizeSize: 28, valCropSize: 28, mean: [0.1307], std: [0.3081], flip: false, cropScale: null };
+      return {
+        trainCropSize: 28,
+        valResizeSize: 28,
+        valCropSize: 28,
+        mean: [0.1307],
+        std: [0.3081],
+        flip: false,
+        cropScale: null,
+      };
     case 'fashion-mnist':
-      return { trainCropSize: 28, valResizeSize: 28, valCropSize: 28, mean: [0.286], std: [0.353], flip: true, cropScale: null };
+      return {
+        trainCropSize: 28,
+        valResizeSize: 28,
+        valCropSize: 28,
+        mean: [0.286],
+        std: [0.353],
+        flip: true,
+        cropScale: null,
+      };
     case 'shapes':
-      return { trainCropSize: 32, valResizeSize: 32, valCropSize: 32, mean: [0.5], std: [0.25], flip: true, cropScale: null };
+      return {
+        trainCropSize: 32,
+        valResizeSize: 32,
+        valCropSize: 32,
+        mean: [0.5],
+        std: [0.25],
+        flip: true,
+        cropScale: null,
+      };
   }
 }
 
@@ -127,15 +194,23 @@ export interface TransformSettings {
 export function trainTransform(kind: DatasetName, s: TransformSettings): Compose {
   const d = datasetDefaults(kind);
   const steps: Transform[] = [];
-  if (d.cropScale) steps.push(new RandomResizedCrop({ size: s.trainCropSize, scale: d.cropScale, interpolation: s.interpolation }));
-  else steps.push(new Resize({ size: s.trainCropSize, interpolation: s.interpolation }), new CenterCrop({ size: s.trainCropSize }));
+  if (d.cropScale) {
+    steps.push(new RandomResizedCrop({ size: s.trainCropSize, scale: d.cropScale, interpolation: s.interpolation }));
+  } else {
+    steps.push(
+      new Resize({ size: s.trainCropSize, interpolation: s.interpolation }),
+      new CenterCrop({ size: s.trainCropSize }),
+    );
+  }
   if (d.flip) steps.push(new RandomHorizontalFlip());
   steps.push(new Normalize({ mean: s.mean, std: s.std }));
   return new Compose(steps);
 }
 
 /** The evaluation transform: `Resize(valResizeSize)` + `CenterCrop(valCropSize)` + `Normalize`. */
-export function valTransform(s: Pick<TransformSettings, 'valResizeSize' | 'valCropSize' | 'mean' | 'std' | 'interpolation'>): Compose {
+export function valTransform(
+  s: Pick<TransformSettings, 'valResizeSize' | 'valCropSize' | 'mean' | 'std' | 'interpolation'>,
+): Compose {
   return new Compose([
     new Resize({ size: s.valResizeSize, interpolation: s.interpolation }),
     new CenterCrop({ size: s.valCropSize }),
@@ -158,11 +233,16 @@ export function checkDevice(device: string, option = '--device'): string {
   if (canonical.startsWith('cuda')) {
     const cuda = listBackends().find((b) => b.name === 'cuda');
     if (!cuda?.available) {
-      throw new CliError(`${option} ${device}: CUDA is not available: ${cuda?.reason ?? 'this build has no CUDA backend'}`, "Run 'resnet-cuda doctor' for what to fix, or use --device cpu.");
+      throw new CliError(
+        `${option} ${device}: CUDA is not available: ${cuda?.reason ?? 'this build has no CUDA backend'}`,
+        "Run 'resnet-cuda doctor' for what to fix, or use --device cpu.",
+      );
     }
     const index = Number(canonical.slice(5));
     if (index >= cuda.deviceCount) {
-      throw new CliError(`${option} ${device}: there ${cuda.deviceCount === 1 ? 'is 1 CUDA device' : `are ${cuda.deviceCount} CUDA devices`} (cuda:0${cuda.deviceCount > 1 ? `..cuda:${cuda.deviceCount - 1}` : ''})`);
+      throw new CliError(
+        `${option} ${device}: there ${cuda.deviceCount === 1 ? 'is 1 CUDA device' : `are ${cuda.deviceCount} CUDA devices`} (cuda:0${cuda.deviceCount > 1 ? `..cuda:${cuda.deviceCount - 1}` : ''})`,
+      );
     }
   }
   return canonical;
@@ -176,17 +256,24 @@ export function precisionText(amp: AmpName): string {
 /** Rejects `--amp fp16` on the CPU, which has no fp16 kernels for training. */
 export function checkAmp(amp: AmpName, device: string): void {
   if (amp === 'fp16' && !device.startsWith('cuda')) {
-    throw new UsageError(`--amp fp16 needs a CUDA device, but --device is ${device}`, 'On the CPU use --amp bf16 (fast on CPUs with AVX-512 BF16 or AMX) or --amp none.');
+    throw new UsageError(
+      `--amp fp16 needs a CUDA device, but --device is ${device}`,
+      'On the CPU use --amp bf16 (fast on CPUs with AVX-512 BF16 or AMX) or --amp none.',
+    );
   }
 }
 
 /** The file layout each dataset kind reads, for messages. */
 export const DATA_LAYOUTS: Record<DatasetName, string> = {
-  imagefolder: 'DATA/train/<class>/<image> and DATA/val/<class>/<image> (torchvision ImageFolder; without val/, a stratified 10% of train/ is held out)',
-  cifar10: 'the folder of the CIFAR-10 binary version: data_batch_1.bin … data_batch_5.bin and test_batch.bin (cifar-10-batches-bin)',
+  imagefolder:
+    'DATA/train/<class>/<image> and DATA/val/<class>/<image> (torchvision ImageFolder; without val/, a stratified 10% of train/ is held out)',
+  cifar10:
+    'the folder of the CIFAR-10 binary version: data_batch_1.bin … data_batch_5.bin and test_batch.bin (cifar-10-batches-bin)',
   cifar100: 'the folder of the CIFAR-100 binary version: train.bin and test.bin (cifar-100-binary)',
-  mnist: 'a folder of the MNIST IDX files: train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (optionally .gz)',
-  'fashion-mnist': 'a folder of the Fashion-MNIST IDX files (named as MNIST\'s: train-images-idx3-ubyte, …, optionally .gz)',
+  mnist:
+    'a folder of the MNIST IDX files: train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (optionally .gz)',
+  'fashion-mnist':
+    "a folder of the Fashion-MNIST IDX files (named as MNIST's: train-images-idx3-ubyte, …, optionally .gz)",
   synthetic: 'no DATA: random images and labels, generated',
   shapes: 'no DATA: the built-in generated dataset of coloured shapes',
 };
@@ -195,7 +282,13 @@ export const DATA_LAYOUTS: Record<DatasetName, string> = {
 export type DataFiles =
   | { kind: 'imagefolder'; train: string; val: string | null }
   | { kind: 'cifar10' | 'cifar100'; train: string[]; test: string[] }
-  | { kind: 'mnist' | 'fashion-mnist'; trainImages: string; trainLabels: string; testImages: string; testLabels: string }
+  | {
+      kind: 'mnist' | 'fashion-mnist';
+      trainImages: string;
+      trainLabels: string;
+      testImages: string;
+      testLabels: string;
+    }
   | { kind: 'synthetic' | 'shapes' };
 
 function firstExisting(candidates: readonly string[]): string | undefined {
@@ -204,7 +297,9 @@ function firstExisting(candidates: readonly string[]): string | undefined {
 
 /** The folder under `root` (itself, or a conventional sub-folder) that holds `probe`. */
 function findFolder(root: string, subfolders: readonly string[], probe: (dir: string) => boolean): string | undefined {
-  return [root, ...subfolders.map((s) => join(root, s))].find((dir) => existsSync(dir) && statSync(dir).isDirectory() && probe(dir));
+  return [root, ...subfolders.map((s) => join(root, s))].find(
+    (dir) => existsSync(dir) && statSync(dir).isDirectory() && probe(dir),
+  );
 }
 
 function idxFile(dir: string, stem: string): string | undefined {
@@ -238,26 +333,46 @@ export function locateData(kind: DatasetName, root: string | undefined, split: '
         return hasTrain ? { kind, train, val: null } : { kind, train: root, val: root };
       }
       if (!hasTrain) {
-        throw new UsageError(`DATA folder '${root}' has no train/ sub-folder`, `${hint} For CIFAR, MNIST or generated data, pass --dataset.`);
+        throw new UsageError(
+          `DATA folder '${root}' has no train/ sub-folder`,
+          `${hint} For CIFAR, MNIST or generated data, pass --dataset.`,
+        );
       }
       return { kind, train, val: hasVal ? val : null };
     }
     case 'cifar10':
     case 'cifar100': {
-      const names = kind === 'cifar10' ? { train: [1, 2, 3, 4, 5].map((i) => `data_batch_${i}.bin`), test: ['test_batch.bin'] } : { train: ['train.bin'], test: ['test.bin'] };
+      const names =
+        kind === 'cifar10'
+          ? { train: [1, 2, 3, 4, 5].map((i) => `data_batch_${i}.bin`), test: ['test_batch.bin'] }
+          : { train: ['train.bin'], test: ['test.bin'] };
       const wanted = split === 'train' ? [...names.train, ...names.test] : names.test;
-      const dir = findFolder(root, kind === 'cifar10' ? ['cifar-10-batches-bin'] : ['cifar-100-binary'], (d) => wanted.every((n) => existsSync(join(d, n))));
+      const dir = findFolder(root, kind === 'cifar10' ? ['cifar-10-batches-bin'] : ['cifar-100-binary'], (d) =>
+        wanted.every((n) => existsSync(join(d, n))),
+      );
       if (!dir) throw new UsageError(`DATA folder '${root}' does not hold ${wanted.join(', ')}`, hint);
       return { kind, train: names.train.map((n) => join(dir, n)), test: names.test.map((n) => join(dir, n)) };
     }
     case 'mnist':
     case 'fashion-mnist': {
-      const stems = ['train-images-idx3-ubyte', 'train-labels-idx1-ubyte', 't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'];
+      const stems = [
+        'train-images-idx3-ubyte',
+        'train-labels-idx1-ubyte',
+        't10k-images-idx3-ubyte',
+        't10k-labels-idx1-ubyte',
+      ];
       const wanted = split === 'train' ? stems : stems.slice(2);
       const sub = kind === 'mnist' ? 'MNIST' : 'FashionMNIST';
       const dir = findFolder(root, ['raw', join(sub, 'raw')], (d) => wanted.every((s) => idxFile(d, s) !== undefined));
-      if (!dir) throw new UsageError(`DATA folder '${root}' does not hold the IDX files ${wanted.join(', ')} (or .gz)`, hint);
-      const [trainImages, trainLabels, testImages, testLabels] = stems.map((s) => idxFile(dir, s) ?? join(dir, s)) as [string, string, string, string];
+      if (!dir) {
+        throw new UsageError(`DATA folder '${root}' does not hold the IDX files ${wanted.join(', ')} (or .gz)`, hint);
+      }
+      const [trainImages, trainLabels, testImages, testLabels] = stems.map((s) => idxFile(dir, s) ?? join(dir, s)) as [
+        string,
+        string,
+        string,
+        string,
+      ];
       return { kind, trainImages, trainLabels, testImages, testLabels };
     }
   }
@@ -284,7 +399,10 @@ export interface GeneratedDataOptions {
 }
 
 /** The built-in dataset's two splits (training images from `seed`, validation from `seed + 1`). */
-export function shapesSplits(o: { seed: number; size: number; numClasses: number }): { train: ShapesDataset; val: ShapesDataset } {
+export function shapesSplits(o: { seed: number; size: number; numClasses: number }): {
+  train: ShapesDataset;
+  val: ShapesDataset;
+} {
   return {
     train: new ShapesDataset({ length: SHAPES_TRAIN_LENGTH, size: o.size, classes: o.numClasses, seed: o.seed }),
     val: new ShapesDataset({ length: SHAPES_VAL_LENGTH, size: o.size, classes: o.numClasses, seed: o.seed + 1 }),
@@ -295,11 +413,22 @@ export function shapesSplits(o: { seed: number; size: number; numClasses: number
 export async function openTrainData(files: DataFiles, generated: GeneratedDataOptions): Promise<TrainData> {
   switch (files.kind) {
     case 'shapes': {
-      const { train, val } = shapesSplits({ seed: generated.seed, size: generated.size, numClasses: generated.numClasses });
+      const { train, val } = shapesSplits({
+        seed: generated.seed,
+        size: generated.size,
+        numClasses: generated.numClasses,
+      });
       return { train, val, classes: train.classes };
     }
     case 'synthetic': {
-      const make = (length: number, seed: number) => new SyntheticDataset({ length, height: generated.size, width: generated.size, classes: generated.numClasses, seed });
+      const make = (length: number, seed: number) =>
+        new SyntheticDataset({
+          length,
+          height: generated.size,
+          width: generated.size,
+          classes: generated.numClasses,
+          seed,
+        });
       const train = make(generated.batchSize * 100, generated.seed);
       return { train, val: make(generated.batchSize * 10, generated.seed + 1), classes: train.classes };
     }
@@ -307,8 +436,15 @@ export async function openTrainData(files: DataFiles, generated: GeneratedDataOp
       const train = await ImageFolder.open(files.train);
       if (files.val === null) {
         const [kept, held] = randomSplit(train, [0.9, 0.1], { seed: generated.seed, stratified: true });
-        if (kept === undefined || held === undefined) throw new Error('unreachable: randomSplit returns one subset per fraction');
-        return { train: kept, val: held, classes: train.classes, note: `no val/ folder: holding out ${held.length} of the ${train.length} training images for validation` };
+        if (kept === undefined || held === undefined) {
+          throw new Error('unreachable: randomSplit returns one subset per fraction');
+        }
+        return {
+          train: kept,
+          val: held,
+          classes: train.classes,
+          note: `no val/ folder: holding out ${held.length} of the ${train.length} training images for validation`,
+        };
       }
       const val = await ImageFolder.open(files.val);
       if (val.classes.join('\n') !== train.classes.join('\n')) {
@@ -345,7 +481,9 @@ export async function openEvalData(files: DataFiles, generated: GeneratedDataOpt
       return CifarDataset.open(files.test, { variant: files.kind });
     case 'mnist':
     case 'fashion-mnist':
-      return IdxDataset.open(files.testImages, files.testLabels, { classes: files.kind === 'fashion-mnist' ? FASHION_MNIST_CLASSES : 10 });
+      return IdxDataset.open(files.testImages, files.testLabels, {
+        classes: files.kind === 'fashion-mnist' ? FASHION_MNIST_CLASSES : 10,
+      });
     case 'shapes':
     case 'synthetic':
       return (await openTrainData(files, generated)).val;
@@ -373,7 +511,13 @@ export function architectureOf(tensors: StateDict): Architecture | undefined {
   let blocks = 0;
   while (get(`layer3.${blocks}.conv1.weight`)) blocks++;
   const bottleneck = get('layer1.0.conv3.weight') !== undefined;
-  const table: Record<string, ModelName> = { 'basic-2': 'resnet18', 'basic-6': 'resnet34', 'bottleneck-6': 'resnet50', 'bottleneck-23': 'resnet101', 'bottleneck-36': 'resnet152' };
+  const table: Record<string, ModelName> = {
+    'basic-2': 'resnet18',
+    'basic-6': 'resnet34',
+    'bottleneck-6': 'resnet50',
+    'bottleneck-23': 'resnet101',
+    'bottleneck-36': 'resnet152',
+  };
   const model = table[`${bottleneck ? 'bottleneck' : 'basic'}-${blocks}`];
   if (!model) return undefined;
   return { model, numClasses: fc.shape[0]!, smallInput: conv1.shape[2] === 3 };
@@ -392,7 +536,12 @@ export async function readSafetensors(path: string): Promise<{ tensors: StateDic
 
 /** Builds a ResNet of the given architecture on `device`. */
 export function buildModel(arch: Architecture, options: { device: string; seed?: number }): ResNet {
-  return new ResNet(modelDepth(arch.model), { numClasses: arch.numClasses, smallInput: arch.smallInput, device: options.device, ...(options.seed !== undefined ? { seed: options.seed } : {}) });
+  return new ResNet(modelDepth(arch.model), {
+    numClasses: arch.numClasses,
+    smallInput: arch.smallInput,
+    device: options.device,
+    ...(options.seed !== undefined ? { seed: options.seed } : {}),
+  });
 }
 
 /**
@@ -423,20 +572,36 @@ export function partialRunConfig(value: unknown): Partial<RunConfig> {
   if (value === null || typeof value !== 'object' || Array.isArray(value)) return {};
   const v = value as Record<string, unknown>;
   const out: Partial<RunConfig> = {};
-  if (typeof v.model === 'string' && (MODEL_NAMES as readonly string[]).includes(v.model)) out.model = v.model as ModelName;
-  if (typeof v.numClasses === 'number' && Number.isInteger(v.numClasses) && v.numClasses > 0) out.numClasses = v.numClasses;
-  if (typeof v.smallInput === 'boolean') out.smallInput = v.smallInput;
-  if (Array.isArray(v.classes) && v.classes.every((c) => typeof c === 'string')) out.classes = v.classes as string[];
-  if (typeof v.dataset === 'string' && (DATASET_NAMES as readonly string[]).includes(v.dataset)) out.dataset = v.dataset as DatasetName;
-  for (const key of ['seed', 'trainCropSize', 'valResizeSize', 'valCropSize'] as const) {
-    if (typeof v[key] === 'number' && Number.isInteger(v[key])) out[key] = v[key] as number;
+  if (typeof v.model === 'string' && (MODEL_NAMES as readonly string[]).includes(v.model)) {
+    out.model = v.model as ModelName;
   }
-  if (typeof v.interpolation === 'string' && ['nearest', 'bilinear', 'bicubic', 'lanczos'].includes(v.interpolation)) out.interpolation = v.interpolation as Interpolation;
+  if (typeof v.numClasses === 'number' && Number.isInteger(v.numClasses) && v.numClasses > 0) {
+    out.numClasses = v.numClasses;
+  }
+  if (typeof v.smallInput === 'boolean') out.smallInput = v.smallInput;
+  if (Array.isArray(v.classes) && v.classes.every((c) => typeof c === 'string')) out.classes = v.classes;
+  if (typeof v.dataset === 'string' && (DATASET_NAMES as readonly string[]).includes(v.dataset)) {
+    out.dataset = v.dataset as DatasetName;
+  }
+  for (const key of ['seed', 'trainCropSize', 'valResizeSize', 'valCropSize'] as const) {
+    if (typeof v[key] === 'number' && Number.isInteger(v[key])) out[key] = v[key];
+  }
+  if (typeof v.interpolation === 'string' && ['nearest', 'bilinear', 'bicubic', 'lanczos'].includes(v.interpolation)) {
+    out.interpolation = v.interpolation as Interpolation;
+  }
   for (const key of ['mean', 'std'] as const) {
     const a = v[key];
-    if (Array.isArray(a) && (a.length === 1 || a.length === 3) && a.every((x) => typeof x === 'number' && Number.isFinite(x))) out[key] = a as number[];
+    if (
+      Array.isArray(a) &&
+      (a.length === 1 || a.length === 3) &&
+      a.every((x) => typeof x === 'number' && Number.isFinite(x))
+    ) {
+      out[key] = a as number[];
+    }
   }
-  if (v.options !== null && typeof v.options === 'object' && !Array.isArray(v.options)) out.options = v.options as Record<string, unknown>;
+  if (v.options !== null && typeof v.options === 'object' && !Array.isArray(v.options)) {
+    out.options = v.options as Record<string, unknown>;
+  }
   // Runs recorded before the precision had its own field kept it among the options, when given.
   const amp = v.amp ?? out.options?.amp ?? (out.options !== undefined ? 'none' : undefined);
   if (typeof amp === 'string' && (AMP_NAMES as readonly string[]).includes(amp)) out.amp = amp as AmpName;
@@ -447,7 +612,9 @@ export function partialRunConfig(value: unknown): Partial<RunConfig> {
  * The run config recorded beside a weights file by `train`: in the `summary.json` of its folder
  * (written at the end of a run), else in the folder's latest checkpoint.
  */
-export async function runConfigBeside(weightsFile: string): Promise<{ file: string; config: Partial<RunConfig> } | undefined> {
+export async function runConfigBeside(
+  weightsFile: string,
+): Promise<{ file: string; config: Partial<RunConfig> } | undefined> {
   const dir = dirname(weightsFile);
   const summary = join(dir, 'summary.json');
   if (existsSync(summary)) {
@@ -503,7 +670,13 @@ export function percent(fraction: number): string {
 
 /** Option table entries several commands share. */
 export const SHARED_OPTIONS = {
-  device: { name: 'device', type: 'string', default: 'cpu', valueName: 'DEVICE', help: 'Where to run: cpu, cuda (the first GPU) or cuda:N.' },
+  device: {
+    name: 'device',
+    type: 'string',
+    default: 'cpu',
+    valueName: 'DEVICE',
+    help: 'Where to run: cpu, cuda (the first GPU) or cuda:N.',
+  },
   amp: {
     name: 'amp',
     type: 'choice',
@@ -511,8 +684,21 @@ export const SHARED_OPTIONS = {
     default: 'none',
     help: 'Mixed precision: bf16 or fp16 activations over fp32 weights (fp16 needs CUDA and uses loss scaling).',
   },
-  workers: { name: 'workers', short: 'j', type: 'int', min: 0, valueName: 'N', defaultText: 'CPU cores - 1', help: 'Data-loading worker threads, at most one per CPU core; 0 loads in the main thread.' },
-  interpolation: { name: 'interpolation', type: 'choice', choices: ['bilinear', 'bicubic', 'nearest', 'lanczos'], help: 'Resampling of the resizes.' },
+  workers: {
+    name: 'workers',
+    short: 'j',
+    type: 'int',
+    min: 0,
+    valueName: 'N',
+    defaultText: 'CPU cores - 1',
+    help: 'Data-loading worker threads, at most one per CPU core; 0 loads in the main thread.',
+  },
+  interpolation: {
+    name: 'interpolation',
+    type: 'choice',
+    choices: ['bilinear', 'bicubic', 'nearest', 'lanczos'],
+    help: 'Resampling of the resizes.',
+  },
   json: { name: 'json', type: 'boolean', help: 'Print the result as JSON on stdout instead of text.' },
 } satisfies Record<string, OptionSpec>;
 
@@ -530,7 +716,9 @@ export function workerCount(requested: number | undefined, warn: (text: string) 
   if (requested === undefined) return defaultWorkers();
   const cores = availableParallelism();
   if (requested <= cores) return requested;
-  warn(`warning: --workers ${requested} is more than the ${cores} CPU core${cores === 1 ? '' : 's'} here; using ${cores}`);
+  warn(
+    `warning: --workers ${requested} is more than the ${cores} CPU core${cores === 1 ? '' : 's'} here; using ${cores}`,
+  );
   return cores;
 }
 

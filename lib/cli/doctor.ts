@@ -59,7 +59,9 @@ function testConvolution(device: string): void {
   const x = Tensor.randn([2, 8, 8, 3], { seed: 2, device });
   try {
     const y = conv.forward(x).toFloat32Array();
-    if (y.length !== 2 * 8 * 8 * 4 || !y.every(Number.isFinite)) throw new Error(`the test convolution gave ${y.length} values, not all finite`);
+    if (y.length !== 2 * 8 * 8 * 4 || !y.every(Number.isFinite)) {
+      throw new Error(`the test convolution gave ${y.length} values, not all finite`);
+    }
   } finally {
     x.dispose();
     conv.releaseBuffers();
@@ -81,7 +83,7 @@ function cudaFix(status: BackendStatus): string {
   if (!status.built) {
     return 'To train on NVIDIA GPUs, rebuild with the CUDA backend: `scripts/setup --cuda` (installs the pinned CUDA 13 SDK and rebuilds), or `scripts/setup-cuda-sdk` then `RESNET_CUDA_BUILD_CUDA=1 npm run build:native`.';
   }
-  if (/libcuda\.so|driver/i.test(reason) && !/could not be loaded/.test(reason)) {
+  if (/libcuda\.so|driver/i.test(reason) && !reason.includes('could not be loaded')) {
     return 'Install the NVIDIA driver (R580 or newer for CUDA 13) on a machine with an NVIDIA GPU; in a container, expose the GPU (docker run --gpus all).';
   }
   if (/could not be loaded|libcudnn|libcublas|libnccl/.test(reason)) {
@@ -94,9 +96,19 @@ function cudaFix(status: BackendStatus): string {
 export async function diagnose(): Promise<DoctorReport> {
   const problems: DoctorProblem[] = [];
   const version = packageVersion();
-  const node = { version: process.version, platform: process.platform, arch: process.arch, cpus: availableParallelism() };
+  const node = {
+    version: process.version,
+    platform: process.platform,
+    arch: process.arch,
+    cpus: availableParallelism(),
+  };
   if (Number(process.versions.node.split('.')[0]) < 20) {
-    problems.push({ component: 'node', severity: 'error', message: `Node.js ${process.version} is older than the 20 this package needs`, fix: 'Install Node.js 20 or newer.' });
+    problems.push({
+      component: 'node',
+      severity: 'error',
+      message: `Node.js ${process.version} is older than the 20 this package needs`,
+      fix: 'Install Node.js 20 or newer.',
+    });
   }
 
   const addon: DoctorReport['addon'] = { loaded: false };
@@ -119,15 +131,32 @@ export async function diagnose(): Promise<DoctorReport> {
     problems.push({
       component: 'addon',
       severity: 'error',
-      message: addon.error.split('\n').slice(0, 2).join(' ').replace(/^resnet-cuda: /, ''),
+      message: addon.error
+        .split('\n')
+        .slice(0, 2)
+        .join(' ')
+        .replace(/^resnet-cuda: /, ''),
       fix: 'Follow the hint above; `scripts/setup` installs the build tools and oneDNN and builds the addon, `npm run build:native` rebuilds it.',
     });
   }
 
   for (const backend of backends) {
     if (!backend.available) {
-      if (backend.name === 'cuda') problems.push({ component: 'cuda', severity: 'warning', message: `CUDA is not available: ${firstSentence(backend.reason ?? 'unknown reason')}`, fix: cudaFix(backend) });
-      else problems.push({ component: backend.name, severity: 'error', message: `the ${backend.name} backend is not available: ${backend.reason ?? 'unknown reason'}`, fix: 'Rebuild the addon: `npm run build:native`.' });
+      if (backend.name === 'cuda') {
+        problems.push({
+          component: 'cuda',
+          severity: 'warning',
+          message: `CUDA is not available: ${firstSentence(backend.reason ?? 'unknown reason')}`,
+          fix: cudaFix(backend),
+        });
+      } else {
+        problems.push({
+          component: backend.name,
+          severity: 'error',
+          message: `the ${backend.name} backend is not available: ${backend.reason ?? 'unknown reason'}`,
+          fix: 'Rebuild the addon: `npm run build:native`.',
+        });
+      }
       continue;
     }
     try {
@@ -140,12 +169,20 @@ export async function diagnose(): Promise<DoctorReport> {
         component: backend.name,
         severity: backend.name === 'cpu' ? 'error' : 'warning',
         message: `a test convolution failed on ${backend.name}: ${backend.error}`,
-        fix: backend.name === 'cpu' ? 'Reinstall oneDNN 2.6 (`apt-get install libdnnl2`, or `scripts/setup`) and rebuild with `npm run build:native`.' : cudaFix(backend),
+        fix:
+          backend.name === 'cpu'
+            ? 'Reinstall oneDNN 2.6 (`apt-get install libdnnl2`, or `scripts/setup`) and rebuild with `npm run build:native`.'
+            : cudaFix(backend),
       });
     }
   }
   if (addon.loaded && !backends.some((b) => b.name === 'cpu')) {
-    problems.push({ component: 'cpu', severity: 'error', message: 'the addon reports no CPU backend', fix: 'Rebuild the addon: `npm run build:native`.' });
+    problems.push({
+      component: 'cpu',
+      severity: 'error',
+      message: 'the addon reports no CPU backend',
+      fix: 'Rebuild the addon: `npm run build:native`.',
+    });
   }
 
   const sharp: DoctorReport['sharp'] = { loaded: false };
@@ -198,14 +235,29 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   }
   const row = (name: string, text: string) => io.stdout.write(`  ${name.padEnd(7)}${text}\n`);
   io.stdout.write(`resnet-cuda ${report.version}\n`);
-  row('node', `${report.node.version} (${report.node.platform} ${report.node.arch}, ${report.node.cpus} CPU${report.node.cpus === 1 ? '' : 's'})`);
-  row('addon', report.addon.loaded ? `loaded (native version ${report.addon.nativeVersion}; JPEG decoding with libjpeg-turbo ${report.addon.libjpegTurbo})` : `FAILED to load: ${report.addon.error?.split('\n')[1] ?? report.addon.error}`);
+  row(
+    'node',
+    `${report.node.version} (${report.node.platform} ${report.node.arch}, ${report.node.cpus} CPU${report.node.cpus === 1 ? '' : 's'})`,
+  );
+  row(
+    'addon',
+    report.addon.loaded
+      ? `loaded (native version ${report.addon.nativeVersion}; JPEG decoding with libjpeg-turbo ${report.addon.libjpegTurbo})`
+      : `FAILED to load: ${report.addon.error?.split('\n')[1] ?? report.addon.error}`,
+  );
   for (const b of report.backends) row(b.name, describeBackend(b));
-  row('sharp', report.sharp.loaded ? `${report.sharp.version ?? '?'} (libvips ${report.sharp.libvips ?? '?'})` : `FAILED to load: ${report.sharp.error?.split('\n')[0]}`);
+  row(
+    'sharp',
+    report.sharp.loaded
+      ? `${report.sharp.version ?? '?'} (libvips ${report.sharp.libvips ?? '?'})`
+      : `FAILED to load: ${report.sharp.error?.split('\n')[0]}`,
+  );
   if (report.problems.length > 0) {
     io.stdout.write('\n');
     for (const p of report.problems) {
-      io.stdout.write(`${p.severity === 'error' ? 'problem' : 'note'} (${p.component}): ${p.message}\n  fix: ${p.fix}\n`);
+      io.stdout.write(
+        `${p.severity === 'error' ? 'problem' : 'note'} (${p.component}): ${p.message}\n  fix: ${p.fix}\n`,
+      );
     }
   }
   io.stdout.write(

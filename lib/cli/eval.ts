@@ -26,7 +26,15 @@ import {
   type DatasetName,
   type ModelName,
 } from './common.js';
-import { checkModelSource, inferencePrecision, inferenceTrainer, inputOptions, inputSettings, loadModel, modelSourceOptions } from './inference.js';
+import {
+  checkModelSource,
+  inferencePrecision,
+  inferenceTrainer,
+  inputOptions,
+  inputSettings,
+  loadModel,
+  modelSourceOptions,
+} from './inference.js';
 import { CliError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const INPUT_NAMES = {
@@ -44,13 +52,33 @@ const SPEC: CommandSpec = {
     "Evaluates trained weights on a validation set and prints the loss, Acc@1, Acc@5 and a per-class report (precision, recall, F1), like train.py's --test-only. " +
     'DATA is read as train reads it: for an image folder DATA/val (or, with train/ alone, the 10% train held out; or DATA itself when it holds the class folders); for CIFAR and MNIST their test files. ' +
     "Without DATA, the run's own validation data is used when the checkpoint or the weights' run folder records it, else the built-in dataset's validation images.",
-  positionals: [{ name: 'DATA', help: 'The dataset folder: an image folder (DATA/val/<class>/<image>, or DATA/<class>/<image>), or with --dataset the CIFAR or MNIST files.', configKey: 'data' }],
+  positionals: [
+    {
+      name: 'DATA',
+      help: 'The dataset folder: an image folder (DATA/val/<class>/<image>, or DATA/<class>/<image>), or with --dataset the CIFAR or MNIST files.',
+      configKey: 'data',
+    },
+  ],
   options: [
     ...modelSourceOptions('Model'),
-    { name: 'dataset', type: 'choice', choices: DATASET_NAMES, valueName: 'KIND', defaultText: "the run's, else imagefolder with DATA and shapes without", help: 'What DATA holds.', section: 'Data' },
+    {
+      name: 'dataset',
+      type: 'choice',
+      choices: DATASET_NAMES,
+      valueName: 'KIND',
+      defaultText: "the run's, else imagefolder with DATA and shapes without",
+      help: 'What DATA holds.',
+      section: 'Data',
+    },
     ...inputOptions(INPUT_NAMES, 'Data', 'Run'),
     { ...SHARED_OPTIONS.workers, section: 'Data' },
-    { name: 'output-dir', type: 'path', valueName: 'DIR', help: 'Also write confusion-matrix.png and classification-report.txt there.', section: 'Run' },
+    {
+      name: 'output-dir',
+      type: 'path',
+      valueName: 'DIR',
+      help: 'Also write confusion-matrix.png and classification-report.txt there.',
+      section: 'Run',
+    },
     { name: 'quiet', short: 'q', type: 'boolean', help: 'No progress line.', section: 'Run' },
     { ...SHARED_OPTIONS.json, section: 'Run' },
   ],
@@ -94,7 +122,13 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const fileKinds: DatasetName[] = ['imagefolder', 'cifar10', 'cifar100', 'mnist', 'fashion-mnist'];
   const runData = typeof config.options?.data === 'string' ? config.options.data : undefined;
   const runKind = config.dataset;
-  const dataset: DatasetName = a.dataset ?? (given !== undefined ? (runKind !== undefined && fileKinds.includes(runKind) ? runKind : 'imagefolder') : (runKind ?? 'shapes'));
+  const dataset: DatasetName =
+    a.dataset ??
+    (given !== undefined
+      ? runKind !== undefined && fileKinds.includes(runKind)
+        ? runKind
+        : 'imagefolder'
+      : (runKind ?? 'shapes'));
   const data = given ?? (fileKinds.includes(dataset) && runKind === dataset ? runData : undefined);
   const files = locateData(dataset, data, 'eval');
   const defaults = datasetDefaults(dataset);
@@ -110,24 +144,53 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const evalData = await openEvalData(files, {
     seed: sameData ? (config.seed ?? 0) : 0,
     size: (sameData ? config.trainCropSize : undefined) ?? settings.valCropSize,
-    numClasses: loaded.arch.numClasses >= 2 && loaded.arch.numClasses <= 6 && dataset === 'shapes' ? loaded.arch.numClasses : dataset === 'synthetic' ? loaded.arch.numClasses : 4,
+    numClasses:
+      loaded.arch.numClasses >= 2 && loaded.arch.numClasses <= 6 && dataset === 'shapes'
+        ? loaded.arch.numClasses
+        : dataset === 'synthetic'
+          ? loaded.arch.numClasses
+          : 4,
     batchSize: a.batchSize,
   });
   if (evalData.classes.length > loaded.arch.numClasses) {
-    throw new CliError(`the data has ${evalData.classes.length} classes but the model only ${loaded.arch.numClasses}`, 'Evaluate on data with the classes the model was trained on.');
+    throw new CliError(
+      `the data has ${evalData.classes.length} classes but the model only ${loaded.arch.numClasses}`,
+      'Evaluate on data with the classes the model was trained on.',
+    );
   }
-  const classNames = loaded.classes ?? (evalData.classes.length === loaded.arch.numClasses ? [...evalData.classes] : undefined);
+  const classNames =
+    loaded.classes ?? (evalData.classes.length === loaded.arch.numClasses ? [...evalData.classes] : undefined);
   const notes: string[] = precision.note !== undefined ? [precision.note] : [];
-  if (loaded.classes && evalData.classes.length === loaded.classes.length && evalData.classes.some((c, i) => c !== loaded.classes![i])) {
-    notes.push(`note: the data's class names differ from the run's; labels are matched by position (${evalData.classes.slice(0, 3).join(', ')}… vs ${loaded.classes.slice(0, 3).join(', ')}…)`);
+  if (
+    loaded.classes &&
+    evalData.classes.length === loaded.classes.length &&
+    evalData.classes.some((c, i) => c !== loaded.classes![i])
+  ) {
+    notes.push(
+      `note: the data's class names differ from the run's; labels are matched by position (${evalData.classes.slice(0, 3).join(', ')}… vs ${loaded.classes.slice(0, 3).join(', ')}…)`,
+    );
   }
 
-  const loader = new DataLoader(evalData, { batchSize: a.batchSize, transform: valTransform(settings), workers, device });
-  const trainer = inferenceTrainer(loaded.model, { device, amp: precision.amp, progress: a.quiet || a.json ? false : io.stderr, classNames });
+  const loader = new DataLoader(evalData, {
+    batchSize: a.batchSize,
+    transform: valTransform(settings),
+    workers,
+    device,
+  });
+  const trainer = inferenceTrainer(loaded.model, {
+    device,
+    amp: precision.amp,
+    progress: a.quiet || a.json ? false : io.stderr,
+    classNames,
+  });
   try {
     if (!a.quiet && !a.json) {
-      io.stderr.write(`resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}\n`);
-      io.stderr.write(`on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}, ${precisionText(precision.amp)}\n`);
+      io.stderr.write(
+        `resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}\n`,
+      );
+      io.stderr.write(
+        `on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}, ${precisionText(precision.amp)}\n`,
+      );
       for (const note of notes) io.stderr.write(`${note}\n`);
     }
     const result = await trainer.evaluate(loader);
@@ -135,7 +198,10 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     if (a.outputDir !== undefined) {
       mkdirSync(a.outputDir, { recursive: true });
       await writeFileAtomic(join(a.outputDir, 'classification-report.txt'), `${headline}\n\n${result.report}\n`);
-      await writePng(join(a.outputDir, 'confusion-matrix.png'), await plotConfusionMatrix(result.confusion, classNames));
+      await writePng(
+        join(a.outputDir, 'confusion-matrix.png'),
+        await plotConfusionMatrix(result.confusion, classNames),
+      );
     }
     if (a.json) {
       const out = {
@@ -153,7 +219,11 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
       io.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
     } else {
       io.stdout.write(`${headline}\n\n${result.report}\n`);
-      if (a.outputDir !== undefined) io.stdout.write(`wrote classification-report.txt and confusion-matrix.png to ${displayPath(a.outputDir, io.cwd)}\n`);
+      if (a.outputDir !== undefined) {
+        io.stdout.write(
+          `wrote classification-report.txt and confusion-matrix.png to ${displayPath(a.outputDir, io.cwd)}\n`,
+        );
+      }
     }
     return 0;
   } finally {

@@ -34,10 +34,38 @@ import { CliError, UsageError, type CliStream, type OptionSpec } from './options
 /** The options that say which model to load, shared by `eval` and `predict`. */
 export function modelSourceOptions(section: string): OptionSpec[] {
   return [
-    { name: 'weights', type: 'path', mustExist: 'file', valueName: 'FILE', help: "A safetensors weights file (train's model.safetensors, or torchvision's weights converted to safetensors).", section },
-    { name: 'checkpoint', type: 'path', valueName: 'FILE', help: 'A training checkpoint (checkpoints/*.safetensors), or a run folder for its latest; the model, classes and input sizes are read from it.', section },
-    { name: 'model', type: 'choice', choices: MODEL_NAMES, defaultText: 'read from the file', help: 'The network; needed only when the file does not say.', section },
-    { name: 'num-classes', type: 'int', min: 1, valueName: 'N', defaultText: 'read from the file', help: 'Output classes; a check when the file says.', section },
+    {
+      name: 'weights',
+      type: 'path',
+      mustExist: 'file',
+      valueName: 'FILE',
+      help: "A safetensors weights file (train's model.safetensors, or torchvision's weights converted to safetensors).",
+      section,
+    },
+    {
+      name: 'checkpoint',
+      type: 'path',
+      valueName: 'FILE',
+      help: 'A training checkpoint (checkpoints/*.safetensors), or a run folder for its latest; the model, classes and input sizes are read from it.',
+      section,
+    },
+    {
+      name: 'model',
+      type: 'choice',
+      choices: MODEL_NAMES,
+      defaultText: 'read from the file',
+      help: 'The network; needed only when the file does not say.',
+      section,
+    },
+    {
+      name: 'num-classes',
+      type: 'int',
+      min: 1,
+      valueName: 'N',
+      defaultText: 'read from the file',
+      help: 'Output classes; a check when the file says.',
+      section,
+    },
   ];
 }
 
@@ -56,10 +84,17 @@ export interface LoadedModel {
 /** Checks that exactly one of `--weights` and `--checkpoint` is given. */
 export function checkModelSource(values: { weights?: string; checkpoint?: string }): void {
   if (values.weights === undefined && values.checkpoint === undefined) {
-    throw new UsageError('give the model to use with --weights FILE or --checkpoint FILE', "Train one with 'resnet-cuda train'; its folder holds model.safetensors and checkpoints/.");
+    throw new UsageError(
+      'give the model to use with --weights FILE or --checkpoint FILE',
+      "Train one with 'resnet-cuda train'; its folder holds model.safetensors and checkpoints/.",
+    );
   }
-  if (values.weights !== undefined && values.checkpoint !== undefined) throw new UsageError('give either --weights or --checkpoint, not both');
-  if (values.checkpoint !== undefined && !existsSync(values.checkpoint)) throw new UsageError(`--checkpoint '${values.checkpoint}' does not exist`);
+  if (values.weights !== undefined && values.checkpoint !== undefined) {
+    throw new UsageError('give either --weights or --checkpoint, not both');
+  }
+  if (values.checkpoint !== undefined && !existsSync(values.checkpoint)) {
+    throw new UsageError(`--checkpoint '${values.checkpoint}' does not exist`);
+  }
 }
 
 function stripPrefix(tensors: StateDict, prefix: string): StateDict {
@@ -102,11 +137,17 @@ export async function loadModel(
   }
   const found = architectureOf(tensors);
   if (!found) {
-    throw new CliError(`'${file}' does not hold ResNet weights with torchvision's names (conv1.weight, layer1.0…, fc.weight)`);
+    throw new CliError(
+      `'${file}' does not hold ResNet weights with torchvision's names (conv1.weight, layer1.0…, fc.weight)`,
+    );
   }
-  if (source.model !== undefined && source.model !== found.model) throw new UsageError(`--model ${source.model} does not match '${file}', which holds a ${found.model}`);
+  if (source.model !== undefined && source.model !== found.model) {
+    throw new UsageError(`--model ${source.model} does not match '${file}', which holds a ${found.model}`);
+  }
   if (source.numClasses !== undefined && source.numClasses !== found.numClasses) {
-    throw new UsageError(`--num-classes ${source.numClasses} does not match '${file}', whose classifier has ${found.numClasses} classes`);
+    throw new UsageError(
+      `--num-classes ${source.numClasses} does not match '${file}', whose classifier has ${found.numClasses} classes`,
+    );
   }
   if (classes !== undefined && classes.length !== found.numClasses) classes = undefined;
   const model = buildModel(found, { device });
@@ -133,9 +174,23 @@ export function inputOptions(names: InputOptionNames, section: string, runSectio
     imageSizeOption(names.resize, 'Resize of the smaller edge.', names.resizeDefault, section),
     imageSizeOption(names.crop, 'Center crop size.', names.cropDefault, section),
     { ...SHARED_OPTIONS.interpolation, defaultText: "the run's, else bilinear", section },
-    { name: 'batch-size', short: 'b', type: 'int', min: 1, default: names.batchSize, valueName: 'N', help: 'Images per batch.', section },
+    {
+      name: 'batch-size',
+      short: 'b',
+      type: 'int',
+      min: 1,
+      default: names.batchSize,
+      valueName: 'N',
+      help: 'Images per batch.',
+      section,
+    },
     { ...SHARED_OPTIONS.device, section: runSection },
-    { ...SHARED_OPTIONS.amp, default: undefined, defaultText: "the run's (as train evaluated), else none", section: runSection },
+    {
+      ...SHARED_OPTIONS.amp,
+      default: undefined,
+      defaultText: "the run's (as train evaluated), else none",
+      section: runSection,
+    },
   ];
 }
 
@@ -159,7 +214,10 @@ export function inputSettings(
   fallback: { resize: number; crop: number; mean: number[]; std: number[] },
   names: Pick<InputOptionNames, 'resize' | 'crop'>,
 ): InputSettings {
-  const crop = given.crop ?? run.valCropSize ?? (given.resize !== undefined ? Math.min(given.resize, fallback.crop) : fallback.crop);
+  const crop =
+    given.crop ??
+    run.valCropSize ??
+    (given.resize !== undefined ? Math.min(given.resize, fallback.crop) : fallback.crop);
   const resize = given.resize ?? run.valResizeSize ?? Math.max(crop, fallback.resize);
   if (crop > resize) {
     throw new UsageError(
@@ -168,26 +226,42 @@ export function inputSettings(
         : `--${names.resize} ${resize} is smaller than the run's crop ${crop}`,
     );
   }
-  return { valResizeSize: resize, valCropSize: crop, mean: run.mean ?? fallback.mean, std: run.std ?? fallback.std, interpolation: given.interpolation ?? run.interpolation ?? 'bilinear' };
+  return {
+    valResizeSize: resize,
+    valCropSize: crop,
+    mean: run.mean ?? fallback.mean,
+    std: run.std ?? fallback.std,
+    interpolation: given.interpolation ?? run.interpolation ?? 'bilinear',
+  };
 }
 
 /**
  * The precision of evaluation: `--amp` when given; else the run's, so that `eval` reports what
  * `train` reported (except fp16 off CUDA, which falls back to fp32 with a note); else none.
  */
-export function inferencePrecision(given: AmpName | undefined, run: AmpName | undefined, device: string): { amp: AmpName; note?: string } {
+export function inferencePrecision(
+  given: AmpName | undefined,
+  run: AmpName | undefined,
+  device: string,
+): { amp: AmpName; note?: string } {
   if (given !== undefined) {
     checkAmp(given, device);
     return { amp: given };
   }
   if (run === 'fp16' && !device.startsWith('cuda')) {
-    return { amp: 'none', note: `note: the run trained with --amp fp16, which needs CUDA; running in fp32 on ${device} (choose with --amp)` };
+    return {
+      amp: 'none',
+      note: `note: the run trained with --amp fp16, which needs CUDA; running in fp32 on ${device} (choose with --amp)`,
+    };
   }
   return { amp: run ?? 'none' };
 }
 
 /** A Trainer that only evaluates and predicts: no optimizer steps, no files. */
-export function inferenceTrainer(model: ResNet, o: { device: string; amp: AmpName; progress: CliStream | false; classNames?: readonly string[] | undefined }): Trainer {
+export function inferenceTrainer(
+  model: ResNet,
+  o: { device: string; amp: AmpName; progress: CliStream | false; classNames?: readonly string[] | undefined },
+): Trainer {
   return new Trainer({
     model,
     // The Trainer is built around an optimizer; evaluation never steps it.

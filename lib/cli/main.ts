@@ -10,15 +10,40 @@
  */
 import { realpathSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { CliError, UsageError, closest, formatHelp, packageVersion, parseCommand, processIO, type CliIO, type Command } from './options.js';
+import {
+  CliError,
+  UsageError,
+  closest,
+  formatHelp,
+  packageVersion,
+  parseCommand,
+  processIO,
+  type CliIO,
+  type Command,
+} from './options.js';
 
 /** The commands, loaded on demand so that `--help` and `--version` stay instant. */
 const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }> = {
-  train: { summary: 'Train a ResNet on an image folder, CIFAR, MNIST, synthetic data or the built-in demo dataset.', load: async () => (await import('./train.js')).trainCommand },
-  eval: { summary: 'Evaluate weights or a checkpoint: loss, Acc@1, Acc@5 and a per-class report.', load: async () => (await import('./eval.js')).evalCommand },
-  predict: { summary: 'Classify image files and print the top-k classes with their probabilities.', load: async () => (await import('./predict.js')).predictCommand },
-  bench: { summary: 'Measure training throughput (forward, backward and SGD step) on synthetic data.', load: async () => (await import('./bench.js')).benchCommand },
-  doctor: { summary: 'Check the installation: the addon, each backend, sharp; says what to fix.', load: async () => (await import('./doctor.js')).doctorCommand },
+  train: {
+    summary: 'Train a ResNet on an image folder, CIFAR, MNIST, synthetic data or the built-in demo dataset.',
+    load: async () => (await import('./train.js')).trainCommand,
+  },
+  eval: {
+    summary: 'Evaluate weights or a checkpoint: loss, Acc@1, Acc@5 and a per-class report.',
+    load: async () => (await import('./eval.js')).evalCommand,
+  },
+  predict: {
+    summary: 'Classify image files and print the top-k classes with their probabilities.',
+    load: async () => (await import('./predict.js')).predictCommand,
+  },
+  bench: {
+    summary: 'Measure training throughput (forward, backward and SGD step) on synthetic data.',
+    load: async () => (await import('./bench.js')).benchCommand,
+  },
+  doctor: {
+    summary: 'Check the installation: the addon, each backend, sharp; says what to fix.',
+    load: async () => (await import('./doctor.js')).doctorCommand,
+  },
 };
 
 function topLevelHelp(): string {
@@ -51,7 +76,9 @@ function debugEnabled(io: CliIO, argv: readonly string[]): boolean {
 /** The hint printed under a runtime error, from what the error says about itself. */
 function runtimeHint(error: Error & { code?: string }, command: string): string {
   if (error instanceof CliError && error.hint) return error.hint;
-  if (/"sharp" module|Cannot find (module|package) 'sharp'/.test(error.message)) return "The image library sharp does not load; run 'resnet-cuda doctor' for what to do.";
+  if (/"sharp" module|Cannot find (module|package) 'sharp'/.test(error.message)) {
+    return "The image library sharp does not load; run 'resnet-cuda doctor' for what to do.";
+  }
   switch (error.code) {
     case 'ERR_RC_DEVICE':
       return "Run 'resnet-cuda doctor' to see which devices this installation can use.";
@@ -75,7 +102,9 @@ function runtimeHint(error: Error & { code?: string }, command: string): string 
 export async function main(argv: readonly string[], io: CliIO = processIO()): Promise<number> {
   const [name, ...rest] = argv;
   if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
-    if (name === 'help' && rest[0] !== undefined && Object.hasOwn(COMMANDS, rest[0])) return main([rest[0], '--help'], io);
+    if (name === 'help' && rest[0] !== undefined && Object.hasOwn(COMMANDS, rest[0])) {
+      return main([rest[0], '--help'], io);
+    }
     // Without a command it is a usage error: the help goes where errors go.
     (name === undefined ? io.stderr : io.stdout).write(topLevelHelp());
     return name === undefined ? 2 : 0;

@@ -181,7 +181,12 @@ export function commonOptions(config: boolean): OptionSpec[] {
           } satisfies OptionSpec,
         ]
       : []),
-    { name: 'verbose', type: 'boolean', help: 'Print stack traces with errors (as does RC_DEBUG=1 in the environment).', section: 'General' },
+    {
+      name: 'verbose',
+      type: 'boolean',
+      help: 'Print stack traces with errors (as does RC_DEBUG=1 in the environment).',
+      section: 'General',
+    },
     { name: 'help', short: 'h', type: 'boolean', help: 'Print this help and exit.', section: 'General' },
   ];
 }
@@ -198,12 +203,16 @@ export function kebabCase(name: string): string {
 
 /** Edit distance with adjacent transpositions (optimal string alignment), for "did you mean" suggestions. */
 function editDistance(a: string, b: string): number {
-  const d: number[][] = Array.from({ length: a.length + 1 }, (_, i) => Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)));
+  const d: number[][] = Array.from({ length: a.length + 1 }, (_, i) =>
+    Array.from({ length: b.length + 1 }, (_, j) => (i === 0 ? j : j === 0 ? i : 0)),
+  );
   for (let i = 1; i <= a.length; i++) {
     for (let j = 1; j <= b.length; j++) {
       const cost = a[i - 1] === b[j - 1] ? 0 : 1;
       let best = Math.min(d[i - 1]![j]! + 1, d[i]![j - 1]! + 1, d[i - 1]![j - 1]! + cost);
-      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) best = Math.min(best, d[i - 2]![j - 2]! + 1);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        best = Math.min(best, d[i - 2]![j - 2]! + 1);
+      }
       d[i]![j] = best;
     }
   }
@@ -245,7 +254,10 @@ function describeRange(option: OptionSpec): string {
 function checkNumber(option: OptionSpec, value: number, where: string): number {
   const integer = option.type === 'int' || option.type === 'ints';
   // Integers past 2^53 are not exact (and no count, size or step number gets there).
-  const range = integer && option.max === undefined && Number.isInteger(value) && !Number.isSafeInteger(value) ? { ...option, max: Number.MAX_SAFE_INTEGER } : option;
+  const range =
+    integer && option.max === undefined && Number.isInteger(value) && !Number.isSafeInteger(value)
+      ? { ...option, max: Number.MAX_SAFE_INTEGER }
+      : option;
   const bad =
     !Number.isFinite(value) ||
     (integer && !Number.isInteger(value)) ||
@@ -268,7 +280,9 @@ function checkChoice(option: OptionSpec, value: string, where: string): string {
   const choices = option.choices ?? [];
   if (!choices.includes(value)) {
     const guess = closest(value, choices);
-    throw new UsageError(`${where} expects one of ${choices.join(', ')}, got '${value}'${guess ? ` (did you mean '${guess}'?)` : ''}`);
+    throw new UsageError(
+      `${where} expects one of ${choices.join(', ')}, got '${value}'${guess ? ` (did you mean '${guess}'?)` : ''}`,
+    );
   }
   return value;
 }
@@ -288,12 +302,20 @@ function fromText(option: OptionSpec, text: string, cwd: string): OptionValue {
     case 'number':
       return parseNumberText(option, text, where);
     case 'ints': {
-      const parts = text.split(',').map((p) => p.trim()).filter((p) => p.length > 0);
-      if (parts.length === 0) throw new UsageError(`${where} expects a comma-separated list of integers, got '${text}'`);
+      const parts = text
+        .split(',')
+        .map((p) => p.trim())
+        .filter((p) => p.length > 0);
+      if (parts.length === 0) {
+        throw new UsageError(`${where} expects a comma-separated list of integers, got '${text}'`);
+      }
       return parts.map((p) => parseNumberText(option, p, where));
     }
     case 'strings': {
-      const parts = text.split(',').map((p) => p.trim()).filter((p) => p.length > 0);
+      const parts = text
+        .split(',')
+        .map((p) => p.trim())
+        .filter((p) => p.length > 0);
       if (parts.length === 0) throw new UsageError(`${where} expects a comma-separated list, got '${text}'`);
       return parts;
     }
@@ -329,10 +351,14 @@ function fromJson(option: OptionSpec, value: unknown, key: string, file: string,
       }
       return [...(value as string[])];
     case 'choice':
-      if (typeof value !== 'string') throw new UsageError(`${where} expects one of ${(option.choices ?? []).join(', ')}, got ${shown}`);
+      if (typeof value !== 'string') {
+        throw new UsageError(`${where} expects one of ${(option.choices ?? []).join(', ')}, got ${shown}`);
+      }
       return checkChoice(option, value, where);
     case 'path':
-      if (typeof value !== 'string' || value.length === 0) throw new UsageError(`${where} expects a path, got ${shown}`);
+      if (typeof value !== 'string' || value.length === 0) {
+        throw new UsageError(`${where} expects a path, got ${shown}`);
+      }
       // Relative paths in a config file are relative to the file, so that it works from anywhere.
       return resolve(configDir, value);
     case 'string':
@@ -360,7 +386,11 @@ function typedFlag(message: string, args: readonly string[]): string {
 }
 
 /** Rewrites parseArgs's messages (several lines, generic) as one line naming the option. */
-function parseArgsMessage(error: Error & { code?: string }, options: readonly OptionSpec[], args: readonly string[]): UsageError {
+function parseArgsMessage(
+  error: Error & { code?: string },
+  options: readonly OptionSpec[],
+  args: readonly string[],
+): UsageError {
   const message = error.message;
   if (error.code === 'ERR_PARSE_ARGS_UNKNOWN_OPTION') {
     const flag = /'([^']+)'/.exec(message)?.[1] ?? message;
@@ -370,9 +400,11 @@ function parseArgsMessage(error: Error & { code?: string }, options: readonly Op
   }
   if (error.code === 'ERR_PARSE_ARGS_INVALID_OPTION_VALUE') {
     const flag = typedFlag(message, args);
-    if (/argument missing/.test(message)) return new UsageError(`${flag} needs a value`);
-    if (/does not take an argument/.test(message)) return new UsageError(`${flag} takes no value`);
-    if (/ambiguous/.test(message)) return new UsageError(`${flag} needs a value; to pass one that starts with '-', write ${flag}=VALUE`);
+    if (message.includes('argument missing')) return new UsageError(`${flag} needs a value`);
+    if (message.includes('does not take an argument')) return new UsageError(`${flag} takes no value`);
+    if (message.includes('ambiguous')) {
+      return new UsageError(`${flag} needs a value; to pass one that starts with '-', write ${flag}=VALUE`);
+    }
   }
   if (error.code === 'ERR_PARSE_ARGS_UNEXPECTED_POSITIONAL') {
     const arg = /'([^']+)'/.exec(message)?.[1];
@@ -400,7 +432,10 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
   // A short option with `=` (`-b=VALUE`) means what its long form does (`--batch-size=VALUE`), as
   // the hint for values that start with '-' says.
   const args = argv.map((arg, i) => {
-    const option = options.find((o) => o.valueWhenBare !== undefined && (arg === `--${o.name}` || (o.aliases ?? []).some((a) => arg === `--${a}`)));
+    const option = options.find(
+      (o) =>
+        o.valueWhenBare !== undefined && (arg === `--${o.name}` || (o.aliases ?? []).some((a) => arg === `--${a}`)),
+    );
     const next = argv[i + 1];
     if (option && (next === undefined || next.startsWith('-'))) return `--${option.name}=${option.valueWhenBare}`;
     const short = end !== -1 && i > end ? undefined : /^-(\w)=/.exec(arg)?.[1];
@@ -419,9 +454,13 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
       canonical.set(alias, option);
     }
   }
-  let parsed: { values: Record<string, string | boolean | undefined>; tokens?: { kind: string; name?: string; index: number }[]; positionals: string[] };
+  let parsed: {
+    values: Record<string, string | boolean | undefined>;
+    tokens?: { kind: string; name?: string; index: number }[];
+    positionals: string[];
+  };
   try {
-    parsed = parseArgs({ args, options: table, strict: true, allowPositionals: true, tokens: true }) as typeof parsed;
+    parsed = parseArgs({ args, options: table, strict: true, allowPositionals: true, tokens: true });
   } catch (error) {
     throw parseArgsMessage(error as Error & { code?: string }, options, args);
   }
@@ -448,7 +487,9 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
       throw new UsageError(`--config file '${configFile}' is not valid JSON: ${(error as Error).message}`);
     }
     if (json === null || typeof json !== 'object' || Array.isArray(json)) {
-      throw new UsageError(`--config file '${configFile}' must hold a JSON object of options, such as {"epochs": 10, "lr": 0.1}`);
+      throw new UsageError(
+        `--config file '${configFile}' must hold a JSON object of options, such as {"epochs": 10, "lr": 0.1}`,
+      );
     }
     const configDir = resolve(configFile, '..');
     const configurable = options.filter((o) => o.name !== 'config' && o.name !== 'help');
@@ -459,7 +500,9 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
       if (positional) {
         const list = Array.isArray(value) ? value : [value];
         if (!list.every((v) => typeof v === 'string' && v.length > 0)) {
-          throw new UsageError(`'${key}' in ${configFile} expects a path${positional.variadic ? ' or an array of paths' : ''}, got ${JSON.stringify(value)}`);
+          throw new UsageError(
+            `'${key}' in ${configFile} expects a path${positional.variadic ? ' or an array of paths' : ''}, got ${JSON.stringify(value)}`,
+          );
         }
         configPositionals = (list as string[]).map((v) => resolve(configDir, v));
         continue;
@@ -491,12 +534,15 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
   }
 
   // Positionals: the command line's, else the config file's.
-  const positionals = parsed.positionals.length > 0 ? parsed.positionals.map((p) => resolve(cwd, p)) : (configPositionals ?? []);
+  const positionals =
+    parsed.positionals.length > 0 ? parsed.positionals.map((p) => resolve(cwd, p)) : (configPositionals ?? []);
   const variadic = spec.positionals.some((p) => p.variadic);
   if (!variadic && positionals.length > spec.positionals.length) {
     const extra = positionals[spec.positionals.length]!;
     throw new UsageError(
-      spec.positionals.length === 0 ? `'${spec.name}' takes no arguments, got '${parsed.positionals[0] ?? extra}'` : `too many arguments: '${parsed.positionals[spec.positionals.length] ?? extra}'`,
+      spec.positionals.length === 0
+        ? `'${spec.name}' takes no arguments, got '${parsed.positionals[0] ?? extra}'`
+        : `too many arguments: '${parsed.positionals[spec.positionals.length] ?? extra}'`,
     );
   }
   const required = spec.positionals.filter((p) => p.required);
@@ -560,7 +606,10 @@ export function formatHelp(spec: CommandSpec): string {
   for (const [section, list] of sections) {
     out += `${section}:\n`;
     for (const option of list) {
-      const value = option.type === 'boolean' ? '' : ` ${option.valueName ?? (option.type === 'choice' ? 'NAME' : option.type === 'path' ? 'PATH' : 'N')}`;
+      const value =
+        option.type === 'boolean'
+          ? ''
+          : ` ${option.valueName ?? (option.type === 'choice' ? 'NAME' : option.type === 'path' ? 'PATH' : 'N')}`;
       const bare = option.valueWhenBare !== undefined ? `${value.slice(0, 1)}[${value.slice(1)}]` : value;
       let text = option.help;
       if (option.choices) text += ` One of: ${option.choices.join(', ')}.`;

@@ -12,8 +12,25 @@ import { DataLoader, DataLoaderError } from '../data/loader.js';
 import type { Compose, Interpolation } from '../data/transforms.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
 import type { Trainer } from '../train/trainer.js';
-import { SHARED_OPTIONS, checkBatchMemory, checkDevice, displayPath, readClassNames, valTransform, type AmpName, type ModelName } from './common.js';
-import { checkModelSource, inferencePrecision, inferenceTrainer, inputOptions, inputSettings, loadModel, modelSourceOptions } from './inference.js';
+import {
+  SHARED_OPTIONS,
+  checkBatchMemory,
+  checkDevice,
+  displayPath,
+  readClassNames,
+  valTransform,
+  type AmpName,
+  type ModelName,
+} from './common.js';
+import {
+  checkModelSource,
+  inferencePrecision,
+  inferenceTrainer,
+  inputOptions,
+  inputSettings,
+  loadModel,
+  modelSourceOptions,
+} from './inference.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const INPUT_NAMES = {
@@ -34,15 +51,36 @@ const SPEC: CommandSpec = {
     'Classifies image files (JPEG, PNG, WebP) and prints the --topk most likely classes of each with their probabilities. A folder stands for the images directly in it. ' +
     'The resize, crop and normalisation are those the model was trained with when the checkpoint (or the run folder of the weights) records them. ' +
     'A file that cannot be read or decoded gets an error line (with its code) on stderr, the others their classes, and the exit code is then 1.',
-  positionals: [{ name: 'IMAGE', help: 'Image files or folders of images.', variadic: true, required: true, configKey: 'images' }],
+  positionals: [
+    { name: 'IMAGE', help: 'Image files or folders of images.', variadic: true, required: true, configKey: 'images' },
+  ],
   options: [
     ...modelSourceOptions('Model'),
-    { name: 'classes', type: 'path', mustExist: 'file', valueName: 'FILE', defaultText: 'the run\'s class names, else the class indices', help: 'Class names, one per line, in label order.', section: 'Model' },
-    { name: 'topk', type: 'int', min: 1, default: 5, valueName: 'K', help: 'Classes to print per image (at most the number of classes).', section: 'Output' },
+    {
+      name: 'classes',
+      type: 'path',
+      mustExist: 'file',
+      valueName: 'FILE',
+      defaultText: "the run's class names, else the class indices",
+      help: 'Class names, one per line, in label order.',
+      section: 'Model',
+    },
+    {
+      name: 'topk',
+      type: 'int',
+      min: 1,
+      default: 5,
+      valueName: 'K',
+      help: 'Classes to print per image (at most the number of classes).',
+      section: 'Output',
+    },
     { ...SHARED_OPTIONS.json, section: 'Output' },
     ...inputOptions(INPUT_NAMES, 'Input', 'Run'),
   ],
-  examples: ['resnet-cuda predict --weights runs/demo/model.safetensors shapes/*.png', 'resnet-cuda predict --checkpoint runs/pets --topk 3 --json photos/'],
+  examples: [
+    'resnet-cuda predict --weights runs/demo/model.safetensors shapes/*.png',
+    'resnet-cuda predict --checkpoint runs/pets --topk 3 --json photos/',
+  ],
 };
 
 interface PredictArgs {
@@ -81,7 +119,14 @@ interface Failure {
  */
 async function classify(
   files: readonly string[],
-  o: { trainer: Trainer; transform: Compose; batchSize: number; device: string; topk: number; name: (c: number) => string },
+  o: {
+    trainer: Trainer;
+    transform: Compose;
+    batchSize: number;
+    device: string;
+    topk: number;
+    name: (c: number) => string;
+  },
 ): Promise<{ rows: Prediction[]; failures: Failure[] }> {
   const rows: Prediction[] = [];
   const failures: Failure[] = [];
@@ -90,14 +135,23 @@ async function classify(
     while (pending.length > 0) {
       const images = await ImageFiles.open(pending);
       // One worker: decoding overlaps the forward passes without competing with them for cores.
-      const loader = new DataLoader(images, { batchSize: o.batchSize, transform: o.transform, workers: pending.length > o.batchSize ? 1 : 0, device: o.device });
+      const loader = new DataLoader(images, {
+        batchSize: o.batchSize,
+        transform: o.transform,
+        workers: pending.length > o.batchSize ? 1 : 0,
+        device: o.device,
+      });
       try {
         const result = await o.trainer.predict(loader, { topk: o.topk });
         for (let s = 0; s < pending.length; s++) {
           const at = (j: number) => s * result.topk + j;
           rows.push({
             file: pending[result.indices[s]!]!,
-            predictions: Array.from({ length: result.topk }, (_, j) => ({ index: result.classes[at(j)]!, class: o.name(result.classes[at(j)]!), probability: result.probabilities[at(j)]! })),
+            predictions: Array.from({ length: result.topk }, (_, j) => ({
+              index: result.classes[at(j)]!,
+              class: o.name(result.classes[at(j)]!),
+              probability: result.probabilities[at(j)]!,
+            })),
           });
         }
         pending = [];
@@ -149,7 +203,9 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const precision = inferencePrecision(a.amp, config.amp, device);
   if (precision.note !== undefined) io.stderr.write(`${precision.note}\n`);
   if (classFile !== undefined && classFile.length !== arch.numClasses) {
-    throw new UsageError(`--classes '${a.classes}' names ${classFile.length} classes but the model has ${arch.numClasses}`);
+    throw new UsageError(
+      `--classes '${a.classes}' names ${classFile.length} classes but the model has ${arch.numClasses}`,
+    );
   }
   const classes = classFile ?? loaded.classes;
   const small = arch.smallInput;
@@ -164,18 +220,33 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const trainer = inferenceTrainer(loaded.model, { device, amp: precision.amp, progress: false });
   try {
     const name = (c: number) => classes?.[c] ?? String(c);
-    const { rows, failures } = await classify(files, { trainer, transform: valTransform(settings), batchSize: a.batchSize, device, topk: a.topk, name });
+    const { rows, failures } = await classify(files, {
+      trainer,
+      transform: valTransform(settings),
+      batchSize: a.batchSize,
+      device,
+      topk: a.topk,
+      name,
+    });
     const resize = settings.valResizeSize;
     const crop = settings.valCropSize;
     if (a.json) {
-      io.stdout.write(`${JSON.stringify({ model: arch.model, numClasses: arch.numClasses, resize, crop, images: rows, failed: failures }, null, 2)}\n`);
+      io.stdout.write(
+        `${JSON.stringify({ model: arch.model, numClasses: arch.numClasses, resize, crop, images: rows, failed: failures }, null, 2)}\n`,
+      );
     } else {
       for (const row of rows) {
         io.stdout.write(`${displayPath(row.file, io.cwd)}\n`);
-        for (const p of row.predictions) io.stdout.write(`  ${(100 * p.probability).toFixed(2).padStart(6)}%  ${p.class}\n`);
+        for (const p of row.predictions) {
+          io.stdout.write(`  ${(100 * p.probability).toFixed(2).padStart(6)}%  ${p.class}\n`);
+        }
       }
     }
-    for (const failure of failures) io.stderr.write(`resnet-cuda predict: ${displayPath(failure.file, io.cwd)}: ${failure.code}: ${failure.message}\n`);
+    for (const failure of failures) {
+      io.stderr.write(
+        `resnet-cuda predict: ${displayPath(failure.file, io.cwd)}: ${failure.code}: ${failure.message}\n`,
+      );
+    }
     return failures.length > 0 ? 1 : 0;
   } finally {
     await trainer.dispose();

@@ -64,13 +64,39 @@ import {
   type ModelName,
   type RunConfig,
 } from './common.js';
-import { CliError, UsageError, kebabCase, type CliIO, type Command, type CommandSpec, type OptionSpec, type OptionValue, type ParsedCommand } from './options.js';
+import {
+  CliError,
+  UsageError,
+  kebabCase,
+  type CliIO,
+  type Command,
+  type CommandSpec,
+  type OptionSpec,
+  type OptionValue,
+  type ParsedCommand,
+} from './options.js';
 
-const SCHEDULERS = ['cosineannealinglr', 'steplr', 'multisteplr', 'exponentiallr', 'onecyclelr', 'plateau', 'constant'] as const;
+const SCHEDULERS = [
+  'cosineannealinglr',
+  'steplr',
+  'multisteplr',
+  'exponentiallr',
+  'onecyclelr',
+  'plateau',
+  'constant',
+] as const;
 type SchedulerName = (typeof SCHEDULERS)[number];
 const OPTIMIZERS = ['sgd', 'sgd-nesterov', 'adamw', 'lamb'] as const;
 type OptimizerName = (typeof OPTIMIZERS)[number];
-const MONITORS = ['val/acc1', 'val/acc5', 'val/loss', 'train/loss', 'val_ema/acc1', 'val_ema/acc5', 'val_ema/loss'] as const;
+const MONITORS = [
+  'val/acc1',
+  'val/acc5',
+  'val/loss',
+  'train/loss',
+  'val_ema/acc1',
+  'val_ema/acc5',
+  'val_ema/loss',
+] as const;
 
 /**
  * The defaults of the built-in demo (no DATA): ResNet-18 with the small-image stem on 32 px
@@ -105,16 +131,49 @@ const S_TRAIN = 'Training';
 const S_OUT = 'Checkpoints and logs';
 
 const OPTIONS: OptionSpec[] = [
-  { name: 'dataset', type: 'choice', choices: DATASET_NAMES, valueName: 'KIND', defaultText: 'imagefolder with DATA, else shapes (the built-in dataset)', help: 'What DATA holds.', section: S_DATA },
-  { name: 'data-path', type: 'path', mustExist: 'dir', valueName: 'DIR', help: 'DATA given as an option, as train.py takes it.', section: S_DATA },
+  {
+    name: 'dataset',
+    type: 'choice',
+    choices: DATASET_NAMES,
+    valueName: 'KIND',
+    defaultText: 'imagefolder with DATA, else shapes (the built-in dataset)',
+    help: 'What DATA holds.',
+    section: S_DATA,
+  },
+  {
+    name: 'data-path',
+    type: 'path',
+    mustExist: 'dir',
+    valueName: 'DIR',
+    help: 'DATA given as an option, as train.py takes it.',
+    section: S_DATA,
+  },
   option({ ...SHARED_OPTIONS.workers, section: S_DATA }),
-  imageSizeOption('train-crop-size', 'Training crop size (RandomResizedCrop).', '224; 32 for CIFAR and the built-in dataset, 28 for MNIST', S_DATA),
-  imageSizeOption('val-resize-size', 'Validation resize of the smaller edge.', "for imagefolder the validation crop size x 256/224 (torchvision's 256 for 224), else the validation crop size", S_DATA),
+  imageSizeOption(
+    'train-crop-size',
+    'Training crop size (RandomResizedCrop).',
+    '224; 32 for CIFAR and the built-in dataset, 28 for MNIST',
+    S_DATA,
+  ),
+  imageSizeOption(
+    'val-resize-size',
+    'Validation resize of the smaller edge.',
+    "for imagefolder the validation crop size x 256/224 (torchvision's 256 for 224), else the validation crop size",
+    S_DATA,
+  ),
   imageSizeOption('val-crop-size', 'Validation center crop size.', 'the training crop size', S_DATA),
   { ...SHARED_OPTIONS.interpolation, default: 'bilinear', section: S_DATA },
 
   { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet18', help: 'The network.', section: S_MODEL },
-  { name: 'num-classes', type: 'int', min: 1, valueName: 'N', defaultText: "the dataset's classes; 4 for the built-in dataset, 1000 for synthetic", help: 'Output classes.', section: S_MODEL },
+  {
+    name: 'num-classes',
+    type: 'int',
+    min: 1,
+    valueName: 'N',
+    defaultText: "the dataset's classes; 4 for the built-in dataset, 1000 for synthetic",
+    help: 'Output classes.',
+    section: S_MODEL,
+  },
   {
     name: 'stem',
     type: 'choice',
@@ -123,51 +182,330 @@ const OPTIONS: OptionSpec[] = [
     help: 'The first layers: imagenet (7x7 stride-2 convolution and max pooling) or small (3x3 stride-1, no pooling, for 28-64 px images); auto picks small for crops up to 64 px.',
     section: S_MODEL,
   },
-  { name: 'weights', type: 'path', mustExist: 'file', valueName: 'FILE', help: 'Start from these safetensors weights (fine-tuning); with a different number of classes, everything but fc is loaded.', section: S_MODEL },
-  { name: 'freeze', type: 'strings', valueName: 'PREFIXES', help: 'Comma-separated parameter prefixes not to train, e.g. conv1,bn1,layer1.', section: S_MODEL },
+  {
+    name: 'weights',
+    type: 'path',
+    mustExist: 'file',
+    valueName: 'FILE',
+    help: 'Start from these safetensors weights (fine-tuning); with a different number of classes, everything but fc is loaded.',
+    section: S_MODEL,
+  },
+  {
+    name: 'freeze',
+    type: 'strings',
+    valueName: 'PREFIXES',
+    help: 'Comma-separated parameter prefixes not to train, e.g. conv1,bn1,layer1.',
+    section: S_MODEL,
+  },
 
   option({ name: 'opt', type: 'choice', choices: OPTIMIZERS, default: 'sgd', help: 'The optimizer.', section: S_OPT }),
-  option({ name: 'lr', type: 'number', min: 0, exclusiveMin: true, default: 0.1, valueName: 'LR', help: 'Initial (peak) learning rate.', section: S_OPT }),
-  { name: 'lr-scale-batch', type: 'int', min: 1, valueName: 'B', help: 'Linear scaling rule: multiply --lr by (batch size x --accumulate) / B, e.g. 256 for ImageNet recipes.', section: S_OPT },
-  { name: 'momentum', type: 'number', min: 0, max: 1, default: 0.9, valueName: 'M', help: 'SGD momentum.', section: S_OPT },
-  option({ name: 'weight-decay', aliases: ['wd'], type: 'number', min: 0, default: 1e-4, valueName: 'WD', help: 'Weight decay.', section: S_OPT }),
-  { name: 'norm-weight-decay', type: 'number', min: 0, max: 0, valueName: '0', help: 'Weight decay of BatchNorm parameters and biases: 0 (none) is the one value supported; without it they decay like the weights.', section: S_OPT },
-  option({ name: 'label-smoothing', type: 'number', min: 0, max: 1, default: 0, valueName: 'S', help: 'Label smoothing of the cross-entropy loss.', section: S_OPT }),
-  { name: 'clip-grad-norm', type: 'number', min: 0, exclusiveMin: true, valueName: 'NORM', help: 'Clip the gradients to this total L2 norm.', section: S_OPT },
+  option({
+    name: 'lr',
+    type: 'number',
+    min: 0,
+    exclusiveMin: true,
+    default: 0.1,
+    valueName: 'LR',
+    help: 'Initial (peak) learning rate.',
+    section: S_OPT,
+  }),
+  {
+    name: 'lr-scale-batch',
+    type: 'int',
+    min: 1,
+    valueName: 'B',
+    help: 'Linear scaling rule: multiply --lr by (batch size x --accumulate) / B, e.g. 256 for ImageNet recipes.',
+    section: S_OPT,
+  },
+  {
+    name: 'momentum',
+    type: 'number',
+    min: 0,
+    max: 1,
+    default: 0.9,
+    valueName: 'M',
+    help: 'SGD momentum.',
+    section: S_OPT,
+  },
+  option({
+    name: 'weight-decay',
+    aliases: ['wd'],
+    type: 'number',
+    min: 0,
+    default: 1e-4,
+    valueName: 'WD',
+    help: 'Weight decay.',
+    section: S_OPT,
+  }),
+  {
+    name: 'norm-weight-decay',
+    type: 'number',
+    min: 0,
+    max: 0,
+    valueName: '0',
+    help: 'Weight decay of BatchNorm parameters and biases: 0 (none) is the one value supported; without it they decay like the weights.',
+    section: S_OPT,
+  },
+  option({
+    name: 'label-smoothing',
+    type: 'number',
+    min: 0,
+    max: 1,
+    default: 0,
+    valueName: 'S',
+    help: 'Label smoothing of the cross-entropy loss.',
+    section: S_OPT,
+  }),
+  {
+    name: 'clip-grad-norm',
+    type: 'number',
+    min: 0,
+    exclusiveMin: true,
+    valueName: 'NORM',
+    help: 'Clip the gradients to this total L2 norm.',
+    section: S_OPT,
+  },
 
-  option({ name: 'lr-scheduler', type: 'choice', choices: SCHEDULERS, default: 'steplr', help: 'The schedule after the warm-up (plateau: divide by --lr-gamma when --monitor stops improving).', section: S_LR }),
-  option({ name: 'lr-warmup-epochs', type: 'number', min: 0, default: 0, valueName: 'E', help: 'Warm-up length in epochs (fractions allowed; applied per step).', section: S_LR }),
-  option({ name: 'lr-warmup-method', type: 'choice', choices: ['linear', 'constant'], default: 'constant', help: 'Warm-up shape.', section: S_LR }),
-  option({ name: 'lr-warmup-decay', type: 'number', min: 0, max: 1, exclusiveMin: true, default: 0.01, valueName: 'F', help: 'The warm-up starts at --lr times this.', section: S_LR }),
-  { name: 'lr-step-size', type: 'int', min: 1, default: 30, valueName: 'E', help: 'steplr: epochs between decays.', section: S_LR },
-  { name: 'lr-milestones', type: 'ints', min: 1, valueName: 'E,E,...', help: 'multisteplr: epochs (after the warm-up) at which to decay.', section: S_LR },
-  { name: 'lr-gamma', type: 'number', min: 0, exclusiveMin: true, default: 0.1, valueName: 'G', help: 'Decay factor of steplr, multisteplr, exponentiallr (per epoch) and plateau.', section: S_LR },
-  { name: 'lr-min', type: 'number', min: 0, default: 0, valueName: 'LR', help: 'The floor of cosineannealinglr and plateau.', section: S_LR },
-  { name: 'lr-plateau-patience', type: 'int', min: 0, default: 10, valueName: 'N', help: 'plateau: evaluations without improvement before the decay.', section: S_LR },
+  option({
+    name: 'lr-scheduler',
+    type: 'choice',
+    choices: SCHEDULERS,
+    default: 'steplr',
+    help: 'The schedule after the warm-up (plateau: divide by --lr-gamma when --monitor stops improving).',
+    section: S_LR,
+  }),
+  option({
+    name: 'lr-warmup-epochs',
+    type: 'number',
+    min: 0,
+    default: 0,
+    valueName: 'E',
+    help: 'Warm-up length in epochs (fractions allowed; applied per step).',
+    section: S_LR,
+  }),
+  option({
+    name: 'lr-warmup-method',
+    type: 'choice',
+    choices: ['linear', 'constant'],
+    default: 'constant',
+    help: 'Warm-up shape.',
+    section: S_LR,
+  }),
+  option({
+    name: 'lr-warmup-decay',
+    type: 'number',
+    min: 0,
+    max: 1,
+    exclusiveMin: true,
+    default: 0.01,
+    valueName: 'F',
+    help: 'The warm-up starts at --lr times this.',
+    section: S_LR,
+  }),
+  {
+    name: 'lr-step-size',
+    type: 'int',
+    min: 1,
+    default: 30,
+    valueName: 'E',
+    help: 'steplr: epochs between decays.',
+    section: S_LR,
+  },
+  {
+    name: 'lr-milestones',
+    type: 'ints',
+    min: 1,
+    valueName: 'E,E,...',
+    help: 'multisteplr: epochs (after the warm-up) at which to decay.',
+    section: S_LR,
+  },
+  {
+    name: 'lr-gamma',
+    type: 'number',
+    min: 0,
+    exclusiveMin: true,
+    default: 0.1,
+    valueName: 'G',
+    help: 'Decay factor of steplr, multisteplr, exponentiallr (per epoch) and plateau.',
+    section: S_LR,
+  },
+  {
+    name: 'lr-min',
+    type: 'number',
+    min: 0,
+    default: 0,
+    valueName: 'LR',
+    help: 'The floor of cosineannealinglr and plateau.',
+    section: S_LR,
+  },
+  {
+    name: 'lr-plateau-patience',
+    type: 'int',
+    min: 0,
+    default: 10,
+    valueName: 'N',
+    help: 'plateau: evaluations without improvement before the decay.',
+    section: S_LR,
+  },
 
   { ...SHARED_OPTIONS.device, section: S_TRAIN },
-  { name: 'batch-size', short: 'b', type: 'int', min: 1, default: 32, valueName: 'N', help: 'Images per batch.', section: S_TRAIN },
-  option({ name: 'epochs', type: 'int', min: 1, default: 90, valueName: 'N', help: 'Epochs to train (a resumed run continues to this number).', section: S_TRAIN }),
+  {
+    name: 'batch-size',
+    short: 'b',
+    type: 'int',
+    min: 1,
+    default: 32,
+    valueName: 'N',
+    help: 'Images per batch.',
+    section: S_TRAIN,
+  },
+  option({
+    name: 'epochs',
+    type: 'int',
+    min: 1,
+    default: 90,
+    valueName: 'N',
+    help: 'Epochs to train (a resumed run continues to this number).',
+    section: S_TRAIN,
+  }),
   { ...SHARED_OPTIONS.amp, section: S_TRAIN },
-  { name: 'accumulate', type: 'int', min: 1, default: 1, valueName: 'K', help: 'Batches per optimizer step (gradient accumulation).', section: S_TRAIN },
-  { name: 'model-ema', type: 'boolean', help: 'Keep an exponential moving average of the weights and evaluate it too.', section: S_TRAIN },
-  { name: 'model-ema-steps', type: 'int', min: 1, default: 32, valueName: 'N', help: 'Optimizer steps between updates of the average.', section: S_TRAIN },
-  { name: 'model-ema-decay', type: 'number', min: 0, max: 1, default: 0.99998, valueName: 'D', help: "Decay of the average, adjusted for batch size, --model-ema-steps and epochs as train.py does.", section: S_TRAIN },
-  { name: 'seed', type: 'int', min: 0, max: 2 ** 31 - 1, valueName: 'N', defaultText: "random (printed; a resumed run takes its checkpoint's)", help: 'Seed of the initialisation, shuffling and augmentation.', section: S_TRAIN },
-  { name: 'early-stopping-patience', type: 'int', min: 1, valueName: 'N', help: 'Stop when --monitor has not improved for N evaluations.', section: S_TRAIN },
-  { name: 'early-stopping-min-delta', type: 'number', min: 0, default: 0, valueName: 'D', help: 'The least change of --monitor that counts as an improvement.', section: S_TRAIN },
-  { name: 'monitor', type: 'choice', choices: MONITORS, default: 'val/acc1', help: 'The metric for the best checkpoint, early stopping and plateau.', section: S_TRAIN },
-  { name: 'max-steps', type: 'int', min: 1, valueName: 'N', help: 'Stop after N optimizer steps in all (a checkpoint is written there).', section: S_TRAIN },
-  { name: 'dry-run', type: 'int', min: 1, valueName: 'N', help: 'Debugging: train and evaluate on the first N batches only, every epoch (a model that cannot overfit them has a bug); no checkpoints.', section: S_TRAIN },
+  {
+    name: 'accumulate',
+    type: 'int',
+    min: 1,
+    default: 1,
+    valueName: 'K',
+    help: 'Batches per optimizer step (gradient accumulation).',
+    section: S_TRAIN,
+  },
+  {
+    name: 'model-ema',
+    type: 'boolean',
+    help: 'Keep an exponential moving average of the weights and evaluate it too.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'model-ema-steps',
+    type: 'int',
+    min: 1,
+    default: 32,
+    valueName: 'N',
+    help: 'Optimizer steps between updates of the average.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'model-ema-decay',
+    type: 'number',
+    min: 0,
+    max: 1,
+    default: 0.99998,
+    valueName: 'D',
+    help: 'Decay of the average, adjusted for batch size, --model-ema-steps and epochs as train.py does.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'seed',
+    type: 'int',
+    min: 0,
+    max: 2 ** 31 - 1,
+    valueName: 'N',
+    defaultText: "random (printed; a resumed run takes its checkpoint's)",
+    help: 'Seed of the initialisation, shuffling and augmentation.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'early-stopping-patience',
+    type: 'int',
+    min: 1,
+    valueName: 'N',
+    help: 'Stop when --monitor has not improved for N evaluations.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'early-stopping-min-delta',
+    type: 'number',
+    min: 0,
+    default: 0,
+    valueName: 'D',
+    help: 'The least change of --monitor that counts as an improvement.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'monitor',
+    type: 'choice',
+    choices: MONITORS,
+    default: 'val/acc1',
+    help: 'The metric for the best checkpoint, early stopping and plateau.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'max-steps',
+    type: 'int',
+    min: 1,
+    valueName: 'N',
+    help: 'Stop after N optimizer steps in all (a checkpoint is written there).',
+    section: S_TRAIN,
+  },
+  {
+    name: 'dry-run',
+    type: 'int',
+    min: 1,
+    valueName: 'N',
+    help: 'Debugging: train and evaluate on the first N batches only, every epoch (a model that cannot overfit them has a bug); no checkpoints.',
+    section: S_TRAIN,
+  },
 
-  { name: 'output-dir', type: 'path', valueName: 'DIR', defaultText: 'runs/<date>_<time>', help: 'Where checkpoints, logs, charts and the final weights go.', section: S_OUT },
-  { name: 'resume', type: 'string', valueName: 'CKPT', valueWhenBare: 'latest', help: "Continue a run: a checkpoint file, a run folder, or latest (also the flag alone) for --output-dir's latest checkpoint (the newest run under runs/ without --output-dir).", section: S_OUT },
-  { name: 'keep-last', type: 'int', min: 1, default: 3, valueName: 'K', help: 'Periodic checkpoints kept (best.safetensors is kept apart).', section: S_OUT },
-  { name: 'checkpoint-every-steps', type: 'int', min: 1, valueName: 'N', help: 'Also write a checkpoint every N optimizer steps within epochs.', section: S_OUT },
-  { name: 'print-freq', type: 'int', min: 1, default: 10, valueName: 'N', help: 'Optimizer steps between training-loss records (log, TensorBoard, progress).', section: S_OUT },
+  {
+    name: 'output-dir',
+    type: 'path',
+    valueName: 'DIR',
+    defaultText: 'runs/<date>_<time>',
+    help: 'Where checkpoints, logs, charts and the final weights go.',
+    section: S_OUT,
+  },
+  {
+    name: 'resume',
+    type: 'string',
+    valueName: 'CKPT',
+    valueWhenBare: 'latest',
+    help: "Continue a run: a checkpoint file, a run folder, or latest (also the flag alone) for --output-dir's latest checkpoint (the newest run under runs/ without --output-dir).",
+    section: S_OUT,
+  },
+  {
+    name: 'keep-last',
+    type: 'int',
+    min: 1,
+    default: 3,
+    valueName: 'K',
+    help: 'Periodic checkpoints kept (best.safetensors is kept apart).',
+    section: S_OUT,
+  },
+  {
+    name: 'checkpoint-every-steps',
+    type: 'int',
+    min: 1,
+    valueName: 'N',
+    help: 'Also write a checkpoint every N optimizer steps within epochs.',
+    section: S_OUT,
+  },
+  {
+    name: 'print-freq',
+    type: 'int',
+    min: 1,
+    default: 10,
+    valueName: 'N',
+    help: 'Optimizer steps between training-loss records (log, TensorBoard, progress).',
+    section: S_OUT,
+  },
   { name: 'no-tensorboard', type: 'boolean', help: 'Write no TensorBoard event files.', section: S_OUT },
   { name: 'no-plots', type: 'boolean', help: 'Write no PNG charts.', section: S_OUT },
-  { name: 'quiet', short: 'q', type: 'boolean', help: 'No progress lines: only the summary at the end and errors.', section: S_OUT },
+  {
+    name: 'quiet',
+    short: 'q',
+    type: 'boolean',
+    help: 'No progress lines: only the summary at the end and errors.',
+    section: S_OUT,
+  },
 ];
 
 const SPEC: CommandSpec = {
@@ -176,7 +514,13 @@ const SPEC: CommandSpec = {
   description:
     "Trains a ResNet like torchvision's references/classification/train.py. Without DATA it runs the demo: ResNet-18 on the built-in generated dataset (coloured shapes, 32 px, 4 classes), which reaches 95-100% validation accuracy in 100 steps (a few minutes on two CPU cores).\n\n" +
     'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, summary.json and config.json (every option the run reads, defaults included, re-runnable with --config). Ctrl-C (SIGINT), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP stop the run after the current step and write a checkpoint (exit codes 130, 143 and 129); a second signal while stopping quits at once.',
-  positionals: [{ name: 'DATA', help: `The dataset folder. imagefolder: ${DATA_LAYOUTS.imagefolder}; cifar10, cifar100, mnist and fashion-mnist: their binary files; nothing for synthetic and shapes.`, configKey: 'data' }],
+  positionals: [
+    {
+      name: 'DATA',
+      help: `The dataset folder. imagefolder: ${DATA_LAYOUTS.imagefolder}; cifar10, cifar100, mnist and fashion-mnist: their binary files; nothing for synthetic and shapes.`,
+      configKey: 'data',
+    },
+  ],
   options: OPTIONS,
   examples: [
     'resnet-cuda train                                   # the demo on the built-in dataset',
@@ -257,17 +601,42 @@ const SCHEDULER_OPTIONS: Record<string, readonly SchedulerName[]> = {
  * Options that only some runs read. Giving one that this run ignores is a mistake (refused with
  * `refusal`); `config.json` leaves them out, so that it can be passed back with `--config`.
  */
-const DEPENDENT_OPTIONS: readonly { keys: readonly string[]; applies: (a: TrainArgs) => boolean; refusal: (a: TrainArgs, flag: string) => string }[] = [
+const DEPENDENT_OPTIONS: readonly {
+  keys: readonly string[];
+  applies: (a: TrainArgs) => boolean;
+  refusal: (a: TrainArgs, flag: string) => string;
+}[] = [
   ...Object.entries(SCHEDULER_OPTIONS).map(([key, users]) => ({
     keys: [key],
     applies: (a: TrainArgs) => users.includes(a.lrScheduler),
-    refusal: (a: TrainArgs, flag: string) => `${flag} is not used by --lr-scheduler ${a.lrScheduler} (only by ${users.join(', ')})`,
+    refusal: (a: TrainArgs, flag: string) =>
+      `${flag} is not used by --lr-scheduler ${a.lrScheduler} (only by ${users.join(', ')})`,
   })),
-  { keys: ['momentum'], applies: (a) => a.opt === 'sgd' || a.opt === 'sgd-nesterov', refusal: (a) => `--momentum applies to --opt sgd and sgd-nesterov, not ${a.opt}` },
-  { keys: ['lrWarmupMethod', 'lrWarmupDecay'], applies: (a) => a.lrWarmupEpochs > 0, refusal: (_, flag) => `${flag} needs --lr-warmup-epochs above 0` },
-  { keys: ['modelEmaSteps', 'modelEmaDecay'], applies: (a) => a.modelEma, refusal: () => '--model-ema-steps and --model-ema-decay need --model-ema' },
-  { keys: ['earlyStoppingMinDelta'], applies: (a) => a.earlyStoppingPatience !== undefined, refusal: () => '--early-stopping-min-delta needs --early-stopping-patience' },
-  { keys: ['checkpointEverySteps', 'keepLast'], applies: (a) => a.dryRun === undefined, refusal: () => '--dry-run writes no checkpoints: drop --checkpoint-every-steps and --keep-last' },
+  {
+    keys: ['momentum'],
+    applies: (a) => a.opt === 'sgd' || a.opt === 'sgd-nesterov',
+    refusal: (a) => `--momentum applies to --opt sgd and sgd-nesterov, not ${a.opt}`,
+  },
+  {
+    keys: ['lrWarmupMethod', 'lrWarmupDecay'],
+    applies: (a) => a.lrWarmupEpochs > 0,
+    refusal: (_, flag) => `${flag} needs --lr-warmup-epochs above 0`,
+  },
+  {
+    keys: ['modelEmaSteps', 'modelEmaDecay'],
+    applies: (a) => a.modelEma,
+    refusal: () => '--model-ema-steps and --model-ema-decay need --model-ema',
+  },
+  {
+    keys: ['earlyStoppingMinDelta'],
+    applies: (a) => a.earlyStoppingPatience !== undefined,
+    refusal: () => '--early-stopping-min-delta needs --early-stopping-patience',
+  },
+  {
+    keys: ['checkpointEverySteps', 'keepLast'],
+    applies: (a) => a.dryRun === undefined,
+    refusal: () => '--dry-run writes no checkpoints: drop --checkpoint-every-steps and --keep-last',
+  },
 ];
 
 /**
@@ -280,7 +649,9 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
   const explicit = parsed.explicit;
   const set = (key: string) => explicit.has(key);
 
-  if (parsed.positionals.length > 0 && v.dataPath !== undefined) throw new UsageError('give DATA either as an argument or with --data-path, not both');
+  if (parsed.positionals.length > 0 && v.dataPath !== undefined) {
+    throw new UsageError('give DATA either as an argument or with --data-path, not both');
+  }
   const data = parsed.positionals[0] ?? (v.dataPath as string | undefined);
   const dataset = (v.dataset as DatasetName | undefined) ?? (data === undefined ? 'shapes' : 'imagefolder');
   if (dataset === 'shapes') for (const [key, value] of Object.entries(DEMO_DEFAULTS)) if (!set(key)) v[key] = value;
@@ -297,22 +668,43 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
   if (dataset === 'shapes' && a.numClasses !== undefined && (a.numClasses < 2 || a.numClasses > 6)) {
     throw new UsageError(`--num-classes must be 2 to 6 with the built-in dataset, got ${a.numClasses}`);
   }
-  if (a.valCropSize > a.valResizeSize) throw new UsageError(`--val-crop-size ${a.valCropSize} is larger than --val-resize-size ${a.valResizeSize}: the crop would be padded`);
-  if (a.normWeightDecay !== undefined && a.normWeightDecay !== 0) throw new UsageError('--norm-weight-decay supports only 0 (no decay on BatchNorm parameters and biases)');
+  if (a.valCropSize > a.valResizeSize) {
+    throw new UsageError(
+      `--val-crop-size ${a.valCropSize} is larger than --val-resize-size ${a.valResizeSize}: the crop would be padded`,
+    );
+  }
+  if (a.normWeightDecay !== undefined && a.normWeightDecay !== 0) {
+    throw new UsageError('--norm-weight-decay supports only 0 (no decay on BatchNorm parameters and biases)');
+  }
   for (const dependent of DEPENDENT_OPTIONS) {
     const given = dependent.keys.find((key) => set(key));
-    if (given !== undefined && !dependent.applies(a)) throw new UsageError(dependent.refusal(a, `--${kebabCase(given)}`));
+    if (given !== undefined && !dependent.applies(a)) {
+      throw new UsageError(dependent.refusal(a, `--${kebabCase(given)}`));
+    }
   }
-  if (a.lrScheduler === 'multisteplr' && a.lrMilestones === undefined) throw new UsageError('--lr-scheduler multisteplr needs --lr-milestones, e.g. --lr-milestones 30,60,80');
+  if (a.lrScheduler === 'multisteplr' && a.lrMilestones === undefined) {
+    throw new UsageError('--lr-scheduler multisteplr needs --lr-milestones, e.g. --lr-milestones 30,60,80');
+  }
   if (a.lrWarmupEpochs > 0 && a.lrScheduler === 'plateau') {
-    throw new UsageError('--lr-warmup-epochs cannot be combined with --lr-scheduler plateau: the plateau reduction sets the learning rate itself', 'Drop the warm-up, or use a schedule such as cosineannealinglr.');
+    throw new UsageError(
+      '--lr-warmup-epochs cannot be combined with --lr-scheduler plateau: the plateau reduction sets the learning rate itself',
+      'Drop the warm-up, or use a schedule such as cosineannealinglr.',
+    );
   }
   if (a.lrWarmupEpochs > 0 && a.lrScheduler === 'onecyclelr') {
-    throw new UsageError('--lr-warmup-epochs cannot be combined with --lr-scheduler onecyclelr, whose first phase is its own warm-up');
+    throw new UsageError(
+      '--lr-warmup-epochs cannot be combined with --lr-scheduler onecyclelr, whose first phase is its own warm-up',
+    );
   }
-  if (a.lrWarmupEpochs >= a.epochs) throw new UsageError(`--lr-warmup-epochs ${a.lrWarmupEpochs} must be less than --epochs ${a.epochs}`);
+  if (a.lrWarmupEpochs >= a.epochs) {
+    throw new UsageError(`--lr-warmup-epochs ${a.lrWarmupEpochs} must be less than --epochs ${a.epochs}`);
+  }
   if (a.monitor.startsWith('val_ema') && !a.modelEma) throw new UsageError(`--monitor ${a.monitor} needs --model-ema`);
-  if (a.stem === 'small' && a.trainCropSize > 128) throw new UsageError(`--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`);
+  if (a.stem === 'small' && a.trainCropSize > 128) {
+    throw new UsageError(
+      `--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`,
+    );
+  }
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
   return { args: { ...a, device }, files };
@@ -328,30 +720,52 @@ function checkDeviceName(device: string): string {
  * @throws {@link UsageError} for `--resume` with options that start a run afresh, a checkpoint
  *   that is not there, or an output folder that already holds a run (without `--resume`).
  */
-function resolveOutput(a: { outputDir?: string; resume?: string; dryRun?: number; weights?: string }, cwd: string): { outDir: string; resume: string | undefined } {
+function resolveOutput(
+  a: { outputDir?: string; resume?: string; dryRun?: number; weights?: string },
+  cwd: string,
+): { outDir: string; resume: string | undefined } {
   if (a.resume !== undefined) {
     if (a.dryRun !== undefined) throw new UsageError('--dry-run (a debugging run without checkpoints) cannot --resume');
-    if (a.weights !== undefined) throw new UsageError('--weights starts a new run from a weights file and --resume continues a run from its checkpoint: give one of them');
+    if (a.weights !== undefined) {
+      throw new UsageError(
+        '--weights starts a new run from a weights file and --resume continues a run from its checkpoint: give one of them',
+      );
+    }
     if (a.resume.length === 0) throw new UsageError('--resume needs a checkpoint path or latest');
   }
   const runsRoot = join(cwd, 'runs');
   if (a.resume === undefined) {
     const outDir = a.outputDir ?? uniqueDir(join(runsRoot, timestampName()));
     if (existsSync(join(outDir, 'checkpoints', 'latest.json')) && a.dryRun === undefined) {
-      throw new UsageError(`--output-dir '${outDir}' already holds a run (checkpoints/latest.json)`, 'Continue it with --resume, or choose another --output-dir.');
+      throw new UsageError(
+        `--output-dir '${outDir}' already holds a run (checkpoints/latest.json)`,
+        'Continue it with --resume, or choose another --output-dir.',
+      );
     }
     return { outDir, resume: undefined };
   }
   if (a.resume === 'latest') {
     const outDir = a.outputDir ?? latestRun(runsRoot);
-    if (outDir === undefined) throw new UsageError(`--resume latest: no run with a checkpoint under '${runsRoot}'`, 'Name the run with --output-dir, or the checkpoint file with --resume FILE.');
-    if (!existsSync(join(outDir, 'checkpoints', 'latest.json'))) throw new UsageError(`--resume latest: '${outDir}' holds no checkpoints/latest.json`);
+    if (outDir === undefined) {
+      throw new UsageError(
+        `--resume latest: no run with a checkpoint under '${runsRoot}'`,
+        'Name the run with --output-dir, or the checkpoint file with --resume FILE.',
+      );
+    }
+    if (!existsSync(join(outDir, 'checkpoints', 'latest.json'))) {
+      throw new UsageError(`--resume latest: '${outDir}' holds no checkpoints/latest.json`);
+    }
     return { outDir, resume: join(outDir, 'checkpoints') };
   }
   const target = resolve(cwd, a.resume);
   if (!existsSync(target)) throw new UsageError(`--resume '${target}' does not exist`);
   // A checkpoint inside a run's checkpoints/ folder continues that run's folder.
-  const inRun = basename(dirname(target)) === 'checkpoints' ? dirname(dirname(target)) : existsSync(join(target, 'checkpoints')) ? target : undefined;
+  const inRun =
+    basename(dirname(target)) === 'checkpoints'
+      ? dirname(dirname(target))
+      : existsSync(join(target, 'checkpoints'))
+        ? target
+        : undefined;
   return { outDir: a.outputDir ?? inRun ?? uniqueDir(join(runsRoot, timestampName())), resume: target };
 }
 
@@ -390,16 +804,26 @@ function buildSchedule(a: TrainArgs, stepsPerEpoch: number): Schedule | undefine
   }
   if (warmupSteps === 0) return main;
   const warmup =
-    a.lrWarmupMethod === 'linear' ? new LinearWarmup({ totalIters: warmupSteps, startFactor: a.lrWarmupDecay }) : new ConstantWarmup({ totalIters: warmupSteps, factor: a.lrWarmupDecay });
+    a.lrWarmupMethod === 'linear'
+      ? new LinearWarmup({ totalIters: warmupSteps, startFactor: a.lrWarmupDecay })
+      : new ConstantWarmup({ totalIters: warmupSteps, factor: a.lrWarmupDecay });
   return new SequentialSchedule({ schedules: [warmup, main], milestones: [warmupSteps] });
 }
 
 function buildOptimizer(a: TrainArgs, model: ResNet, lr: number): Optimizer<{ lr: number }> {
-  const params = a.normWeightDecay === 0 ? parameterGroups(model, { weightDecay: a.weightDecay, noWeightDecayOnNormAndBias: true }) : model;
+  const params =
+    a.normWeightDecay === 0
+      ? parameterGroups(model, { weightDecay: a.weightDecay, noWeightDecayOnNormAndBias: true })
+      : model;
   switch (a.opt) {
     case 'sgd':
     case 'sgd-nesterov':
-      return new SGD(params, { lr, momentum: a.momentum, weightDecay: a.weightDecay, nesterov: a.opt === 'sgd-nesterov' });
+      return new SGD(params, {
+        lr,
+        momentum: a.momentum,
+        weightDecay: a.weightDecay,
+        nesterov: a.opt === 'sgd-nesterov',
+      });
     case 'adamw':
       return new AdamW(params, { lr, weightDecay: a.weightDecay });
     case 'lamb':
@@ -415,7 +839,10 @@ function freeze(model: ResNet, prefixes: readonly string[]): number {
     const matches = named.filter(([name]) => name === prefix || name.startsWith(`${prefix}.`));
     if (matches.length === 0) {
       const top = [...new Set(named.map(([name]) => name.split('.')[0]!))];
-      throw new UsageError(`--freeze: no parameter is under '${prefix}'`, `The top-level modules are ${top.join(', ')}; deeper prefixes such as layer1.0 work too.`);
+      throw new UsageError(
+        `--freeze: no parameter is under '${prefix}'`,
+        `The top-level modules are ${top.join(', ')}; deeper prefixes such as layer1.0 work too.`,
+      );
     }
     for (const [, p] of matches) {
       if (p.requiresGrad) frozen += p.numel;
@@ -432,10 +859,22 @@ function freeze(model: ResNet, prefixes: readonly string[]): number {
 async function readStartWeights(file: string, model: ModelName, smallInput: boolean): Promise<StateDict> {
   const { tensors } = await readSafetensors(file);
   const found = architectureOf(tensors);
-  if (!found) throw new CliError(`--weights '${file}' does not hold ResNet weights with torchvision's names (conv1.weight, layer1.0…, fc.weight)`);
-  if (found.model !== model) throw new UsageError(`--weights '${file}' holds a ${found.model}, but --model is ${model}`, `Pass --model ${found.model}.`);
+  if (!found) {
+    throw new CliError(
+      `--weights '${file}' does not hold ResNet weights with torchvision's names (conv1.weight, layer1.0…, fc.weight)`,
+    );
+  }
+  if (found.model !== model) {
+    throw new UsageError(
+      `--weights '${file}' holds a ${found.model}, but --model is ${model}`,
+      `Pass --model ${found.model}.`,
+    );
+  }
   if (found.smallInput !== smallInput) {
-    throw new UsageError(`--weights '${file}' has the ${found.smallInput ? 'small' : 'imagenet'} stem, but this run uses the ${smallInput ? 'small' : 'imagenet'} one`, `Pass --stem ${found.smallInput ? 'small' : 'imagenet'}.`);
+    throw new UsageError(
+      `--weights '${file}' has the ${found.smallInput ? 'small' : 'imagenet'} stem, but this run uses the ${smallInput ? 'small' : 'imagenet'} one`,
+      `Pass --stem ${found.smallInput ? 'small' : 'imagenet'}.`,
+    );
   }
   return tensors;
 }
@@ -449,7 +888,11 @@ function loadStartWeights(tensors: StateDict, model: ResNet, numClasses: number,
   }
   const body: StateDict = new Map([...tensors].filter(([name]) => !name.startsWith('fc.')));
   const missing = [...model.stateDict().keys()].filter((k) => !k.startsWith('fc.') && !body.has(k));
-  if (missing.length > 0) throw new CliError(`--weights '${file}' lacks ${missing.length} of the model's tensors (${missing.slice(0, 3).join(', ')}…)`);
+  if (missing.length > 0) {
+    throw new CliError(
+      `--weights '${file}' lacks ${missing.length} of the model's tensors (${missing.slice(0, 3).join(', ')}…)`,
+    );
+  }
   model.loadStateDict(body, { strict: false });
   return `loaded ${file} without its classifier (${fc.shape[0]} classes; this run has ${numClasses})`;
 }
@@ -461,7 +904,11 @@ const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet
  * The options file written into the run folder: every option the run uses, resolved (defaults,
  * presets, sizes, seed, classes and stem included), re-runnable with `--config`.
  */
-function resolvedOptions(parsed: ParsedCommand, a: TrainArgs, resolved: { seed: number; numClasses: number; smallInput: boolean }): Record<string, unknown> {
+function resolvedOptions(
+  parsed: ParsedCommand,
+  a: TrainArgs,
+  resolved: { seed: number; numClasses: number; smallInput: boolean },
+): Record<string, unknown> {
   const unused = new Set(DEPENDENT_OPTIONS.filter((d) => !d.applies(a)).flatMap((d) => d.keys));
   const out: Record<string, unknown> = {};
   if (a.data !== undefined) out.data = a.data;
@@ -469,14 +916,27 @@ function resolvedOptions(parsed: ParsedCommand, a: TrainArgs, resolved: { seed: 
     const value = (a as unknown as Record<string, unknown>)[key];
     if (value !== undefined && !INVOCATION_OPTIONS.includes(key) && !unused.has(key)) out[key] = value;
   }
-  return { ...out, seed: resolved.seed, numClasses: resolved.numClasses, stem: resolved.smallInput ? 'small' : 'imagenet' };
+  return {
+    ...out,
+    seed: resolved.seed,
+    numClasses: resolved.numClasses,
+    stem: resolved.smallInput ? 'small' : 'imagenet',
+  };
 }
 
 /** The exit code of a run stopped by each signal (128 + its number, as shells report it). */
 const STOP_SIGNALS: Readonly<Record<string, number>> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 };
 
 /** What a finished run may have written, in the order the closing line names them. */
-const OUTPUTS = ['model.safetensors', 'model-ema.safetensors', 'checkpoints/', 'log.jsonl', 'tensorboard/', '*.png', 'classification-report.txt'];
+const OUTPUTS = [
+  'model.safetensors',
+  'model-ema.safetensors',
+  'checkpoints/',
+  'log.jsonl',
+  'tensorboard/',
+  '*.png',
+  'classification-report.txt',
+];
 
 /** The outputs of {@link OUTPUTS} that are in `outDir` (a folder when it holds something). */
 function writtenOutputs(outDir: string): string[] {
@@ -498,16 +958,21 @@ function withSavedOptions(parsed: ParsedCommand, saved: Record<string, unknown> 
   const explicit = new Set(parsed.explicit);
   for (const [key, value] of Object.entries(saved)) {
     // Weights only start a run, and a step limit is where it stopped, not where it should stop again.
-    if (key === 'data' || key === 'weights' || key === 'maxSteps' || explicit.has(key) || !Object.hasOwn(values, key)) continue;
+    if (key === 'data' || key === 'weights' || key === 'maxSteps' || explicit.has(key) || !Object.hasOwn(values, key)) {
+      continue;
+    }
     values[key] = value as OptionValue;
     explicit.add(key);
   }
-  const data = typeof saved.data === 'string' && parsed.positionals.length === 0 && values.dataPath === undefined ? [saved.data] : parsed.positionals;
+  const data =
+    typeof saved.data === 'string' && parsed.positionals.length === 0 && values.dataPath === undefined
+      ? [saved.data]
+      : parsed.positionals;
   return { ...parsed, values, explicit, positionals: data };
 }
 
 async function run(given: ParsedCommand, io: CliIO): Promise<number> {
-  const { outDir, resume } = resolveOutput(given.values as { outputDir?: string; resume?: string; dryRun?: number; weights?: string }, io.cwd);
+  const { outDir, resume } = resolveOutput(given.values, io.cwd);
   // Resuming: the checkpoint's options, seed (the data order depends on it) and architecture.
   let resumed: Partial<RunConfig> = {};
   let savedSeed: number | undefined;
@@ -526,9 +991,14 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   checkBatchMemory(a.batchSize, Math.max(a.trainCropSize, a.valCropSize));
   if (resume !== undefined) {
     if (savedSeed !== undefined && a.seed !== undefined && a.seed !== savedSeed) {
-      throw new UsageError(`--seed ${a.seed} differs from the resumed run's seed ${savedSeed}; an exact resume needs the same data order`, 'Drop --seed when resuming.');
+      throw new UsageError(
+        `--seed ${a.seed} differs from the resumed run's seed ${savedSeed}; an exact resume needs the same data order`,
+        'Drop --seed when resuming.',
+      );
     }
-    if (resumed.model !== undefined && resumed.model !== a.model) throw new UsageError(`--model ${a.model} differs from the resumed run's ${resumed.model}`);
+    if (resumed.model !== undefined && resumed.model !== a.model) {
+      throw new UsageError(`--model ${a.model} differs from the resumed run's ${resumed.model}`);
+    }
     if (resumed.dataset !== undefined && resumed.dataset !== a.dataset) {
       throw new UsageError(`the resumed run trained on --dataset ${resumed.dataset}, this one on ${a.dataset}`);
     }
@@ -576,7 +1046,9 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   const model = buildModel(arch, { device, seed });
   const notes: string[] = [];
   if (data.note) notes.push(data.note);
-  if (startWeights !== undefined) notes.push(loadStartWeights(startWeights, model, numClasses, displayPath(a.weights!, io.cwd)));
+  if (startWeights !== undefined) {
+    notes.push(loadStartWeights(startWeights, model, numClasses, displayPath(a.weights!, io.cwd)));
+  }
   if (a.freeze !== undefined) {
     const frozen = freeze(model, a.freeze);
     notes.push(`froze ${a.freeze.join(', ')} (${frozen.toLocaleString('en-US')} parameters)`);
@@ -593,7 +1065,14 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     persistentWorkers: true,
     device,
   });
-  const valLoader = new DataLoader(data.val, { batchSize: a.batchSize, transform: valTransform(transformSettings), seed, workers: a.workers, persistentWorkers: true, device });
+  const valLoader = new DataLoader(data.val, {
+    batchSize: a.batchSize,
+    transform: valTransform(transformSettings),
+    seed,
+    workers: a.workers,
+    persistentWorkers: true,
+    device,
+  });
   let trainer: Trainer | undefined;
   // SIGINT (Ctrl-C), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP (the
   // terminal closed) stop the run after the current step, with a checkpoint; a second signal
@@ -602,7 +1081,9 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   const onSignal = (signal: string): void => {
     if (trainer === undefined || stoppedBy !== undefined) process.exit(STOP_SIGNALS[signal]);
     stoppedBy = signal;
-    io.stderr.write(`\n${signal}: stopping after this step and writing a checkpoint (a second Ctrl-C or signal quits at once)\n`);
+    io.stderr.write(
+      `\n${signal}: stopping after this step and writing a checkpoint (a second Ctrl-C or signal quits at once)\n`,
+    );
     trainer.requestStop();
   };
   try {
@@ -620,7 +1101,13 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       amp: ampOption(a.amp),
       accumulate: a.accumulate,
       outDir,
-      checkpoint: { everyEpochs: 1, keepLast: a.keepLast, monitor: a.monitor, mode, ...(a.checkpointEverySteps !== undefined ? { everySteps: a.checkpointEverySteps } : {}) },
+      checkpoint: {
+        everyEpochs: 1,
+        keepLast: a.keepLast,
+        monitor: a.monitor,
+        mode,
+        ...(a.checkpointEverySteps !== undefined ? { everySteps: a.checkpointEverySteps } : {}),
+      },
       logEvery: a.printFreq,
       progress: a.quiet ? false : io.stderr,
       tensorboard: !a.noTensorboard,
@@ -628,24 +1115,48 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       classNames: data.classes,
       config: config as unknown as Record<string, unknown>,
       ...(schedule ? { schedule } : {}),
-      ...(a.lrScheduler === 'plateau' ? { plateau: { mode, factor: a.lrGamma, patience: a.lrPlateauPatience, minLr: a.lrMin, monitor: a.monitor } } : {}),
+      ...(a.lrScheduler === 'plateau'
+        ? { plateau: { mode, factor: a.lrGamma, patience: a.lrPlateauPatience, minLr: a.lrMin, monitor: a.monitor } }
+        : {}),
       ...(a.clipGradNorm !== undefined ? { clipGradNorm: a.clipGradNorm } : {}),
-      ...(a.modelEma ? { ema: { decay: emaDecay, every: a.modelEmaSteps, warmupSteps: Math.round(a.lrWarmupEpochs * stepsPerEpoch) } } : {}),
-      ...(a.earlyStoppingPatience !== undefined ? { earlyStopping: { monitor: a.monitor, patience: a.earlyStoppingPatience, minDelta: a.earlyStoppingMinDelta, mode } } : {}),
+      ...(a.modelEma
+        ? {
+            ema: { decay: emaDecay, every: a.modelEmaSteps, warmupSteps: Math.round(a.lrWarmupEpochs * stepsPerEpoch) },
+          }
+        : {}),
+      ...(a.earlyStoppingPatience !== undefined
+        ? {
+            earlyStopping: {
+              monitor: a.monitor,
+              patience: a.earlyStoppingPatience,
+              minDelta: a.earlyStoppingMinDelta,
+              mode,
+            },
+          }
+        : {}),
     };
     trainer = new Trainer(options);
 
     mkdirSync(outDir, { recursive: true });
     await writeFileAtomic(join(outDir, 'config.json'), JSON.stringify(config.options, null, 2) + '\n');
     const where = displayPath(outDir, io.cwd);
-    const source = a.dataset === 'shapes' ? 'the built-in dataset' : a.data === undefined ? `${a.dataset} data` : `${a.dataset} '${displayPath(a.data, io.cwd)}'`;
+    const source =
+      a.dataset === 'shapes'
+        ? 'the built-in dataset'
+        : a.data === undefined
+          ? `${a.dataset} data`
+          : `${a.dataset} '${displayPath(a.data, io.cwd)}'`;
     const what = `${source} (${data.train.length} training, ${data.val.length} validation images${a.data === undefined ? `, ${a.trainCropSize} px` : ''})`;
-    say(`resnet-cuda train: ${a.model}${arch.smallInput ? ' (small-image stem)' : ''}, ${numClasses} classes, on ${what}`);
+    say(
+      `resnet-cuda train: ${a.model}${arch.smallInput ? ' (small-image stem)' : ''}, ${numClasses} classes, on ${what}`,
+    );
     say(
       `${device}, batch ${a.batchSize}${a.accumulate > 1 ? ` x ${a.accumulate}` : ''}, ${precisionText(a.amp)}, ${a.opt} lr ${lr}` +
         `, ${a.lrScheduler}${a.lrWarmupEpochs > 0 ? ` after ${Math.round(a.lrWarmupEpochs * stepsPerEpoch)} warm-up steps` : ''}, ${a.epochs} epoch${a.epochs === 1 ? '' : 's'} of ${stepsPerEpoch} steps, seed ${seed}`,
     );
-    say(`input: training crop ${a.trainCropSize} px; validation resize ${a.valResizeSize} px and center crop ${a.valCropSize} px`);
+    say(
+      `input: training crop ${a.trainCropSize} px; validation resize ${a.valResizeSize} px and center crop ${a.valCropSize} px`,
+    );
     for (const note of notes) say(note);
     say(`writing to ${where}`);
 
@@ -663,9 +1174,11 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const ended = result.stoppedEarly ? 'stopped early' : result.interrupted ? 'stopped' : 'finished';
     const final = result.lastEval;
     let summary = `${ended} after ${result.epochs} epoch${result.epochs === 1 ? '' : 's'} (${result.steps} steps) in ${formatDuration(seconds)}`;
-    if (final) summary += `: val loss ${final.loss.toFixed(4)}, acc@1 ${percent(final.acc1)}, acc@5 ${percent(final.acc5)}`;
+    if (final) {
+      summary += `: val loss ${final.loss.toFixed(4)}, acc@1 ${percent(final.acc1)}, acc@5 ${percent(final.acc5)}`;
+    }
     if (result.lastEvalEma) summary += ` (moving average: acc@1 ${percent(result.lastEvalEma.acc1)})`;
-    if (result.best && result.best.monitor !== undefined) {
+    if (result.best?.monitor !== undefined) {
       const value = result.best.monitor.endsWith('loss') ? result.best.value.toFixed(4) : percent(result.best.value);
       summary += `; best ${result.best.monitor} ${value} (epoch ${result.best.epoch + 1})`;
     }

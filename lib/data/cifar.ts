@@ -7,11 +7,30 @@
 import { readFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { expectOneOf, expectOptions, invalid } from '../errors.js';
-import { checkIndex, corruptFileError, datasetError, expectSpec, expectStrings, numberedClasses, resolveClassNames } from './dataset.js';
+import {
+  checkIndex,
+  corruptFileError,
+  datasetError,
+  expectSpec,
+  expectStrings,
+  numberedClasses,
+  resolveClassNames,
+} from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /** CIFAR-10's class names, by label (from its `batches.meta.txt`). */
-export const CIFAR10_CLASSES: readonly string[] = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck'];
+export const CIFAR10_CLASSES: readonly string[] = [
+  'airplane',
+  'automobile',
+  'bird',
+  'cat',
+  'deer',
+  'dog',
+  'frog',
+  'horse',
+  'ship',
+  'truck',
+];
 
 const SIDE = 32;
 const PLANE = SIDE * SIDE;
@@ -67,7 +86,13 @@ export class CifarDataset implements Dataset {
     return [SIDE, SIDE, 3];
   }
 
-  private constructor(files: string[], variant: 'cifar10' | 'cifar100', labelKind: 'fine' | 'coarse', classes: string[], buffers: Uint8Array[]) {
+  private constructor(
+    files: string[],
+    variant: 'cifar10' | 'cifar100',
+    labelKind: 'fine' | 'coarse',
+    classes: string[],
+    buffers: Uint8Array[],
+  ) {
     this.files = Object.freeze(files);
     this.variant = variant;
     this.labelKind = labelKind;
@@ -88,17 +113,31 @@ export class CifarDataset implements Dataset {
    */
   static async open(files: readonly string[], options: CifarOptions): Promise<CifarDataset> {
     const paths = expectStrings('files', files, { nonEmpty: true }).map((f) => path.resolve(f));
-    if (options === undefined) invalid('CifarDataset options', "an options object with variant 'cifar10' or 'cifar100'", options);
+    if (options === undefined) {
+      invalid('CifarDataset options', "an options object with variant 'cifar10' or 'cifar100'", options);
+    }
     const o = expectOptions<CifarOptions>('CifarDataset options', options, ['variant', 'label', 'classes']);
     const variant = expectOneOf('variant', o.variant, ['cifar10', 'cifar100'] as const);
     let labelKind: 'fine' | 'coarse' = 'fine';
     if (o.label !== undefined) {
-      labelKind = expectOneOf('label', o.label, variant === 'cifar10' ? (['fine'] as const) : (['fine', 'coarse'] as const));
+      labelKind = expectOneOf(
+        'label',
+        o.label,
+        variant === 'cifar10' ? (['fine'] as const) : (['fine', 'coarse'] as const),
+      );
     }
     const classCount = variant === 'cifar10' ? 10 : labelKind === 'fine' ? 100 : 20;
-    const classes = resolveClassNames('classes', o.classes, variant === 'cifar10' ? CIFAR10_CLASSES : numberedClasses(classCount));
+    const classes = resolveClassNames(
+      'classes',
+      o.classes,
+      variant === 'cifar10' ? CIFAR10_CLASSES : numberedClasses(classCount),
+    );
     if (o.classes !== undefined && classes.length !== classCount) {
-      invalid('classes', `${classCount} class names for ${variant}${variant === 'cifar100' ? ` ${labelKind} labels` : ''}`, o.classes);
+      invalid(
+        'classes',
+        `${classCount} class names for ${variant}${variant === 'cifar100' ? ` ${labelKind} labels` : ''}`,
+        o.classes,
+      );
     }
     const recordBytes = variant === 'cifar10' ? 1 + IMAGE_BYTES : 2 + IMAGE_BYTES;
     const buffers = await Promise.all(
@@ -107,11 +146,15 @@ export class CifarDataset implements Dataset {
         try {
           bytes = await readFile(file);
         } catch (error) {
-          throw datasetError(`Cannot read the ${variant} file: ${error instanceof Error ? error.message : String(error)}`);
+          throw datasetError(
+            `Cannot read the ${variant} file: ${error instanceof Error ? error.message : String(error)}`,
+          );
         }
         if (bytes.length % recordBytes !== 0) {
           const hint =
-            bytes.length % (variant === 'cifar10' ? recordBytes + 1 : recordBytes - 1) === 0 ? ` (its size fits ${variant === 'cifar10' ? 'cifar100' : 'cifar10'} records: is variant right?)` : '';
+            bytes.length % (variant === 'cifar10' ? recordBytes + 1 : recordBytes - 1) === 0
+              ? ` (its size fits ${variant === 'cifar10' ? 'cifar100' : 'cifar10'} records: is variant right?)`
+              : '';
           throw corruptFileError(
             file,
             `is not a whole number of ${variant} records: ${bytes.length} bytes is ${Math.floor(bytes.length / recordBytes)} records of ${recordBytes} bytes and ${bytes.length % recordBytes} bytes over${hint}`,
@@ -125,21 +168,30 @@ export class CifarDataset implements Dataset {
             const limit = variant === 'cifar10' ? 10 : k === 0 ? 20 : 100;
             if (bytes[at + k]! >= limit) {
               const which = variant === 'cifar10' ? 'label' : k === 0 ? 'coarse label' : 'fine label';
-              throw corruptFileError(file, `holds ${which} ${bytes[at + k]} in record ${r}, but ${variant} has ${limit} such classes (is variant right?)`);
+              throw corruptFileError(
+                file,
+                `holds ${which} ${bytes[at + k]} in record ${r}, but ${variant} has ${limit} such classes (is variant right?)`,
+              );
             }
           }
         }
         return bytes;
       }),
     );
-    if (buffers.every((b) => b.length === 0)) throw datasetError(`The ${variant} files hold no records: ${paths.map((p) => `'${p}'`).join(', ')}`);
+    if (buffers.every((b) => b.length === 0)) {
+      throw datasetError(`The ${variant} files hold no records: ${paths.map((p) => `'${p}'`).join(', ')}`);
+    }
     return new CifarDataset(paths, variant, labelKind, classes, buffers);
   }
 
   /** Reopens the files named by {@link CifarDataset.spec}. */
   static async fromSpec(spec: DatasetSpec): Promise<CifarDataset> {
     const s = expectSpec(spec, 'Cifar');
-    return CifarDataset.open(s.files as string[], { variant: s.variant as CifarOptions['variant'], label: s.label as CifarOptions['label'], classes: s.classes as string[] });
+    return CifarDataset.open(s.files as string[], {
+      variant: s.variant as CifarOptions['variant'],
+      label: s.label as CifarOptions['label'],
+      classes: s.classes as string[],
+    });
   }
 
   /** Number of samples. */
@@ -176,11 +228,20 @@ export class CifarDataset implements Dataset {
       data[3 * p + 1] = buffer[planes + PLANE + p]!;
       data[3 * p + 2] = buffer[planes + 2 * PLANE + p]!;
     }
-    return { source: { kind: 'decoded', image: { data, height: SIDE, width: SIDE, channels: 3 } }, label: buffer[at + this.#labelOffset]! };
+    return {
+      source: { kind: 'decoded', image: { data, height: SIDE, width: SIDE, channels: 3 } },
+      label: buffer[at + this.#labelOffset]!,
+    };
   }
 
   /** The files, variant, label kind and class names. */
   spec(): CifarSpec {
-    return { kind: 'Cifar', files: [...this.files], variant: this.variant, label: this.labelKind, classes: [...this.classes] };
+    return {
+      kind: 'Cifar',
+      files: [...this.files],
+      variant: this.variant,
+      label: this.labelKind,
+      classes: [...this.classes],
+    };
   }
 }

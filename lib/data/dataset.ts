@@ -29,7 +29,10 @@ export function corruptFileError(path: string, problem: string): ResnetError {
 export function checkIndex(index: unknown, length: number, name = 'index'): number {
   if (length === 0) {
     // "between 0 and -1" would read as a bug in the message; say what is actually wrong.
-    throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected no ${name} (the dataset is empty) but received ${describe(index)}`);
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `Expected no ${name} (the dataset is empty) but received ${describe(index)}`,
+    );
   }
   return expectInt(name, index, 0, length - 1);
 }
@@ -55,7 +58,9 @@ export function expectDataset(name: string, value: unknown): Dataset {
 
 /** Validates a spec object and its `kind`, for the `fromSpec` factories. */
 export function expectSpec(value: unknown, kind: string): DatasetSpec {
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) invalid('spec', `a ${kind} dataset spec object`, value);
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    invalid('spec', `a ${kind} dataset spec object`, value);
+  }
   const spec = value as DatasetSpec;
   if (spec.kind !== kind) invalid('spec.kind', `'${kind}'`, spec.kind);
   return spec;
@@ -78,7 +83,11 @@ export function expectIntArray(name: string, value: unknown, min: number, max: n
 }
 
 /** Validates an array of strings (optionally non-empty and unique). */
-export function expectStrings(name: string, value: unknown, options: { nonEmpty?: boolean; unique?: boolean } = {}): string[] {
+export function expectStrings(
+  name: string,
+  value: unknown,
+  options: { nonEmpty?: boolean; unique?: boolean } = {},
+): string[] {
   if (!Array.isArray(value) || (options.nonEmpty && value.length === 0)) {
     invalid(name, options.nonEmpty ? 'a non-empty array of strings' : 'an array of strings', value);
   }
@@ -88,7 +97,9 @@ export function expectStrings(name: string, value: unknown, options: { nonEmpty?
   if (options.unique) {
     const seen = new Set<string>();
     for (const v of value as string[]) {
-      if (seen.has(v)) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected unique names for ${name} but '${v}' appears twice`);
+      if (seen.has(v)) {
+        throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected unique names for ${name} but '${v}' appears twice`);
+      }
       seen.add(v);
     }
   }
@@ -153,7 +164,11 @@ export function compareCodePoints(a: string, b: string): number {
 }
 
 /** Runs `fn` over `items` with at most `limit` calls in flight; results keep the input order. */
-export async function mapLimit<T, R>(items: readonly T[], limit: number, fn: (item: T, index: number) => Promise<R>): Promise<R[]> {
+export async function mapLimit<T, R>(
+  items: readonly T[],
+  limit: number,
+  fn: (item: T, index: number) => Promise<R>,
+): Promise<R[]> {
   const results = new Array<R>(items.length);
   let next = 0;
   const worker = async (): Promise<void> => {

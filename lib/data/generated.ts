@@ -84,7 +84,12 @@ export function drawShape(out: Uint8Array, offset: number, size: number, kind: S
 
 /** Draws `count` labelled images; classes are balanced and shuffled. */
 export function generateShapes(options: GenerateShapesOptions): GeneratedImages {
-  const o = expectOptions<GenerateShapesOptions>('generateShapes options', options, ['count', 'size', 'classes', 'seed']);
+  const o = expectOptions<GenerateShapesOptions>('generateShapes options', options, [
+    'count',
+    'size',
+    'classes',
+    'seed',
+  ]);
   const count = expectInt('count', o.count, 1);
   const size = expectInt('size', o.size ?? 32, 8, 4096);
   const classes = expectInt('classes', o.classes ?? 4, 2, SHAPE_CLASSES.length);
@@ -99,5 +104,5 @@ export function generateShapes(options: GenerateShapesOptions): GeneratedImages 
     labels[j] = t;
   }
   for (let i = 0; i < count; i++) drawShape(images, i * size * size * 3, size, SHAPE_CLASSES[labels[i]!]!, rng);
-  return { images, labels, shape: [count, size, size, 3], classNames: SHAPE_CLASSES.slice(0, classes) as string[] };
+  return { images, labels, shape: [count, size, size, 3], classNames: SHAPE_CLASSES.slice(0, classes) };
 }

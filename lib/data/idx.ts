@@ -9,7 +9,14 @@ import * as path from 'node:path';
 import { promisify } from 'node:util';
 import { gunzip } from 'node:zlib';
 import { expectOptions, invalid } from '../errors.js';
-import { checkIndex, corruptFileError, datasetError, expectSpec, numberedClasses, resolveClassNames } from './dataset.js';
+import {
+  checkIndex,
+  corruptFileError,
+  datasetError,
+  expectSpec,
+  numberedClasses,
+  resolveClassNames,
+} from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 const gunzipAsync = promisify(gunzip);
@@ -56,12 +63,20 @@ async function readIdx(file: string, role: 'images' | 'labels', magic: number): 
     try {
       bytes = await gunzipAsync(bytes);
     } catch (error) {
-      throw corruptFileError(file, `is gzipped but cannot be decompressed (${error instanceof Error ? error.message : String(error)}); the download may be incomplete`);
+      throw corruptFileError(
+        file,
+        `is gzipped but cannot be decompressed (${error instanceof Error ? error.message : String(error)}); the download may be incomplete`,
+      );
     }
   }
   // The magic number is checked before the header's length, so that swapped or foreign files are
   // named as such rather than as truncated.
-  if (bytes.length < 4) throw corruptFileError(file, `is truncated: an IDX ${role} file starts with a 4-byte magic number but the file has ${bytes.length} bytes`);
+  if (bytes.length < 4) {
+    throw corruptFileError(
+      file,
+      `is truncated: an IDX ${role} file starts with a 4-byte magic number but the file has ${bytes.length} bytes`,
+    );
+  }
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const found = view.getUint32(0, false);
   if (found !== magic) {
@@ -71,12 +86,18 @@ async function readIdx(file: string, role: 'images' | 'labels', magic: number): 
         : (found & 0xffff0000) === 0 && (found & 0xff00) !== 0x0800
           ? ` (an IDX file of another element type, 0x${((found >>> 8) & 0xff).toString(16).padStart(2, '0')}; only unsigned bytes, 0x08, are read)`
           : '';
-    throw corruptFileError(file, `is not an IDX ${role} file: expected magic number 0x${magic.toString(16).padStart(8, '0')} but found 0x${found.toString(16).padStart(8, '0')}${hint}`);
+    throw corruptFileError(
+      file,
+      `is not an IDX ${role} file: expected magic number 0x${magic.toString(16).padStart(8, '0')} but found 0x${found.toString(16).padStart(8, '0')}${hint}`,
+    );
   }
   const rank = magic & 0xff;
   const headerBytes = 4 + 4 * rank;
   if (bytes.length < headerBytes) {
-    throw corruptFileError(file, `is truncated: an IDX ${role} header needs ${headerBytes} bytes but the file has ${bytes.length}`);
+    throw corruptFileError(
+      file,
+      `is truncated: an IDX ${role} header needs ${headerBytes} bytes but the file has ${bytes.length}`,
+    );
   }
   const dims: number[] = [];
   let count = 1;
@@ -89,7 +110,10 @@ async function readIdx(file: string, role: 'images' | 'labels', magic: number): 
   if (bytes.length !== expected) {
     const what = bytes.length < expected ? 'is truncated' : 'has trailing bytes';
     const gz = gzipped ? ' once decompressed' : '';
-    throw corruptFileError(file, `${what}: its header describes ${role} [${dims.join(', ')}], so expected ${expected} bytes but it has ${bytes.length}${gz}`);
+    throw corruptFileError(
+      file,
+      `${what}: its header describes ${role} [${dims.join(', ')}], so expected ${expected} bytes but it has ${bytes.length}${gz}`,
+    );
   }
   return { dims, data: bytes.subarray(headerBytes) };
 }
@@ -141,7 +165,15 @@ export class IdxDataset implements Dataset {
     return [this.height, this.width, 1];
   }
 
-  private constructor(imagesPath: string, labelsPath: string, classes: string[], height: number, width: number, pixels: Uint8Array, labels: Uint8Array) {
+  private constructor(
+    imagesPath: string,
+    labelsPath: string,
+    classes: string[],
+    height: number,
+    width: number,
+    pixels: Uint8Array,
+    labels: Uint8Array,
+  ) {
     this.imagesPath = imagesPath;
     this.labelsPath = labelsPath;
     this.classes = Object.freeze(classes);
@@ -164,19 +196,29 @@ export class IdxDataset implements Dataset {
     const o = expectOptions<IdxOptions>('IdxDataset options', options, ['classes']);
     const imagesFile = path.resolve(imagesPath);
     const labelsFile = path.resolve(labelsPath);
-    const [images, labels] = await Promise.all([readIdx(imagesFile, 'images', IDX_IMAGES_MAGIC), readIdx(labelsFile, 'labels', IDX_LABELS_MAGIC)]);
+    const [images, labels] = await Promise.all([
+      readIdx(imagesFile, 'images', IDX_IMAGES_MAGIC),
+      readIdx(labelsFile, 'labels', IDX_LABELS_MAGIC),
+    ]);
     const [count, rows, cols] = images.dims as [number, number, number];
     if (labels.dims[0] !== count) {
-      throw datasetError(`The IDX files do not match: '${imagesFile}' holds ${count} images but '${labelsFile}' holds ${labels.dims[0]} labels`);
+      throw datasetError(
+        `The IDX files do not match: '${imagesFile}' holds ${count} images but '${labelsFile}' holds ${labels.dims[0]} labels`,
+      );
     }
     if (count === 0) throw datasetError(`The IDX images file '${imagesFile}' holds no images`);
-    if (rows === 0 || cols === 0) throw corruptFileError(imagesFile, `describes empty images of ${rows}x${cols} pixels`);
+    if (rows === 0 || cols === 0) {
+      throw corruptFileError(imagesFile, `describes empty images of ${rows}x${cols} pixels`);
+    }
     let maxLabel = 0;
     for (const l of labels.data) if (l > maxLabel) maxLabel = l;
     const classes = resolveClassNames('classes', o.classes, numberedClasses(maxLabel + 1));
     if (maxLabel >= classes.length) {
       const at = labels.data.findIndex((l) => l >= classes.length);
-      throw corruptFileError(labelsFile, `holds label ${labels.data[at]} at index ${at}, beyond the ${classes.length} classes given`);
+      throw corruptFileError(
+        labelsFile,
+        `holds label ${labels.data[at]} at index ${at}, beyond the ${classes.length} classes given`,
+      );
     }
     if (o.classes === undefined) checkInferredClasses(labelsFile, labels.data, maxLabel);
     return new IdxDataset(imagesFile, labelsFile, classes, rows, cols, images.data, labels.data);
@@ -204,7 +246,10 @@ export class IdxDataset implements Dataset {
     const i = checkIndex(index, this.length);
     const bytes = this.height * this.width;
     const data = this.#pixels.slice(i * bytes, (i + 1) * bytes);
-    return { source: { kind: 'decoded', image: { data, height: this.height, width: this.width, channels: 1 } }, label: this.#labels[i]! };
+    return {
+      source: { kind: 'decoded', image: { data, height: this.height, width: this.width, channels: 1 } },
+      label: this.#labels[i]!,
+    };
   }
 
   /** The two file paths and the class names. */

@@ -91,10 +91,15 @@ export class ImageFiles implements Dataset {
     try {
       buffer = await readFile(file);
     } catch (error) {
-      throw datasetError(`Cannot read the image file '${file}': ${error instanceof Error ? error.message : String(error)}`);
+      throw datasetError(
+        `Cannot read the image file '${file}': ${error instanceof Error ? error.message : String(error)}`,
+      );
     }
     // Memory of its own, so that a loader can transfer it between threads (small Buffers share a pool).
-    const bytes = buffer.byteOffset === 0 && buffer.byteLength === buffer.buffer.byteLength ? new Uint8Array(buffer.buffer, 0, buffer.byteLength) : new Uint8Array(buffer);
+    const bytes =
+      buffer.byteOffset === 0 && buffer.byteLength === buffer.buffer.byteLength
+        ? new Uint8Array(buffer.buffer, 0, buffer.byteLength)
+        : new Uint8Array(buffer);
     return { source: { kind: 'encoded', bytes, path: file }, label: NO_LABEL };
   }
 

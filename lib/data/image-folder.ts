@@ -10,7 +10,16 @@ import { readFileSync } from 'node:fs';
 import { lstat, readFile, readdir, rename, stat, unlink, writeFile } from 'node:fs/promises';
 import * as path from 'node:path';
 import { ResnetError, expectBool, expectOneOf, expectOptions, invalid } from '../errors.js';
-import { checkIndex, compareCodePoints, corruptFileError, datasetError, expectIntArray, expectSpec, expectStrings, mapLimit } from './dataset.js';
+import {
+  checkIndex,
+  compareCodePoints,
+  corruptFileError,
+  datasetError,
+  expectIntArray,
+  expectSpec,
+  expectStrings,
+  mapLimit,
+} from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /**
@@ -110,7 +119,14 @@ function systemMessage(error: unknown): string {
  */
 async function expectUtf8Name(dir: string, name: string, what: string): Promise<void> {
   if (!name.includes('\uFFFD')) return;
-  if (await lstat(path.join(dir, name)).then(() => true, () => false)) return; // a real U+FFFD
+  if (
+    await lstat(path.join(dir, name)).then(
+      () => true,
+      () => false,
+    )
+  ) {
+    return;
+  } // a real U+FFFD
   throw datasetError(
     `The ${what} '${name}' in '${dir}' has a name that is not valid UTF-8 (shown with \uFFFD for the bytes that are not), ` +
       'which cannot be opened by its decoded name: rename it to UTF-8',
@@ -132,7 +148,15 @@ async function findClasses(root: string): Promise<string[]> {
   const classes: string[] = [];
   for (const entry of entries) {
     if (entry.isDirectory()) classes.push(entry.name);
-    else if (entry.isSymbolicLink() && (await stat(path.join(root, entry.name)).then((s) => s.isDirectory(), () => false))) classes.push(entry.name);
+    else if (
+      entry.isSymbolicLink() &&
+      (await stat(path.join(root, entry.name)).then(
+        (s) => s.isDirectory(),
+        () => false,
+      ))
+    ) {
+      classes.push(entry.name);
+    }
   }
   for (const name of classes) await expectUtf8Name(root, name, 'class folder');
   return classes.sort(compareCodePoints);
@@ -143,7 +167,11 @@ async function findClasses(root: string): Promise<string[]> {
  * `for root, _, fnames in sorted(os.walk(class_dir, followlinks=True)): for fname in sorted(fnames)`
  * — sub-folders included, directories ordered by their path, files by name, all by code point.
  */
-async function walkClass(root: string, className: string, extensions: readonly string[]): Promise<{ files: string[]; dirs: DirStamp[] }> {
+async function walkClass(
+  root: string,
+  className: string,
+  extensions: readonly string[],
+): Promise<{ files: string[]; dirs: DirStamp[] }> {
   const found: { suffix: string; files: string[] }[] = [];
   const dirs: DirStamp[] = [];
   // Directories already walked (device and inode): a symbolic link back up the tree would make
@@ -166,7 +194,12 @@ async function walkClass(root: string, className: string, extensions: readonly s
     const subdirs: string[] = [];
     for (const entry of entries) {
       let isDir = entry.isDirectory();
-      if (entry.isSymbolicLink()) isDir = await stat(path.join(dir, entry.name)).then((s) => s.isDirectory(), () => false);
+      if (entry.isSymbolicLink()) {
+        isDir = await stat(path.join(dir, entry.name)).then(
+          (s) => s.isDirectory(),
+          () => false,
+        );
+      }
       if (isDir) subdirs.push(entry.name);
       else if (hasExtension(entry.name, extensions)) files.push(entry.name);
       else continue;
@@ -204,7 +237,13 @@ async function checkHeaders(root: string, files: readonly string[]): Promise<(st
 }
 
 /** Reads a cached index and returns it when it still describes the folder, else undefined. */
-async function readIndex(cachePath: string, root: string, extensions: string[], checkImages: boolean, classes: string[]): Promise<IndexFile | undefined> {
+async function readIndex(
+  cachePath: string,
+  root: string,
+  extensions: string[],
+  checkImages: boolean,
+  classes: string[],
+): Promise<IndexFile | undefined> {
   let index: IndexFile;
   try {
     index = JSON.parse(await readFile(cachePath, 'utf8')) as IndexFile;
@@ -247,9 +286,12 @@ async function writeIndex(cachePath: string, index: IndexFile): Promise<void> {
   } catch (error) {
     await unlink(temp).catch(() => undefined);
     // The index only saves time; a read-only dataset folder should not stop training.
-    process.emitWarning(`Cannot write the ImageFolder index '${cachePath}' (${systemMessage(error)}); give cache a writable path to keep it`, {
-      code: 'RC_IMAGEFOLDER_INDEX',
-    });
+    process.emitWarning(
+      `Cannot write the ImageFolder index '${cachePath}' (${systemMessage(error)}); give cache a writable path to keep it`,
+      {
+        code: 'RC_IMAGEFOLDER_INDEX',
+      },
+    );
   }
 }
 
@@ -285,7 +327,14 @@ export class ImageFolder implements Dataset {
   readonly #files: readonly string[];
   readonly #labels: Int32Array;
 
-  private constructor(root: string, classes: string[], files: string[], labels: Int32Array, skipped: SkippedFile[], fromCache: boolean) {
+  private constructor(
+    root: string,
+    classes: string[],
+    files: string[],
+    labels: Int32Array,
+    skipped: SkippedFile[],
+    fromCache: boolean,
+  ) {
     this.root = root;
     this.classes = Object.freeze(classes);
     this.classToIdx = new Map(classes.map((c, i) => [c, i]));
@@ -303,15 +352,26 @@ export class ImageFolder implements Dataset {
    */
   static async open(root: string, options?: ImageFolderOptions): Promise<ImageFolder> {
     if (typeof root !== 'string' || root.length === 0) invalid('root', 'a folder path', root);
-    const o = expectOptions<ImageFolderOptions>('ImageFolder options', options, ['extensions', 'checkImages', 'onCorrupt', 'cache']);
-    const extensions = (o.extensions === undefined ? [...IMG_EXTENSIONS] : expectStrings('extensions', o.extensions, { nonEmpty: true })).map((e, i) => {
+    const o = expectOptions<ImageFolderOptions>('ImageFolder options', options, [
+      'extensions',
+      'checkImages',
+      'onCorrupt',
+      'cache',
+    ]);
+    const extensions = (
+      o.extensions === undefined ? [...IMG_EXTENSIONS] : expectStrings('extensions', o.extensions, { nonEmpty: true })
+    ).map((e, i) => {
       if (!e.startsWith('.') || e.length < 2) invalid(`extensions[${i}]`, "an extension starting with '.'", e);
       return e.toLowerCase();
     });
-    const onCorrupt = o.onCorrupt === undefined ? 'error' : expectOneOf('onCorrupt', o.onCorrupt, ['error', 'skip'] as const);
+    const onCorrupt =
+      o.onCorrupt === undefined ? 'error' : expectOneOf('onCorrupt', o.onCorrupt, ['error', 'skip'] as const);
     const checkImages = o.checkImages === undefined ? onCorrupt === 'skip' : expectBool('checkImages', o.checkImages);
     if (onCorrupt === 'skip' && !checkImages) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', "Expected checkImages true (or omitted) with onCorrupt 'skip' but received false: only the header check can skip files");
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        "Expected checkImages true (or omitted) with onCorrupt 'skip' but received false: only the header check can skip files",
+      );
     }
     let cachePath: string | undefined;
     if (o.cache !== undefined && o.cache !== false) {
@@ -327,7 +387,9 @@ export class ImageFolder implements Dataset {
     if (!rootStat.isDirectory()) throw datasetError(`ImageFolder root '${absRoot}' is not a folder`);
     const classes = await findClasses(absRoot);
     if (classes.length === 0) {
-      throw datasetError(`Found no class folders in '${absRoot}': ImageFolder expects one sub-folder per class, holding that class's images (root/<class>/<image>)`);
+      throw datasetError(
+        `Found no class folders in '${absRoot}': ImageFolder expects one sub-folder per class, holding that class's images (root/<class>/<image>)`,
+      );
     }
 
     let scan: Scan | undefined;
@@ -339,7 +401,14 @@ export class ImageFolder implements Dataset {
     if (scan === undefined) {
       scan = await ImageFolder.#scan(absRoot, classes, extensions, checkImages);
       if (cachePath !== undefined) {
-        await writeIndex(cachePath, { format: 'resnet-cuda ImageFolder index', version: 1, root: absRoot, extensions, checkImages, ...scan });
+        await writeIndex(cachePath, {
+          format: 'resnet-cuda ImageFolder index',
+          version: 1,
+          root: absRoot,
+          extensions,
+          checkImages,
+          ...scan,
+        });
       }
     }
     if (scan.skipped.length > 0 && onCorrupt === 'error') {
@@ -406,7 +475,10 @@ export class ImageFolder implements Dataset {
     const files = expectStrings('spec.files', s.files);
     const labels = expectIntArray('spec.labels', s.labels, 0, classes.length - 1);
     if (labels.length !== files.length) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected as many spec.labels as spec.files (${files.length}) but received ${labels.length}`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `Expected as many spec.labels as spec.files (${files.length}) but received ${labels.length}`,
+      );
     }
     return new ImageFolder(s.root, classes, files, labels, [], false);
   }
@@ -460,7 +532,9 @@ export class ImageFolder implements Dataset {
 
   /** The `ERR_RC_DATASET` error for a file that cannot be read, with the file as its `path`. */
   #readError(index: number, file: string, error: unknown): Error {
-    const wrapped = datasetError(`Cannot read sample ${index} (class '${this.classes[this.#labels[index]!]}') of the ImageFolder '${this.root}': ${systemMessage(error)}`);
+    const wrapped = datasetError(
+      `Cannot read sample ${index} (class '${this.classes[this.#labels[index]!]}') of the ImageFolder '${this.root}': ${systemMessage(error)}`,
+    );
     return Object.assign(wrapped, { path: file, cause: error });
   }
 
@@ -468,12 +542,20 @@ export class ImageFolder implements Dataset {
     // A plain Uint8Array over memory of its own, so that a loader can transfer its buffer to
     // another thread without detaching anything else (small Buffers may share a pool).
     const bytes =
-      buffer.byteOffset === 0 && buffer.byteLength === buffer.buffer.byteLength ? new Uint8Array(buffer.buffer, 0, buffer.byteLength) : new Uint8Array(buffer);
+      buffer.byteOffset === 0 && buffer.byteLength === buffer.buffer.byteLength
+        ? new Uint8Array(buffer.buffer, 0, buffer.byteLength)
+        : new Uint8Array(buffer);
     return { source: { kind: 'encoded', bytes, path: file }, label: this.#labels[index]! };
   }
 
   /** The file list and labels; workers rebuild the dataset from it without scanning. */
   spec(): ImageFolderSpec {
-    return { kind: 'ImageFolder', root: this.root, files: [...this.#files], labels: Array.from(this.#labels), classes: [...this.classes] };
+    return {
+      kind: 'ImageFolder',
+      root: this.root,
+      files: [...this.#files],
+      labels: Array.from(this.#labels),
+      classes: [...this.classes],
+    };
   }
 }

@@ -173,7 +173,12 @@ export class BatchFiller {
       } catch (error) {
         // A sample that could not be read names its file in the error (as Node's file errors do).
         const errorPath = (error as { path?: unknown } | null)?.path;
-        const path = sample?.source.kind === 'encoded' ? sample.source.path : typeof errorPath === 'string' ? errorPath : undefined;
+        const path =
+          sample?.source.kind === 'encoded'
+            ? sample.source.path
+            : typeof errorPath === 'string'
+              ? errorPath
+              : undefined;
         throw new SampleFailure(failureInfo(error, { index, ...(path !== undefined ? { path } : {}) }));
       }
     }
@@ -214,7 +219,12 @@ function serve(init: WorkerInit): void {
       try {
         await filler.fill(job);
         reportSharp();
-        port.postMessage({ type: 'done', run: job.run, slot: job.slot, batchIndexInEpoch: job.batchIndexInEpoch } satisfies WorkerReply);
+        port.postMessage({
+          type: 'done',
+          run: job.run,
+          slot: job.slot,
+          batchIndexInEpoch: job.batchIndexInEpoch,
+        } satisfies WorkerReply);
       } catch (error) {
         const reply: WorkerReply = {
           type: 'error',
@@ -230,7 +240,12 @@ function serve(init: WorkerInit): void {
   });
   ready.then(
     () => port.postMessage({ type: 'ready', workerId: init.workerId } satisfies WorkerReply),
-    (error: unknown) => port.postMessage({ type: 'fatal', workerId: init.workerId, error: failureInfo(error, { worker: init.workerId }) } satisfies WorkerReply),
+    (error: unknown) =>
+      port.postMessage({
+        type: 'fatal',
+        workerId: init.workerId,
+        error: failureInfo(error, { worker: init.workerId }),
+      } satisfies WorkerReply),
   );
 }
 

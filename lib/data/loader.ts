@@ -38,7 +38,17 @@ import { asyncDisposeSymbol } from '../dispose.js';
 import { ResnetError, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
 import { Tensor } from '../tensor.js';
 import { expectDataset } from './dataset.js';
-import { BatchFiller, SampleFailure, WORKER_TAG, failureInfo, type FailureInfo, type Job, type SlotLayout, type WorkerInit, type WorkerReply } from './loader-worker.js';
+import {
+  BatchFiller,
+  SampleFailure,
+  WORKER_TAG,
+  failureInfo,
+  type FailureInfo,
+  type Job,
+  type SlotLayout,
+  type WorkerInit,
+  type WorkerReply,
+} from './loader-worker.js';
 import { loaderWorkerUrl } from './loader-worker-url.js';
 import { DistributedSampler, RandomSampler, SequentialSampler, randomSeed, type Sampler } from './sampler.js';
 import { Compose } from './transforms.js';
@@ -215,7 +225,11 @@ class WorkerPool {
     const execArgv = workerExecArgv();
     const readies: Promise<void>[] = [];
     for (let id = 0; id < count; id++) {
-      const worker = new Worker(url, { workerData: { ...init, workerId: id } satisfies WorkerInit, name: `resnet-cuda loader ${id}`, execArgv });
+      const worker = new Worker(url, {
+        workerData: { ...init, workerId: id } satisfies WorkerInit,
+        name: `resnet-cuda loader ${id}`,
+        execArgv,
+      });
       const ready = deferred<void>();
       readies.push(ready.promise);
       this.#workers.push(worker);
@@ -225,7 +239,10 @@ class WorkerPool {
         if (reply.type === 'ready') ready.resolve();
         else if (reply.type === 'sharp') warnIfThreadpoolSmall(count);
         else if (reply.type === 'fatal') {
-          const error = new DataLoaderError(reply.error, `DataLoader worker ${id} could not rebuild the dataset and transform`);
+          const error = new DataLoaderError(
+            reply.error,
+            `DataLoader worker ${id} could not rebuild the dataset and transform`,
+          );
           ready.reject(error);
           this.#onFailure(error);
         } else {
@@ -241,7 +258,10 @@ class WorkerPool {
       worker.on('exit', (code) => {
         this.#alive.delete(worker);
         if (!this.#closing) {
-          const error = new DataLoaderError({ message: `exited with code ${code}`, worker: id }, 'DataLoader worker stopped unexpectedly');
+          const error = new DataLoaderError(
+            { message: `exited with code ${code}`, worker: id },
+            'DataLoader worker stopped unexpectedly',
+          );
           ready.reject(error);
           this.#onFailure(error);
         }
@@ -390,7 +410,9 @@ export class DataLoader implements AsyncIterable<Batch> {
     const o = expectOptions<DataLoaderOptions>('DataLoader options', options, OPTION_KEYS);
     this.dataset = expectDataset('dataset', dataset);
     this.batchSize = expectInt('batchSize', o.batchSize, 1);
-    if (o.transform !== undefined && !(o.transform instanceof Compose)) invalid('transform', 'a Compose (e.g. Compose.fromSpec([...]))', o.transform);
+    if (o.transform !== undefined && !(o.transform instanceof Compose)) {
+      invalid('transform', 'a Compose (e.g. Compose.fromSpec([...]))', o.transform);
+    }
     const shape = this.dataset.imageShape;
     if (o.transform === undefined && shape === undefined) {
       throw new ResnetError(
@@ -400,7 +422,8 @@ export class DataLoader implements AsyncIterable<Batch> {
       );
     }
     this.transform = o.transform ?? new Compose([], { outputChannels: shape![2] === 1 ? 1 : 3 });
-    const size: [number, number] | null = o.transform === undefined ? [shape![0], shape![1]] : this.transform.fixedOutputSize();
+    const size: [number, number] | null =
+      o.transform === undefined ? [shape![0], shape![1]] : this.transform.fixedOutputSize();
     if (size === null) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
@@ -413,15 +436,22 @@ export class DataLoader implements AsyncIterable<Batch> {
     const shuffle = o.shuffle === undefined ? false : expectBool('shuffle', o.shuffle);
     this.dropLast = o.dropLast === undefined ? false : expectBool('dropLast', o.dropLast);
     if (o.sampler !== undefined && (o.shuffle !== undefined || o.distributed !== undefined)) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'DataLoader: give either sampler or shuffle/distributed, not both (a custom sampler decides the order)');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'DataLoader: give either sampler or shuffle/distributed, not both (a custom sampler decides the order)',
+      );
     }
     if (o.distributed !== undefined) {
-      const d = expectOptions<{ rank: number; worldSize: number; dropLast?: boolean }>('distributed', o.distributed, ['rank', 'worldSize', 'dropLast']);
+      const d = expectOptions<{ rank: number; worldSize: number; dropLast?: boolean }>('distributed', o.distributed, [
+        'rank',
+        'worldSize',
+        'dropLast',
+      ]);
       this.seed = o.seed === undefined ? 0 : expectInt('seed', o.seed, 0, 2 ** 32 - 1);
       this.sampler = new DistributedSampler({
         length: dataset.length,
-        rank: d.rank as number,
-        worldSize: d.worldSize as number,
+        rank: d.rank!,
+        worldSize: d.worldSize!,
         shuffle,
         seed: this.seed,
         dropLast: d.dropLast ?? false,
@@ -430,19 +460,29 @@ export class DataLoader implements AsyncIterable<Batch> {
       this.seed = o.seed === undefined ? randomSeed() : expectInt('seed', o.seed, 0, 2 ** 32 - 1);
       if (o.sampler !== undefined) {
         const s = o.sampler as unknown;
-        if (s === null || typeof s !== 'object' || typeof (s as Sampler)[Symbol.iterator] !== 'function' || typeof (s as Sampler).length !== 'number') {
+        if (
+          s === null ||
+          typeof s !== 'object' ||
+          typeof (s as Sampler)[Symbol.iterator] !== 'function' ||
+          typeof (s as Sampler).length !== 'number'
+        ) {
           invalid('sampler', 'a Sampler (iterable of indices with a length)', s);
         }
         this.sampler = o.sampler;
       } else {
-        this.sampler = shuffle ? new RandomSampler({ length: dataset.length, seed: this.seed }) : new SequentialSampler({ length: dataset.length });
+        this.sampler = shuffle
+          ? new RandomSampler({ length: dataset.length, seed: this.seed })
+          : new SequentialSampler({ length: dataset.length });
       }
     }
     this.workers = o.workers === undefined ? defaultWorkers() : expectInt('workers', o.workers, 0, 1024);
     this.prefetch = o.prefetch === undefined ? 2 : expectInt('prefetch', o.prefetch, 1, 1024);
-    this.persistentWorkers = o.persistentWorkers === undefined ? false : expectBool('persistentWorkers', o.persistentWorkers);
+    this.persistentWorkers =
+      o.persistentWorkers === undefined ? false : expectBool('persistentWorkers', o.persistentWorkers);
     this.deferFlip = o.deferFlip === undefined ? true : expectBool('deferFlip', o.deferFlip);
-    if (o.device !== undefined && typeof o.device !== 'string') invalid('device', "a device name such as 'cpu' or 'cuda:0'", o.device);
+    if (o.device !== undefined && typeof o.device !== 'string') {
+      invalid('device', "a device name such as 'cpu' or 'cuda:0'", o.device);
+    }
     this.device = o.device ?? 'cpu';
     if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) invalid('signal', 'an AbortSignal', o.signal);
     this.signal = o.signal;
@@ -566,7 +606,7 @@ export class DataLoader implements AsyncIterable<Batch> {
     if (this.#active) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
-        'DataLoader runs one epoch at a time: finish or break out of the previous epoch\'s loop (or call return() on its iterator) before starting another',
+        "DataLoader runs one epoch at a time: finish or break out of the previous epoch's loop (or call return() on its iterator) before starting another",
       );
     }
     this.#active = true;
@@ -582,7 +622,9 @@ export class DataLoader implements AsyncIterable<Batch> {
       if (this.workers === 0) {
         this.#filler ??= new BatchFiller(this.dataset, this.transform, this.deferFlip, layout);
         for (let k = first; k < plan.length; k++) {
-          if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
+          if (this.#closed) {
+            throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
+          }
           this.signal?.throwIfAborted();
           const job = this.#job(run, 0, k, plan[k]!, epoch);
           try {
@@ -616,7 +658,9 @@ export class DataLoader implements AsyncIterable<Batch> {
       pool.listen((reply) => {
         if (reply.type === 'ready' || reply.type === 'sharp' || reply.type === 'fatal' || reply.run !== run) return;
         if (reply.type === 'done') done[reply.batchIndexInEpoch]!.resolve(reply.slot);
-        else done[reply.batchIndexInEpoch]!.reject(new DataLoaderError(reply.error, 'DataLoader failed to load a sample'));
+        else {
+          done[reply.batchIndexInEpoch]!.reject(new DataLoaderError(reply.error, 'DataLoader failed to load a sample'));
+        }
       }, fail);
       const free: number[] = [];
       for (let s = slots - 1; s >= 0; s--) free.push(s);
@@ -702,7 +746,14 @@ export class DataLoader implements AsyncIterable<Batch> {
     return error instanceof Error ? error : new Error(String(error));
   }
 
-  #batch(layout: SlotLayout, slot: number, indices: Int32Array, epoch: number, index: number, current: { valid: boolean }): Batch {
+  #batch(
+    layout: SlotLayout,
+    slot: number,
+    indices: Int32Array,
+    epoch: number,
+    index: number,
+    current: { valid: boolean },
+  ): Batch {
     const [h, w, c] = layout.sampleShape;
     const size = indices.length;
     const sampleBytes = h * w * c;
@@ -723,7 +774,10 @@ export class DataLoader implements AsyncIterable<Batch> {
       index,
       toTensors: (device?: string) => {
         if (!current.valid) {
-          throw new ResnetError('ERR_RC_DISPOSED', `Batch ${index} of epoch ${epoch} is no longer current: its slot is being refilled; call toTensors() before moving to the next batch`);
+          throw new ResnetError(
+            'ERR_RC_DISPOSED',
+            `Batch ${index} of epoch ${epoch} is no longer current: its slot is being refilled; call toTensors() before moving to the next batch`,
+          );
         }
         return this.#toTensors(batch, device ?? this.device);
       },
@@ -735,7 +789,10 @@ export class DataLoader implements AsyncIterable<Batch> {
     const key = `${device}|${batch.shape.join('x')}`;
     let pair = this.#tensors.get(key);
     if (!pair) {
-      pair = { images: Tensor.empty(batch.shape, { dtype: 'u8', device }), labels: Tensor.empty([batch.size], { dtype: 'i32', device }) };
+      pair = {
+        images: Tensor.empty(batch.shape, { dtype: 'u8', device }),
+        labels: Tensor.empty([batch.size], { dtype: 'i32', device }),
+      };
       this.#tensors.set(key, pair);
     }
     pair.labels.raw.copyFromHost(batch.labels);

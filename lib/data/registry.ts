@@ -21,8 +21,12 @@ const builders: Record<string, (spec: DatasetSpec) => Dataset | Promise<Dataset>
   Synthetic: (spec) => SyntheticDataset.fromSpec(spec),
   Shapes: (spec) => ShapesDataset.fromSpec(spec),
   Subset: async (spec) => {
-    if (spec.dataset === null || typeof spec.dataset !== 'object') invalid('spec.dataset', "the parent dataset's spec", spec.dataset);
-    if (!Array.isArray(spec.indices) && !(spec.indices instanceof Int32Array)) invalid('spec.indices', 'an array of indices', spec.indices);
+    if (spec.dataset === null || typeof spec.dataset !== 'object') {
+      invalid('spec.dataset', "the parent dataset's spec", spec.dataset);
+    }
+    if (!Array.isArray(spec.indices) && !(spec.indices instanceof Int32Array)) {
+      invalid('spec.indices', 'an array of indices', spec.indices);
+    }
     return new Subset(await datasetFromSpec(spec.dataset as DatasetSpec), spec.indices as number[]);
   },
 };
@@ -43,7 +47,10 @@ export async function datasetFromSpec(spec: DatasetSpec): Promise<Dataset> {
   if (typeof spec.kind !== 'string') invalid('spec.kind', 'a dataset kind string', spec.kind);
   const build = Object.hasOwn(builders, spec.kind) ? builders[spec.kind] : undefined;
   if (build === undefined) {
-    throw new ResnetError('ERR_RC_DATASET', `Unknown dataset kind '${spec.kind}' in a dataset spec; the kinds that can be rebuilt from a spec are: ${DATASET_KINDS.join(', ')}`);
+    throw new ResnetError(
+      'ERR_RC_DATASET',
+      `Unknown dataset kind '${spec.kind}' in a dataset spec; the kinds that can be rebuilt from a spec are: ${DATASET_KINDS.join(', ')}`,
+    );
   }
   return build(spec);
 }

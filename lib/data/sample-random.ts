@@ -104,7 +104,12 @@ export function sampleRandom(seed: number, epoch: number, index: number): Sample
   expectInt('index', index, 0, Number.MAX_SAFE_INTEGER);
   const words = [...words64(seed), ...words64(epoch), ...words64(index)];
   // Four different hash seeds give four independent state words.
-  return new SampleRng([murmurWords(words, 0x243f6a88), murmurWords(words, 0x85a308d3), murmurWords(words, 0x13198a2e), murmurWords(words, 0x03707344)]);
+  return new SampleRng([
+    murmurWords(words, 0x243f6a88),
+    murmurWords(words, 0x85a308d3),
+    murmurWords(words, 0x13198a2e),
+    murmurWords(words, 0x03707344),
+  ]);
 }
 
 /**

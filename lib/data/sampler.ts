@@ -166,7 +166,14 @@ export class DistributedSampler implements Sampler {
   #epoch = 0;
 
   constructor(options: DistributedSamplerOptions) {
-    const o = expectOptions<DistributedSamplerOptions>('DistributedSampler options', options, ['length', 'rank', 'worldSize', 'shuffle', 'seed', 'dropLast']);
+    const o = expectOptions<DistributedSamplerOptions>('DistributedSampler options', options, [
+      'length',
+      'rank',
+      'worldSize',
+      'shuffle',
+      'seed',
+      'dropLast',
+    ]);
     this.datasetLength = expectInt('length', o.length, 0);
     this.worldSize = expectInt('worldSize', o.worldSize, 1);
     this.rank = expectInt('rank', o.rank, 0, this.worldSize - 1);
@@ -175,7 +182,8 @@ export class DistributedSampler implements Sampler {
     this.dropLast = o.dropLast === undefined ? false : expectBool('dropLast', o.dropLast);
     const n = this.datasetLength;
     // PyTorch: with drop_last and an uneven split, ceil((n - world) / world) == floor(n / world).
-    this.length = this.dropLast && n % this.worldSize !== 0 ? Math.floor(n / this.worldSize) : Math.ceil(n / this.worldSize);
+    this.length =
+      this.dropLast && n % this.worldSize !== 0 ? Math.floor(n / this.worldSize) : Math.ceil(n / this.worldSize);
     this.totalSize = this.length * this.worldSize;
   }
 

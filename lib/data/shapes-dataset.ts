@@ -71,7 +71,12 @@ export class ShapesDataset implements Dataset {
   }
 
   constructor(options: ShapesDatasetOptions) {
-    const o = expectOptions<ShapesDatasetOptions>('ShapesDataset options', options, ['length', 'size', 'classes', 'seed']);
+    const o = expectOptions<ShapesDatasetOptions>('ShapesDataset options', options, [
+      'length',
+      'size',
+      'classes',
+      'seed',
+    ]);
     this.length = expectInt('length', o.length, 0);
     this.size = expectInt('size', o.size ?? 32, 8, 4096);
     const classes = expectInt('classes', o.classes ?? 4, 2, SHAPE_CLASSES.length);
@@ -94,7 +99,12 @@ export class ShapesDataset implements Dataset {
   /** Rebuilds the dataset from {@link ShapesDataset.spec}. */
   static fromSpec(spec: DatasetSpec): ShapesDataset {
     const s = expectSpec(spec, 'Shapes');
-    return new ShapesDataset({ length: s.length as number, size: s.size as number, classes: s.classes as number, seed: s.seed as number });
+    return new ShapesDataset({
+      length: s.length as number,
+      size: s.size as number,
+      classes: s.classes as number,
+      seed: s.seed as number,
+    });
   }
 
   /**
@@ -108,9 +118,20 @@ export class ShapesDataset implements Dataset {
    */
   static async writeImageFolder(root: string, options: WriteShapesOptions): Promise<string[]> {
     if (typeof root !== 'string' || root.length === 0) invalid('root', 'a folder path', root);
-    const o = expectOptions<WriteShapesOptions>('writeImageFolder options', options, ['count', 'size', 'classes', 'seed', 'format']);
+    const o = expectOptions<WriteShapesOptions>('writeImageFolder options', options, [
+      'count',
+      'size',
+      'classes',
+      'seed',
+      'format',
+    ]);
     const format = o.format === undefined ? 'png' : expectOneOf('format', o.format, ['png', 'jpeg'] as const);
-    const dataset = new ShapesDataset({ length: expectInt('count', o.count, 1), size: o.size, classes: o.classes, seed: o.seed });
+    const dataset = new ShapesDataset({
+      length: expectInt('count', o.count, 1),
+      size: o.size,
+      classes: o.classes,
+      seed: o.seed,
+    });
     const { default: sharp } = await import('sharp');
     const absRoot = path.resolve(root);
     for (const name of dataset.classes) await mkdir(path.join(absRoot, name), { recursive: true });
@@ -120,7 +141,11 @@ export class ShapesDataset implements Dataset {
       const sample = await dataset.get(i);
       if (sample.source.kind !== 'decoded') throw new Error('unreachable: shapes are decoded');
       const { data, width, height, channels } = sample.source.image;
-      const file = path.join(absRoot, dataset.classes[sample.label]!, `${String(i).padStart(digits, '0')}.${format === 'png' ? 'png' : 'jpg'}`);
+      const file = path.join(
+        absRoot,
+        dataset.classes[sample.label]!,
+        `${String(i).padStart(digits, '0')}.${format === 'png' ? 'png' : 'jpg'}`,
+      );
       const image = sharp(data, { raw: { width, height, channels: channels as 3 } });
       await (format === 'png' ? image.png() : image.jpeg()).toFile(file);
       return file;

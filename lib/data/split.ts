@@ -28,7 +28,12 @@ export class Subset implements Dataset {
    */
   constructor(dataset: Dataset, indices: ArrayLike<number>) {
     this.dataset = expectDataset('dataset', dataset);
-    this.indices = expectIntArray('indices', Array.isArray(indices) || indices instanceof Int32Array ? indices : Array.from(indices), 0, this.dataset.length - 1);
+    this.indices = expectIntArray(
+      'indices',
+      Array.isArray(indices) || indices instanceof Int32Array ? indices : Array.from(indices),
+      0,
+      this.dataset.length - 1,
+    );
   }
 
   /** Number of samples. */
@@ -125,13 +130,29 @@ export type SplitSubsets<F extends readonly number[]> = { -readonly [K in keyof 
  * @param dataset - any dataset; stratification reads `dataset.label(i)` for every index.
  * @param fractions - default `[0.8, 0.1, 0.1]` (train, validation, test).
  */
-export function randomSplit(dataset: Dataset, fractions?: undefined, options?: RandomSplitOptions): [Subset, Subset, Subset];
-export function randomSplit<const F extends readonly number[]>(dataset: Dataset, fractions: F, options?: RandomSplitOptions): SplitSubsets<F>;
-export function randomSplit(dataset: Dataset, fractions: readonly number[] = [0.8, 0.1, 0.1], options?: RandomSplitOptions): Subset[] {
+export function randomSplit(
+  dataset: Dataset,
+  fractions?: undefined,
+  options?: RandomSplitOptions,
+): [Subset, Subset, Subset];
+export function randomSplit<const F extends readonly number[]>(
+  dataset: Dataset,
+  fractions: F,
+  options?: RandomSplitOptions,
+): SplitSubsets<F>;
+export function randomSplit(
+  dataset: Dataset,
+  fractions: readonly number[] = [0.8, 0.1, 0.1],
+  options?: RandomSplitOptions,
+): Subset[] {
   const data = expectDataset('dataset', dataset);
-  if (!Array.isArray(fractions) || fractions.length === 0) invalid('fractions', 'a non-empty array of fractions or lengths', fractions);
+  if (!Array.isArray(fractions) || fractions.length === 0) {
+    invalid('fractions', 'a non-empty array of fractions or lengths', fractions);
+  }
   fractions.forEach((f, i) => {
-    if (typeof f !== 'number' || !Number.isFinite(f) || f < 0) invalid(`fractions[${i}]`, 'a finite non-negative number', f);
+    if (typeof f !== 'number' || !Number.isFinite(f) || f < 0) {
+      invalid(`fractions[${i}]`, 'a finite non-negative number', f);
+    }
   });
   const o = expectOptions<RandomSplitOptions>('randomSplit options', options, ['seed', 'stratified']);
   const rng = new Random(resolveSeed('seed', o.seed));

@@ -59,7 +59,14 @@ export class SyntheticDataset implements Dataset {
   }
 
   constructor(options: SyntheticDatasetOptions) {
-    const o = expectOptions<SyntheticDatasetOptions>('SyntheticDataset options', options, ['length', 'height', 'width', 'channels', 'classes', 'seed']);
+    const o = expectOptions<SyntheticDatasetOptions>('SyntheticDataset options', options, [
+      'length',
+      'height',
+      'width',
+      'channels',
+      'classes',
+      'seed',
+    ]);
     this.length = expectInt('length', o.length, 0);
     this.height = expectInt('height', o.height ?? 224, 1, 65535);
     this.width = expectInt('width', o.width ?? 224, 1, 65535);
@@ -104,11 +111,22 @@ export class SyntheticDataset implements Dataset {
       if (i + 2 < n) data[i + 2] = t >>> 16;
       if (i + 3 < n) data[i + 3] = t >>> 24;
     }
-    return { source: { kind: 'decoded', image: { data, height: this.height, width: this.width, channels: this.channels } }, label };
+    return {
+      source: { kind: 'decoded', image: { data, height: this.height, width: this.width, channels: this.channels } },
+      label,
+    };
   }
 
   /** The sizes, class names and seed. */
   spec(): SyntheticSpec {
-    return { kind: 'Synthetic', length: this.length, height: this.height, width: this.width, channels: this.channels, classes: [...this.classes], seed: this.seed };
+    return {
+      kind: 'Synthetic',
+      length: this.length,
+      height: this.height,
+      width: this.width,
+      channels: this.channels,
+      classes: [...this.classes],
+      seed: this.seed,
+    };
   }
 }

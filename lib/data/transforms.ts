@@ -39,11 +39,22 @@ export { Transform } from './transforms/transform.js';
 export type { Interpolation } from './transforms/functional.js';
 export { RandomResizedCrop, type RandomResizedCropOptions } from './transforms/random-resized-crop.js';
 export { RandomHorizontalFlip, type RandomHorizontalFlipOptions } from './transforms/flip.js';
-export { ColorJitter, type ColorJitterOptions, type ColorJitterParams, type JitterRange } from './transforms/color-jitter.js';
+export {
+  ColorJitter,
+  type ColorJitterOptions,
+  type ColorJitterParams,
+  type JitterRange,
+} from './transforms/color-jitter.js';
 export { RandomRotation, type RandomRotationOptions } from './transforms/rotation.js';
 export { Resize, type ResizeOptions } from './transforms/resize.js';
 export { CenterCrop, type CenterCropOptions } from './transforms/center-crop.js';
 export { Normalize, type NormalizeOptions } from './transforms/normalize.js';
 export { Grayscale, ToRGB, type GrayscaleOptions } from './transforms/channels.js';
 export { TRANSFORM_KINDS, transformFromSpec } from './transforms/registry.js';
-export { Compose, type ComposeOptions, type ComposeResult, type ComposeRunOptions, type ComposeSpec } from './transforms/compose.js';
+export {
+  Compose,
+  type ComposeOptions,
+  type ComposeResult,
+  type ComposeRunOptions,
+  type ComposeSpec,
+} from './transforms/compose.js';

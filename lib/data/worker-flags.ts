@@ -4,7 +4,16 @@
  */
 
 /** Flags that choose or run the main program, followed by a value unless written `--flag=value`. */
-const PROGRAM_FLAGS_WITH_VALUE = new Set(['-e', '--eval', '-p', '--print', '-pe', '-ep', '--input-type', '--watch-path']);
+const PROGRAM_FLAGS_WITH_VALUE = new Set([
+  '-e',
+  '--eval',
+  '-p',
+  '--print',
+  '-pe',
+  '-ep',
+  '--input-type',
+  '--watch-path',
+]);
 
 /** Flags that choose or run the main program, without a value. */
 const PROGRAM_FLAGS = new Set(['-i', '--interactive', '-c', '--check', '--test', '--watch', '--watch-preserve-output']);

@@ -82,7 +82,10 @@ export class Residual extends Module {
     for (const [name, m] of main) this.#main.push(this.registerModule(name, m));
     const last = this.#main[this.#main.length - 1];
     if (!(last instanceof BatchNorm2d)) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'Residual: the main branch must end in a BatchNorm2d, which fuses the residual add (and ReLU)');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'Residual: the main branch must end in a BatchNorm2d, which fuses the residual add (and ReLU)',
+      );
     }
     this.#last = last;
     this.#shortcut = shortcut ? this.registerModule(shortcut[0], shortcut[1]) : null;
@@ -103,7 +106,12 @@ export class Residual extends Module {
   }
 
   #backward(gradOutput: Tensor): Tensor | null {
-    if (!this.#input) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name}.backward() was called before forward()`);
+    if (!this.#input) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `${this.constructor.name}.backward() was called before forward()`,
+      );
+    }
     let g: Tensor | null = this.#last.backward(gradOutput);
     const dIdentity = this.#last.residualGrad!;
     for (let i = this.#main.length - 2; i >= 0; i--) {
@@ -114,7 +122,9 @@ export class Residual extends Module {
     if (this.#shortcut) this.#shortcut.requiresInputGrad = this.requiresInputGrad;
     const dShortcut = this.#shortcut ? this.#shortcut.backward(dIdentity) : dIdentity;
     if (!this.requiresInputGrad) return null;
-    const sum = this.#sums.get(this.#input, () => Tensor.empty(this.#input!.shape, { dtype: this.#input!.dtype, device: this.#input!.device }));
+    const sum = this.#sums.get(this.#input, () =>
+      Tensor.empty(this.#input!.shape, { dtype: this.#input!.dtype, device: this.#input!.device }),
+    );
     addon().add({ a: g!.raw, b: dShortcut!.raw, out: sum.raw });
     return sum;
   }

@@ -40,7 +40,9 @@ export class InputNormalize {
     const std = o.std ?? IMAGENET_STD;
     if (!Array.isArray(mean)) invalid('mean', 'an array of numbers', mean);
     if (!Array.isArray(std)) invalid('std', 'an array of numbers', std);
-    if (mean.length !== std.length) mismatch('std', `${mean.length} values (one per channel, like mean)`, `${std.length} values`);
+    if (mean.length !== std.length) {
+      mismatch('std', `${mean.length} values (one per channel, like mean)`, `${std.length} values`);
+    }
     this.mean = mean.map((v, i) => expectNumber(`mean[${i}]`, v));
     this.std = std.map((v, i) => expectNumber(`std[${i}]`, v, Number.MIN_VALUE));
     this.dtype = expectOneOf('dtype', o.dtype ?? 'f32', ['f32', 'bf16', 'f16'] as const);
@@ -49,11 +51,19 @@ export class InputNormalize {
   /** Converts `images`; `flip[i] != 0` mirrors sample i. */
   forward(images: Tensor, flip?: Uint8Array): Tensor {
     expectTensor('images', images, { rank: 4, dtype: 'u8' });
-    if (images.shape[3] !== this.mean.length) mismatch('images', `an NHWC batch with ${this.mean.length} channels`, `shape [${images.shape.join(', ')}]`);
+    if (images.shape[3] !== this.mean.length) {
+      mismatch('images', `an NHWC batch with ${this.mean.length} channels`, `shape [${images.shape.join(', ')}]`);
+    }
     const out = this.#out.get(images, () => Tensor.empty(images.shape, { dtype: this.dtype, device: images.device }));
     let flipTensor: Tensor | undefined;
     if (flip !== undefined) {
-      if (!(flip instanceof Uint8Array) || flip.length !== images.shape[0]) mismatch('flip', `a Uint8Array of ${images.shape[0]} values`, flip instanceof Uint8Array ? `${flip.length} values` : typeof flip);
+      if (!(flip instanceof Uint8Array) || flip.length !== images.shape[0]) {
+        mismatch(
+          'flip',
+          `a Uint8Array of ${images.shape[0]} values`,
+          flip instanceof Uint8Array ? `${flip.length} values` : typeof flip,
+        );
+      }
       if (!this.#flip || this.#flip.numel !== flip.length || this.#flip.device !== images.device) {
         this.#flip?.dispose();
         this.#flip = Tensor.empty([flip.length], { dtype: 'u8', device: images.device });
@@ -61,7 +71,13 @@ export class InputNormalize {
       this.#flip.raw.copyFromHost(flip);
       flipTensor = this.#flip;
     }
-    addon().convertInput({ src: images.raw, dst: out.raw, mean: this.mean, std: this.std, ...(flipTensor ? { flip: flipTensor.raw } : {}) });
+    addon().convertInput({
+      src: images.raw,
+      dst: out.raw,
+      mean: this.mean,
+      std: this.std,
+      ...(flipTensor ? { flip: flipTensor.raw } : {}),
+    });
     return out;
   }
 

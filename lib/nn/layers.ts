@@ -4,7 +4,16 @@
  * @packageDocumentation
  */
 import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan, type RawTensor } from '../binding.js';
-import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, expectPair, invalid, mismatch } from '../errors.js';
+import {
+  ResnetError,
+  expectBool,
+  expectInt,
+  expectNumber,
+  expectOptions,
+  expectPair,
+  invalid,
+  mismatch,
+} from '../errors.js';
 import { Random } from '../random.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { FLOAT_DTYPES, Module, ShapeCache, disposeAll } from './module.js';
@@ -34,7 +43,9 @@ function expectSizePair(name: string, value: unknown, min: number): [number, num
 /** Refuses a weight of more elements than the libraries take, naming the size that makes it so. */
 function expectWeightSize(name: string, dims: readonly number[], text: string): void {
   const count = dims.reduce((a, b) => a * b, 1);
-  if (count > MAX_SIZE) mismatch(name, `a weight of at most ${MAX_SIZE} elements (${text})`, `${dims.join(' x ')} = ${count}`);
+  if (count > MAX_SIZE) {
+    mismatch(name, `a weight of at most ${MAX_SIZE} elements (${text})`, `${dims.join(' x ')} = ${count}`);
+  }
 }
 
 function uniform(n: number, bound: number, rng: Random): Float32Array {
@@ -95,8 +106,15 @@ function weightedBackward(
   const biasGrad = layer.bias !== null && layer.bias.requiresGrad;
   if (layer.weight.requiresGrad || biasGrad) {
     // The plan always computes the weight gradient: a frozen weight's goes to a scratch tensor.
-    const dWeight = layer.weight.requiresGrad ? layer.weight.grad : (e.discard ??= Tensor.zeros(layer.weight.shape, { device: x.device }));
-    e.plan.backwardWeights({ x: x.raw, dy: gradOutput.raw, dWeight: dWeight.raw, ...(biasGrad ? { dBias: layer.bias!.grad.raw } : {}) });
+    const dWeight = layer.weight.requiresGrad
+      ? layer.weight.grad
+      : (e.discard ??= Tensor.zeros(layer.weight.shape, { device: x.device }));
+    e.plan.backwardWeights({
+      x: x.raw,
+      dy: gradOutput.raw,
+      dWeight: dWeight.raw,
+      ...(biasGrad ? { dBias: layer.bias!.grad.raw } : {}),
+    });
   }
   if (!layer.requiresInputGrad) return null;
   e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
@@ -140,7 +158,16 @@ export class Conv2d extends Module {
 
   constructor(options: Conv2dOptions) {
     super();
-    const o = expectOptions<Conv2dOptions>('Conv2d options', options, ['inChannels', 'outChannels', 'kernelSize', 'stride', 'padding', 'dilation', 'bias', 'seed']);
+    const o = expectOptions<Conv2dOptions>('Conv2d options', options, [
+      'inChannels',
+      'outChannels',
+      'kernelSize',
+      'stride',
+      'padding',
+      'dilation',
+      'bias',
+      'seed',
+    ]);
     this.inChannels = expectSize('inChannels', o.inChannels, 1);
     this.outChannels = expectSize('outChannels', o.outChannels, 1);
     this.kernelSize = expectSizePair('kernelSize', o.kernelSize, 1);
@@ -149,13 +176,23 @@ export class Conv2d extends Module {
     this.dilation = expectSizePair('dilation', o.dilation ?? 1, 1);
     const rng = new Random(o.seed);
     const [kh, kw] = this.kernelSize;
-    expectWeightSize('outChannels', [this.outChannels, kh, kw, this.inChannels], 'outChannels x kernelSize x inChannels');
+    expectWeightSize(
+      'outChannels',
+      [this.outChannels, kh, kw, this.inChannels],
+      'outChannels x kernelSize x inChannels',
+    );
     const fanIn = this.inChannels * kh * kw;
     const bound = 1 / Math.sqrt(fanIn);
     const shape = [this.outChannels, kh, kw, this.inChannels];
-    this.weight = this.registerParameter('weight', new Parameter(shape, uniform(this.outChannels * fanIn, bound, rng), 'ohwi', 'weight'));
+    this.weight = this.registerParameter(
+      'weight',
+      new Parameter(shape, uniform(this.outChannels * fanIn, bound, rng), 'ohwi', 'weight'),
+    );
     this.bias = expectBool('bias', o.bias ?? false)
-      ? this.registerParameter('bias', new Parameter([this.outChannels], uniform(this.outChannels, bound, rng), 'plain', 'bias'))
+      ? this.registerParameter(
+          'bias',
+          new Parameter([this.outChannels], uniform(this.outChannels, bound, rng), 'plain', 'bias'),
+        )
       : null;
   }
 
@@ -163,7 +200,13 @@ export class Conv2d extends Module {
   outputShape(input: readonly number[]): number[] {
     const [n, h, w] = input as [number, number, number];
     const size = (axis: 0 | 1, length: number): number =>
-      addon().windowOutputSize({ size: length, kernel: this.kernelSize[axis], stride: this.stride[axis], pad: this.padding[axis], dilation: this.dilation[axis] });
+      addon().windowOutputSize({
+        size: length,
+        kernel: this.kernelSize[axis],
+        stride: this.stride[axis],
+        pad: this.padding[axis],
+        dilation: this.dilation[axis],
+      });
     return [n, size(0, h), size(1, w), this.outChannels];
   }
 
@@ -171,16 +214,35 @@ export class Conv2d extends Module {
     this.prepare(x, 'Conv2d');
     expectTensor('Conv2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
     if (x.shape[3] !== this.inChannels) {
-      mismatch('Conv2d input', `an NHWC tensor with ${this.inChannels} channels (last dimension)`, `shape [${x.shape.join(', ')}]`);
+      mismatch(
+        'Conv2d input',
+        `an NHWC tensor with ${this.inChannels} channels (last dimension)`,
+        `shape [${x.shape.join(', ')}]`,
+      );
     }
     const out = this.outputShape(x.shape);
-    if (out[1]! <= 0 || out[2]! <= 0) mismatch('Conv2d input', 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
+    if (out[1]! <= 0 || out[2]! <= 0) {
+      mismatch('Conv2d input', 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
+    }
     const entry = this.#cache.get(x, () => {
       const [n, h, w, c] = x.shape as [number, number, number, number];
       const plan = new (addon().Conv2dPlan)({
-        device: x.device, dtype: x.dtype, n, h, w, c, k: this.outChannels, kernelH: this.kernelSize[0], kernelW: this.kernelSize[1],
-        strideH: this.stride[0], strideW: this.stride[1], padH: this.padding[0], padW: this.padding[1],
-        dilationH: this.dilation[0], dilationW: this.dilation[1], bias: this.bias !== null,
+        device: x.device,
+        dtype: x.dtype,
+        n,
+        h,
+        w,
+        c,
+        k: this.outChannels,
+        kernelH: this.kernelSize[0],
+        kernelW: this.kernelSize[1],
+        strideH: this.stride[0],
+        strideW: this.stride[1],
+        padH: this.padding[0],
+        padW: this.padding[1],
+        dilationH: this.dilation[0],
+        dilationW: this.dilation[1],
+        bias: this.bias !== null,
       });
       return weightedEntry(plan, x, out);
     });
@@ -249,7 +311,12 @@ export class BatchNorm2d extends Module {
 
   constructor(options: BatchNorm2dOptions) {
     super();
-    const o = expectOptions<BatchNorm2dOptions>('BatchNorm2d options', options, ['numFeatures', 'eps', 'momentum', 'relu']);
+    const o = expectOptions<BatchNorm2dOptions>('BatchNorm2d options', options, [
+      'numFeatures',
+      'eps',
+      'momentum',
+      'relu',
+    ]);
     this.numFeatures = expectSize('numFeatures', o.numFeatures, 1);
     this.eps = expectNumber('eps', o.eps ?? 1e-5, Number.MIN_VALUE);
     this.momentum = expectNumber('momentum', o.momentum ?? 0.1, 0, 1);
@@ -267,11 +334,21 @@ export class BatchNorm2d extends Module {
     this.prepare(x, 'BatchNorm2d');
     expectTensor('BatchNorm2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
     if (x.shape[3] !== this.numFeatures) {
-      mismatch('BatchNorm2d input', `an NHWC tensor with ${this.numFeatures} channels (last dimension)`, `shape [${x.shape.join(', ')}]`);
+      mismatch(
+        'BatchNorm2d input',
+        `an NHWC tensor with ${this.numFeatures} channels (last dimension)`,
+        `shape [${x.shape.join(', ')}]`,
+      );
     }
-    if (residual !== undefined) expectTensor('BatchNorm2d residual', residual, { shape: x.shape, dtype: x.dtype, device: x.device });
+    if (residual !== undefined) {
+      expectTensor('BatchNorm2d residual', residual, { shape: x.shape, dtype: x.dtype, device: x.device });
+    }
     if (this.training && x.numel / this.numFeatures <= 1) {
-      mismatch('BatchNorm2d input', 'more than one value per channel in training mode', `shape [${x.shape.join(', ')}]`);
+      mismatch(
+        'BatchNorm2d input',
+        'more than one value per channel in training mode',
+        `shape [${x.shape.join(', ')}]`,
+      );
     }
     const entry = this.#cache.get(x, () => {
       const c = [this.numFeatures];
@@ -288,10 +365,19 @@ export class BatchNorm2d extends Module {
       return e;
     });
     addon().batchNormForward({
-      x: x.raw, gamma: this.weight.data.raw, beta: this.bias.data.raw, ...(residual ? { residual: residual.raw } : {}),
-      y: entry.y.raw, runningMean: this.#runningMean.tensor!.raw, runningVar: this.#runningVar.tensor!.raw,
-      saveMean: entry.saveMean.raw, saveInvStd: entry.saveInvStd.raw, training: this.training, relu: this.relu,
-      momentum: this.momentum, eps: this.eps,
+      x: x.raw,
+      gamma: this.weight.data.raw,
+      beta: this.bias.data.raw,
+      ...(residual ? { residual: residual.raw } : {}),
+      y: entry.y.raw,
+      runningMean: this.#runningMean.tensor!.raw,
+      runningVar: this.#runningVar.tensor!.raw,
+      saveMean: entry.saveMean.raw,
+      saveInvStd: entry.saveInvStd.raw,
+      training: this.training,
+      relu: this.relu,
+      momentum: this.momentum,
+      eps: this.eps,
     });
     if (this.training) this.bumpCounter('num_batches_tracked');
     this.#forwardTraining = this.training;
@@ -303,7 +389,7 @@ export class BatchNorm2d extends Module {
 
   /** The gradient with respect to the residual of the last forward, after `backward`. */
   get residualGrad(): Tensor | null {
-    return this.#residual ? this.#entry?.dResidual ?? null : null;
+    return this.#residual ? (this.#entry?.dResidual ?? null) : null;
   }
 
   /**
@@ -324,11 +410,24 @@ export class BatchNorm2d extends Module {
     e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
     if (this.#residual) e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
     const c = [this.numFeatures];
-    const dGamma = this.weight.requiresGrad ? this.weight.grad.raw : (e.discardGamma ??= Tensor.zeros(c, { device: x.device })).raw;
-    const dBeta = this.bias.requiresGrad ? this.bias.grad.raw : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
+    const dGamma = this.weight.requiresGrad
+      ? this.weight.grad.raw
+      : (e.discardGamma ??= Tensor.zeros(c, { device: x.device })).raw;
+    const dBeta = this.bias.requiresGrad
+      ? this.bias.grad.raw
+      : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
     addon().batchNormBackward({
-      x: x.raw, y: e.y.raw, dy: gradOutput.raw, gamma: this.weight.data.raw, saveMean: e.saveMean.raw,
-      saveInvStd: e.saveInvStd.raw, dx: e.dx.raw, dGamma, dBeta, relu: this.relu, training: this.#forwardTraining,
+      x: x.raw,
+      y: e.y.raw,
+      dy: gradOutput.raw,
+      gamma: this.weight.data.raw,
+      saveMean: e.saveMean.raw,
+      saveInvStd: e.saveInvStd.raw,
+      dx: e.dx.raw,
+      dGamma,
+      dBeta,
+      relu: this.relu,
+      training: this.#forwardTraining,
       ...(this.#residual ? { dResidual: e.dResidual!.raw } : {}),
     });
     return e.dx;
@@ -402,7 +501,12 @@ export abstract class Pool2d extends Module {
   #entry: UnaryEntry | null = null;
   #inputShape: readonly number[] = [];
 
-  protected abstract geometry(x: Tensor): { kind: 'max' | 'avg'; kernel: [number, number]; stride: [number, number]; padding: [number, number] };
+  protected abstract geometry(x: Tensor): {
+    kind: 'max' | 'avg';
+    kernel: [number, number];
+    stride: [number, number];
+    padding: [number, number];
+  };
 
   override forward(x: Tensor): Tensor {
     const name = this.constructor.name;
@@ -411,14 +515,33 @@ export abstract class Pool2d extends Module {
     const g = this.geometry(x);
     const [n, h, w, c] = x.shape as [number, number, number, number];
     const size = (axis: 0 | 1, length: number): number =>
-      addon().windowOutputSize({ size: length, kernel: g.kernel[axis], stride: g.stride[axis], pad: g.padding[axis], dilation: 1 });
+      addon().windowOutputSize({
+        size: length,
+        kernel: g.kernel[axis],
+        stride: g.stride[axis],
+        pad: g.padding[axis],
+        dilation: 1,
+      });
     const oh = size(0, h);
     const ow = size(1, w);
-    if (oh <= 0 || ow <= 0) mismatch(`${name} input`, 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
+    if (oh <= 0 || ow <= 0) {
+      mismatch(`${name} input`, 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
+    }
     const entry = this.#cache.get(x, () => {
       const plan = new (addon().Pool2dPlan)({
-        device: x.device, dtype: x.dtype, kind: g.kind, n, h, w, c, kernelH: g.kernel[0], kernelW: g.kernel[1],
-        strideH: g.stride[0], strideW: g.stride[1], padH: g.padding[0], padW: g.padding[1],
+        device: x.device,
+        dtype: x.dtype,
+        kind: g.kind,
+        n,
+        h,
+        w,
+        c,
+        kernelH: g.kernel[0],
+        kernelW: g.kernel[1],
+        strideH: g.stride[0],
+        strideW: g.stride[1],
+        padH: g.padding[0],
+        padW: g.padding[1],
       });
       return unaryEntry(x, [n, oh, ow, c], plan);
     });
@@ -485,7 +608,9 @@ export class AdaptiveAvgPool2d extends Pool2d {
   constructor(outputSize: number | [number, number] = 1) {
     super();
     const size = expectPair('outputSize', outputSize, 1);
-    if (size[0] !== 1 || size[1] !== 1) mismatch('outputSize', '1 (only global average pooling is supported)', `[${size.join(', ')}]`);
+    if (size[0] !== 1 || size[1] !== 1) {
+      mismatch('outputSize', '1 (only global average pooling is supported)', `[${size.join(', ')}]`);
+    }
   }
 
   protected geometry(x: Tensor) {
@@ -545,19 +670,39 @@ export class Linear extends Module {
     expectWeightSize('outFeatures', [this.outFeatures, this.inFeatures], 'outFeatures x inFeatures');
     const rng = new Random(o.seed);
     const bound = 1 / Math.sqrt(this.inFeatures);
-    this.weight = this.registerParameter('weight', new Parameter([this.outFeatures, this.inFeatures], uniform(this.outFeatures * this.inFeatures, bound, rng), 'plain', 'weight'));
+    this.weight = this.registerParameter(
+      'weight',
+      new Parameter(
+        [this.outFeatures, this.inFeatures],
+        uniform(this.outFeatures * this.inFeatures, bound, rng),
+        'plain',
+        'weight',
+      ),
+    );
     this.bias = expectBool('bias', o.bias ?? true)
-      ? this.registerParameter('bias', new Parameter([this.outFeatures], uniform(this.outFeatures, bound, rng), 'plain', 'bias'))
+      ? this.registerParameter(
+          'bias',
+          new Parameter([this.outFeatures], uniform(this.outFeatures, bound, rng), 'plain', 'bias'),
+        )
       : null;
   }
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, 'Linear');
     expectTensor('Linear input', x, { rank: 2, dtype: FLOAT_DTYPES });
-    if (x.shape[1] !== this.inFeatures) mismatch('Linear input', `a [N, ${this.inFeatures}] tensor`, `shape [${x.shape.join(', ')}]`);
+    if (x.shape[1] !== this.inFeatures) {
+      mismatch('Linear input', `a [N, ${this.inFeatures}] tensor`, `shape [${x.shape.join(', ')}]`);
+    }
     const entry = this.#cache.get(x, () => {
       const n = x.shape[0]!;
-      const plan = new (addon().LinearPlan)({ device: x.device, dtype: x.dtype, n, in: this.inFeatures, out: this.outFeatures, bias: this.bias !== null });
+      const plan = new (addon().LinearPlan)({
+        device: x.device,
+        dtype: x.dtype,
+        n,
+        in: this.inFeatures,
+        out: this.outFeatures,
+        bias: this.bias !== null,
+      });
       return weightedEntry(plan, x, [n, this.outFeatures]);
     });
     this.#input = x;

@@ -45,11 +45,15 @@ export class CrossEntropyLoss {
       labelTensor = expectTensor('labels', labels, { rank: 1, dtype: 'i32', device: logits.device });
       if (labels.shape[0] !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.shape[0]} labels`);
     } else {
-      if (!Array.isArray(labels) && !(labels instanceof Int32Array)) invalid('labels', 'an i32 Tensor, an Int32Array or an array of integers', labels);
+      if (!Array.isArray(labels) && !(labels instanceof Int32Array)) {
+        invalid('labels', 'an i32 Tensor, an Int32Array or an array of integers', labels);
+      }
       if (labels.length !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.length} labels`);
       for (let i = 0; i < labels.length; i++) {
         const v = labels[i]!;
-        if (!Number.isInteger(v) || v < 0 || v >= k) mismatch(`labels[${i}]`, `an integer class index in [0, ${k})`, String(v));
+        if (!Number.isInteger(v) || v < 0 || v >= k) {
+          mismatch(`labels[${i}]`, `an integer class index in [0, ${k})`, String(v));
+        }
       }
       if (!this.#labels || this.#labels.shape[0] !== n || this.#labels.device !== logits.device) {
         this.#labels?.dispose();
@@ -62,14 +66,23 @@ export class CrossEntropyLoss {
       this.#loss?.dispose();
       this.#loss = Tensor.zeros([1], { device: logits.device });
     }
-    if (!this.#grad || this.#grad.dtype !== logits.dtype || this.#grad.device !== logits.device || this.#grad.shape.some((d, i) => d !== logits.shape[i])) {
+    if (
+      !this.#grad ||
+      this.#grad.dtype !== logits.dtype ||
+      this.#grad.device !== logits.device ||
+      this.#grad.shape.some((d, i) => d !== logits.shape[i])
+    ) {
       this.#grad?.dispose();
       this.#grad = Tensor.empty(logits.shape, { dtype: logits.dtype, device: logits.device });
     }
     expectNumber('gradScale', this.gradScale, 0);
     addon().crossEntropy({
-      logits: logits.raw, labels: labelTensor.raw, loss: this.#loss.raw, dLogits: this.#grad.raw,
-      labelSmoothing: this.labelSmoothing, gradScale: this.gradScale,
+      logits: logits.raw,
+      labels: labelTensor.raw,
+      loss: this.#loss.raw,
+      dLogits: this.#grad.raw,
+      labelSmoothing: this.labelSmoothing,
+      gradScale: this.gradScale,
     });
     this.#ready = true;
     return this.#loss;
@@ -77,7 +90,9 @@ export class CrossEntropyLoss {
 
   /** The gradient with respect to the logits of the last `forward` (times `gradScale`). */
   backward(): Tensor {
-    if (!this.#ready || !this.#grad) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'CrossEntropyLoss.backward() was called before forward()');
+    if (!this.#ready || !this.#grad) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'CrossEntropyLoss.backward() was called before forward()');
+    }
     return this.#grad;
   }
 

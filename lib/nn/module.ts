@@ -35,10 +35,13 @@ export interface BufferSlot {
 export function ohwiToOihw(src: Float32Array, shape: readonly number[]): Float32Array {
   const [k, r, s, c] = shape as [number, number, number, number];
   const out = new Float32Array(src.length);
-  for (let o = 0; o < k; o++)
-    for (let y = 0; y < r; y++)
-      for (let x = 0; x < s; x++)
+  for (let o = 0; o < k; o++) {
+    for (let y = 0; y < r; y++) {
+      for (let x = 0; x < s; x++) {
         for (let i = 0; i < c; i++) out[((o * c + i) * r + y) * s + x] = src[((o * r + y) * s + x) * c + i]!;
+      }
+    }
+  }
   return out;
 }
 
@@ -46,10 +49,13 @@ export function ohwiToOihw(src: Float32Array, shape: readonly number[]): Float32
 export function oihwToOhwi(src: Float32Array, shape: readonly number[]): Float32Array {
   const [k, r, s, c] = shape as [number, number, number, number];
   const out = new Float32Array(src.length);
-  for (let o = 0; o < k; o++)
-    for (let y = 0; y < r; y++)
-      for (let x = 0; x < s; x++)
+  for (let o = 0; o < k; o++) {
+    for (let y = 0; y < r; y++) {
+      for (let x = 0; x < s; x++) {
         for (let i = 0; i < c; i++) out[((o * r + y) * s + x) * c + i] = src[((o * c + i) * r + y) * s + x]!;
+      }
+    }
+  }
   return out;
 }
 
@@ -226,7 +232,11 @@ export abstract class Module {
     const params = this.parameters();
     const arena = params[0]?.arena;
     const alreadyThere =
-      arena !== null && arena !== undefined && arena.device === canonical && params.length === arena.entries.length && params.every((p) => p.arena === arena);
+      arena !== null &&
+      arena !== undefined &&
+      arena.device === canonical &&
+      params.length === arena.entries.length &&
+      params.every((p) => p.arena === arena);
     if (!alreadyThere) new ParameterArena(params, canonical);
     for (const [, m] of this.namedModules()) m.#placeBuffers(canonical);
     return this;
@@ -236,7 +246,9 @@ export abstract class Module {
   arena(): ParameterArena {
     this.assertUsable('arena');
     const params = this.parameters();
-    if (params.length === 0) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} has no parameters`);
+    if (params.length === 0) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} has no parameters`);
+    }
     const arena = params[0]!.arena;
     if (!arena || !params.every((p) => p.arena === arena)) this.to(arena?.device ?? 'cpu');
     return params[0]!.arena!;
@@ -262,13 +274,19 @@ export abstract class Module {
       const dot = prefix ? `${prefix}.` : '';
       for (const [name, p] of m.#params) {
         const values = p.values();
-        out.set(dot + name, { shape: p.stateShape, dtype: 'f32', data: p.layout === 'ohwi' ? ohwiToOihw(values, p.shape) : values });
+        out.set(dot + name, {
+          shape: p.stateShape,
+          dtype: 'f32',
+          data: p.layout === 'ohwi' ? ohwiToOihw(values, p.shape) : values,
+        });
       }
       for (const [name, slot] of m.#buffers) {
         const data = slot.tensor ? slot.tensor.toFloat32Array() : slot.initial.slice();
         out.set(dot + name, { shape: [data.length], dtype: 'f32', data });
       }
-      for (const [name, value] of m.#counters) out.set(dot + name, { shape: [], dtype: 'i64', data: BigInt64Array.of(value) });
+      for (const [name, value] of m.#counters) {
+        out.set(dot + name, { shape: [], dtype: 'i64', data: BigInt64Array.of(value) });
+      }
     }
     return out;
   }
@@ -280,7 +298,9 @@ export abstract class Module {
    */
   loadStateDict(state: StateDict, options: { strict?: boolean } = {}): void {
     this.assertUsable('loadStateDict');
-    if (!(state instanceof Map)) throw new ResnetError('ERR_RC_STATE_DICT', 'loadStateDict expects a Map of name -> { shape, dtype, data }');
+    if (!(state instanceof Map)) {
+      throw new ResnetError('ERR_RC_STATE_DICT', 'loadStateDict expects a Map of name -> { shape, dtype, data }');
+    }
     const strict = options.strict ?? true;
     const targets = new Map<string, { shape: number[]; apply: (e: StateEntry) => void }>();
     for (const [prefix, m] of this.namedModules()) {
@@ -288,7 +308,12 @@ export abstract class Module {
       for (const [name, p] of m.#params) {
         targets.set(dot + name, {
           shape: p.stateShape,
-          apply: (e) => p.setValues(p.layout === 'ohwi' ? oihwToOhwi(e.data as Float32Array, p.shape) : Float32Array.from(e.data as Float32Array)),
+          apply: (e) =>
+            p.setValues(
+              p.layout === 'ohwi'
+                ? oihwToOhwi(e.data as Float32Array, p.shape)
+                : Float32Array.from(e.data as Float32Array),
+            ),
         });
       }
       for (const [name, slot] of m.#buffers) {
@@ -302,7 +327,10 @@ export abstract class Module {
         });
       }
       for (const name of m.#counters.keys()) {
-        targets.set(dot + name, { shape: [], apply: (e) => m.#counters.set(name, BigInt((e.data as BigInt64Array)[0] ?? 0n)) });
+        targets.set(dot + name, {
+          shape: [],
+          apply: (e) => m.#counters.set(name, BigInt((e.data as BigInt64Array)[0] ?? 0n)),
+        });
       }
     }
     const problems: string[] = [];
@@ -315,7 +343,9 @@ export abstract class Module {
       const shapeOk = entry.shape.length === target.shape.length && entry.shape.every((d, i) => d === target.shape[i]);
       const count = target.shape.reduce((a, b) => a * b, 1);
       if (!shapeOk || entry.data?.length !== count) {
-        problems.push(`'${key}' has shape [${entry.shape.join(', ')}] (${entry.data?.length ?? 0} values) but the model expects [${target.shape.join(', ')}]`);
+        problems.push(
+          `'${key}' has shape [${entry.shape.join(', ')}] (${entry.data?.length ?? 0} values) but the model expects [${target.shape.join(', ')}]`,
+        );
       }
       const isCounter = target.shape.length === 0;
       if (isCounter ? !(entry.data instanceof BigInt64Array) : !(entry.data instanceof Float32Array)) {
@@ -324,7 +354,10 @@ export abstract class Module {
     }
     if (strict) for (const key of state.keys()) if (!targets.has(key)) problems.push(`unexpected key '${key}'`);
     if (problems.length) {
-      throw new ResnetError('ERR_RC_STATE_DICT', `Cannot load the state dict into ${this.constructor.name}: ${problems.slice(0, 10).join('; ')}${problems.length > 10 ? `; and ${problems.length - 10} more` : ''}`);
+      throw new ResnetError(
+        'ERR_RC_STATE_DICT',
+        `Cannot load the state dict into ${this.constructor.name}: ${problems.slice(0, 10).join('; ')}${problems.length > 10 ? `; and ${problems.length - 10} more` : ''}`,
+      );
     }
     for (const [key, target] of targets) {
       const entry = state.get(key);
@@ -343,7 +376,11 @@ export abstract class Module {
       else this.#placeBuffers(x.device);
     }
     if (x.device !== this.#device) {
-      mismatch(`${name} input`, `a tensor on ${this.#device} (the module's device; move the module with module.to())`, `a tensor on ${x.device}`);
+      mismatch(
+        `${name} input`,
+        `a tensor on ${this.#device} (the module's device; move the module with module.to())`,
+        `a tensor on ${x.device}`,
+      );
     }
     this.#pass = 'forwarded';
   }
@@ -357,7 +394,9 @@ export abstract class Module {
    */
   protected backwardOnce<T>(name: string, body: () => T): T {
     this.assertUsable('backward');
-    if (this.#pass === 'idle') throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${name}.backward() was called before forward()`);
+    if (this.#pass === 'idle') {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${name}.backward() was called before forward()`);
+    }
     if (this.#pass === 'backwarded') {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
@@ -410,7 +449,12 @@ export abstract class Module {
 
   /** Throws `ERR_RC_DISPOSED` once the module was disposed. */
   protected assertUsable(what: string): void {
-    if (this.#disposed) throw new ResnetError('ERR_RC_DISPOSED', `${this.constructor.name}.${what}(): the module was disposed and cannot be used`);
+    if (this.#disposed) {
+      throw new ResnetError(
+        'ERR_RC_DISPOSED',
+        `${this.constructor.name}.${what}(): the module was disposed and cannot be used`,
+      );
+    }
   }
 
   /** Frees every buffer and cached plan of this tree (parameters stay). */
@@ -450,7 +494,7 @@ export class ShapeCache<T extends { dispose(): void }> {
     } else {
       entry = make();
       if (this.#entries.size >= this.limit) {
-        const [oldestKey, oldest] = this.#entries.entries().next().value as [string, T];
+        const [oldestKey, oldest] = this.#entries.entries().next().value!;
         oldest.dispose();
         this.#entries.delete(oldestKey);
       }

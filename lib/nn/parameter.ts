@@ -65,13 +65,23 @@ export class Parameter {
 
   /** The value, a view into the arena. */
   get data(): Tensor {
-    if (!this.#arena) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'This parameter has not been placed on a device yet; call module.to(device) or run forward once');
+    if (!this.#arena) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'This parameter has not been placed on a device yet; call module.to(device) or run forward once',
+      );
+    }
     return this.#arena.paramView(this);
   }
 
   /** The gradient, a view into the gradient arena. */
   get grad(): Tensor {
-    if (!this.#arena) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'This parameter has not been placed on a device yet; call module.to(device) or run forward once');
+    if (!this.#arena) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'This parameter has not been placed on a device yet; call module.to(device) or run forward once',
+      );
+    }
     return this.#arena.gradView(this);
   }
 
@@ -92,7 +102,9 @@ export class Parameter {
 
   /** Overwrites the values (internal layout). */
   setValues(values: Float32Array): void {
-    if (values.length !== this.numel) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected ${this.numel} values but received ${values.length}`);
+    if (values.length !== this.numel) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Expected ${this.numel} values but received ${values.length}`);
+    }
     if (this.#arena) this.data.raw.copyFromHost(values);
     else this.#initial = values.slice();
   }
@@ -172,7 +184,9 @@ export class ParameterArena {
   #viewsOf(p: Parameter): { data: Tensor; grad: Tensor } {
     let v = this.#views.get(p);
     if (!v) {
-      if (p.arena !== this) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'This parameter does not live in this arena');
+      if (p.arena !== this) {
+        throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'This parameter does not live in this arena');
+      }
       v = { data: this.params.view(p.offset, p.shape), grad: this.grads.view(p.offset, p.shape) };
       this.#views.set(p, v);
     }

@@ -35,13 +35,26 @@ interface BlockType {
 }
 
 function conv(inC: number, outC: number, kernel: number, stride: number, rng: Random): Conv2d {
-  return new Conv2d({ inChannels: inC, outChannels: outC, kernelSize: kernel, stride, padding: Math.floor(kernel / 2), seed: Math.floor(rng.next() * 2 ** 31) });
+  return new Conv2d({
+    inChannels: inC,
+    outChannels: outC,
+    kernelSize: kernel,
+    stride,
+    padding: Math.floor(kernel / 2),
+    seed: Math.floor(rng.next() * 2 ** 31),
+  });
 }
 
 /** torchvision's BasicBlock: 3x3 → BN → ReLU → 3x3 → BN, plus the shortcut, then ReLU. */
 export class BasicBlock extends Residual {
   static readonly expansion = 1;
-  constructor(inplanes: number, planes: number, stride = 1, downsample: Module | null = null, rng: Random = new Random()) {
+  constructor(
+    inplanes: number,
+    planes: number,
+    stride = 1,
+    downsample: Module | null = null,
+    rng: Random = new Random(),
+  ) {
     super(
       [
         ['conv1', conv(inplanes, planes, 3, stride, rng)],
@@ -57,7 +70,13 @@ export class BasicBlock extends Residual {
 /** torchvision's Bottleneck (v1.5): 1x1 → 3x3 (stride) → 1x1 (x4), each with BN, plus the shortcut. */
 export class Bottleneck extends Residual {
   static readonly expansion = 4;
-  constructor(inplanes: number, planes: number, stride = 1, downsample: Module | null = null, rng: Random = new Random()) {
+  constructor(
+    inplanes: number,
+    planes: number,
+    stride = 1,
+    downsample: Module | null = null,
+    rng: Random = new Random(),
+  ) {
     super(
       [
         ['conv1', conv(inplanes, planes, 1, 1, rng)],
@@ -101,7 +120,14 @@ export class ResNet extends Chain {
   readonly numClasses: number;
 
   constructor(depth: ResNetDepth, options: ResNetOptions = {}) {
-    const o = expectOptions<ResNetOptions>('ResNet options', options, ['numClasses', 'smallInput', 'zeroInitResidual', 'inChannels', 'device', 'seed']);
+    const o = expectOptions<ResNetOptions>('ResNet options', options, [
+      'numClasses',
+      'smallInput',
+      'zeroInitResidual',
+      'inChannels',
+      'device',
+      'seed',
+    ]);
     expectOneOf('depth', depth, [18, 34, 50, 101, 152] as const);
     const numClasses = expectInt('numClasses', o.numClasses ?? 1000, 1);
     const smallInput = expectBool('smallInput', o.smallInput ?? false);
@@ -112,7 +138,12 @@ export class ResNet extends Chain {
     const block = BLOCKS[spec.block];
 
     const entries: [string, Module][] = [];
-    entries.push(['conv1', smallInput ? conv(inChannels, 64, 3, 1, rng) : new Conv2d({ inChannels, outChannels: 64, kernelSize: 7, stride: 2, padding: 3 })]);
+    entries.push([
+      'conv1',
+      smallInput
+        ? conv(inChannels, 64, 3, 1, rng)
+        : new Conv2d({ inChannels, outChannels: 64, kernelSize: 7, stride: 2, padding: 3 }),
+    ]);
     entries.push(['bn1', new BatchNorm2d({ numFeatures: 64, relu: true })]);
     if (!smallInput) entries.push(['maxpool', new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1 })]);
     let inplanes = 64;
@@ -124,7 +155,10 @@ export class ResNet extends Chain {
         const s = b === 0 ? stride : 1;
         let downsample: Module | null = null;
         if (b === 0 && (stride !== 1 || inplanes !== planes * block.expansion)) {
-          downsample = new Sequential(conv(inplanes, planes * block.expansion, 1, stride, rng), new BatchNorm2d({ numFeatures: planes * block.expansion }));
+          downsample = new Sequential(
+            conv(inplanes, planes * block.expansion, 1, stride, rng),
+            new BatchNorm2d({ numFeatures: planes * block.expansion }),
+          );
         }
         layer.push(block.create(inplanes, planes, s, downsample, rng));
         inplanes = planes * block.expansion;
@@ -133,7 +167,14 @@ export class ResNet extends Chain {
     });
     entries.push(['avgpool', new AdaptiveAvgPool2d(1)]);
     entries.push(['flatten', new Flatten()]);
-    entries.push(['fc', new Linear({ inFeatures: 512 * block.expansion, outFeatures: numClasses, seed: Math.floor(rng.next() * 2 ** 31) })]);
+    entries.push([
+      'fc',
+      new Linear({
+        inFeatures: 512 * block.expansion,
+        outFeatures: numClasses,
+        seed: Math.floor(rng.next() * 2 ** 31),
+      }),
+    ]);
     super(entries);
     this.depth = depth;
     this.numClasses = numClasses;

@@ -80,8 +80,12 @@ const ADAMW_KEYS = ['lr', 'betas', 'eps', 'weightDecay'] as const;
 const LAMB_KEYS = ['lr', 'betas', 'eps', 'weightDecay', 'alwaysAdapt'] as const;
 
 // The fields adamwStep and lambStep share; the moments are the optimizer's state arenas.
-function nativeArgs(ctx: StepContext<AdamWOptions> | StepContext<LAMBOptions>, expAvg: Tensor, expAvgSq: Tensor): RawAdamArgs {
-  const groups = ctx.groups as ReadonlyArray<Required<AdamWOptions> & { alwaysAdapt?: boolean }>;
+function nativeArgs(
+  ctx: StepContext<AdamWOptions> | StepContext<LAMBOptions>,
+  expAvg: Tensor,
+  expAvgSq: Tensor,
+): RawAdamArgs {
+  const groups = ctx.groups as readonly (Required<AdamWOptions> & { alwaysAdapt?: boolean })[];
   return {
     params: ctx.arena.params.raw,
     grads: ctx.arena.grads.raw,

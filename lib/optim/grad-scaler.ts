@@ -99,7 +99,13 @@ export class GradScaler {
   readonly #stepped = new Set<ScalerOptimizer>();
 
   constructor(options: GradScalerOptions = {}) {
-    const o = expectOptions<GradScalerOptions>('GradScaler options', options, ['initScale', 'growthFactor', 'backoffFactor', 'growthInterval', 'enabled']);
+    const o = expectOptions<GradScalerOptions>('GradScaler options', options, [
+      'initScale',
+      'growthFactor',
+      'backoffFactor',
+      'growthInterval',
+      'enabled',
+    ]);
     this.#scale = Math.fround(positive('initScale', o.initScale ?? 65536));
     this.#growthFactor = expectNumber('growthFactor', o.growthFactor ?? 2, 1);
     if (this.#growthFactor <= 1) invalid('growthFactor', 'a number above 1', o.growthFactor);
@@ -119,7 +125,9 @@ export class GradScaler {
 
   /** Sets `loss.gradScale` to the current scale times `multiplier` (e.g. 1/k when accumulating k micro-batches). */
   scale(loss: ScalableLoss, multiplier = 1): void {
-    if (loss === null || typeof loss !== 'object' || typeof loss.gradScale !== 'number') invalid('loss', 'a loss with a numeric gradScale', loss);
+    if (loss === null || typeof loss !== 'object' || typeof loss.gradScale !== 'number') {
+      invalid('loss', 'a loss with a numeric gradScale', loss);
+    }
     loss.gradScale = this.lossScale * expectNumber('multiplier', multiplier, 0);
   }
 
@@ -130,10 +138,16 @@ export class GradScaler {
   unscale(optimizer: ScalerOptimizer): void {
     if (!this.enabled) return;
     if (this.#unscaled.has(optimizer)) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.unscale() has already been called on this optimizer since the last update()');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'GradScaler.unscale() has already been called on this optimizer since the last update()',
+      );
     }
     if (this.#stepped.has(optimizer)) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.unscale() must come before step() for this optimizer');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'GradScaler.unscale() must come before step() for this optimizer',
+      );
     }
     const arena = optimizer.arena();
     this.#ensureDevice(arena.device);
@@ -158,7 +172,10 @@ export class GradScaler {
       return;
     }
     if (this.#stepped.has(optimizer)) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.step() has already been called on this optimizer since the last update()');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'GradScaler.step() has already been called on this optimizer since the last update()',
+      );
     }
     if (!this.#unscaled.has(optimizer)) this.unscale(optimizer);
     optimizer.step({ foundInf: this.#foundInfView! });
@@ -173,7 +190,10 @@ export class GradScaler {
   update(newScale?: number): void {
     if (!this.enabled) return;
     if (this.#unscaled.size === 0) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.update(): no gradients were unscaled since the last update(); call step() first');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'GradScaler.update(): no gradients were unscaled since the last update(); call step() first',
+      );
     }
     if (newScale !== undefined) {
       addon().fill({ tensor: this.#scaleView!.raw, value: positive('newScale', newScale) });
@@ -231,7 +251,12 @@ export class GradScaler {
     if (state === null || typeof state !== 'object') invalid('state', 'a GradScaler state object', state);
     const scale = positive('state.scale', state.scale);
     const tracker = expectInt('state.growthTracker', state.growthTracker ?? 0, 0, 0x7fffffff);
-    if (this.#unscaled.size > 0) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'GradScaler.loadState() in the middle of a step (after unscale or step, before update)');
+    if (this.#unscaled.size > 0) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'GradScaler.loadState() in the middle of a step (after unscale or step, before update)',
+      );
+    }
     this.#scale = Math.fround(scale);
     this.#growthTracker = tracker;
     if (this.#flags) {

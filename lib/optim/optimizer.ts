@@ -88,24 +88,32 @@ export abstract class Optimizer<O extends object> {
     this.#check = check;
     let groups: GroupInput<O>[];
     if (params instanceof Module) groups = [{ params: params.parameters() } as GroupInput<O>];
-    else if (Array.isArray(params) && params.every((p) => p instanceof Parameter)) groups = [{ params: params as Parameter[] } as GroupInput<O>];
-    else if (Array.isArray(params)) groups = params as GroupInput<O>[];
+    else if (Array.isArray(params) && params.every((p) => p instanceof Parameter)) {
+      groups = [{ params: params } as GroupInput<O>];
+    } else if (Array.isArray(params)) groups = params;
     else groups = invalid('params', 'a Module, an array of Parameters or an array of parameter groups', params);
     const seen = new Set<Parameter>();
     this.paramGroups = groups.map((g, i) => {
       const where = `paramGroups[${i}]`;
-      if (g === null || typeof g !== 'object' || !Array.isArray(g.params)) invalid(where, 'an object with a params array', g);
+      if (g === null || typeof g !== 'object' || !Array.isArray(g.params)) {
+        invalid(where, 'an object with a params array', g);
+      }
       for (const key of Object.keys(g)) {
         if (key !== 'params' && !keys.includes(key)) {
-          throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Unknown option '${key}' in ${where}; known options: params, ${keys.join(', ')}`);
+          throw new ResnetError(
+            'ERR_RC_INVALID_ARGUMENT',
+            `Unknown option '${key}' in ${where}; known options: params, ${keys.join(', ')}`,
+          );
         }
       }
       for (const p of g.params) {
         if (!(p instanceof Parameter)) invalid(`${where}.params`, 'an array of Parameters', p);
-        if (seen.has(p)) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${where}: a parameter appears in more than one group`);
+        if (seen.has(p)) {
+          throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${where}: a parameter appears in more than one group`);
+        }
         seen.add(p);
       }
-      return { ...check(where, g as Partial<O>, defaults), params: [...g.params] } as Group<O>;
+      return { ...check(where, g, defaults), params: [...g.params] };
     });
   }
 
@@ -119,7 +127,12 @@ export abstract class Optimizer<O extends object> {
     const arena = this.arena();
     const foundInf = options.foundInf;
     if (foundInf !== undefined) {
-      if (!(foundInf instanceof Tensor) || foundInf.dtype !== 'f32' || foundInf.numel !== 1 || foundInf.device !== arena.device) {
+      if (
+        !(foundInf instanceof Tensor) ||
+        foundInf.dtype !== 'f32' ||
+        foundInf.numel !== 1 ||
+        foundInf.device !== arena.device
+      ) {
         invalid('foundInf', `an f32 tensor of one element on ${arena.device}`, foundInf);
       }
     }
@@ -148,8 +161,9 @@ export abstract class Optimizer<O extends object> {
     const existing = this.#buffers.get(name);
     if (existing && existing.device === arena.device && existing.numel === arena.size) return existing;
     let fresh: Tensor;
-    if (existing && existing.numel === arena.size) fresh = Tensor.from(existing.toFloat32Array(), [arena.size], { device: arena.device });
-    else fresh = Tensor.zeros([arena.size], { device: arena.device });
+    if (existing && existing.numel === arena.size) {
+      fresh = Tensor.from(existing.toFloat32Array(), [arena.size], { device: arena.device });
+    } else fresh = Tensor.zeros([arena.size], { device: arena.device });
     existing?.dispose();
     this.#buffers.set(name, fresh);
     return fresh;
@@ -180,7 +194,10 @@ export abstract class Optimizer<O extends object> {
     const first = this.paramGroups.find((g) => g.params.length > 0)?.params[0];
     const arena = first?.arena;
     if (!first || !arena) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.#name}: the parameters have not been placed on a device; call model.to(device) first`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `${this.#name}: the parameters have not been placed on a device; call model.to(device) first`,
+      );
     }
     for (const g of this.paramGroups) {
       for (const p of g.params) {
@@ -213,7 +230,9 @@ export abstract class Optimizer<O extends object> {
     for (const [name, t] of this.#buffers) buffers[name] = t.toFloat32Array();
     const paramGroups = this.paramGroups.map((g) => {
       const settings: Record<string, unknown> = {};
-      for (const [key, value] of Object.entries(g)) if (key !== 'params') settings[key] = Array.isArray(value) ? [...value] : value;
+      for (const [key, value] of Object.entries(g)) {
+        if (key !== 'params') settings[key] = Array.isArray(value) ? [...value] : value;
+      }
       return settings;
     });
     return { step: this.#steps, paramGroups, buffers };
@@ -232,7 +251,7 @@ export abstract class Optimizer<O extends object> {
     }
     const settings = state.paramGroups.map((g, i) => {
       if (g === null || typeof g !== 'object') invalid(`state.paramGroups[${i}]`, 'an object of settings', g);
-      const { params: _ignored, ...rest } = g as Record<string, unknown>;
+      const { params: _ignored, ...rest } = g;
       return this.#check(`state.paramGroups[${i}]`, rest as Partial<O>, rest as Partial<O>);
     });
     const arena = this.arena();
@@ -248,7 +267,9 @@ export abstract class Optimizer<O extends object> {
     settings.forEach((s, i) => Object.assign(this.paramGroups[i]!, s));
     for (const t of this.#buffers.values()) t.dispose();
     this.#buffers.clear();
-    for (const [name, data] of Object.entries(buffers)) this.#buffers.set(name, Tensor.from(data, [arena.size], { device: arena.device }));
+    for (const [name, data] of Object.entries(buffers)) {
+      this.#buffers.set(name, Tensor.from(data, [arena.size], { device: arena.device }));
+    }
     this.#steps = step;
   }
 
@@ -281,12 +302,18 @@ export interface ParameterGroupsOptions {
  * const opt = new AdamW(parameterGroups(model, { weightDecay: 0.05 }), { lr: 1e-3 });
  * ```
  */
-export function parameterGroups(model: Module, options: ParameterGroupsOptions): { params: Parameter[]; weightDecay: number }[] {
+export function parameterGroups(
+  model: Module,
+  options: ParameterGroupsOptions,
+): { params: Parameter[]; weightDecay: number }[] {
   if (!(model instanceof Module)) invalid('model', 'a Module', model);
   if (options === null || typeof options !== 'object') invalid('options', 'an options object', options);
   for (const key of Object.keys(options)) {
     if (key !== 'weightDecay' && key !== 'noWeightDecayOnNormAndBias') {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Unknown option '${key}' in parameterGroups options; known options: weightDecay, noWeightDecayOnNormAndBias`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `Unknown option '${key}' in parameterGroups options; known options: weightDecay, noWeightDecayOnNormAndBias`,
+      );
     }
   }
   const weightDecay = expectNumber('weightDecay', options.weightDecay, 0);

@@ -31,7 +31,10 @@ function checkHyper(where: string, o: Partial<SGDOptions>, defaults: Partial<SGD
   const weightDecay = expectNumber(`${where}.weightDecay`, o.weightDecay ?? defaults.weightDecay ?? 0, 0);
   const nesterov = expectBool(`${where}.nesterov`, o.nesterov ?? defaults.nesterov ?? false);
   if (nesterov && (momentum <= 0 || dampening !== 0)) {
-    throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${where}: Nesterov momentum requires a momentum above 0 and zero dampening`);
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `${where}: Nesterov momentum requires a momentum above 0 and zero dampening`,
+    );
   }
   return { lr, momentum, dampening, weightDecay, nesterov };
 }

@@ -40,11 +40,24 @@ export function isLoader(value: unknown): value is DataLoader {
 }
 
 /** Yields the loader's batches of `epoch` on `device`, starting at batch `first` (the earlier ones are not loaded). */
-export async function* loaderBatches(loader: DataLoader, device: string, epoch: number, first: number): AsyncGenerator<DeviceBatch> {
+export async function* loaderBatches(
+  loader: DataLoader,
+  device: string,
+  epoch: number,
+  first: number,
+): AsyncGenerator<DeviceBatch> {
   loader.setEpoch(epoch, first);
   for await (const batch of loader) {
     const { images, labels } = batch.toTensors(device);
-    yield { images, labels, hostLabels: batch.labels, flips: batch.flips, size: batch.size, index: batch.index, indices: batch.indices };
+    yield {
+      images,
+      labels,
+      hostLabels: batch.labels,
+      flips: batch.flips,
+      size: batch.size,
+      index: batch.index,
+      indices: batch.indices,
+    };
   }
 }
 
@@ -57,12 +70,23 @@ export async function* cachedBatches(cached: readonly HostBatch[], device: strin
       const key = b.shape.join('x');
       let t = tensors.get(key);
       if (!t) {
-        t = { images: Tensor.empty(b.shape, { dtype: 'u8', device }), labels: Tensor.empty([b.shape[0]], { dtype: 'i32', device }) };
+        t = {
+          images: Tensor.empty(b.shape, { dtype: 'u8', device }),
+          labels: Tensor.empty([b.shape[0]], { dtype: 'i32', device }),
+        };
         tensors.set(key, t);
       }
       t.images.copyFromHost(b.images);
       t.labels.copyFromHost(b.labels);
-      yield { images: t.images, labels: t.labels, hostLabels: b.labels, flips: b.flips, size: b.shape[0], index, indices: b.indices };
+      yield {
+        images: t.images,
+        labels: t.labels,
+        hostLabels: b.labels,
+        flips: b.flips,
+        size: b.shape[0],
+        index,
+        indices: b.indices,
+      };
     }
   } finally {
     for (const t of tensors.values()) {
@@ -77,7 +101,13 @@ export async function cacheBatches(loader: DataLoader, count: number): Promise<H
   const out: HostBatch[] = [];
   loader.setEpoch(0);
   for await (const batch of loader) {
-    out.push({ images: batch.images.slice(), labels: batch.labels.slice(), flips: batch.flips.slice(), shape: [...batch.shape], indices: batch.indices.slice() });
+    out.push({
+      images: batch.images.slice(),
+      labels: batch.labels.slice(),
+      flips: batch.flips.slice(),
+      shape: [...batch.shape],
+      indices: batch.indices.slice(),
+    });
     if (out.length === count) break;
   }
   return out;

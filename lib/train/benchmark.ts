@@ -56,7 +56,17 @@ export interface TrainingBenchmark {
  * model.
  */
 export function benchmarkTraining(options: BenchmarkTrainingOptions): TrainingBenchmark {
-  const o = expectOptions<BenchmarkTrainingOptions>('benchmarkTraining options', options, ['model', 'device', 'numClasses', 'dtype', 'batch', 'size', 'steps', 'warmup', 'cudaGraph']);
+  const o = expectOptions<BenchmarkTrainingOptions>('benchmarkTraining options', options, [
+    'model',
+    'device',
+    'numClasses',
+    'dtype',
+    'batch',
+    'size',
+    'steps',
+    'warmup',
+    'cudaGraph',
+  ]);
   if (!(o.model instanceof Module)) invalid('model', 'a Module', o.model);
   if (typeof o.device !== 'string') invalid('device', "a device name such as 'cuda:0'", o.device);
   const model = o.model;
@@ -77,7 +87,11 @@ export function benchmarkTraining(options: BenchmarkTrainingOptions): TrainingBe
   const pixels = new Uint8Array(batch * size * size * 3);
   for (let i = 0; i < pixels.length; i++) pixels[i] = (i * 2654435761) >>> 24;
   const images = Tensor.from(pixels, [batch, size, size, 3], { dtype: 'u8', device });
-  const labels = Tensor.from(Array.from({ length: batch }, (_, i) => (i * 7) % numClasses), [batch], { dtype: 'i32', device });
+  const labels = Tensor.from(
+    Array.from({ length: batch }, (_, i) => (i * 7) % numClasses),
+    [batch],
+    { dtype: 'i32', device },
+  );
   let lastLoss: Tensor | null = null;
   const step = (): void => {
     lastLoss = loss.forward(model.forward(normalize.forward(images)), labels);

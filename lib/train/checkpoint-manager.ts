@@ -86,7 +86,10 @@ export class CheckpointManager {
     if (resolve(dirname(file)) !== resolve(this.dir)) return;
     // Files of older releases list the kept files without themselves.
     const name = basename(file);
-    this.#periodic = run.periodic.includes(name) || !/^step-\d+\.safetensors$/.test(name) ? [...run.periodic] : [...run.periodic, name];
+    this.#periodic =
+      run.periodic.includes(name) || !/^step-\d+\.safetensors$/.test(name)
+        ? [...run.periodic]
+        : [...run.periodic, name];
   }
 
   /** Whether a periodic checkpoint was already written at `step`. */
@@ -99,7 +102,10 @@ export class CheckpointManager {
    * files, this one included, to save in it), points `latest.json` at it and removes the files
    * beyond `keepLast`. Returns the file's name.
    */
-  async save(pointer: Omit<LatestPointer, 'file'>, write: (path: string, kept: string[]) => Promise<void>): Promise<string> {
+  async save(
+    pointer: Omit<LatestPointer, 'file'>,
+    write: (path: string, kept: string[]) => Promise<void>,
+  ): Promise<string> {
     const name = stepFileName(pointer.step);
     const kept = [...this.#periodic.filter((n) => n !== name), name].slice(-this.#keepLast);
     await write(join(this.dir, name), kept);
@@ -154,7 +160,10 @@ export async function resolveCheckpointPath(path: string): Promise<string> {
   try {
     parsed = JSON.parse(await readFile(pointer, 'utf8')) as { file?: unknown };
   } catch (error) {
-    throw new ResnetError('ERR_RC_CHECKPOINT', `${pointer}: cannot be read as a checkpoint pointer (${(error as Error).message})`);
+    throw new ResnetError(
+      'ERR_RC_CHECKPOINT',
+      `${pointer}: cannot be read as a checkpoint pointer (${(error as Error).message})`,
+    );
   }
   if (parsed === null || typeof parsed.file !== 'string' || parsed.file.includes('/') || parsed.file.includes('\\')) {
     throw new ResnetError('ERR_RC_CHECKPOINT', `${pointer}: does not name a checkpoint file`);
@@ -169,7 +178,9 @@ export async function readCheckpointInfo(path: string): Promise<CheckpointInfo> 
     throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: cannot be read (${error.message})`);
   });
   const { metadata } = decodeSafetensors(bytes, file);
-  if (metadata.format !== 'resnet-cuda-checkpoint') throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: is not a resnet-cuda checkpoint`);
+  if (metadata.format !== 'resnet-cuda-checkpoint') {
+    throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: is not a resnet-cuda checkpoint`);
+  }
   let progress: { epoch: number; step: number };
   let extra: { run?: RunState; classNames?: string[] };
   let lr: { kind?: string } | null;
@@ -178,7 +189,8 @@ export async function readCheckpointInfo(path: string): Promise<CheckpointInfo> 
     progress = JSON.parse(metadata.progress ?? '{}') as { epoch: number; step: number };
     extra = JSON.parse(metadata.extra ?? '{}') as { run?: RunState; classNames?: string[] };
     lr = metadata.scheduler === undefined ? null : (JSON.parse(metadata.scheduler) as { kind?: string });
-    optimizer = metadata.optimizer === undefined ? null : (JSON.parse(metadata.optimizer) as { paramGroups?: unknown[] });
+    optimizer =
+      metadata.optimizer === undefined ? null : (JSON.parse(metadata.optimizer) as { paramGroups?: unknown[] });
   } catch {
     throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: has unreadable metadata`);
   }

@@ -65,7 +65,11 @@ export function encodeSafetensors(tensors: StateDict, metadata: Record<string, s
   let offset = 0;
   for (const [name, entry] of tensors) {
     const bytes = Buffer.from(entry.data.buffer, entry.data.byteOffset, entry.data.byteLength);
-    header[name] = { dtype: DTYPES[entry.dtype].name, shape: entry.shape, data_offsets: [offset, offset + bytes.length] };
+    header[name] = {
+      dtype: DTYPES[entry.dtype].name,
+      shape: entry.shape,
+      data_offsets: [offset, offset + bytes.length],
+    };
     chunks.push(bytes);
     offset += bytes.length;
   }
@@ -78,18 +82,30 @@ export function encodeSafetensors(tensors: StateDict, metadata: Record<string, s
 }
 
 /** Decodes a safetensors file's bytes; `source` names the file in errors. */
-export function decodeSafetensors(bytes: Uint8Array, source: string): { tensors: StateDict; metadata: Record<string, string> } {
-  if (bytes.byteLength < 8) checkpointError(source, `is ${bytes.byteLength} bytes long, too short for a safetensors header`);
+export function decodeSafetensors(
+  bytes: Uint8Array,
+  source: string,
+): { tensors: StateDict; metadata: Record<string, string> } {
+  if (bytes.byteLength < 8) {
+    checkpointError(source, `is ${bytes.byteLength} bytes long, too short for a safetensors header`);
+  }
   const view = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const headerLength = Number(view.readBigUInt64LE(0));
-  if (headerLength > view.length - 8) checkpointError(source, `is truncated: its header declares ${headerLength} bytes but only ${view.length - 8} follow`);
+  if (headerLength > view.length - 8) {
+    checkpointError(
+      source,
+      `is truncated: its header declares ${headerLength} bytes but only ${view.length - 8} follow`,
+    );
+  }
   let header: unknown;
   try {
     header = JSON.parse(view.subarray(8, 8 + headerLength).toString('utf8'));
   } catch (error) {
     return checkpointError(source, `has a header that is not valid JSON (${(error as Error).message})`);
   }
-  if (!isRecord(header)) checkpointError(source, 'has a header that is not a JSON object of tensors; the file is corrupt');
+  if (!isRecord(header)) {
+    checkpointError(source, 'has a header that is not a JSON object of tensors; the file is corrupt');
+  }
   const dataStart = 8 + headerLength;
   const dataLength = view.length - dataStart;
   const metadata = readMetadata(header.__metadata__, source);
@@ -108,7 +124,12 @@ export function decodeSafetensors(bytes: Uint8Array, source: string): { tensors:
   for (let i = 1; i < spans.length; i++) {
     const previous = spans[i - 1]!;
     const span = spans[i]!;
-    if (span.begin < previous.end) checkpointError(source, `tensors '${previous.name}' and '${span.name}' overlap (offsets ${previous.begin}-${previous.end} and ${span.begin}-${span.end}); the file is corrupt`);
+    if (span.begin < previous.end) {
+      checkpointError(
+        source,
+        `tensors '${previous.name}' and '${span.name}' overlap (offsets ${previous.begin}-${previous.end} and ${span.begin}-${span.end}); the file is corrupt`,
+      );
+    }
   }
   return { tensors, metadata };
 }
@@ -124,27 +145,43 @@ function isCount(value: unknown): value is number {
 /** The `__metadata__` of a header: absent, or an object of strings as the format requires. */
 function readMetadata(value: unknown, source: string): Record<string, string> {
   if (value === undefined) return {};
-  if (!isRecord(value)) checkpointError(source, 'has __metadata__ that is not an object of strings; the file is corrupt');
+  if (!isRecord(value)) {
+    checkpointError(source, 'has __metadata__ that is not an object of strings; the file is corrupt');
+  }
   for (const [key, text] of Object.entries(value)) {
-    if (typeof text !== 'string') checkpointError(source, `has __metadata__ entry '${key}' that is not a string; the file is corrupt`);
+    if (typeof text !== 'string') {
+      checkpointError(source, `has __metadata__ entry '${key}' that is not a string; the file is corrupt`);
+    }
   }
   return value as Record<string, string>;
 }
 
 /** One tensor's header entry, checked against the format and the data that follows the header. */
-function readEntry(name: string, value: unknown, dataLength: number, source: string): { dtype: keyof typeof DTYPES; shape: number[]; begin: number; end: number } {
-  const bad = (problem: string): never => checkpointError(source, `tensor '${name}' ${problem}; the file is truncated or corrupt`);
+function readEntry(
+  name: string,
+  value: unknown,
+  dataLength: number,
+  source: string,
+): { dtype: keyof typeof DTYPES; shape: number[]; begin: number; end: number } {
+  const bad = (problem: string): never =>
+    checkpointError(source, `tensor '${name}' ${problem}; the file is truncated or corrupt`);
   if (!isRecord(value)) return bad('has a header entry that is not an object');
   const dtype = value.dtype === 'F32' ? 'f32' : value.dtype === 'I64' ? 'i64' : null;
   if (!dtype) checkpointError(source, `tensor '${name}' has dtype ${String(value.dtype)}; only F32 and I64 are read`);
   const shape = value.shape;
-  if (!Array.isArray(shape) || !shape.every(isCount)) return bad(`has shape ${JSON.stringify(shape)}, not a list of sizes`);
+  if (!Array.isArray(shape) || !shape.every(isCount)) {
+    return bad(`has shape ${JSON.stringify(shape)}, not a list of sizes`);
+  }
   const offsets = value.data_offsets;
-  if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every(isCount)) return bad(`has data_offsets ${JSON.stringify(offsets)}, not a pair of byte offsets`);
+  if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every(isCount)) {
+    return bad(`has data_offsets ${JSON.stringify(offsets)}, not a pair of byte offsets`);
+  }
   const [begin, end] = offsets as [number, number];
   const bytes = shape.reduce((a, b) => a * b, DTYPES[dtype].bytes);
   if (!(begin <= end && end <= dataLength && end - begin === bytes)) {
-    bad(`lies outside the file or does not match its shape [${shape.join(', ')}] (offsets ${begin}-${end} of ${dataLength} data bytes)`);
+    bad(
+      `lies outside the file or does not match its shape [${shape.join(', ')}] (offsets ${begin}-${end} of ${dataLength} data bytes)`,
+    );
   }
   return { dtype, shape: [...shape], begin, end };
 }
@@ -181,7 +218,11 @@ export interface Stateful<S = unknown> {
 /** What an optimizer must offer to be checkpointed (every `Optimizer` does). */
 export interface CheckpointOptimizer {
   state(): { step: number; paramGroups: Record<string, unknown>[]; buffers: Record<string, Float32Array> };
-  loadState(state: { step: number; paramGroups: Record<string, unknown>[]; buffers: Record<string, Float32Array> }): void;
+  loadState(state: {
+    step: number;
+    paramGroups: Record<string, unknown>[];
+    buffers: Record<string, Float32Array>;
+  }): void;
 }
 
 /** A second set of weights kept beside the model, such as the moving average of `ModelEma`. */
@@ -215,7 +256,9 @@ const VERSION = '1';
 /** The CRC-32C of each tensor's bytes, by name: written in the metadata, checked on load. */
 function checksums(tensors: StateDict): Record<string, number> {
   const out: Record<string, number> = {};
-  for (const [name, entry] of tensors) out[name] = crc32c(new Uint8Array(entry.data.buffer, entry.data.byteOffset, entry.data.byteLength));
+  for (const [name, entry] of tensors) {
+    out[name] = crc32c(new Uint8Array(entry.data.buffer, entry.data.byteOffset, entry.data.byteLength));
+  }
   return out;
 }
 
@@ -225,12 +268,18 @@ function optimizerKind(optimizer: CheckpointOptimizer): string {
 }
 
 /** Writes model, optimizer, scaler, scheduler and progress to `path`, atomically. */
-export async function saveCheckpoint(path: string, parts: CheckpointParts, progress: CheckpointProgress): Promise<void> {
+export async function saveCheckpoint(
+  path: string,
+  parts: CheckpointParts,
+  progress: CheckpointProgress,
+): Promise<void> {
   const tensors: StateDict = new Map();
   for (const [name, entry] of parts.model.stateDict()) tensors.set(`model.${name}`, entry);
   const optimizer = parts.optimizer?.state();
   if (optimizer) {
-    for (const [name, values] of Object.entries(optimizer.buffers)) tensors.set(`optimizer.${name}`, { shape: [values.length], dtype: 'f32', data: values });
+    for (const [name, values] of Object.entries(optimizer.buffers)) {
+      tensors.set(`optimizer.${name}`, { shape: [values.length], dtype: 'f32', data: values });
+    }
   }
   if (parts.ema) for (const [name, entry] of parts.ema.stateDict()) tensors.set(`ema.${name}`, entry);
   const metadata: Record<string, string> = {
@@ -241,7 +290,12 @@ export async function saveCheckpoint(path: string, parts: CheckpointParts, progr
     checksums: JSON.stringify(checksums(tensors)),
   };
   if (optimizer) {
-    metadata.optimizer = JSON.stringify({ type: optimizerKind(parts.optimizer!), step: optimizer.step, paramGroups: optimizer.paramGroups, buffers: Object.keys(optimizer.buffers) });
+    metadata.optimizer = JSON.stringify({
+      type: optimizerKind(parts.optimizer!),
+      step: optimizer.step,
+      paramGroups: optimizer.paramGroups,
+      buffers: Object.keys(optimizer.buffers),
+    });
   }
   if (parts.scaler) metadata.scaler = JSON.stringify(parts.scaler.state());
   if (parts.scheduler) metadata.scheduler = JSON.stringify(parts.scheduler.state());
@@ -273,8 +327,15 @@ interface ParsedCheckpoint {
  */
 function parseCheckpoint(bytes: Uint8Array, path: string, parts: CheckpointParts): ParsedCheckpoint {
   const { tensors, metadata } = decodeSafetensors(bytes, path);
-  if (metadata.format !== FORMAT) checkpointError(path, `is not a resnet-cuda checkpoint (format '${metadata.format ?? 'none'}'); use loadWeights for weight files`);
-  if (metadata.version !== VERSION) checkpointError(path, `has checkpoint version ${metadata.version}; this release reads version ${VERSION}`);
+  if (metadata.format !== FORMAT) {
+    checkpointError(
+      path,
+      `is not a resnet-cuda checkpoint (format '${metadata.format ?? 'none'}'); use loadWeights for weight files`,
+    );
+  }
+  if (metadata.version !== VERSION) {
+    checkpointError(path, `has checkpoint version ${metadata.version}; this release reads version ${VERSION}`);
+  }
   const parse = (key: string, check: (value: unknown) => boolean, expected: string): unknown => {
     let value: unknown;
     try {
@@ -285,11 +346,19 @@ function parseCheckpoint(bytes: Uint8Array, path: string, parts: CheckpointParts
     if (!check(value)) checkpointError(path, `has '${key}' metadata that is not ${expected}`);
     return value;
   };
-  if (metadata.checksums !== undefined) verifyChecksums(tensors, parse('checksums', isRecord, 'an object of checksums') as Record<string, unknown>, path);
-  for (const part of ['optimizer', 'scaler', 'scheduler', 'ema'] as const) {
-    if (parts[part] && metadata[part] === undefined) checkpointError(path, `holds no ${part} state, but one was given to restore`);
+  if (metadata.checksums !== undefined) {
+    verifyChecksums(tensors, parse('checksums', isRecord, 'an object of checksums') as Record<string, unknown>, path);
   }
-  const progress = parse('progress', (v) => isRecord(v) && isCount(v.epoch) && isCount(v.step), 'an object with a whole epoch and step') as { epoch: number; step: number };
+  for (const part of ['optimizer', 'scaler', 'scheduler', 'ema'] as const) {
+    if (parts[part] && metadata[part] === undefined) {
+      checkpointError(path, `holds no ${part} state, but one was given to restore`);
+    }
+  }
+  const progress = parse(
+    'progress',
+    (v) => isRecord(v) && isCount(v.epoch) && isCount(v.step),
+    'an object with a whole epoch and step',
+  ) as { epoch: number; step: number };
   const extra = parse('extra', isRecord, 'an object') as Record<string, unknown>;
   const model: StateDict = new Map();
   const ema: StateDict = new Map();
@@ -301,7 +370,14 @@ function parseCheckpoint(bytes: Uint8Array, path: string, parts: CheckpointParts
     progress: { epoch: progress.epoch, step: progress.step, extra },
     model,
     ema: parts.ema ? { tensors: ema, state: parse('ema', isRecord, 'an object') } : null,
-    optimizer: parts.optimizer ? parseOptimizer(parse('optimizer', isSavedOptimizer, 'an optimizer state') as SavedOptimizer, tensors, parts.optimizer, path) : null,
+    optimizer: parts.optimizer
+      ? parseOptimizer(
+          parse('optimizer', isSavedOptimizer, 'an optimizer state') as SavedOptimizer,
+          tensors,
+          parts.optimizer,
+          path,
+        )
+      : null,
     scaler: parts.scaler ? parse('scaler', isRecord, 'an object') : null,
     scheduler: parts.scheduler ? parse('scheduler', isRecord, 'an object') : null,
   };
@@ -320,23 +396,45 @@ function isSavedOptimizer(value: unknown): value is SavedOptimizer {
 
 function verifyChecksums(tensors: StateDict, expected: Record<string, unknown>, path: string): void {
   const actual = checksums(tensors);
-  for (const name of Object.keys(expected)) if (!(name in actual)) checkpointError(path, `misses tensor '${name}', which was written with it; the file is corrupt`);
+  for (const name of Object.keys(expected)) {
+    if (!(name in actual)) {
+      checkpointError(path, `misses tensor '${name}', which was written with it; the file is corrupt`);
+    }
+  }
   for (const [name, crc] of Object.entries(actual)) {
-    if (!(name in expected)) checkpointError(path, `holds tensor '${name}', which was not written with it; the file is corrupt`);
-    if (expected[name] !== crc) checkpointError(path, `tensor '${name}' fails its checksum (CRC-32C ${crc.toString(16)}, written ${Number(expected[name]).toString(16)}); the file is corrupt`);
+    if (!(name in expected)) {
+      checkpointError(path, `holds tensor '${name}', which was not written with it; the file is corrupt`);
+    }
+    if (expected[name] !== crc) {
+      checkpointError(
+        path,
+        `tensor '${name}' fails its checksum (CRC-32C ${crc.toString(16)}, written ${Number(expected[name]).toString(16)}); the file is corrupt`,
+      );
+    }
   }
 }
 
-function parseOptimizer(saved: SavedOptimizer, tensors: StateDict, optimizer: CheckpointOptimizer, path: string): NonNullable<ParsedCheckpoint['optimizer']> {
+function parseOptimizer(
+  saved: SavedOptimizer,
+  tensors: StateDict,
+  optimizer: CheckpointOptimizer,
+  path: string,
+): NonNullable<ParsedCheckpoint['optimizer']> {
   const kind = optimizerKind(optimizer);
-  if (saved.type !== undefined && saved.type !== kind) checkpointError(path, `holds the state of an ${saved.type} optimizer; it cannot be restored into ${kind}`);
+  if (saved.type !== undefined && saved.type !== kind) {
+    checkpointError(path, `holds the state of an ${saved.type} optimizer; it cannot be restored into ${kind}`);
+  }
   const buffers: Record<string, Float32Array> = {};
   for (const [name, entry] of tensors) {
     if (!name.startsWith('optimizer.')) continue;
-    if (entry.dtype !== 'f32' || entry.shape.length !== 1) checkpointError(path, `tensor '${name}' is not a flat F32 optimizer state`);
+    if (entry.dtype !== 'f32' || entry.shape.length !== 1) {
+      checkpointError(path, `tensor '${name}' is not a flat F32 optimizer state`);
+    }
     buffers[name.slice(10)] = entry.data as Float32Array;
   }
-  for (const name of saved.buffers ?? []) if (!(name in buffers)) checkpointError(path, `misses tensor 'optimizer.${name}' of the optimizer's state`);
+  for (const name of saved.buffers ?? []) {
+    if (!(name in buffers)) checkpointError(path, `misses tensor 'optimizer.${name}' of the optimizer's state`);
+  }
   return { step: saved.step, paramGroups: saved.paramGroups, buffers };
 }
 
@@ -366,8 +464,12 @@ function restores(parts: CheckpointParts, parsed: ParsedCheckpoint): Restore[] {
       },
     });
   }
-  for (const [part, state] of [['optimizer', parsed.optimizer], ['scaler', parsed.scaler], ['scheduler', parsed.scheduler]] as const) {
-    const target = parts[part] as { state(): unknown; loadState(state: unknown): void } | undefined;
+  for (const [part, state] of [
+    ['optimizer', parsed.optimizer],
+    ['scaler', parsed.scaler],
+    ['scheduler', parsed.scheduler],
+  ] as const) {
+    const target = parts[part];
     if (!target) continue;
     const before = target.state();
     out.push({ apply: () => target.loadState(state), undo: () => target.loadState(before) });
@@ -393,7 +495,10 @@ export async function loadCheckpoint(path: string, parts: CheckpointParts): Prom
   } catch (error) {
     for (const restore of done.reverse()) restore.undo();
     if (error instanceof ResnetError && error.message.startsWith(`${path}: `)) throw error;
-    throw new ResnetError('ERR_RC_CHECKPOINT', `${path}: cannot be restored (${(error as Error).message}); nothing was changed`);
+    throw new ResnetError(
+      'ERR_RC_CHECKPOINT',
+      `${path}: cannot be restored (${(error as Error).message}); nothing was changed`,
+    );
   }
   return parsed.progress;
 }

@@ -30,12 +30,19 @@ export interface EvalCounts {
 export function sumEvalCounts(communicator: Communicator | null, counts: EvalCounts, device: string): EvalCounts {
   if (!isDistributed(communicator)) return counts;
   const cells = counts.confusion.toArray().flat();
-  const packed = Tensor.from([...cells, counts.lossTotal, counts.topHits, counts.count], [cells.length + 3], { device });
+  const packed = Tensor.from([...cells, counts.lossTotal, counts.topHits, counts.count], [cells.length + 3], {
+    device,
+  });
   communicator.allReduce(packed);
   const all = packed.toFloat32Array();
   packed.dispose();
   const n = counts.confusion.toArray().length;
   const rows: number[][] = [];
   for (let r = 0; r < n; r++) rows.push(Array.from(all.subarray(r * n, (r + 1) * n), (v) => Math.round(v)));
-  return { confusion: ConfusionMatrix.fromArray(rows), lossTotal: all[n * n]!, topHits: Math.round(all[n * n + 1]!), count: Math.round(all[n * n + 2]!) };
+  return {
+    confusion: ConfusionMatrix.fromArray(rows),
+    lossTotal: all[n * n]!,
+    topHits: Math.round(all[n * n + 1]!),
+    count: Math.round(all[n * n + 2]!),
+  };
 }

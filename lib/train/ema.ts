@@ -81,11 +81,19 @@ export class ModelEma {
     this.every = expectInt('every', o.every ?? 1, 1);
     const device = model.device;
     if (device === null) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `ModelEma needs a model on a device, but this ${model.constructor.name} has not been placed yet; call model.to(device) first`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `ModelEma needs a model on a device, but this ${model.constructor.name} has not been placed yet; call model.to(device) first`,
+      );
     }
     const params = model.parameters();
     const arena = params[0]?.arena ?? null;
-    if (!arena || arena.device !== device || arena.entries.length !== params.length || params.some((p) => p.arena !== arena)) {
+    if (
+      !arena ||
+      arena.device !== device ||
+      arena.entries.length !== params.length ||
+      params.some((p) => p.arena !== arena)
+    ) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         params.length === 0
@@ -98,7 +106,9 @@ export class ModelEma {
     this.#arena = arena;
     this.#params = arena.params.clone();
     this.#scratch = arena.params.clone();
-    this.#buffers = model.namedBuffers().map(([name, live]) => ({ name, live, shadow: live.clone(), scratch: this.#scratch.view(0, live.shape) }));
+    this.#buffers = model
+      .namedBuffers()
+      .map(([name, live]) => ({ name, live, shadow: live.clone(), scratch: this.#scratch.view(0, live.shape) }));
   }
 
   /** Averages taken since the last copy (0 before the first update and after `reset()`). */
@@ -119,7 +129,10 @@ export class ModelEma {
   update(): void {
     this.#check('update');
     if (this.#swapped) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'ModelEma.update() was called while the averaged weights are swapped into the model; call swap() again first');
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'ModelEma.update() was called while the averaged weights are swapped into the model; call swap() again first',
+      );
     }
     this.#calls++;
     if (this.#calls % this.every !== 0) return;
@@ -173,7 +186,12 @@ export class ModelEma {
    */
   loadStateDict(state: StateDict): void {
     this.#check('loadStateDict');
-    if (!(state instanceof Map)) throw new ResnetError('ERR_RC_STATE_DICT', 'ModelEma.loadStateDict expects a Map of name -> { shape, dtype, data }');
+    if (!(state instanceof Map)) {
+      throw new ResnetError(
+        'ERR_RC_STATE_DICT',
+        'ModelEma.loadStateDict expects a Map of name -> { shape, dtype, data }',
+      );
+    }
     const problems: string[] = [];
     const known = new Set<string>();
     const take = (name: string, shape: readonly number[]): Float32Array | null => {
@@ -184,7 +202,10 @@ export class ModelEma {
         return null;
       }
       const count = shape.reduce((a, b) => a * b, 1);
-      const shapeOk = Array.isArray(entry.shape) && entry.shape.length === shape.length && entry.shape.every((d, i) => d === shape[i]);
+      const shapeOk =
+        Array.isArray(entry.shape) &&
+        entry.shape.length === shape.length &&
+        entry.shape.every((d, i) => d === shape[i]);
       if (!shapeOk || !(entry.data instanceof Float32Array) || entry.data.length !== count) {
         problems.push(`'${name}' must be a Float32Array of shape [${shape.join(', ')}]`);
         return null;

@@ -79,7 +79,10 @@ export class EpochMeter {
     const total = this.#lossSum.item();
     addon().fill({ tensor: this.#lossSum.raw, value: 0 });
     const now = performance.now();
-    const reading = { loss: total / this.#windowBatches, imagesPerSec: (this.#windowImages * 1000) / Math.max(now - this.#windowStart, 1e-6) };
+    const reading = {
+      loss: total / this.#windowBatches,
+      imagesPerSec: (this.#windowImages * 1000) / Math.max(now - this.#windowStart, 1e-6),
+    };
     this.#lossTotal += total;
     this.#batches += this.#windowBatches;
     this.#windowStart = now;
@@ -95,14 +98,22 @@ export class EpochMeter {
       batches: this.#batches,
       images: this.#images,
       seconds: this.#seconds(),
-      window: { loss: this.#windowBatches > 0 ? this.#lossSum.item() : 0, batches: this.#windowBatches, images: this.#windowImages },
+      window: {
+        loss: this.#windowBatches > 0 ? this.#lossSum.item() : 0,
+        batches: this.#windowBatches,
+        images: this.#windowImages,
+      },
     };
   }
 
   /** The epoch's mean loss, time and img/s (call {@link EpochMeter.readWindow} first). */
   totals(): EpochTotals {
     const seconds = this.#seconds();
-    return { trainLoss: this.#batches > 0 ? this.#lossTotal / this.#batches : NaN, seconds, imagesPerSec: this.#images / Math.max(seconds, 1e-9) };
+    return {
+      trainLoss: this.#batches > 0 ? this.#lossTotal / this.#batches : NaN,
+      seconds,
+      imagesPerSec: this.#images / Math.max(seconds, 1e-9),
+    };
   }
 
   #seconds(): number {

@@ -95,7 +95,11 @@ export function evalResult(counts: EvalCounts, classNames: readonly string[] | n
 }
 
 /** The top `topkWanted` classes of each sample with their softmax probabilities, from chunks of logits. */
-export function rankPredictions(chunks: readonly { logits: Float32Array; indices: Int32Array }[], numClasses: number, topkWanted: number): Predictions {
+export function rankPredictions(
+  chunks: readonly { logits: Float32Array; indices: Int32Array }[],
+  numClasses: number,
+  topkWanted: number,
+): Predictions {
   const n = chunks.reduce((a, c) => a + c.indices.length, 0);
   const topk = Math.min(topkWanted, Math.max(numClasses, 1));
   const logits = new Float32Array(n * numClasses);

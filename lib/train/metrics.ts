@@ -13,7 +13,9 @@ export type Logits = Float32Array | Float64Array;
 export type Labels = ArrayLike<number>;
 
 function checkLabels(name: string, labels: Labels, numClasses: number): void {
-  if (labels === null || typeof labels !== 'object' || typeof labels.length !== 'number') invalid(name, 'an array of class indices', labels);
+  if (labels === null || typeof labels !== 'object' || typeof labels.length !== 'number') {
+    invalid(name, 'an array of class indices', labels);
+  }
   for (let i = 0; i < labels.length; i++) {
     const l = labels[i];
     if (typeof l !== 'number' || !Number.isInteger(l) || l < 0 || l >= numClasses) {
@@ -24,8 +26,12 @@ function checkLabels(name: string, labels: Labels, numClasses: number): void {
 
 /** Checks a logits/labels pair and returns the number of classes (the row length). */
 function checkLogits(logits: Logits, labels: Labels): number {
-  if (!(logits instanceof Float32Array || logits instanceof Float64Array)) invalid('logits', 'a Float32Array or Float64Array of shape [n, numClasses]', logits);
-  if (labels === null || typeof labels !== 'object' || typeof labels.length !== 'number') invalid('labels', 'an array of class indices', labels);
+  if (!(logits instanceof Float32Array || logits instanceof Float64Array)) {
+    invalid('logits', 'a Float32Array or Float64Array of shape [n, numClasses]', logits);
+  }
+  if (labels === null || typeof labels !== 'object' || typeof labels.length !== 'number') {
+    invalid('labels', 'an array of class indices', labels);
+  }
   const n = labels.length;
   if (n === 0) {
     if (logits.length !== 0) mismatch('logits', 'no logits for an empty batch of labels', `${logits.length} values`);
@@ -230,7 +236,9 @@ export class ConfusionMatrix {
     if (!Array.isArray(matrix) || matrix.length === 0) invalid('matrix', 'a non-empty square array of counts', matrix);
     const cm = new ConfusionMatrix(matrix.length);
     matrix.forEach((row, t) => {
-      if (!Array.isArray(row) || row.length !== matrix.length) invalid(`matrix[${t}]`, `an array of ${matrix.length} counts`, row);
+      if (!Array.isArray(row) || row.length !== matrix.length) {
+        invalid(`matrix[${t}]`, `an array of ${matrix.length} counts`, row);
+      }
       row.forEach((v, p) => {
         cm.#counts[t * cm.numClasses + p] = expectNumber(`matrix[${t}][${p}]`, v, 0);
       });
@@ -250,12 +258,20 @@ export class ConfusionMatrix {
     let predictions: Labels;
     if (outputs instanceof Float32Array || outputs instanceof Float64Array) {
       if (outputs.length !== labels.length * n) {
-        mismatch('outputs', `logits of shape [${labels.length}, ${n}] (${labels.length * n} values)`, `${outputs.length} values`);
+        mismatch(
+          'outputs',
+          `logits of shape [${labels.length}, ${n}] (${labels.length * n} values)`,
+          `${outputs.length} values`,
+        );
       }
       predictions = argmax(outputs, n);
     } else {
       if (outputs === null || typeof outputs !== 'object' || outputs.length !== labels.length) {
-        invalid('outputs', `logits (a Float32Array of shape [${labels.length}, ${n}]) or ${labels.length} predicted class indices`, outputs);
+        invalid(
+          'outputs',
+          `logits (a Float32Array of shape [${labels.length}, ${n}]) or ${labels.length} predicted class indices`,
+          outputs,
+        );
       }
       checkLabels('outputs', outputs, n);
       predictions = outputs;
@@ -355,7 +371,8 @@ export class ConfusionMatrix {
   weightedAvg(): ClassScores {
     const rows = this.perClass();
     const total = this.total;
-    const mean = (key: 'precision' | 'recall' | 'f1'): number => (total === 0 ? 0 : rows.reduce((a, r) => a + r[key] * r.support, 0) / total);
+    const mean = (key: 'precision' | 'recall' | 'f1'): number =>
+      total === 0 ? 0 : rows.reduce((a, r) => a + r[key] * r.support, 0) / total;
     return { precision: mean('precision'), recall: mean('recall'), f1: mean('f1'), support: total };
   }
 
@@ -378,10 +395,12 @@ export class ConfusionMatrix {
     const width = Math.max(...names.map(textLength), 'weighted avg'.length, digits);
     const right = (s: string, w: number): string => ' '.repeat(Math.max(0, w - textLength(s))) + s;
     const row = (name: string, s: ClassScores): string =>
-      `${right(name, width)} ` + [s.precision, s.recall, s.f1].map((v) => ` ${right(formatFixed(v, digits), 9)}`).join('') + ` ${right(formatCount(s.support), 9)}\n`;
+      `${right(name, width)} ` +
+      [s.precision, s.recall, s.f1].map((v) => ` ${right(formatFixed(v, digits), 9)}`).join('') +
+      ` ${right(formatCount(s.support), 9)}\n`;
     let report = `${right('', width)} ` + headers.map((h) => ` ${right(h, 9)}`).join('') + '\n\n';
     this.perClass().forEach((s, c) => {
-      report += row(names[c]!, s);
+      report += row(names[c], s);
     });
     report += '\n';
     report += `${right('accuracy', width)} ${' '.repeat(10)}${' '.repeat(10)} ${right(formatFixed(this.accuracy(), digits), 9)} ${right(formatCount(this.total), 9)}\n`;

@@ -88,7 +88,9 @@ export class EarlyStopping {
     const value = metrics[this.settings.monitor];
     if (value === undefined) return false;
     const { best, bad } = this.#state;
-    this.#state = improves(value, best, this.settings.mode, this.settings.minDelta) ? { best: value, bad: 0 } : { best, bad: bad + 1 };
+    this.#state = improves(value, best, this.settings.mode, this.settings.minDelta)
+      ? { best: value, bad: 0 }
+      : { best, bad: bad + 1 };
     return this.#state.bad >= this.settings.patience;
   }
 }

@@ -82,7 +82,9 @@ export class RunOutputs {
 
   /** A progress bar on the progress stream, or null when there is none. */
   progressBar(options: Omit<ProgressBarOptions, 'stream'>): ProgressBar | null {
-    return this.#s.isMain && this.#s.progress && options.total > 0 ? new ProgressBar({ ...options, stream: this.#s.progress }) : null;
+    return this.#s.isMain && this.#s.progress && options.total > 0
+      ? new ProgressBar({ ...options, stream: this.#s.progress })
+      : null;
   }
 
   /** Redraws `curves-loss.png` (log axis when the losses span decades) and `curves-accuracy.png`. */
@@ -90,18 +92,34 @@ export class RunOutputs {
     if (!this.writes || !this.#s.plots) return;
     const out = this.#s.outDir!;
     const loss: Series[] = [{ name: 'train', points: [...trainLoss] }];
-    const valLoss = history.filter((h) => h.metrics['val/loss'] !== undefined).map((h) => [h.step, h.metrics['val/loss']!] as [number, number]);
+    const valLoss = history
+      .filter((h) => h.metrics['val/loss'] !== undefined)
+      .map((h) => [h.step, h.metrics['val/loss']!] as [number, number]);
     if (valLoss.length > 0) loss.push({ name: 'val', points: valLoss });
     if (loss.some((s) => s.points.length > 0)) {
       const logY = spansDecades(loss.flatMap((s) => s.points.map((p) => p[1])));
-      await writePng(join(out, 'curves-loss.png'), await plotCurves(loss, { title: 'Loss', xLabel: 'step', yLabel: 'loss', logY }));
+      await writePng(
+        join(out, 'curves-loss.png'),
+        await plotCurves(loss, { title: 'Loss', xLabel: 'step', yLabel: 'loss', logY }),
+      );
     }
     const acc: Series[] = [];
-    for (const [name, key] of [['val top-1', 'val/acc1'], ['val top-5', 'val/acc5'], ['ema top-1', 'val_ema/acc1']] as const) {
-      const points = history.filter((h) => h.metrics[key] !== undefined).map((h) => [h.epoch + 1, 100 * h.metrics[key]!] as [number, number]);
+    for (const [name, key] of [
+      ['val top-1', 'val/acc1'],
+      ['val top-5', 'val/acc5'],
+      ['ema top-1', 'val_ema/acc1'],
+    ] as const) {
+      const points = history
+        .filter((h) => h.metrics[key] !== undefined)
+        .map((h) => [h.epoch + 1, 100 * h.metrics[key]!] as [number, number]);
       if (points.length > 0) acc.push({ name, points });
     }
-    if (acc.length > 0) await writePng(join(out, 'curves-accuracy.png'), await plotCurves(acc, { title: 'Validation accuracy', xLabel: 'epoch', yLabel: '%' }));
+    if (acc.length > 0) {
+      await writePng(
+        join(out, 'curves-accuracy.png'),
+        await plotCurves(acc, { title: 'Validation accuracy', xLabel: 'epoch', yLabel: '%' }),
+      );
+    }
   }
 
   /**
@@ -109,7 +127,13 @@ export class RunOutputs {
    * classes: those beyond `classNames` are named by index), the classification report and `summary.json`.
    */
   async writeFinal(
-    run: { model: Module; ema: ModelEma | null; lastEval: EvalResult | undefined; lastEvalEma: EvalResult | undefined; classNames: readonly string[] | null },
+    run: {
+      model: Module;
+      ema: ModelEma | null;
+      lastEval: EvalResult | undefined;
+      lastEvalEma: EvalResult | undefined;
+      classNames: readonly string[] | null;
+    },
     summary: Record<string, unknown>,
   ): Promise<void> {
     if (!this.writes) return;
@@ -119,9 +143,13 @@ export class RunOutputs {
     const { lastEval, lastEvalEma } = run;
     if (lastEval) {
       const names = namesFor(lastEval.confusion.toArray().length, run.classNames);
-      if (this.#s.plots) await writePng(join(out, 'confusion-matrix.png'), await plotConfusionMatrix(lastEval.confusion, names));
+      if (this.#s.plots) {
+        await writePng(join(out, 'confusion-matrix.png'), await plotConfusionMatrix(lastEval.confusion, names));
+      }
       let text = `loss ${lastEval.loss.toFixed(4)}  acc@1 ${(100 * lastEval.acc1).toFixed(2)}%  acc@5 ${(100 * lastEval.acc5).toFixed(2)}%  (${lastEval.count} images)\n\n${lastEval.report}`;
-      if (lastEvalEma) text += `\n\nmoving average: loss ${lastEvalEma.loss.toFixed(4)}  acc@1 ${(100 * lastEvalEma.acc1).toFixed(2)}%  acc@5 ${(100 * lastEvalEma.acc5).toFixed(2)}%\n\n${lastEvalEma.report}`;
+      if (lastEvalEma) {
+        text += `\n\nmoving average: loss ${lastEvalEma.loss.toFixed(4)}  acc@1 ${(100 * lastEvalEma.acc1).toFixed(2)}%  acc@5 ${(100 * lastEvalEma.acc5).toFixed(2)}%\n\n${lastEvalEma.report}`;
+      }
       await writeFileAtomic(join(out, 'classification-report.txt'), text + '\n');
     }
     await writeFileAtomic(join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');

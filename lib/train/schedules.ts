@@ -75,7 +75,10 @@ function toTime(interval: Interval, step: number, stepsPerEpoch: number | undefi
 
 function requireStepsPerEpoch(stepsPerEpoch: number | undefined): number {
   if (stepsPerEpoch === undefined) {
-    throw new ResnetError('ERR_RC_INVALID_ARGUMENT', "Expected stepsPerEpoch (an integer of at least 1) for a schedule with interval 'epoch' but received undefined");
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      "Expected stepsPerEpoch (an integer of at least 1) for a schedule with interval 'epoch' but received undefined",
+    );
   }
   return expectInt('stepsPerEpoch', stepsPerEpoch, 1);
 }
@@ -111,7 +114,10 @@ export class LinearWarmup extends Schedule {
 
   lrAtTime(t: number, baseLr: number): number {
     if (this.totalIters === 0) return baseLr * this.endFactor;
-    return baseLr * (this.startFactor + ((this.endFactor - this.startFactor) * Math.min(t, this.totalIters)) / this.totalIters);
+    return (
+      baseLr *
+      (this.startFactor + ((this.endFactor - this.startFactor) * Math.min(t, this.totalIters)) / this.totalIters)
+    );
   }
 }
 
@@ -304,7 +310,15 @@ export class OneCycleLR extends Schedule {
 
   constructor(options: OneCycleLROptions) {
     const where = 'OneCycleLR options';
-    super(where, options, ['maxLr', 'totalSteps', 'pctStart', 'annealStrategy', 'divFactor', 'finalDivFactor', 'threePhase']);
+    super(where, options, [
+      'maxLr',
+      'totalSteps',
+      'pctStart',
+      'annealStrategy',
+      'divFactor',
+      'finalDivFactor',
+      'threePhase',
+    ]);
     const o: Partial<OneCycleLROptions> = options ?? {};
     this.maxLr = o.maxLr === undefined ? undefined : expectNumber(`${where}.maxLr`, o.maxLr, 0);
     this.totalSteps = expectInt(`${where}.totalSteps`, o.totalSteps, 1);
@@ -318,7 +332,10 @@ export class OneCycleLR extends Schedule {
 
   lrAtTime(t: number, baseLr: number): number {
     if (t > this.totalSteps) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `OneCycleLR: tried to step ${t} times, more than the ${this.totalSteps} total steps of the cycle`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `OneCycleLR: tried to step ${t} times, more than the ${this.totalSteps} total steps of the cycle`,
+      );
     }
     const maxLr = this.maxLr ?? baseLr;
     const initialLr = maxLr / this.divFactor;
@@ -377,12 +394,18 @@ export class SequentialSchedule extends Schedule {
     const where = 'SequentialSchedule options';
     super(where, options, ['schedules', 'milestones']);
     const o: Partial<SequentialScheduleOptions> = options ?? {};
-    if (!Array.isArray(o.schedules) || o.schedules.length === 0) invalid(`${where}.schedules`, 'a non-empty array of schedules', o.schedules);
+    if (!Array.isArray(o.schedules) || o.schedules.length === 0) {
+      invalid(`${where}.schedules`, 'a non-empty array of schedules', o.schedules);
+    }
     o.schedules.forEach((s, i) => {
       if (!(s instanceof Schedule)) invalid(`${where}.schedules[${i}]`, 'a Schedule', s);
     });
     if (!Array.isArray(o.milestones) || o.milestones.length !== o.schedules.length - 1) {
-      invalid(`${where}.milestones`, `an array of ${o.schedules.length - 1} integers (one per schedule after the first)`, o.milestones);
+      invalid(
+        `${where}.milestones`,
+        `an array of ${o.schedules.length - 1} integers (one per schedule after the first)`,
+        o.milestones,
+      );
     }
     const milestones = o.milestones;
     milestones.forEach((m, i) => expectInt(`${where}.milestones[${i}]`, m, i === 0 ? 0 : milestones[i - 1]! + 1));
@@ -396,7 +419,10 @@ export class SequentialSchedule extends Schedule {
    */
   lrAtTime(t: number, baseLr: number): number {
     if (this.interval === 'epoch') {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', "SequentialSchedule with interval 'epoch': call lrAt(step, baseLr, stepsPerEpoch) so the parts can count in steps");
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        "SequentialSchedule with interval 'epoch': call lrAt(step, baseLr, stepsPerEpoch) so the parts can count in steps",
+      );
     }
     return this.lrAt(t, baseLr);
   }
@@ -470,9 +496,13 @@ export class Scheduler {
       invalid('optimizer', 'an optimizer with paramGroups', optimizer);
     }
     if (!(schedule instanceof Schedule)) invalid('schedule', 'a Schedule', schedule);
-    this.stepsPerEpoch = o.stepsPerEpoch === undefined ? undefined : expectInt('Scheduler options.stepsPerEpoch', o.stepsPerEpoch, 1);
+    this.stepsPerEpoch =
+      o.stepsPerEpoch === undefined ? undefined : expectInt('Scheduler options.stepsPerEpoch', o.stepsPerEpoch, 1);
     if (schedule.usesEpochs() && this.stepsPerEpoch === undefined) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', "Expected Scheduler options.stepsPerEpoch (an integer of at least 1) for a schedule with interval 'epoch' but received undefined");
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        "Expected Scheduler options.stepsPerEpoch (an integer of at least 1) for a schedule with interval 'epoch' but received undefined",
+      );
     }
     this.#optimizer = optimizer;
     this.schedule = schedule;
@@ -526,7 +556,11 @@ export class Scheduler {
     if (state === null || typeof state !== 'object') invalid('state', 'a SchedulerState object', state);
     const step = expectInt('state.step', state.step, 0);
     if (!Array.isArray(state.baseLrs) || state.baseLrs.length !== this.#optimizer.paramGroups.length) {
-      invalid('state.baseLrs', `an array of ${this.#optimizer.paramGroups.length} learning rates (one per parameter group)`, state.baseLrs);
+      invalid(
+        'state.baseLrs',
+        `an array of ${this.#optimizer.paramGroups.length} learning rates (one per parameter group)`,
+        state.baseLrs,
+      );
     }
     const baseLrs = state.baseLrs.map((lr, i) => expectNumber(`state.baseLrs[${i}]`, lr, 0));
     this.#apply(step, baseLrs);
@@ -538,7 +572,10 @@ export class Scheduler {
   #apply(step: number, baseLrs: readonly number[]): void {
     const groups = this.#optimizer.paramGroups;
     if (groups.length !== baseLrs.length) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `Scheduler: the optimizer has ${groups.length} parameter groups but the scheduler was made for ${baseLrs.length}`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `Scheduler: the optimizer has ${groups.length} parameter groups but the scheduler was made for ${baseLrs.length}`,
+      );
     }
     const lrs = baseLrs.map((base) => this.schedule.lrAt(step, base, this.stepsPerEpoch));
     groups.forEach((g, i) => {
@@ -603,7 +640,16 @@ export class ReduceLROnPlateau {
 
   constructor(optimizer: LrGroups, options?: ReduceLROnPlateauOptions) {
     const where = 'ReduceLROnPlateau options';
-    const o = expectOptions<ReduceLROnPlateauOptions>(where, options, ['mode', 'factor', 'patience', 'threshold', 'thresholdMode', 'cooldown', 'minLr', 'eps']);
+    const o = expectOptions<ReduceLROnPlateauOptions>(where, options, [
+      'mode',
+      'factor',
+      'patience',
+      'threshold',
+      'thresholdMode',
+      'cooldown',
+      'minLr',
+      'eps',
+    ]);
     if (optimizer === null || typeof optimizer !== 'object' || !Array.isArray(optimizer.paramGroups)) {
       invalid('optimizer', 'an optimizer with paramGroups', optimizer);
     }
@@ -619,7 +665,9 @@ export class ReduceLROnPlateau {
     const groups = optimizer.paramGroups.length;
     const minLr = o.minLr ?? 0;
     if (Array.isArray(minLr)) {
-      if (minLr.length !== groups) invalid(`${where}.minLr`, `a number or an array of ${groups} numbers (one per parameter group)`, minLr);
+      if (minLr.length !== groups) {
+        invalid(`${where}.minLr`, `a number or an array of ${groups} numbers (one per parameter group)`, minLr);
+      }
       this.minLrs = minLr.map((v, i) => expectNumber(`${where}.minLr[${i}]`, v, 0));
     } else {
       this.minLrs = new Array<number>(groups).fill(expectNumber(`${where}.minLr`, minLr, 0));
@@ -712,7 +760,9 @@ export class ReduceLROnPlateau {
 
   #isBetter(a: number): boolean {
     const best = this.#best;
-    if (this.mode === 'min') return this.thresholdMode === 'rel' ? a < best * (1 - this.threshold) : a < best - this.threshold;
+    if (this.mode === 'min') {
+      return this.thresholdMode === 'rel' ? a < best * (1 - this.threshold) : a < best - this.threshold;
+    }
     return this.thresholdMode === 'rel' ? a > best * (this.threshold + 1) : a > best + this.threshold;
   }
 

@@ -133,7 +133,6 @@ export interface FitOptions {
   signal?: AbortSignal;
 }
 
-
 /** A checkpoint policy with its defaults applied. */
 export interface ResolvedCheckpointPolicy {
   everyEpochs: number;
@@ -186,16 +185,41 @@ export interface FitSettings {
 const CHECKPOINT_KEYS = ['everyEpochs', 'everySteps', 'keepLast', 'monitor', 'mode'];
 const EARLY_KEYS = ['monitor', 'patience', 'minDelta', 'mode'];
 const OPTION_KEYS = [
-  'model', 'optimizer', 'device', 'schedule', 'plateau', 'labelSmoothing', 'amp', 'gradScaler', 'clipGradNorm', 'accumulate', 'ema',
-  'normalize', 'outDir', 'checkpoint', 'earlyStopping', 'callbacks', 'logEvery', 'progress', 'tensorboard', 'jsonLog', 'plots',
-  'classNames', 'distributed', 'config',
+  'model',
+  'optimizer',
+  'device',
+  'schedule',
+  'plateau',
+  'labelSmoothing',
+  'amp',
+  'gradScaler',
+  'clipGradNorm',
+  'accumulate',
+  'ema',
+  'normalize',
+  'outDir',
+  'checkpoint',
+  'earlyStopping',
+  'callbacks',
+  'logEvery',
+  'progress',
+  'tensorboard',
+  'jsonLog',
+  'plots',
+  'classNames',
+  'distributed',
+  'config',
 ];
 const FIT_KEYS = ['epochs', 'val', 'resume', 'evalEvery', 'overfitBatches', 'maxSteps', 'signal'];
 const METRIC_NAME = /^(train\/loss|(val|val_ema)\/(loss|acc1|acc5))$/;
 
 function checkMonitor(where: string, monitor: unknown): string {
   if (typeof monitor !== 'string' || !METRIC_NAME.test(monitor)) {
-    invalid(where, "a metric name: 'train/loss', 'val/loss', 'val/acc1', 'val/acc5', or the same under 'val_ema/'", monitor);
+    invalid(
+      where,
+      "a metric name: 'train/loss', 'val/loss', 'val/acc1', 'val/acc5', or the same under 'val_ema/'",
+      monitor,
+    );
   }
   return monitor;
 }
@@ -209,19 +233,34 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
   if (typeof device !== 'string') invalid('device', "a device name such as 'cpu' or 'cuda:0'", device);
   const amp = o.amp === undefined || o.amp === false ? false : expectOneOf('amp', o.amp, ['bf16', 'fp16'] as const);
   if (amp === 'fp16' && !device.startsWith('cuda')) {
-    throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `amp 'fp16' needs a CUDA device (got '${device}'); on the CPU use amp 'bf16'`);
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `amp 'fp16' needs a CUDA device (got '${device}'); on the CPU use amp 'bf16'`,
+    );
   }
-  if (o.schedule !== undefined && !(o.schedule instanceof Schedule)) invalid('schedule', 'a Schedule (e.g. CosineAnnealingLR)', o.schedule);
+  if (o.schedule !== undefined && !(o.schedule instanceof Schedule)) {
+    invalid('schedule', 'a Schedule (e.g. CosineAnnealingLR)', o.schedule);
+  }
   if (o.schedule !== undefined && o.plateau !== undefined) {
-    throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'Trainer options: give either schedule or plateau, not both (a schedule sets the lr every step and would undo the plateau reductions)');
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      'Trainer options: give either schedule or plateau, not both (a schedule sets the lr every step and would undo the plateau reductions)',
+    );
   }
   const clip = o.clipGradNorm === undefined ? null : expectNumber('clipGradNorm', o.clipGradNorm, 0);
   if (clip !== null && !(clip > 0)) invalid('clipGradNorm', 'a positive number', o.clipGradNorm);
-  const ema = o.ema === undefined || o.ema === false ? null : expectOptions<TrainerEmaOptions>('ema', o.ema, ['decay', 'every', 'warmupSteps']);
+  const ema =
+    o.ema === undefined || o.ema === false
+      ? null
+      : expectOptions<TrainerEmaOptions>('ema', o.ema, ['decay', 'every', 'warmupSteps']);
   const callbacks = o.callbacks ?? [];
-  if (!Array.isArray(callbacks) || callbacks.some((c) => c === null || typeof c !== 'object')) invalid('callbacks', 'an array of callback objects', callbacks);
+  if (!Array.isArray(callbacks) || callbacks.some((c) => c === null || typeof c !== 'object')) {
+    invalid('callbacks', 'an array of callback objects', callbacks);
+  }
   const classNames = o.classNames ?? null;
-  if (classNames !== null && (!Array.isArray(classNames) || classNames.some((c) => typeof c !== 'string'))) invalid('classNames', 'an array of strings', classNames);
+  if (classNames !== null && (!Array.isArray(classNames) || classNames.some((c) => typeof c !== 'string'))) {
+    invalid('classNames', 'an array of strings', classNames);
+  }
   const gradScaler = o.gradScaler ?? {};
   if (gradScaler === null || typeof gradScaler !== 'object') invalid('gradScaler', 'GradScaler options', gradScaler);
   const outDir = parseOutDir(o.outDir);
@@ -236,7 +275,12 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     schedule: o.schedule ?? null,
     plateau: parsePlateau(o.plateau),
     clip,
-    ema: ema ? { ...(ema.decay !== undefined ? { decay: ema.decay } : {}), ...(ema.every !== undefined ? { every: ema.every } : {}) } : null,
+    ema: ema
+      ? {
+          ...(ema.decay !== undefined ? { decay: ema.decay } : {}),
+          ...(ema.every !== undefined ? { every: ema.every } : {}),
+        }
+      : null,
     emaWarmup: ema ? expectInt('ema.warmupSteps', ema.warmupSteps ?? 0, 0) : 0,
     normalize: parseNormalize(o.normalize),
     outDir,
@@ -262,7 +306,9 @@ function parseOutDir(outDir: unknown): string | null {
 
 function parsePlateau(plateau: TrainerOptions['plateau']): TrainerSettings['plateau'] {
   if (plateau === undefined) return null;
-  if (plateau === null || typeof plateau !== 'object') invalid('plateau', 'ReduceLROnPlateau options with an optional monitor', plateau);
+  if (plateau === null || typeof plateau !== 'object') {
+    invalid('plateau', 'ReduceLROnPlateau options with an optional monitor', plateau);
+  }
   const { monitor, ...rest } = plateau;
   const checked = checkMonitor('plateau.monitor', monitor ?? 'val/loss');
   return { ...rest, mode: rest.mode ?? defaultMode(checked), monitor: checked };
@@ -277,7 +323,10 @@ function parseNormalize(normalize: TrainerOptions['normalize']): TrainerSettings
   return { mean: [...n.mean], std: [...n.std] };
 }
 
-function parseCheckpointPolicy(checkpoint: TrainerOptions['checkpoint'], hasOutDir: boolean): ResolvedCheckpointPolicy | null {
+function parseCheckpointPolicy(
+  checkpoint: TrainerOptions['checkpoint'],
+  hasOutDir: boolean,
+): ResolvedCheckpointPolicy | null {
   if (checkpoint === false) return null;
   const c = expectOptions<CheckpointPolicy>('checkpoint', checkpoint ?? {}, CHECKPOINT_KEYS);
   if (!hasOutDir) return null;
@@ -298,7 +347,8 @@ function parseEarlyStopping(early: TrainerOptions['earlyStopping']): EarlyStoppi
     monitor,
     patience: expectInt('earlyStopping.patience', e.patience, 1),
     minDelta: expectNumber('earlyStopping.minDelta', e.minDelta ?? 0, 0),
-    mode: e.mode === undefined ? defaultMode(monitor) : expectOneOf('earlyStopping.mode', e.mode, ['min', 'max'] as const),
+    mode:
+      e.mode === undefined ? defaultMode(monitor) : expectOneOf('earlyStopping.mode', e.mode, ['min', 'max'] as const),
   };
 }
 
@@ -312,14 +362,18 @@ function parseProgress(progress: TrainerOptions['progress']): ProgressStream | n
 function parseCommunicator(distributed: TrainerOptions['distributed']): Communicator | null {
   if (distributed === undefined) return null;
   const d = expectOptions<{ communicator: Communicator }>('distributed', distributed, ['communicator']);
-  const c = d.communicator as Communicator | undefined;
-  if (!c || typeof c.allReduce !== 'function' || typeof c.rank !== 'number') invalid('distributed.communicator', 'a Communicator', c);
+  const c = d.communicator;
+  if (!c || typeof c.allReduce !== 'function' || typeof c.rank !== 'number') {
+    invalid('distributed.communicator', 'a Communicator', c);
+  }
   return c;
 }
 
 function parseConfig(config: unknown): Record<string, unknown> {
   const value = config ?? {};
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) invalid('config', 'a plain JSON object', value);
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    invalid('config', 'a plain JSON object', value);
+  }
   try {
     JSON.stringify(value);
   } catch (error) {
@@ -329,18 +383,32 @@ function parseConfig(config: unknown): Record<string, unknown> {
 }
 
 /** Checks `fit`'s options, and that every monitored metric will exist in this run. */
-export function parseFitOptions(train: unknown, options: FitOptions, trainer: { settings: TrainerSettings; hasEma: boolean }): FitSettings {
+export function parseFitOptions(
+  train: unknown,
+  options: FitOptions,
+  trainer: { settings: TrainerSettings; hasEma: boolean },
+): FitSettings {
   const f = expectOptions<FitOptions>('fit options', options, FIT_KEYS);
   if (!isLoader(train)) invalid('train', 'a DataLoader', train);
   const epochs = expectInt('epochs', f.epochs, 1);
   if (f.val !== undefined && !isLoader(f.val)) invalid('val', 'a DataLoader', f.val);
   const overfit = f.overfitBatches === undefined ? null : expectInt('overfitBatches', f.overfitBatches, 1);
-  if (f.resume !== undefined && typeof f.resume !== 'boolean' && typeof f.resume !== 'string') invalid('resume', 'a boolean or a checkpoint path', f.resume);
+  if (f.resume !== undefined && typeof f.resume !== 'boolean' && typeof f.resume !== 'string') {
+    invalid('resume', 'a boolean or a checkpoint path', f.resume);
+  }
   const s = trainer.settings;
   if (f.resume === true && s.outDir === null) {
-    throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'fit: resume: true reads the latest checkpoint of outDir, but the Trainer has no outDir; pass the checkpoint path instead');
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      'fit: resume: true reads the latest checkpoint of outDir, but the Trainer has no outDir; pass the checkpoint path instead',
+    );
   }
-  if (overfit !== null && f.resume) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'fit: overfitBatches (a debugging run) cannot resume a checkpoint');
+  if (overfit !== null && f.resume) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      'fit: overfitBatches (a debugging run) cannot resume a checkpoint',
+    );
+  }
   const hasVal = f.val !== undefined || overfit !== null;
   for (const [where, monitor] of [
     ['checkpoint.monitor', s.checkpoint?.monitor],
@@ -348,11 +416,24 @@ export function parseFitOptions(train: unknown, options: FitOptions, trainer: { 
     ['plateau.monitor', s.plateau?.monitor],
   ] as const) {
     if (!monitor) continue;
-    if (monitor.startsWith('val') && !hasVal) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: ${where} is '${monitor}' but no validation data (val) was given`);
-    if (monitor.startsWith('train') && s.communicator && s.communicator.worldSize > 1) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: ${where} is '${monitor}', which differs between ranks in data-parallel training; monitor a val/ metric (evaluation combines all ranks)`);
+    if (monitor.startsWith('val') && !hasVal) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `fit: ${where} is '${monitor}' but no validation data (val) was given`,
+      );
     }
-    if (monitor.startsWith('val_ema') && !trainer.hasEma) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: ${where} is '${monitor}' but the moving average (ema) is off`);
+    if (monitor.startsWith('train') && s.communicator && s.communicator.worldSize > 1) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `fit: ${where} is '${monitor}', which differs between ranks in data-parallel training; monitor a val/ metric (evaluation combines all ranks)`,
+      );
+    }
+    if (monitor.startsWith('val_ema') && !trainer.hasEma) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `fit: ${where} is '${monitor}' but the moving average (ema) is off`,
+      );
+    }
   }
   return {
     epochs,

@@ -54,7 +54,11 @@ export interface Callback {
   /** After each optimizer step. */
   onStepEnd?(trainer: Trainer, info: StepInfo): void | Promise<void>;
   /** After each epoch, with its validation results when it was evaluated. */
-  onEpochEnd?(trainer: Trainer, record: EpochRecord, evaluation: { val?: EvalResult; valEma?: EvalResult }): void | Promise<void>;
+  onEpochEnd?(
+    trainer: Trainer,
+    record: EpochRecord,
+    evaluation: { val?: EvalResult; valEma?: EvalResult },
+  ): void | Promise<void>;
   /** When the run ends, normally or stopped. */
   onFitEnd?(trainer: Trainer, result: FitResult): void | Promise<void>;
 }
@@ -80,4 +84,3 @@ export interface FitResult {
   /** The last validation result of the moving average. */
   lastEvalEma?: EvalResult;
 }
-

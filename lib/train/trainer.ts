@@ -37,7 +37,13 @@ import { Tensor } from '../tensor.js';
 import { checkSignal, throwIfAborted } from './abort.js';
 import { cacheBatches, cachedBatches, isLoader, loaderBatches, type DeviceBatch, type HostBatch } from './batches.js';
 import { loadCheckpoint, saveCheckpoint, saveWeights, type CheckpointParts, type Stateful } from './checkpoint.js';
-import { CheckpointManager, findResumeFile, readCheckpointInfo, type CheckpointInfo, type RunState } from './checkpoint-manager.js';
+import {
+  CheckpointManager,
+  findResumeFile,
+  readCheckpointInfo,
+  type CheckpointInfo,
+  type RunState,
+} from './checkpoint-manager.js';
 import { averageGradients, sumEvalCounts } from './distributed.js';
 import { ModelEma } from './ema.js';
 import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.js';
@@ -46,12 +52,26 @@ import { BestMetric, EarlyStopping, defaultMode } from './monitors.js';
 import { formatDuration } from './outputs/logging.js';
 import { RunOutputs } from './run-outputs.js';
 import { ReduceLROnPlateau, Scheduler, type ReduceLROnPlateauState, type SchedulerState } from './schedules.js';
-import { parseFitOptions, parseTrainerOptions, type FitOptions, type FitSettings, type TrainerOptions, type TrainerSettings } from './trainer-options.js';
+import {
+  parseFitOptions,
+  parseTrainerOptions,
+  type FitOptions,
+  type FitSettings,
+  type TrainerOptions,
+  type TrainerSettings,
+} from './trainer-options.js';
 import type { EpochRecord, FitResult, StepInfo } from './trainer-types.js';
 
 export type { CheckpointInfo, RunState } from './checkpoint-manager.js';
 export type { EvalResult, Predictions } from './evaluation.js';
-export type { CheckpointPolicy, EarlyStoppingOptions, FitOptions, MetricMode, TrainerEmaOptions, TrainerOptions } from './trainer-options.js';
+export type {
+  CheckpointPolicy,
+  EarlyStoppingOptions,
+  FitOptions,
+  MetricMode,
+  TrainerEmaOptions,
+  TrainerOptions,
+} from './trainer-options.js';
 export type { Callback, EpochRecord, FitResult, StepInfo } from './trainer-types.js';
 
 /** What one `fit` call trains on, resolved once. */
@@ -136,7 +156,10 @@ export class Trainer {
     this.optimizer = s.optimizer;
     // The optimizer's parameters must live in the model's arena.
     if (this.optimizer.arena() !== this.model.arena()) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', "Trainer: the optimizer's parameters do not belong to this model");
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        "Trainer: the optimizer's parameters do not belong to this model",
+      );
     }
     this.device = s.device;
     this.loss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
@@ -146,8 +169,18 @@ export class Trainer {
     if (s.normalize) this.#normalize = this.#makeNormalize(s.normalize);
     this.#early = s.early ? new EarlyStopping(s.early) : null;
     this.ema = s.ema ? new ModelEma(this.model, s.ema) : null;
-    this.#outputs = new RunOutputs({ outDir: this.#s.outDir, isMain: this.isMain, progress: s.progress, jsonLog: s.jsonLog, tensorboard: s.tensorboard, plots: s.plots });
-    this.#checkpoints = this.isMain && this.#s.outDir !== null && s.checkpoint ? new CheckpointManager(this.#s.outDir, s.checkpoint.keepLast) : null;
+    this.#outputs = new RunOutputs({
+      outDir: this.#s.outDir,
+      isMain: this.isMain,
+      progress: s.progress,
+      jsonLog: s.jsonLog,
+      tensorboard: s.tensorboard,
+      plots: s.plots,
+    });
+    this.#checkpoints =
+      this.isMain && this.#s.outDir !== null && s.checkpoint
+        ? new CheckpointManager(this.#s.outDir, s.checkpoint.keepLast)
+        : null;
   }
 
   /** Optimizer steps taken (restored by a resume). */
@@ -199,7 +232,9 @@ export class Trainer {
     throwIfAborted(f.signal, 'Trainer.fit');
     const run = await this.#prepare(train, f);
     const callbacks = this.#s.callbacks;
-    for (const c of callbacks) await c.onFitBegin?.(this, { epochs: f.epochs, startEpoch: this.#epoch, step: this.#step });
+    for (const c of callbacks) {
+      await c.onFitBegin?.(this, { epochs: f.epochs, startEpoch: this.#epoch, step: this.#step });
+    }
     let stoppedEarly = false;
     let interrupted = false;
     let lastEval: EvalResult | undefined;
@@ -231,7 +266,9 @@ export class Trainer {
         const { isBest, stop } = this.#watch(record);
         stoppedEarly = stop;
         this.#epoch = epoch + 1;
-        if ((epoch + 1) % (this.#s.checkpoint?.everyEpochs ?? 1) === 0 || last || stop) await this.#saveCheckpoint(run, epoch + 1, 0, null);
+        if ((epoch + 1) % (this.#s.checkpoint?.everyEpochs ?? 1) === 0 || last || stop) {
+          await this.#saveCheckpoint(run, epoch + 1, 0, null);
+        }
         if (isBest) await this.#saveBest(run);
         await this.#outputs.writeCurves(this.#history, this.#trainLossPoints);
         for (const c of callbacks) await c.onEpochEnd?.(this, record, evaluation);
@@ -278,11 +315,22 @@ export class Trainer {
     this.#ensureNormalize(train);
     const cached = f.overfit !== null ? await cacheBatches(train, f.overfit) : null;
     const batchesPerEpoch = cached ? cached.length : train.length;
-    if (batchesPerEpoch === 0) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'fit: the training loader yields no batches (empty dataset, or dropLast with fewer samples than a batch)');
-    if (this.#s.schedule && !this.#scheduler) this.#scheduler = new Scheduler(this.optimizer, this.#s.schedule, { stepsPerEpoch: Math.ceil(batchesPerEpoch / this.accumulate) });
+    if (batchesPerEpoch === 0) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'fit: the training loader yields no batches (empty dataset, or dropLast with fewer samples than a batch)',
+      );
+    }
+    if (this.#s.schedule && !this.#scheduler) {
+      this.#scheduler = new Scheduler(this.optimizer, this.#s.schedule, {
+        stepsPerEpoch: Math.ceil(batchesPerEpoch / this.accumulate),
+      });
+    }
     const monitor = this.#s.checkpoint?.monitor ?? (f.val !== null || cached !== null ? 'val/acc1' : null);
     if (monitor === null) this.#best = null;
-    else if (this.#best?.monitor !== monitor) this.#best = new BestMetric(monitor, this.#s.checkpoint?.mode ?? defaultMode(monitor));
+    else if (this.#best?.monitor !== monitor) {
+      this.#best = new BestMetric(monitor, this.#s.checkpoint?.mode ?? defaultMode(monitor));
+    }
     const file = f.resume ? await findResumeFile(f.resume, this.#s.outDir) : null;
     const resumed = file ? await this.#resume(file, train) : null;
     if (this.#outputs.writes) {
@@ -294,7 +342,10 @@ export class Trainer {
       this.#outputs.log({ type: 'resume', file, epoch: this.#epoch, batch: run.batch, step: this.#step, config });
       this.#outputs.say(`resumed from ${file} at epoch ${this.#epoch + 1}, step ${this.#step}`);
     }
-    const resumeAt = resumed && resumed.run.batch > 0 ? { batch: resumed.run.batch, progress: resumed.run.epochProgress ?? null } : null;
+    const resumeAt =
+      resumed && resumed.run.batch > 0
+        ? { batch: resumed.run.batch, progress: resumed.run.epochProgress ?? null }
+        : null;
     return { ...f, train, cached, batchesPerEpoch, classNames, resumeAt };
   }
 
@@ -303,9 +354,16 @@ export class Trainer {
     const first = run.resumeAt?.batch ?? 0;
     const meter = new EpochMeter(this.#lossSum!, run.resumeAt?.progress ?? null);
     run.resumeAt = null;
-    const bar = this.#outputs.progressBar({ total: run.batchesPerEpoch, initial: first, label: 'train', batchSize: run.train.batchSize });
+    const bar = this.#outputs.progressBar({
+      total: run.batchesPerEpoch,
+      initial: first,
+      label: 'train',
+      batchSize: run.train.batchSize,
+    });
     // The overfit mode (cached batches) never resumes, so it always starts at the first batch.
-    const batches = run.cached ? cachedBatches(run.cached, this.device) : loaderBatches(run.train, this.device, epoch, first);
+    const batches = run.cached
+      ? cachedBatches(run.cached, this.device)
+      : loaderBatches(run.train, this.device, epoch, first);
     let lastLoss: number | undefined;
     let micro = 0;
     let stepImages = 0;
@@ -335,7 +393,12 @@ export class Trainer {
       micro = 0;
       stepImages = 0;
       if (this.#step % this.#s.logEvery === 0) readWindow();
-      bar?.update(batch.index + 1, { epoch: epoch + 1, epochs: run.epochs, lr: this.lr, ...(lastLoss !== undefined ? { loss: lastLoss } : {}) });
+      bar?.update(batch.index + 1, {
+        epoch: epoch + 1,
+        epochs: run.epochs,
+        lr: this.lr,
+        ...(lastLoss !== undefined ? { loss: lastLoss } : {}),
+      });
       for (const c of this.#s.callbacks) await c.onStepEnd?.(this, info.info);
       info.end();
       // Let timers and signal handlers run between steps even when no batch waited on I/O.
@@ -346,7 +409,9 @@ export class Trainer {
       }
       const atEnd = batch.index + 1 >= run.batchesPerEpoch;
       const everySteps = this.#s.checkpoint?.everySteps;
-      if (!atEnd && everySteps && this.#step % everySteps === 0) await this.#saveCheckpoint(run, epoch, batch.index + 1, meter);
+      if (!atEnd && everySteps && this.#step % everySteps === 0) {
+        await this.#saveCheckpoint(run, epoch, batch.index + 1, meter);
+      }
       if (this.#stopRequested || this.#stepBudgetSpent(run)) {
         if (atEnd) {
           stopAtEnd = true;
@@ -360,7 +425,10 @@ export class Trainer {
       }
     }
     if (micro > 0) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `fit: the training loader yielded fewer batches than its length (${run.batchesPerEpoch}) in epoch ${epoch}; check its sampler's length`);
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `fit: the training loader yielded fewer batches than its length (${run.batchesPerEpoch}) in epoch ${epoch}; check its sampler's length`,
+      );
     }
     readWindow();
     bar?.finish({ ...(lastLoss !== undefined ? { loss: lastLoss } : {}), lr: this.lr });
@@ -384,7 +452,14 @@ export class Trainer {
   }
 
   /** The `onStepEnd` information of the step just taken, whose `loss()` may be read until `end()`. */
-  #stepInfo(epoch: number, batch: number, batchesPerEpoch: number, lr: number, images: number, groupSize: number): { info: StepInfo; end(): void } {
+  #stepInfo(
+    epoch: number,
+    batch: number,
+    batchesPerEpoch: number,
+    lr: number,
+    images: number,
+    groupSize: number,
+  ): { info: StepInfo; end(): void } {
     const stepLoss = this.#stepLoss!;
     let value: number | undefined;
     let current = true;
@@ -397,7 +472,12 @@ export class Trainer {
       images,
       loss: () => {
         if (value === undefined) {
-          if (!current) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'StepInfo.loss(): read it during onStepEnd; the step is over');
+          if (!current) {
+            throw new ResnetError(
+              'ERR_RC_INVALID_ARGUMENT',
+              'StepInfo.loss(): read it during onStepEnd; the step is over',
+            );
+          }
           value = stepLoss.item() / groupSize;
         }
         return value;
@@ -417,7 +497,8 @@ export class Trainer {
 
   /** Evaluates the model, and its moving average, on the validation data (the cached batches in the overfit mode). */
   async #evaluateEpoch(run: FitRun): Promise<{ val?: EvalResult; valEma?: EvalResult }> {
-    const source = (): AsyncIterable<DeviceBatch> => (run.cached ? cachedBatches(run.cached, this.device) : loaderBatches(run.val!, this.device, run.val!.epoch, 0));
+    const source = (): AsyncIterable<DeviceBatch> =>
+      run.cached ? cachedBatches(run.cached, this.device) : loaderBatches(run.val!, this.device, run.val!.epoch, 0);
     const total = run.cached ? run.cached.length : run.val!.length;
     const val = await this.#evaluate(source(), total, run.classNames, 'val', run.signal);
     let valEma: EvalResult | undefined;
@@ -434,19 +515,49 @@ export class Trainer {
   }
 
   /** Records an epoch: its metrics in the history, the log, TensorBoard and the epoch line. */
-  #recordEpoch(epoch: number, epochs: number, totals: EpochTotals, evaluation: { val?: EvalResult; valEma?: EvalResult }): EpochRecord {
+  #recordEpoch(
+    epoch: number,
+    epochs: number,
+    totals: EpochTotals,
+    evaluation: { val?: EvalResult; valEma?: EvalResult },
+  ): EpochRecord {
     const metrics: Record<string, number> = { 'train/loss': totals.trainLoss };
-    for (const [prefix, result] of [['val', evaluation.val], ['val_ema', evaluation.valEma]] as const) {
-      if (result) Object.assign(metrics, { [`${prefix}/loss`]: result.loss, [`${prefix}/acc1`]: result.acc1, [`${prefix}/acc5`]: result.acc5 });
+    for (const [prefix, result] of [
+      ['val', evaluation.val],
+      ['val_ema', evaluation.valEma],
+    ] as const) {
+      if (result) {
+        Object.assign(metrics, {
+          [`${prefix}/loss`]: result.loss,
+          [`${prefix}/acc1`]: result.acc1,
+          [`${prefix}/acc5`]: result.acc5,
+        });
+      }
     }
-    const record: EpochRecord = { epoch, step: this.#step, trainLoss: totals.trainLoss, lr: this.lr, seconds: totals.seconds, imagesPerSec: totals.imagesPerSec, metrics };
+    const record: EpochRecord = {
+      epoch,
+      step: this.#step,
+      trainLoss: totals.trainLoss,
+      lr: this.lr,
+      seconds: totals.seconds,
+      imagesPerSec: totals.imagesPerSec,
+      metrics,
+    };
     this.#history.push(record);
     this.#outputs.log({ type: 'epoch', ...record });
-    for (const [name, value] of Object.entries(metrics)) if (name !== 'train/loss') this.#outputs.scalar(name, value, this.#step);
+    for (const [name, value] of Object.entries(metrics)) {
+      if (name !== 'train/loss') this.#outputs.scalar(name, value, this.#step);
+    }
     this.#outputs.scalar('epoch/train_loss', totals.trainLoss, this.#step);
     const parts = [`epoch ${epoch + 1}/${epochs}`, `train loss ${totals.trainLoss.toFixed(4)}`];
     const { val, valEma } = evaluation;
-    if (val) parts.push(`val loss ${val.loss.toFixed(4)}`, `acc@1 ${(100 * val.acc1).toFixed(2)}%`, `acc@5 ${(100 * val.acc5).toFixed(2)}%`);
+    if (val) {
+      parts.push(
+        `val loss ${val.loss.toFixed(4)}`,
+        `acc@1 ${(100 * val.acc1).toFixed(2)}%`,
+        `acc@5 ${(100 * val.acc5).toFixed(2)}%`,
+      );
+    }
     if (valEma) parts.push(`ema acc@1 ${(100 * valEma.acc1).toFixed(2)}%`);
     parts.push(formatDuration(totals.seconds));
     this.#outputs.say(parts.join('  '));
@@ -457,7 +568,9 @@ export class Trainer {
   #watch(record: EpochRecord): { isBest: boolean; stop: boolean } {
     const reduceOn = this.#s.plateau?.monitor;
     const value = reduceOn === undefined ? undefined : record.metrics[reduceOn];
-    if (this.#plateau && value !== undefined && this.#plateau.step(value)) this.#outputs.log({ type: 'lr-reduced', epoch: record.epoch, step: this.#step, lr: this.lr });
+    if (this.#plateau && value !== undefined && this.#plateau.step(value)) {
+      this.#outputs.log({ type: 'lr-reduced', epoch: record.epoch, step: this.#step, lr: this.lr });
+    }
     const isBest = this.#best?.update(record.metrics, record.epoch) ?? false;
     return { isBest, stop: this.#early?.update(record.metrics) ?? false };
   }
@@ -492,7 +605,12 @@ export class Trainer {
     const o = expectOptions<{ ema?: boolean; signal?: AbortSignal }>('evaluate options', options, ['ema', 'signal']);
     const useEma = expectBool('ema', o.ema ?? false);
     const signal = checkSignal('signal', o.signal);
-    if (useEma && !this.ema) throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'evaluate: ema: true, but the Trainer keeps no moving average (ema option)');
+    if (useEma && !this.ema) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'evaluate: ema: true, but the Trainer keeps no moving average (ema option)',
+      );
+    }
     return this.#exclusive('evaluate', async () => {
       throwIfAborted(signal, 'Trainer.evaluate');
       this.#ensureNormalize(loader);
@@ -500,7 +618,13 @@ export class Trainer {
       const wasTraining = this.model.training;
       if (useEma) this.ema!.swap();
       try {
-        return await this.#evaluate(loaderBatches(loader, this.device, loader.epoch, 0), loader.length, names, useEma ? 'val_ema' : 'val', signal);
+        return await this.#evaluate(
+          loaderBatches(loader, this.device, loader.epoch, 0),
+          loader.length,
+          names,
+          useEma ? 'val_ema' : 'val',
+          signal,
+        );
       } finally {
         if (useEma) this.ema!.swap();
         this.model.train(wasTraining);
@@ -508,7 +632,13 @@ export class Trainer {
     });
   }
 
-  async #evaluate(batches: AsyncIterable<DeviceBatch>, total: number, classNames: readonly string[] | null, label: string, signal: AbortSignal | null): Promise<EvalResult> {
+  async #evaluate(
+    batches: AsyncIterable<DeviceBatch>,
+    total: number,
+    classNames: readonly string[] | null,
+    label: string,
+    signal: AbortSignal | null,
+  ): Promise<EvalResult> {
     this.model.eval();
     const bar = this.#outputs.progressBar({ total, label, printEvery: 0 });
     const forward = (batch: DeviceBatch): { logits: Tensor; loss: number } => {
@@ -525,13 +655,18 @@ export class Trainer {
    * `[N, H, W, 3]` (normalised like the training input). With `signal`, an abort stops at the next
    * batch and rejects with an `AbortError`.
    */
-  async predict(source: DataLoader | Tensor, options: { topk?: number; signal?: AbortSignal } = {}): Promise<Predictions> {
+  async predict(
+    source: DataLoader | Tensor,
+    options: { topk?: number; signal?: AbortSignal } = {},
+  ): Promise<Predictions> {
     this.#checkAlive();
     const o = expectOptions<{ topk?: number; signal?: AbortSignal }>('predict options', options, ['topk', 'signal']);
     const topk = expectInt('topk', o.topk ?? 5, 1);
     const signal = checkSignal('signal', o.signal);
     if (source instanceof Tensor) {
-      if (source.dtype !== 'u8' || source.shape.length !== 4) invalid('source', 'a u8 NHWC image tensor [N, H, W, 3] or a DataLoader', source);
+      if (source.dtype !== 'u8' || source.shape.length !== 4) {
+        invalid('source', 'a u8 NHWC image tensor [N, H, W, 3] or a DataLoader', source);
+      }
     } else if (!isLoader(source)) {
       invalid('source', 'a DataLoader or a u8 NHWC image tensor', source);
     }
@@ -540,7 +675,8 @@ export class Trainer {
       const wasTraining = this.model.training;
       this.model.eval();
       try {
-        const { chunks, numClasses } = source instanceof Tensor ? this.#logitsOfTensor(source) : await this.#logitsOfLoader(source, signal);
+        const { chunks, numClasses } =
+          source instanceof Tensor ? this.#logitsOfTensor(source) : await this.#logitsOfLoader(source, signal);
         return rankPredictions(chunks, numClasses, topk);
       } finally {
         this.model.train(wasTraining);
@@ -550,7 +686,10 @@ export class Trainer {
 
   #logitsOfTensor(source: Tensor): { chunks: { logits: Float32Array; indices: Int32Array }[]; numClasses: number } {
     this.#ensureNormalize(null);
-    const images = source.device === this.device ? source : Tensor.from(source.toArray() as Uint8Array, source.shape, { dtype: 'u8', device: this.device });
+    const images =
+      source.device === this.device
+        ? source
+        : Tensor.from(source.toArray(), source.shape, { dtype: 'u8', device: this.device });
     let logits: Float32Array;
     try {
       logits = this.model.forward(this.#normalize!.forward(images)).toFloat32Array();
@@ -558,10 +697,16 @@ export class Trainer {
       if (images !== source) images.dispose();
     }
     const n = source.shape[0]!;
-    return { chunks: [{ logits, indices: Int32Array.from({ length: n }, (_, i) => i) }], numClasses: logits.length / n };
+    return {
+      chunks: [{ logits, indices: Int32Array.from({ length: n }, (_, i) => i) }],
+      numClasses: logits.length / n,
+    };
   }
 
-  async #logitsOfLoader(loader: DataLoader, signal: AbortSignal | null): Promise<{ chunks: { logits: Float32Array; indices: Int32Array }[]; numClasses: number }> {
+  async #logitsOfLoader(
+    loader: DataLoader,
+    signal: AbortSignal | null,
+  ): Promise<{ chunks: { logits: Float32Array; indices: Int32Array }[]; numClasses: number }> {
     this.#ensureNormalize(loader);
     const chunks: { logits: Float32Array; indices: Int32Array }[] = [];
     let numClasses = 0;
@@ -616,7 +761,11 @@ export class Trainer {
   }
 
   #makeNormalize(stats: { mean: readonly number[]; std: readonly number[] }): InputNormalize {
-    return new InputNormalize({ mean: [...stats.mean], std: [...stats.std], dtype: this.amp === 'bf16' ? 'bf16' : this.amp === 'fp16' ? 'f16' : 'f32' });
+    return new InputNormalize({
+      mean: [...stats.mean],
+      std: [...stats.std],
+      dtype: this.amp === 'bf16' ? 'bf16' : this.amp === 'fp16' ? 'f16' : 'f32',
+    });
   }
 
   /** Averages gradients over ranks, unscales, clips, steps, updates the scaler, zeroes, schedules, averages weights. */
@@ -646,14 +795,30 @@ export class Trainer {
   /** The parts a checkpoint holds. */
   #parts(): CheckpointParts {
     const scheduler = this.#schedulerPart();
-    return { model: this.model, optimizer: this.optimizer, scaler: this.scaler, ...(scheduler ? { scheduler } : {}), ...(this.ema ? { ema: this.ema } : {}) };
+    return {
+      model: this.model,
+      optimizer: this.optimizer,
+      scaler: this.scaler,
+      ...(scheduler ? { scheduler } : {}),
+      ...(this.ema ? { ema: this.ema } : {}),
+    };
   }
 
   #schedulerPart(): Stateful | null {
     const scheduler = this.#scheduler;
     const plateau = this.#plateau;
-    if (scheduler) return { state: () => ({ kind: 'schedule', state: scheduler.state() }), loadState: (s) => scheduler.loadState(checkKind<SchedulerState>(s, 'schedule')) };
-    if (plateau) return { state: () => ({ kind: 'plateau', state: plateau.state() }), loadState: (s) => plateau.loadState(checkKind<ReduceLROnPlateauState>(s, 'plateau')) };
+    if (scheduler) {
+      return {
+        state: () => ({ kind: 'schedule', state: scheduler.state() }),
+        loadState: (s) => scheduler.loadState(checkKind<SchedulerState>(s, 'schedule')),
+      };
+    }
+    if (plateau) {
+      return {
+        state: () => ({ kind: 'plateau', state: plateau.state() }),
+        loadState: (s) => plateau.loadState(checkKind<ReduceLROnPlateauState>(s, 'plateau')),
+      };
+    }
     return null;
   }
 
@@ -673,8 +838,17 @@ export class Trainer {
     };
   }
 
-  async #writeCheckpoint(path: string, epoch: number, run: RunState, classNames: readonly string[] | null): Promise<void> {
-    await saveCheckpoint(path, this.#parts(), { epoch, step: this.#step, extra: { run, ...(classNames ? { classNames: [...classNames] } : {}) } });
+  async #writeCheckpoint(
+    path: string,
+    epoch: number,
+    run: RunState,
+    classNames: readonly string[] | null,
+  ): Promise<void> {
+    await saveCheckpoint(path, this.#parts(), {
+      epoch,
+      step: this.#step,
+      extra: { run, ...(classNames ? { classNames: [...classNames] } : {}) },
+    });
   }
 
   /** Writes the periodic checkpoint of this step (once), at `batch` of `epoch`; `meter` when inside the epoch. */
@@ -682,7 +856,9 @@ export class Trainer {
     const manager = this.#checkpoints;
     if (!manager || run.cached || manager.hasStep(this.#step)) return;
     const progress = meter?.progress() ?? null;
-    const name = await manager.save({ epoch, batch, step: this.#step }, (path, kept) => this.#writeCheckpoint(path, epoch, this.#runState(run, batch, kept, progress), run.classNames));
+    const name = await manager.save({ epoch, batch, step: this.#step }, (path, kept) =>
+      this.#writeCheckpoint(path, epoch, this.#runState(run, batch, kept, progress), run.classNames),
+    );
     this.#outputs.log({ type: 'checkpoint', epoch, step: this.#step, file: `checkpoints/${name}` });
   }
 
@@ -691,7 +867,9 @@ export class Trainer {
     const manager = this.#checkpoints;
     const best = this.#best!.best!;
     if (!manager || run.cached) return;
-    await manager.saveBest({ ...best, step: this.#step }, (path) => this.#writeCheckpoint(path, this.#epoch, this.#runState(run, 0, manager.kept, null), run.classNames));
+    await manager.saveBest({ ...best, step: this.#step }, (path) =>
+      this.#writeCheckpoint(path, this.#epoch, this.#runState(run, 0, manager.kept, null), run.classNames),
+    );
     const weights = best.monitor.startsWith('val_ema') && this.ema ? this.ema.stateDict() : this.model.stateDict();
     await saveWeights(join(this.#s.outDir!, 'model-best.safetensors'), weights);
   }
@@ -700,8 +878,17 @@ export class Trainer {
   async #resume(file: string, train: DataLoader): Promise<{ run: RunState; config: Record<string, unknown> }> {
     const info = await readCheckpointInfo(file);
     const run = info.run;
-    if (!run) throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: was not written by Trainer.fit (no run state); load it with loadCheckpoint`);
-    if (run.data.trainSeed !== train.seed || run.data.trainLength !== train.dataset.length || run.data.batchSize !== train.batchSize) {
+    if (!run) {
+      throw new ResnetError(
+        'ERR_RC_CHECKPOINT',
+        `${file}: was not written by Trainer.fit (no run state); load it with loadCheckpoint`,
+      );
+    }
+    if (
+      run.data.trainSeed !== train.seed ||
+      run.data.trainLength !== train.dataset.length ||
+      run.data.batchSize !== train.batchSize
+    ) {
       throw new ResnetError(
         'ERR_RC_CHECKPOINT',
         `${file}: the run used training data with seed ${run.data.trainSeed}, ${run.data.trainLength} samples and batch size ${run.data.batchSize}; ` +
@@ -709,7 +896,11 @@ export class Trainer {
           `create the DataLoader with seed: ${run.data.trainSeed} and the same dataset and batch size`,
       );
     }
-    checkParts(file, info, { lr: this.#scheduler ? 'schedule' : this.#plateau ? 'plateau' : null, ema: this.ema !== null, optimizerGroups: this.optimizer.paramGroups.length });
+    checkParts(file, info, {
+      lr: this.#scheduler ? 'schedule' : this.#plateau ? 'plateau' : null,
+      ema: this.ema !== null,
+      optimizerGroups: this.optimizer.paramGroups.length,
+    });
     const progress = await loadCheckpoint(file, this.#parts());
     this.#step = progress.step;
     this.#epoch = progress.epoch;
@@ -727,16 +918,32 @@ function checkParts(file: string, info: CheckpointInfo, want: CheckpointInfo['pa
   const mismatch = (what: string): never => {
     throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: ${what}; resume with the same Trainer options`);
   };
-  const lrKind = (kind: 'schedule' | 'plateau' | null, none: string): string => (kind === 'plateau' ? 'a plateau reduction' : kind === 'schedule' ? 'a schedule' : none);
-  if (info.parts.lr !== want.lr) mismatch(`its learning rate follows ${lrKind(info.parts.lr, 'no schedule')}, this Trainer's ${lrKind(want.lr, 'none')}`);
-  if (info.parts.ema !== want.ema) mismatch(info.parts.ema ? 'it holds a moving average, but this Trainer keeps none' : 'it holds no moving average, but this Trainer keeps one');
-  if (info.parts.optimizerGroups !== want.optimizerGroups) mismatch(`its optimizer has ${info.parts.optimizerGroups} parameter groups, this one ${want.optimizerGroups}`);
+  const lrKind = (kind: 'schedule' | 'plateau' | null, none: string): string =>
+    kind === 'plateau' ? 'a plateau reduction' : kind === 'schedule' ? 'a schedule' : none;
+  if (info.parts.lr !== want.lr) {
+    mismatch(
+      `its learning rate follows ${lrKind(info.parts.lr, 'no schedule')}, this Trainer's ${lrKind(want.lr, 'none')}`,
+    );
+  }
+  if (info.parts.ema !== want.ema) {
+    mismatch(
+      info.parts.ema
+        ? 'it holds a moving average, but this Trainer keeps none'
+        : 'it holds no moving average, but this Trainer keeps one',
+    );
+  }
+  if (info.parts.optimizerGroups !== want.optimizerGroups) {
+    mismatch(`its optimizer has ${info.parts.optimizerGroups} parameter groups, this one ${want.optimizerGroups}`);
+  }
 }
 
 function checkKind<S>(saved: unknown, kind: 'schedule' | 'plateau'): S {
   const s = saved as { kind?: string; state?: unknown } | null;
   if (!s || typeof s !== 'object' || s.kind !== kind) {
-    throw new ResnetError('ERR_RC_CHECKPOINT', `the checkpoint's learning-rate state is of kind '${s?.kind ?? 'none'}' but this Trainer uses a ${kind === 'schedule' ? 'schedule' : 'plateau reduction'}`);
+    throw new ResnetError(
+      'ERR_RC_CHECKPOINT',
+      `the checkpoint's learning-rate state is of kind '${s?.kind ?? 'none'}' but this Trainer uses a ${kind === 'schedule' ? 'schedule' : 'plateau reduction'}`,
+    );
   }
   return s.state as S;
 }

@@ -25,8 +25,8 @@ std::string formatBytes(size_t bytes) {
   return out.str();
 }
 
-CachingAllocator::CachingAllocator(Device device, void* (*systemAlloc)(size_t),
-                                   void (*systemFree)(void*), size_t (*freeMemory)())
+CachingAllocator::CachingAllocator(Device device, void* (*systemAlloc)(size_t), void (*systemFree)(void*),
+                                   size_t (*freeMemory)())
     : device_(device), systemAlloc_(systemAlloc), systemFree_(systemFree), freeMemory_(freeMemory) {}
 
 CachingAllocator::~CachingAllocator() {
@@ -56,12 +56,11 @@ void* CachingAllocator::allocate(size_t bytes) {
       block = systemAlloc_(size);
     }
     if (block == nullptr) {
-      RC_THROW(code::kOutOfMemory,
-               "out of memory on " << device_.str() << ": tried to allocate " << formatBytes(size)
-                                   << "; " << formatBytes(stats_.allocatedBytes)
-                                   << " is held by tensors and " << formatBytes(freeMemory_())
-                                   << " is free. Try a smaller batch size, gradient accumulation, "
-                                      "or mixed precision (amp: 'bf16' or 'fp16')");
+      RC_THROW(code::kOutOfMemory, "out of memory on " << device_.str() << ": tried to allocate " << formatBytes(size)
+                                                       << "; " << formatBytes(stats_.allocatedBytes)
+                                                       << " is held by tensors and " << formatBytes(freeMemory_())
+                                                       << " is free. Try a smaller batch size, gradient accumulation, "
+                                                          "or mixed precision (amp: 'bf16' or 'fp16')");
     }
     stats_.reservedBytes += size;
     stats_.systemAllocationCount++;

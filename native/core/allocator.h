@@ -35,8 +35,7 @@ class Allocator {
 class CachingAllocator : public Allocator {
  public:
   // `systemAlloc` returns nullptr on failure; `freeMemory` reports what the system has left.
-  CachingAllocator(Device device, void* (*systemAlloc)(size_t), void (*systemFree)(void*),
-                   size_t (*freeMemory)());
+  CachingAllocator(Device device, void* (*systemAlloc)(size_t), void (*systemFree)(void*), size_t (*freeMemory)());
   ~CachingAllocator() override;
 
   void* allocate(size_t bytes) override;

@@ -8,9 +8,9 @@ namespace rc {
 
 std::string Conv2dParams::str() const {
   std::ostringstream out;
-  out << "conv2d x=" << dtypeName(dtype) << "[" << n << "," << h << "," << w << "," << c << "] w=[" << k
-      << "," << kernelH << "," << kernelW << "," << c << "] stride=" << strideH << "x" << strideW << " pad=" << padH
-      << "x" << padW << " dilation=" << dilationH << "x" << dilationW << (bias ? " bias" : "");
+  out << "conv2d x=" << dtypeName(dtype) << "[" << n << "," << h << "," << w << "," << c << "] w=[" << k << ","
+      << kernelH << "," << kernelW << "," << c << "] stride=" << strideH << "x" << strideW << " pad=" << padH << "x"
+      << padW << " dilation=" << dilationH << "x" << dilationW << (bias ? " bias" : "");
   return out.str();
 }
 
@@ -23,9 +23,9 @@ std::string LinearParams::str() const {
 
 std::string Pool2dParams::str() const {
   std::ostringstream out;
-  out << (kind == PoolKind::Max ? "maxpool2d" : "avgpool2d") << " x=" << dtypeName(dtype) << "[" << n
-      << "," << h << "," << w << "," << c << "] kernel=" << kernelH << "x" << kernelW
-      << " stride=" << strideH << "x" << strideW << " pad=" << padH << "x" << padW;
+  out << (kind == PoolKind::Max ? "maxpool2d" : "avgpool2d") << " x=" << dtypeName(dtype) << "[" << n << "," << h << ","
+      << w << "," << c << "] kernel=" << kernelH << "x" << kernelW << " stride=" << strideH << "x" << strideW
+      << " pad=" << padH << "x" << padW;
   return out.str();
 }
 

@@ -30,10 +30,10 @@ inline int64_t windowOutputSize(int64_t size, int64_t kernel, int64_t stride, in
 }
 
 struct Conv2dParams {
-  int64_t n = 0, h = 0, w = 0, c = 0;  // input NHWC
+  int64_t n = 0, h = 0, w = 0, c = 0;       // input NHWC
   int64_t k = 0, kernelH = 0, kernelW = 0;  // output channels, kernel height and width
   int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
-  DType dtype = DType::F32;            // activation and compute type
+  DType dtype = DType::F32;  // activation and compute type
   bool bias = false;
   int64_t outH() const { return windowOutputSize(h, kernelH, strideH, padH, dilationH); }
   int64_t outW() const { return windowOutputSize(w, kernelW, strideW, padW, dilationW); }
@@ -48,8 +48,7 @@ class Conv2dPlan {
   // dx = conv_transpose(dy, weight); overwrites dx.
   virtual void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) = 0;
   // dWeight += dL/dweight, dBias += sum(dy) (dBias may be undefined).
-  virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight,
-                               const Tensor& dBias) = 0;
+  virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) = 0;
   // The implementation chosen, for logs and benchmarks ("jit:avx512_core", "cudnn:IMPLICIT_GEMM").
   virtual std::string implementation() const = 0;
 };
@@ -67,8 +66,7 @@ class LinearPlan {
   // y[n,out] = x[n,in] weight[out,in]^T + bias[out]
   virtual void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) = 0;
   virtual void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) = 0;
-  virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight,
-                               const Tensor& dBias) = 0;
+  virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) = 0;
 };
 
 enum class PoolKind : int { Max = 0, Avg = 1 };
@@ -106,20 +104,20 @@ struct BatchNormForwardArgs {
 
 struct BatchNormBackwardArgs {
   Tensor x, y, dy, gamma, saveMean, saveInvStd;
-  Tensor dx;                // overwritten
-  Tensor dGamma, dBeta;     // f32[C], accumulated
-  Tensor dResidual;         // overwritten with the gradient reaching the residual, if defined
-  bool relu = false;        // y is the ReLU output and masks dy
+  Tensor dx;             // overwritten
+  Tensor dGamma, dBeta;  // f32[C], accumulated
+  Tensor dResidual;      // overwritten with the gradient reaching the residual, if defined
+  bool relu = false;     // y is the ReLU output and masks dy
   // false: the forward normalised with running statistics (saved by the inference forward), which
   // are constants, so dx = dy * gamma * invStd without the batch-mean terms (PyTorch's eval mode).
   bool training = true;
 };
 
 struct CrossEntropyArgs {
-  Tensor logits;        // [N, K] f32/bf16/f16
-  Tensor labels;        // i32[N]
-  Tensor loss;          // f32[1]: mean over the batch
-  Tensor dLogits;       // same shape/dtype as logits, overwritten; may be undefined
+  Tensor logits;   // [N, K] f32/bf16/f16
+  Tensor labels;   // i32[N]
+  Tensor loss;     // f32[1]: mean over the batch
+  Tensor dLogits;  // same shape/dtype as logits, overwritten; may be undefined
   float labelSmoothing = 0.0f;
   float gradScale = 1.0f;  // dLogits = gradScale * dLoss/dLogits (loss scaling, accumulation)
 };
@@ -247,8 +245,8 @@ class Communicator {
 };
 
 struct BackendInfo {
-  std::string name;     // "cpu", "cuda"
-  std::string device;   // "Intel(R) Xeon(R) ...", "NVIDIA H200"
+  std::string name;                                             // "cpu", "cuda"
+  std::string device;                                           // "Intel(R) Xeon(R) ...", "NVIDIA H200"
   std::vector<std::pair<std::string, std::string>> properties;  // versions, ISA, capabilities
 };
 

@@ -19,8 +19,7 @@ void validateSameLayout(const Tensor& a, const Tensor& b, const char* op) {
   checkDefined(b, op, "output");
   checkSameDevice(a, b, op);
   RC_CHECK_ARG(a.shape() == b.shape() && a.dtype() == b.dtype(),
-               op << ": tensors must match in shape and dtype, got " << a.describe() << " and "
-                  << b.describe());
+               op << ": tensors must match in shape and dtype, got " << a.describe() << " and " << b.describe());
 }
 
 // cuDNN, cuBLAS and our pooling kernels take sizes as 32-bit ints, so every backend keeps to them;
@@ -29,8 +28,8 @@ constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 
 void checkDims(std::initializer_list<int64_t> dims, const char* op, const std::string& params) {
   for (int64_t d : dims) {
-    RC_CHECK_ARG(d <= kMaxDim, op << ": every size must be at most " << kMaxDim << " (the libraries' 32-bit limit): "
-                                  << params);
+    RC_CHECK_ARG(d <= kMaxDim,
+                 op << ": every size must be at most " << kMaxDim << " (the libraries' 32-bit limit): " << params);
   }
 }
 
@@ -44,13 +43,14 @@ void validateConv2dParams(const Conv2dParams& p) {
   const char* op = "conv2d";
   RC_CHECK_ARG(p.n > 0 && p.h > 0 && p.w > 0 && p.c > 0 && p.k > 0 && p.kernelH > 0 && p.kernelW > 0,
                op << ": all sizes must be positive: " << p.str());
-  RC_CHECK_ARG(p.strideH > 0 && p.strideW > 0 && p.dilationH > 0 && p.dilationW > 0 && p.padH >= 0 &&
-                   p.padW >= 0,
+  RC_CHECK_ARG(p.strideH > 0 && p.strideW > 0 && p.dilationH > 0 && p.dilationW > 0 && p.padH >= 0 && p.padW >= 0,
                op << ": stride and dilation must be positive and padding non-negative: " << p.str());
-  checkDims({p.n, p.h, p.w, p.c, p.k, p.kernelH, p.kernelW, p.strideH, p.strideW, p.padH, p.padW, p.dilationH, p.dilationW}, op,
-            p.str());
+  checkDims(
+      {p.n, p.h, p.w, p.c, p.k, p.kernelH, p.kernelW, p.strideH, p.strideW, p.padH, p.padW, p.dilationH, p.dilationW},
+      op, p.str());
   checkPlane(p.h, p.w, p.c, op, p.str());
-  RC_CHECK_ARG(p.k * p.kernelH * p.kernelW * p.c <= kMaxDim, op << ": the filter exceeds the libraries' 32-bit limit: " << p.str());
+  RC_CHECK_ARG(p.k * p.kernelH * p.kernelW * p.c <= kMaxDim,
+               op << ": the filter exceeds the libraries' 32-bit limit: " << p.str());
   RC_CHECK_ARG(p.outH() > 0 && p.outW() > 0, op << ": the kernel does not fit the padded input: " << p.str());
   checkPlane(p.outH(), p.outW(), p.k, op, p.str());
   RC_CHECK_ARG(isFloating(p.dtype), op << ": dtype must be floating point, got " << dtypeName(p.dtype));
@@ -207,7 +207,8 @@ void validateClipGradNorm(const ClipGradNormArgs& a) {
   const char* op = "clip grad norm";
   checkDType(a.grads, DType::F32, op, "grads");
   validateFlag(a.norm, DType::F32, op, "norm");
-  RC_CHECK_ARG(std::isfinite(a.maxNorm) && a.maxNorm >= 0.0f, op << ": maxNorm must be finite and >= 0, got " << a.maxNorm);
+  RC_CHECK_ARG(std::isfinite(a.maxNorm) && a.maxNorm >= 0.0f,
+               op << ": maxNorm must be finite and >= 0, got " << a.maxNorm);
   validateSegments(a.segments, a.grads.numel(), -1, op);
 }
 
@@ -216,10 +217,10 @@ void validateScalerUpdate(const ScalerUpdateArgs& a) {
   validateFlag(a.scale, DType::F32, op, "scale");
   validateFlag(a.growthTracker, DType::I32, op, "growthTracker");
   validateFlag(a.foundInf, DType::F32, op, "foundInf");
-  RC_CHECK_ARG(std::isfinite(a.growthFactor) && std::isfinite(a.backoffFactor) && a.growthFactor > 0.0f &&
-                   a.backoffFactor > 0.0f,
-               op << ": growthFactor and backoffFactor must be positive, got " << a.growthFactor << " and "
-                  << a.backoffFactor);
+  RC_CHECK_ARG(
+      std::isfinite(a.growthFactor) && std::isfinite(a.backoffFactor) && a.growthFactor > 0.0f &&
+          a.backoffFactor > 0.0f,
+      op << ": growthFactor and backoffFactor must be positive, got " << a.growthFactor << " and " << a.backoffFactor);
   RC_CHECK_ARG(a.growthInterval >= 1 && a.growthInterval <= INT32_MAX,
                op << ": growthInterval must be a positive 32-bit integer, got " << a.growthInterval);
 }
@@ -242,8 +243,7 @@ void validateConvertInput(const ConvertInputArgs& a) {
   RC_CHECK_ARG(isFloating(a.dst.dtype()), op << ": dst must be floating point, got " << a.dst.describe());
   const size_t c = static_cast<size_t>(a.src.dim(3));
   RC_CHECK_ARG(a.mean.size() == c && a.std.size() == c,
-               op << ": mean and std need " << c << " values each, got " << a.mean.size() << " and "
-                  << a.std.size());
+               op << ": mean and std need " << c << " values each, got " << a.mean.size() << " and " << a.std.size());
   for (float s : a.std) RC_CHECK_ARG(s > 0.0f, op << ": std values must be positive, got " << s);
   if (a.flip.defined()) {
     checkDType(a.flip, DType::U8, op, "flip");
@@ -263,9 +263,9 @@ void validateCast(const Tensor& src, const Tensor& dst) {
   checkDefined(src, op, "src");
   checkDefined(dst, op, "dst");
   RC_CHECK_ARG(src.shape() == dst.shape(), op << ": shapes differ: " << src.describe() << " and " << dst.describe());
-  RC_CHECK_ARG(src.dtype() == dst.dtype() || (isFloating(src.dtype()) && isFloating(dst.dtype())),
-               op << ": converts between floating-point types only, got " << src.describe() << " and "
-                  << dst.describe());
+  RC_CHECK_ARG(
+      src.dtype() == dst.dtype() || (isFloating(src.dtype()) && isFloating(dst.dtype())),
+      op << ": converts between floating-point types only, got " << src.describe() << " and " << dst.describe());
 }
 
 // The range a fill value must lie in for `dtype`: integers must be integral and representable;
@@ -287,9 +287,9 @@ void validateFill(const Tensor& t, double value) {
     }
     default: {
       const double max = t.dtype() == DType::F16 ? 65504.0 : std::numeric_limits<float>::max();
-      RC_CHECK_ARG(!std::isfinite(value) || fits(-max, max),
-                   op << ": value " << value << " overflows " << dtypeName(t.dtype()) << " (largest finite " << max
-                      << ")");
+      RC_CHECK_ARG(!std::isfinite(value) || fits(-max, max), op << ": value " << value << " overflows "
+                                                                << dtypeName(t.dtype()) << " (largest finite " << max
+                                                                << ")");
     }
   }
 }
@@ -418,7 +418,11 @@ using CheckedLinearPlan = CheckedWeightedPlan<LinearPlan>;
 class CheckedPool2dPlan final : public Pool2dPlan {
  public:
   CheckedPool2dPlan(std::unique_ptr<Pool2dPlan> plan, const Pool2dParams& p, Device device)
-      : plan_(std::move(plan)), x_{p.n, p.h, p.w, p.c}, y_{p.n, p.outH(), p.outW(), p.c}, dtype_(p.dtype), device_(device) {}
+      : plan_(std::move(plan)),
+        x_{p.n, p.h, p.w, p.c},
+        y_{p.n, p.outH(), p.outW(), p.c},
+        dtype_(p.dtype),
+        device_(device) {}
 
   size_t workspaceBytes() const override { return plan_->workspaceBytes(); }
 

@@ -13,9 +13,7 @@ struct Device {
 
   bool operator==(const Device& other) const { return type == other.type && index == other.index; }
   bool operator!=(const Device& other) const { return !(*this == other); }
-  std::string str() const {
-    return type == DeviceType::Cpu ? std::string("cpu") : "cuda:" + std::to_string(index);
-  }
+  std::string str() const { return type == DeviceType::Cpu ? std::string("cpu") : "cuda:" + std::to_string(index); }
 };
 
 // Parses "cpu", "cuda" (= cuda:0) or "cuda:N"; throws ERR_RC_DEVICE otherwise.

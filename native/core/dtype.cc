@@ -51,11 +51,11 @@ uint16_t floatToHalf(float f) {
   std::memcpy(&u, &f, 4);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t absBits = u & 0x7fffffffu;
-  if (absBits > 0x7f800000u) return sign | 0x7e00u;            // NaN
-  if (absBits >= 0x477ff000u) return sign | 0x7c00u;           // overflow to inf (incl. rounding)
-  if (absBits < 0x38800000u) {                                 // subnormal or zero in half
+  if (absBits > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (absBits >= 0x477ff000u) return sign | 0x7c00u;  // overflow to inf (incl. rounding)
+  if (absBits < 0x38800000u) {                        // subnormal or zero in half
     const float a = std::fabs(f);
-    const float scaled = a * 16777216.0f;                      // 2^24: units of the smallest subnormal
+    const float scaled = a * 16777216.0f;  // 2^24: units of the smallest subnormal
     return sign | static_cast<uint16_t>(std::nearbyint(scaled));
   }
   uint32_t rounded = absBits + 0xfffu + ((absBits >> 13) & 1u);

@@ -4,8 +4,7 @@
 
 namespace rc {
 
-[[noreturn]] void throwError(const char* errorCode, const std::string& message, const char* file,
-                             int line) {
+[[noreturn]] void throwError(const char* errorCode, const std::string& message, const char* file, int line) {
   const char* base = std::strrchr(file, '/');
   std::ostringstream out;
   out << message << " (" << (base ? base + 1 : file) << ":" << line << ")";

@@ -25,29 +25,27 @@ constexpr const char* kInternal = "ERR_RC_INTERNAL";
 
 class Error : public std::runtime_error {
  public:
-  Error(std::string errorCode, const std::string& message)
-      : std::runtime_error(message), code_(std::move(errorCode)) {}
+  Error(std::string errorCode, const std::string& message) : std::runtime_error(message), code_(std::move(errorCode)) {}
   const std::string& code() const { return code_; }
 
  private:
   std::string code_;
 };
 
-[[noreturn]] void throwError(const char* errorCode, const std::string& message, const char* file,
-                             int line);
+[[noreturn]] void throwError(const char* errorCode, const std::string& message, const char* file, int line);
 
 }  // namespace rc
 
 // RC_THROW(code, a << b << c): throws rc::Error with the streamed message and the source location.
-#define RC_THROW(errorCode, streamExpr)                                  \
-  do {                                                                   \
-    std::ostringstream rcMessageStream_;                                 \
-    rcMessageStream_ << streamExpr;                                      \
+#define RC_THROW(errorCode, streamExpr)                                      \
+  do {                                                                       \
+    std::ostringstream rcMessageStream_;                                     \
+    rcMessageStream_ << streamExpr;                                          \
     ::rc::throwError(errorCode, rcMessageStream_.str(), __FILE__, __LINE__); \
   } while (0)
 
 // RC_CHECK_ARG(cond, a << b): an argument check that names what was expected and what was received.
-#define RC_CHECK_ARG(cond, streamExpr)                              \
-  do {                                                              \
+#define RC_CHECK_ARG(cond, streamExpr)                               \
+  do {                                                               \
     if (!(cond)) RC_THROW(::rc::code::kInvalidArgument, streamExpr); \
   } while (0)

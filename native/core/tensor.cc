@@ -28,8 +28,8 @@ size_t shapeBytes(const Shape& shape, DType dtype) {
   const auto numel = static_cast<size_t>(shapeNumel(shape));
   size_t bytes = 0;
   if (__builtin_mul_overflow(numel, dtypeSize(dtype), &bytes)) {
-    RC_THROW(code::kOutOfMemory, "a " << dtypeName(dtype) << shapeStr(shape)
-                                      << " tensor needs more bytes than a 64-bit size holds");
+    RC_THROW(code::kOutOfMemory,
+             "a " << dtypeName(dtype) << shapeStr(shape) << " tensor needs more bytes than a 64-bit size holds");
   }
   return bytes;
 }
@@ -49,15 +49,13 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, size_t byteOffset, Shape shape,
 
 Tensor Tensor::view(int64_t elementOffset, const Shape& shape) const {
   RC_CHECK_ARG(elementOffset >= 0 && elementOffset <= numel() && shapeNumel(shape) <= numel() - elementOffset,
-               "view of " << shapeStr(shape) << " at element " << elementOffset
-                          << " is outside a tensor of " << numel() << " elements");
-  return Tensor(storage_, byteOffset_ + static_cast<size_t>(elementOffset) * dtypeSize(dtype_), shape,
-                dtype_);
+               "view of " << shapeStr(shape) << " at element " << elementOffset << " is outside a tensor of " << numel()
+                          << " elements");
+  return Tensor(storage_, byteOffset_ + static_cast<size_t>(elementOffset) * dtypeSize(dtype_), shape, dtype_);
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  RC_CHECK_ARG(shapeNumel(shape) == numel(), "cannot reshape " << describe() << " to "
-                                                                << shapeStr(shape));
+  RC_CHECK_ARG(shapeNumel(shape) == numel(), "cannot reshape " << describe() << " to " << shapeStr(shape));
   return Tensor(storage_, byteOffset_, shape, dtype_);
 }
 
@@ -72,19 +70,19 @@ void checkDefined(const Tensor& t, const char* op, const char* what) {
 
 void checkDType(const Tensor& t, DType expected, const char* op, const char* what) {
   checkDefined(t, op, what);
-  RC_CHECK_ARG(t.dtype() == expected, op << ": " << what << " must be " << dtypeName(expected)
-                                         << ", got " << t.describe());
+  RC_CHECK_ARG(t.dtype() == expected,
+               op << ": " << what << " must be " << dtypeName(expected) << ", got " << t.describe());
 }
 
 void checkShape(const Tensor& t, const Shape& expected, const char* op, const char* what) {
   checkDefined(t, op, what);
-  RC_CHECK_ARG(t.shape() == expected, op << ": " << what << " must have shape " << shapeStr(expected)
-                                         << ", got " << t.describe());
+  RC_CHECK_ARG(t.shape() == expected,
+               op << ": " << what << " must have shape " << shapeStr(expected) << ", got " << t.describe());
 }
 
 void checkSameDevice(const Tensor& a, const Tensor& b, const char* op) {
-  RC_CHECK_ARG(a.device() == b.device(), op << ": tensors are on different devices: "
-                                            << a.describe() << " and " << b.describe());
+  RC_CHECK_ARG(a.device() == b.device(),
+               op << ": tensors are on different devices: " << a.describe() << " and " << b.describe());
 }
 
 }  // namespace rc

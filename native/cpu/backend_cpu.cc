@@ -78,13 +78,9 @@ class CpuBackend final : public Backend {
     unsupported("NCCL collectives");
   }
 
-  void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
-    std::memcpy(dst.data(), src, bytes);
-  }
+  void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override { std::memcpy(dst.data(), src, bytes); }
 
-  void copyToHost(const Tensor& src, void* dst, size_t bytes) override {
-    std::memcpy(dst, src.data(), bytes);
-  }
+  void copyToHost(const Tensor& src, void* dst, size_t bytes) override { std::memcpy(dst, src.data(), bytes); }
 
   void copy(const Tensor& src, const Tensor& dst) override {
     if (src.data() != dst.data()) std::memmove(dst.data(), src.data(), src.nbytes());

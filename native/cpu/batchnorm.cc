@@ -19,7 +19,8 @@ constexpr int64_t kBlockRows = 64;
 
 // s[c] += x[r,c] - pivot[c]; s2[c] += (x[r,c] - pivot[c])^2
 template <typename T>
-RC_ALWAYS_INLINE void statsRowsImpl(const T* x, const float* pivot, int64_t rows, int64_t channels, float* s, float* s2) {
+RC_ALWAYS_INLINE void statsRowsImpl(const T* x, const float* pivot, int64_t rows, int64_t channels, float* s,
+                                    float* s2) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* row = x + r * channels;
     for (int64_t c = 0; c < channels; ++c) {
@@ -35,8 +36,8 @@ RC_ISA_DISPATCH(statsRows, statsRowsImpl,
 
 // y = relu?(x * scale + shift + residual?)
 template <typename T>
-RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const float* scale, const float* shift, int64_t rows,
-                                        int64_t channels, bool relu) {
+RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const float* scale, const float* shift,
+                                        int64_t rows, int64_t channels, bool relu) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * channels;
     T* yr = y + r * channels;
@@ -65,8 +66,8 @@ RC_ISA_DISPATCH(normalizeRows, normalizeRowsImpl,
 
 // g = dy masked by y > 0 (when y is given); sg[c] += g; sgx[c] += g * (x - mean)
 template <typename T>
-RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, const float* mean, int64_t rows, int64_t channels,
-                                        float* sg, float* sgx) {
+RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, const float* mean, int64_t rows,
+                                        int64_t channels, float* sg, float* sgx) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * channels;
     const T* dyr = dy + r * channels;
@@ -94,8 +95,9 @@ RC_ISA_DISPATCH(gradStatsRows, gradStatsRowsImpl,
 // dx = a * (g - b - (x - mean) * k) with batch statistics, a * g with constant (running) ones;
 // dres = g
 template <typename T>
-RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a,
-                                        const float* b, const float* k, int64_t rows, int64_t channels, bool batchStats) {
+RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean,
+                                        const float* a, const float* b, const float* k, int64_t rows, int64_t channels,
+                                        bool batchStats) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * channels;
     const T* dyr = dy + r * channels;
@@ -123,8 +125,8 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* 
   }
 }
 RC_ISA_DISPATCH(gradInputRows, gradInputRowsImpl,
-                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a,
-                 const float* b, const float* k, int64_t rows, int64_t channels, bool batchStats),
+                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a, const float* b,
+                 const float* k, int64_t rows, int64_t channels, bool batchStats),
                 (x, y, dy, dx, dres, mean, a, b, k, rows, channels, batchStats))
 
 // ---- drivers ---------------------------------------------------------------------------------
@@ -268,8 +270,8 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
   }
   forRowBlocks(rows, [&](int64_t first, int64_t count) {
     const int64_t at = first * channels;
-    gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(), b.data(),
-                     k.data(), count, channels, args.training);
+    gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(),
+                     b.data(), k.data(), count, channels, args.training);
   });
 }
 

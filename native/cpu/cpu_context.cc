@@ -23,8 +23,7 @@ size_t hostFreeMemory() {
 CpuContext::CpuContext()
     : engine_(dnnl::engine::kind::cpu, 0),
       stream_(engine_),
-      allocator_(std::make_unique<CachingAllocator>(Device{DeviceType::Cpu, 0}, hostAlloc, hostFree,
-                                                    hostFreeMemory)) {}
+      allocator_(std::make_unique<CachingAllocator>(Device{DeviceType::Cpu, 0}, hostAlloc, hostFree, hostFreeMemory)) {}
 
 void* CpuContext::scratch(size_t bytes) {
   if (!scratch_.defined() || scratch_.nbytes() < bytes) {
@@ -36,8 +35,7 @@ void* CpuContext::scratch(size_t bytes) {
 
 Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype);
-  return Tensor(std::make_shared<Storage>(allocator_.get(), Device{DeviceType::Cpu, 0}, bytes), 0, shape,
-                dtype);
+  return Tensor(std::make_shared<Storage>(allocator_.get(), Device{DeviceType::Cpu, 0}, bytes), 0, shape, dtype);
 }
 
 Tensor CpuContext::allocateBytes(size_t bytes) { return allocate(Shape{static_cast<int64_t>(bytes)}, DType::U8); }
@@ -47,7 +45,8 @@ void WeightReorder::run(const Tensor& weight, const Tensor& buffer) {
   const dnnl::memory::desc plain(dims_, toDnnl(weight.dtype()), plainTag_);
   auto it = reorders_.find(weight.dtype());
   if (it == reorders_.end()) {
-    it = reorders_.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target_))).first;
+    it =
+        reorders_.emplace(weight.dtype(), dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain, eng, target_))).first;
   }
   dnnl::memory src(plain, eng, weight.data());
   dnnl::memory dst(target_, eng, buffer.data());

@@ -77,11 +77,17 @@ inline float toF(Half v) { return halfToFloat(v.bits); }
 template <typename T>
 inline T fromF(float v);
 template <>
-inline __attribute__((always_inline)) float fromF<float>(float v) { return v; }
+inline __attribute__((always_inline)) float fromF<float>(float v) {
+  return v;
+}
 template <>
-inline __attribute__((always_inline)) Bf16 fromF<Bf16>(float v) { return Bf16{floatToBf16(v)}; }
+inline __attribute__((always_inline)) Bf16 fromF<Bf16>(float v) {
+  return Bf16{floatToBf16(v)};
+}
 template <>
-inline Half fromF<Half>(float v) { return Half{floatToHalf(v)}; }
+inline Half fromF<Half>(float v) {
+  return Half{floatToHalf(v)};
+}
 
 // max(v, 0) that keeps NaN (torch.relu(nan) is nan): written so that a NaN fails the comparison.
 inline __attribute__((always_inline)) float reluValue(float v) { return v < 0.0f ? 0.0f : v; }
@@ -103,9 +109,8 @@ void dispatchFloat(DType dtype, const char* op, Body&& body) {
 
 // The oneDNN plans compute in f32 or bf16 on the CPU (f16 tensors are storage only there).
 inline void checkCpuComputeType(DType t, const char* op) {
-  RC_CHECK_ARG(t == DType::F32 || t == DType::BF16,
-               op << ": the CPU backend computes in f32 or bf16, got " << dtypeName(t)
-                  << " (use bf16 for mixed precision on the CPU)");
+  RC_CHECK_ARG(t == DType::F32 || t == DType::BF16, op << ": the CPU backend computes in f32 or bf16, got "
+                                                       << dtypeName(t) << " (use bf16 for mixed precision on the CPU)");
 }
 
 // Padding on the far side that makes oneDNN produce PyTorch's floor-mode output size.

@@ -27,18 +27,24 @@ inline IsaLevel isaLevel() {
 #define RC_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 // Defines `name<T>(params...)` that runs `impl<T>(args...)` compiled for the best available ISA.
-#define RC_ISA_DISPATCH(name, impl, params, args)                             \
-  template <typename T>                                                       \
-  RC_TARGET_AVX512 void name##Avx512 params { impl<T> args; }                 \
-  template <typename T>                                                       \
-  RC_TARGET_AVX2 void name##Avx2 params { impl<T> args; }                     \
-  template <typename T>                                                       \
-  void name##Baseline params { impl<T> args; }                                \
-  template <typename T>                                                       \
-  void name params {                                                          \
-    switch (::rc::cpu::isaLevel()) {                                          \
-      case ::rc::cpu::IsaLevel::Avx512: name##Avx512<T> args; return;         \
-      case ::rc::cpu::IsaLevel::Avx2: name##Avx2<T> args; return;             \
-      default: name##Baseline<T> args; return;                                \
-    }                                                                         \
+#define RC_ISA_DISPATCH(name, impl, params, args)                     \
+  template <typename T>                                               \
+  RC_TARGET_AVX512 void name##Avx512 params {                         \
+    impl<T> args;                                                     \
+  }                                                                   \
+  template <typename T>                                               \
+  RC_TARGET_AVX2 void name##Avx2 params {                             \
+    impl<T> args;                                                     \
+  }                                                                   \
+  template <typename T>                                               \
+  void name##Baseline params {                                        \
+    impl<T> args;                                                     \
+  }                                                                   \
+  template <typename T>                                               \
+  void name params {                                                  \
+    switch (::rc::cpu::isaLevel()) {                                  \
+      case ::rc::cpu::IsaLevel::Avx512: name##Avx512<T> args; return; \
+      case ::rc::cpu::IsaLevel::Avx2: name##Avx2<T> args; return;     \
+      default: name##Baseline<T> args; return;                        \
+    }                                                                 \
   }

@@ -98,8 +98,7 @@ RC_ALWAYS_INLINE void lambMomentsOne(const float* __restrict p, const float* __r
 // LAMB's first pass: moments, and the chunk's sums of p^2 and u^2 into sums[0] and sums[1].
 template <typename T>
 RC_ALWAYS_INLINE void lambMomentsImpl(const float* __restrict p, const float* __restrict g, float* __restrict m,
-                                      float* __restrict v, int64_t n, const AdamCoeffs& c, float inv,
-                                      double* sums) {
+                                      float* __restrict v, int64_t n, const AdamCoeffs& c, float inv, double* sums) {
   double pp[kLanes] = {}, uu[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {

@@ -84,8 +84,9 @@ class CpuPool2dPlan final : public Pool2dPlan {
 
   void forward(const Tensor& x, const Tensor& y, const Tensor& workspace) override {
     if (p_.kind == PoolKind::Max) {
-      dispatchFloat(p_.dtype, "max pool forward",
-                    [&](auto t) { maxPoolForward(p_, x.ptr<decltype(t)>(), y.ptr<decltype(t)>(), workspace.ptr<int32_t>()); });
+      dispatchFloat(p_.dtype, "max pool forward", [&](auto t) {
+        maxPoolForward(p_, x.ptr<decltype(t)>(), y.ptr<decltype(t)>(), workspace.ptr<int32_t>());
+      });
       return;
     }
     dnnlGuard(p_.str() + " forward", [&] {
@@ -95,15 +96,17 @@ class CpuPool2dPlan final : public Pool2dPlan {
           {DNNL_ARG_DST, memory(yMd_, eng, y.data())},
           {DNNL_ARG_SCRATCHPAD,
            memory(fwdPd_.scratchpad_desc(), eng, ctx_.scratch(fwdPd_.scratchpad_desc().get_size()))}};
-      if (workspaceBytes() > 0) args.emplace(DNNL_ARG_WORKSPACE, memory(fwdPd_.workspace_desc(), eng, workspace.data()));
+      if (workspaceBytes() > 0)
+        args.emplace(DNNL_ARG_WORKSPACE, memory(fwdPd_.workspace_desc(), eng, workspace.data()));
       fwd_.execute(ctx_.stream(), args);
     });
   }
 
   void backward(const Tensor& dy, const Tensor& dx, const Tensor& workspace) override {
     if (p_.kind == PoolKind::Max) {
-      dispatchFloat(p_.dtype, "max pool backward",
-                    [&](auto t) { maxPoolBackward(p_, dy.ptr<decltype(t)>(), dx.ptr<decltype(t)>(), workspace.ptr<int32_t>()); });
+      dispatchFloat(p_.dtype, "max pool backward", [&](auto t) {
+        maxPoolBackward(p_, dy.ptr<decltype(t)>(), dx.ptr<decltype(t)>(), workspace.ptr<int32_t>());
+      });
       return;
     }
     dnnlGuard(p_.str() + " backward", [&] {
@@ -113,7 +116,8 @@ class CpuPool2dPlan final : public Pool2dPlan {
           {DNNL_ARG_DIFF_SRC, memory(xMd_, eng, dx.data())},
           {DNNL_ARG_SCRATCHPAD,
            memory(bwdPd_.scratchpad_desc(), eng, ctx_.scratch(bwdPd_.scratchpad_desc().get_size()))}};
-      if (workspaceBytes() > 0) args.emplace(DNNL_ARG_WORKSPACE, memory(fwdPd_.workspace_desc(), eng, workspace.data()));
+      if (workspaceBytes() > 0)
+        args.emplace(DNNL_ARG_WORKSPACE, memory(fwdPd_.workspace_desc(), eng, workspace.data()));
       bwd_.execute(ctx_.stream(), args);
     });
   }

@@ -16,9 +16,9 @@ namespace rc::cpu {
 // The memory descriptors a plan builds its primitives from.
 struct WeightedLayout {
   dnnl::memory::desc x, y, weightF32, bias;
-  dnnl::memory::dims weightDims;         // the master weights' logical dims, in oneDNN's order
-  dnnl::memory::format_tag weightTag;    // their plain layout (OHWI for conv, [out,in] for linear)
-  int64_t biasCount = 0;                 // 0 without a bias
+  dnnl::memory::dims weightDims;       // the master weights' logical dims, in oneDNN's order
+  dnnl::memory::format_tag weightTag;  // their plain layout (OHWI for conv, [out,in] for linear)
+  int64_t biasCount = 0;               // 0 without a bias
 };
 
 template <typename Forward, typename BackwardData, typename BackwardWeights>
@@ -75,11 +75,10 @@ class WeightedPasses {
     auto& eng = ctx_->engine();
     auto& s = ctx_->stream();
     const auto dwMd = bwdWeightsPd_.diff_weights_desc();
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, x.data())},
-        {DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, dy.data())},
-        {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(dwMd, eng, diffWeight_.data())},
-        {DNNL_ARG_SCRATCHPAD, scratchpad(bwdWeightsPd_.scratchpad_desc())}};
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, x.data())},
+                                               {DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, dy.data())},
+                                               {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(dwMd, eng, diffWeight_.data())},
+                                               {DNNL_ARG_SCRATCHPAD, scratchpad(bwdWeightsPd_.scratchpad_desc())}};
     if (hasBias()) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(layout_.bias, eng, diffBias_.data()));
     bwdWeights_.execute(s, args);
     dnnl::memory blocked(dwMd, eng, diffWeight_.data());

@@ -55,9 +55,12 @@ class CudaBackend final : public Backend {
         {"multiprocessors", std::to_string(prop.multiProcessorCount)},
         {"driver", versionString(driver, 1000, 10, 100)},
         {"runtime", versionString(runtime, 1000, 10, 100)},
-        {"cudnn", std::to_string(cudnn / 10000) + "." + std::to_string((cudnn / 100) % 100) + "." + std::to_string(cudnn % 100)},
-        {"cublas", std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." + std::to_string(cublas % 100)},
-        {"nccl", std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) + "." + std::to_string(nccl % 100)},
+        {"cudnn",
+         std::to_string(cudnn / 10000) + "." + std::to_string((cudnn / 100) % 100) + "." + std::to_string(cudnn % 100)},
+        {"cublas", std::to_string(cublas / 10000) + "." + std::to_string((cublas / 100) % 100) + "." +
+                       std::to_string(cublas % 100)},
+        {"nccl",
+         std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) + "." + std::to_string(nccl % 100)},
         {"tf32", ctx_.allowTf32() ? "allowed" : "off"},
     };
     return out;
@@ -143,7 +146,8 @@ class CudaBackend final : public Backend {
                  "run one step before capturing");
     DeviceGuard guard(ctx_.device());
     std::vector<ArenaSegment> sorted = a.segments;
-    std::sort(sorted.begin(), sorted.end(), [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
+    std::sort(sorted.begin(), sorted.end(),
+              [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
     std::vector<int64_t> segments;
     int64_t total = 0;
     for (const ArenaSegment& s : sorted) {
@@ -151,9 +155,12 @@ class CudaBackend final : public Backend {
       total += s.count;
     }
     std::vector<SgdGroupParams> groups;
-    for (const SgdGroup& g : a.groups) groups.push_back({g.lr, g.momentum, g.dampening, g.weightDecay, g.nesterov ? 1 : 0});
-    const auto* deviceSegments = static_cast<const int64_t*>(ctx_.upload("sgd segments", segments.data(), segments.size() * sizeof(int64_t)));
-    const auto* deviceGroups = static_cast<const SgdGroupParams*>(ctx_.upload("sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
+    for (const SgdGroup& g : a.groups)
+      groups.push_back({g.lr, g.momentum, g.dampening, g.weightDecay, g.nesterov ? 1 : 0});
+    const auto* deviceSegments =
+        static_cast<const int64_t*>(ctx_.upload("sgd segments", segments.data(), segments.size() * sizeof(int64_t)));
+    const auto* deviceGroups = static_cast<const SgdGroupParams*>(
+        ctx_.upload("sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
     cuda::sgdStep(a.params.ptr<float>(), a.grads.ptr<float>(),
                   a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, deviceSegments,
                   static_cast<int64_t>(sorted.size()), total, deviceGroups, a.firstStep,
@@ -165,18 +172,16 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(ctx_.device());
     std::vector<float> meanStd(a.mean);
     meanStd.insert(meanStd.end(), a.std.begin(), a.std.end());
-    const auto* table = static_cast<const float*>(ctx_.upload("input normalisation", meanStd.data(), meanStd.size() * sizeof(float)));
-    cuda::convertInput(a.src.ptr<uint8_t>(), a.dst.dtype(), a.dst.data(), a.flip.defined() ? a.flip.ptr<uint8_t>() : nullptr,
-                       table, a.src.dim(0), a.src.dim(1), a.src.dim(2), a.src.dim(3), ctx_.stream());
+    const auto* table =
+        static_cast<const float*>(ctx_.upload("input normalisation", meanStd.data(), meanStd.size() * sizeof(float)));
+    cuda::convertInput(a.src.ptr<uint8_t>(), a.dst.dtype(), a.dst.data(),
+                       a.flip.defined() ? a.flip.ptr<uint8_t>() : nullptr, table, a.src.dim(0), a.src.dim(1),
+                       a.src.dim(2), a.src.dim(3), ctx_.stream());
   }
 
-  void adamwStep(const AdamWArgs& a) override {
-    adamStep(a, false);
-  }
+  void adamwStep(const AdamWArgs& a) override { adamStep(a, false); }
 
-  void lambStep(const LambArgs& a) override {
-    adamStep(a, true);
-  }
+  void lambStep(const LambArgs& a) override { adamStep(a, true); }
 
   void gradNorm(const GradNormArgs& a) override {
     DeviceGuard guard(ctx_.device());
@@ -196,8 +201,8 @@ class CudaBackend final : public Backend {
   void clipGradNorm(const ClipGradNormArgs& a) override {
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable("clip segments", a.segments, a.grads.numel());
-    cuda::clipGradNorm(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.norm.ptr<float>(),
-                       a.maxNorm, ctx_.stream());
+    cuda::clipGradNorm(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.norm.ptr<float>(), a.maxNorm,
+                       ctx_.stream());
   }
 
   void scalerUpdate(const ScalerUpdateArgs& a) override {
@@ -305,8 +310,10 @@ class CudaBackend final : public Backend {
                         bool wholeWhenEmpty = true) {
     std::vector<ArenaSegment> sorted;
     if (given.empty() && wholeWhenEmpty) sorted.push_back(ArenaSegment{0, numel, 0});
-    for (const ArenaSegment& s : given) if (s.count > 0) sorted.push_back(s);
-    std::sort(sorted.begin(), sorted.end(), [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
+    for (const ArenaSegment& s : given)
+      if (s.count > 0) sorted.push_back(s);
+    std::sort(sorted.begin(), sorted.end(),
+              [](const ArenaSegment& x, const ArenaSegment& y) { return x.offset < y.offset; });
     std::vector<int64_t> rows;
     OptimTable table;
     for (const ArenaSegment& s : sorted) {
@@ -315,7 +322,8 @@ class CudaBackend final : public Backend {
       ++table.segments;
     }
     // Each op uploads under its own key, so that the table is sent again only when it changes.
-    if (!rows.empty()) table.device = static_cast<const int64_t*>(ctx_.upload(key, rows.data(), rows.size() * sizeof(int64_t)));
+    if (!rows.empty())
+      table.device = static_cast<const int64_t*>(ctx_.upload(key, rows.data(), rows.size() * sizeof(int64_t)));
     return table;
   }
 
@@ -330,7 +338,8 @@ class CudaBackend final : public Backend {
     const OptimTable table = optimTable(lamb ? "lamb segments" : "adamw segments", a.segments, a.params.numel(), false);
     if (table.segments == 0) return;
     std::vector<AdamGroupParams> groups;
-    for (const AdamGroup& g : a.groups) groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, g.alwaysAdapt ? 1 : 0});
+    for (const AdamGroup& g : a.groups)
+      groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, g.alwaysAdapt ? 1 : 0});
     const auto* deviceGroups = static_cast<const AdamGroupParams*>(
         ctx_.upload(lamb ? "lamb groups" : "adamw groups", groups.data(), groups.size() * sizeof(AdamGroupParams)));
     const float* foundInf = a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr;

@@ -30,8 +30,9 @@ __device__ __forceinline__ float rowBlockCount(int64_t b, int64_t rowsPerBlock, 
 
 // partial: mean[C][rowBlocks] then m2[C][rowBlocks] of each row block.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads) batchnorm_stats_kernel(const T* __restrict__ x, int64_t rows, int64_t channels,
-                                                                  int64_t rowsPerBlock, float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    batchnorm_stats_kernel(const T* __restrict__ x, int64_t rows, int64_t channels, int64_t rowsPerBlock,
+                           float* __restrict__ partial) {
   __shared__ float sN[kThreads];
   __shared__ float sMean[kThreads * V];
   __shared__ float sM2[kThreads * V];
@@ -105,7 +106,8 @@ __global__ void batchnorm_stats_finalize_kernel(const float* __restrict__ partia
   const float* pMean = partial + c * rowBlocks;
   const float* pM2 = partial + (channels + c) * rowBlocks;
   float n = 0.0f, mean = 0.0f, m2 = 0.0f;
-  for (int64_t b = lane; b < rowBlocks; b += 32) chanMerge(n, mean, m2, rowBlockCount(b, rowsPerBlock, rows), pMean[b], pM2[b]);
+  for (int64_t b = lane; b < rowBlocks; b += 32)
+    chanMerge(n, mean, m2, rowBlockCount(b, rowsPerBlock, rows), pMean[b], pM2[b]);
   for (int offset = 16; offset > 0; offset /= 2) {
     const float nb = __shfl_down_sync(0xffffffffu, n, offset);
     const float meanb = __shfl_down_sync(0xffffffffu, mean, offset);
@@ -125,12 +127,11 @@ __global__ void batchnorm_stats_finalize_kernel(const float* __restrict__ partia
 // y = relu?(x * scale + shift + residual?), scale = gamma * invStd, shift = beta - mean * scale.
 // Training passes the saved inverse std; inference passes the running variance (kFromVariance).
 template <typename T, int V, bool kFromVariance>
-__global__ void __launch_bounds__(kThreads) batchnorm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ residual,
-                                                                T* __restrict__ y, const float* __restrict__ gamma,
-                                                                const float* __restrict__ beta,
-                                                                const float* __restrict__ mean,
-                                                                const float* __restrict__ spread, float eps,
-                                                                int64_t rows, int64_t channels, bool relu) {
+__global__ void __launch_bounds__(kThreads)
+    batchnorm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ residual, T* __restrict__ y,
+                         const float* __restrict__ gamma, const float* __restrict__ beta,
+                         const float* __restrict__ mean, const float* __restrict__ spread, float eps, int64_t rows,
+                         int64_t channels, bool relu) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= channels) return;
   float scale[V], shift[V], mu[V], s[V], b[V];
@@ -175,13 +176,10 @@ __device__ __forceinline__ void maskByOutput(const float (&out)[V], float (&g)[V
 
 // partial: sum(g)[C][rowBlocks] then sum(g * xhat)[C][rowBlocks] of each row block.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads) batchnorm_bwd_stats_kernel(const T* __restrict__ x, const T* __restrict__ y,
-                                                                      const T* __restrict__ dy,
-                                                                      const float* __restrict__ saveMean,
-                                                                      const float* __restrict__ saveInvStd,
-                                                                      int64_t rows, int64_t channels,
-                                                                      int64_t rowsPerBlock, bool relu,
-                                                                      float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    batchnorm_bwd_stats_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ dy,
+                               const float* __restrict__ saveMean, const float* __restrict__ saveInvStd, int64_t rows,
+                               int64_t channels, int64_t rowsPerBlock, bool relu, float* __restrict__ partial) {
   __shared__ float sG[kThreads * V];
   __shared__ float sGX[kThreads * V];
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -276,14 +274,11 @@ __global__ void batchnorm_bwd_finalize_kernel(const float* __restrict__ partial,
 // xhat so that four per-channel values stay in registers (four blocks per SM at 16-byte packs);
 // without batch statistics (evaluation mode) dx = gamma * invStd * g; dResidual = g.
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads, 4) batchnorm_bwd_kernel(const T* __restrict__ x, const T* __restrict__ y,
-                                                                const T* __restrict__ dy, T* __restrict__ dx,
-                                                                T* __restrict__ dResidual,
-                                                                const float* __restrict__ gamma,
-                                                                const float* __restrict__ saveMean,
-                                                                const float* __restrict__ saveInvStd,
-                                                                const float* __restrict__ coef, int64_t rows,
-                                                                int64_t channels, bool relu, bool batchStats) {
+__global__ void __launch_bounds__(kThreads, 4)
+    batchnorm_bwd_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx,
+                         T* __restrict__ dResidual, const float* __restrict__ gamma, const float* __restrict__ saveMean,
+                         const float* __restrict__ saveInvStd, const float* __restrict__ coef, int64_t rows,
+                         int64_t channels, bool relu, bool batchStats) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= channels) return;
   float a[V], mu[V], meanG[V], k[V];
@@ -313,9 +308,9 @@ __global__ void __launch_bounds__(kThreads, 4) batchnorm_bwd_kernel(const T* __r
 
 // The constants of a backward in evaluation mode: the running mean and 1/sqrt(running var + eps),
 // as batchnorm_fwd_kernel computes them.
-__global__ void batchnorm_save_running_kernel(const float* __restrict__ runningMean, const float* __restrict__ runningVar,
-                                              float eps, int64_t channels, float* __restrict__ saveMean,
-                                              float* __restrict__ saveInvStd) {
+__global__ void batchnorm_save_running_kernel(const float* __restrict__ runningMean,
+                                              const float* __restrict__ runningVar, float eps, int64_t channels,
+                                              float* __restrict__ saveMean, float* __restrict__ saveInvStd) {
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     saveMean[c] = runningMean[c];
@@ -405,8 +400,8 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
           static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), saveMean, saveInvStd, rows,
           channels, rowsPerBlock, relu, partial);
       checkLaunch("batchnorm_bwd_stats_kernel");
-      batchnorm_bwd_finalize_kernel<<<static_cast<unsigned>(ceilDiv(channels, kFinalizeWarps)), kThreads, 0,
-                                      stream>>>(partial, rowBlocks, rows, channels, saveInvStd, dGamma, dBeta, coef);
+      batchnorm_bwd_finalize_kernel<<<static_cast<unsigned>(ceilDiv(channels, kFinalizeWarps)), kThreads, 0, stream>>>(
+          partial, rowBlocks, rows, channels, saveInvStd, dGamma, dBeta, coef);
       checkLaunch("batchnorm_bwd_finalize_kernel");
       batchnorm_bwd_kernel<T, V><<<rowsGrid(t, rows), block, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx),

@@ -47,15 +47,17 @@ class CudaConv2dPlan final : public Conv2dPlan {
     RC_CUDNN_CHECK(cudnnCreateFilterDescriptor(wDesc_.out()), p.str());
     RC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(convDesc_.out()), p.str());
     const cudnnDataType_t dt = toCudnn(p.dtype);
-    RC_CUDNN_CHECK(cudnnSetTensor4dDescriptor(xDesc_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(p.n), static_cast<int>(p.c),
-                                              static_cast<int>(p.h), static_cast<int>(p.w)),
+    RC_CUDNN_CHECK(cudnnSetTensor4dDescriptor(xDesc_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(p.n),
+                                              static_cast<int>(p.c), static_cast<int>(p.h), static_cast<int>(p.w)),
                    p.str());
-    RC_CUDNN_CHECK(cudnnSetTensor4dDescriptor(yDesc_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(p.n), static_cast<int>(p.k),
-                                              static_cast<int>(p.outH()), static_cast<int>(p.outW())),
-                   p.str());
-    RC_CUDNN_CHECK(cudnnSetFilter4dDescriptor(wDesc_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(p.k), static_cast<int>(p.c),
-                                              static_cast<int>(p.kernelH), static_cast<int>(p.kernelW)),
-                   p.str());
+    RC_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(yDesc_, CUDNN_TENSOR_NHWC, dt, static_cast<int>(p.n), static_cast<int>(p.k),
+                                   static_cast<int>(p.outH()), static_cast<int>(p.outW())),
+        p.str());
+    RC_CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(wDesc_, dt, CUDNN_TENSOR_NHWC, static_cast<int>(p.k), static_cast<int>(p.c),
+                                   static_cast<int>(p.kernelH), static_cast<int>(p.kernelW)),
+        p.str());
     RC_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(convDesc_, static_cast<int>(p.padH), static_cast<int>(p.padW),
                                                    static_cast<int>(p.strideH), static_cast<int>(p.strideW),
                                                    static_cast<int>(p.dilationH), static_cast<int>(p.dilationW),
@@ -68,8 +70,8 @@ class CudaConv2dPlan final : public Conv2dPlan {
     currentMath_ = math;
     int on = 0, oc = 0, oh = 0, ow = 0;
     RC_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(convDesc_, xDesc_, wDesc_, &on, &oc, &oh, &ow), p.str());
-    RC_CHECK_ARG(oh == p.outH() && ow == p.outW(), "conv2d: cuDNN computes an output of " << oh << "x" << ow << " for "
-                                                                                         << p.str());
+    RC_CHECK_ARG(oh == p.outH() && ow == p.outW(),
+                 "conv2d: cuDNN computes an output of " << oh << "x" << ow << " for " << p.str());
     algorithms_ = findAlgorithms(math);
     if (p.dtype != DType::F32) {
       lowWeight_ = ctx.allocate({p.k, p.kernelH, p.kernelW, p.c}, p.dtype);
@@ -81,10 +83,10 @@ class CudaConv2dPlan final : public Conv2dPlan {
     DeviceGuard guard(ctx_.device());
     setMath(algorithms_.forwardMath);
     const float one = 1.0f, zero = 0.0f;
-    RC_CUDNN_CHECK(cudnnConvolutionForward(ctx_.cudnn(), &one, xDesc_, x.data(), wDesc_, computeWeight(weight), convDesc_,
-                                           algorithms_.forward, workspace(), algorithms_.workspaceBytes, &zero, yDesc_,
-                                           y.data()),
-                   p_.str());
+    RC_CUDNN_CHECK(
+        cudnnConvolutionForward(ctx_.cudnn(), &one, xDesc_, x.data(), wDesc_, computeWeight(weight), convDesc_,
+                                algorithms_.forward, workspace(), algorithms_.workspaceBytes, &zero, yDesc_, y.data()),
+        p_.str());
     if (p_.bias) addBias(p_.dtype, y.data(), bias.ptr<float>(), p_.n * p_.outH() * p_.outW(), p_.k, ctx_.stream());
   }
 
@@ -105,14 +107,14 @@ class CudaConv2dPlan final : public Conv2dPlan {
     if (p_.dtype == DType::F32) {
       // beta = 1 accumulates into the f32 gradient directly.
       RC_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &one, xDesc_, x.data(), yDesc_, dy.data(), convDesc_,
-                                                    algorithms_.backwardFilter, workspace(),
-                                                    algorithms_.workspaceBytes, &one, wDesc_, dWeight.data()),
+                                                    algorithms_.backwardFilter, workspace(), algorithms_.workspaceBytes,
+                                                    &one, wDesc_, dWeight.data()),
                      p_.str());
     } else {
       // The filter gradient has the activations' type; accumulate it into the f32 master gradient.
       RC_CUDNN_CHECK(cudnnConvolutionBackwardFilter(ctx_.cudnn(), &one, xDesc_, x.data(), yDesc_, dy.data(), convDesc_,
-                                                    algorithms_.backwardFilter, workspace(),
-                                                    algorithms_.workspaceBytes, &zero, wDesc_, lowWeightGrad_.data()),
+                                                    algorithms_.backwardFilter, workspace(), algorithms_.workspaceBytes,
+                                                    &zero, wDesc_, lowWeightGrad_.data()),
                      p_.str());
       accumulateF32(p_.dtype, lowWeightGrad_.data(), dWeight.ptr<float>(), dWeight.numel(), ctx_.stream());
     }
@@ -126,7 +128,8 @@ class CudaConv2dPlan final : public Conv2dPlan {
 
   std::string implementation() const override {
     std::ostringstream out;
-    out << "cudnn:fwd=" << static_cast<int>(algorithms_.forward) << ",bwd_data=" << static_cast<int>(algorithms_.backwardData)
+    out << "cudnn:fwd=" << static_cast<int>(algorithms_.forward)
+        << ",bwd_data=" << static_cast<int>(algorithms_.backwardData)
         << ",bwd_filter=" << static_cast<int>(algorithms_.backwardFilter);
     return out.str();
   }
@@ -184,10 +187,10 @@ class CudaConv2dPlan final : public Conv2dPlan {
     {
       cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
       fill();
-      RC_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(ctx_.cudnn(), wDesc_, w.data(), yDesc_, y.data(),
-                                                                 convDesc_, xDesc_, x.data(), kMax, &returned, perf,
-                                                                 ws.data(), limit),
-                     p_.str());
+      RC_CUDNN_CHECK(
+          cudnnFindConvolutionBackwardDataAlgorithmEx(ctx_.cudnn(), wDesc_, w.data(), yDesc_, y.data(), convDesc_,
+                                                      xDesc_, x.data(), kMax, &returned, perf, ws.data(), limit),
+          p_.str());
       const auto* best = pick(perf, returned, limit, "backward data");
       chosen.backwardData = best->algo;
       chosen.backwardDataMath = best->mathType;
@@ -196,10 +199,10 @@ class CudaConv2dPlan final : public Conv2dPlan {
     {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
       fill();
-      RC_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(ctx_.cudnn(), xDesc_, x.data(), yDesc_, y.data(),
-                                                                   convDesc_, wDesc_, w.data(), kMax, &returned, perf,
-                                                                   ws.data(), limit),
-                     p_.str());
+      RC_CUDNN_CHECK(
+          cudnnFindConvolutionBackwardFilterAlgorithmEx(ctx_.cudnn(), xDesc_, x.data(), yDesc_, y.data(), convDesc_,
+                                                        wDesc_, w.data(), kMax, &returned, perf, ws.data(), limit),
+          p_.str());
       const auto* best = pick(perf, returned, limit, "backward filter");
       chosen.backwardFilter = best->algo;
       chosen.backwardFilterMath = best->mathType;

@@ -211,9 +211,8 @@ void CudaContext::checkDeferredErrors() {
   RC_CUDA_CHECK(cudaStreamSynchronize(stream_));
   if (flag != 0) {
     RC_CUDA_CHECK(cudaMemsetAsync(invalidLabel_.data(), 0, sizeof(int32_t), stream_));
-    RC_THROW(code::kInvalidArgument,
-             "cross entropy: a label outside [0, classes) was given on cuda:" << device_
-                                                                              << " since the last synchronisation");
+    RC_THROW(code::kInvalidArgument, "cross entropy: a label outside [0, classes) was given on cuda:"
+                                         << device_ << " since the last synchronisation");
   }
 }
 
@@ -221,8 +220,9 @@ const void* CudaContext::upload(const std::string& key, const void* host, size_t
   Uploaded& entry = uploads_[key];
   const std::string content(static_cast<const char*>(host), bytes);
   if (entry.device.defined() && entry.bytes == content) return entry.device.data();
-  RC_CHECK_ARG(!capturing(), "the " << key << " table changed during a CUDA graph capture; capture after the "
-                                           "settings are final");
+  RC_CHECK_ARG(!capturing(), "the " << key
+                                    << " table changed during a CUDA graph capture; capture after the "
+                                       "settings are final");
   Staging& slot = entry.staging[entry.next];
   entry.next = (entry.next + 1) % kStagingBuffers;
   if (slot.copied == nullptr) RC_CUDA_CHECK(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming));

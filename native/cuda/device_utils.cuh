@@ -26,11 +26,17 @@ __device__ __forceinline__ float toFloat(__half v) { return __half2float(v); }
 template <typename T>
 __device__ __forceinline__ T fromFloat(float v);
 template <>
-__device__ __forceinline__ float fromFloat<float>(float v) { return v; }
+__device__ __forceinline__ float fromFloat<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half fromFloat<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half fromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // ---- ReLU with PyTorch's NaN semantics ------------------------------------------------------
 

@@ -103,8 +103,8 @@ __global__ void lerp_kernel(float* __restrict__ a, const float* __restrict__ b, 
 // ---- rows x channels kernels (see ChannelTiling) -------------------------------------------------
 
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads) add_bias_kernel(T* __restrict__ y, const float* __restrict__ bias,
-                                                           int64_t rows, int64_t channels) {
+__global__ void __launch_bounds__(kThreads)
+    add_bias_kernel(T* __restrict__ y, const float* __restrict__ bias, int64_t rows, int64_t channels) {
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= channels) return;
   float b[V];
@@ -122,9 +122,9 @@ __global__ void __launch_bounds__(kThreads) add_bias_kernel(T* __restrict__ y, c
 // Stage one of the bias gradient: partial[C][rowBlocks] = sums of each block of rows, added in a
 // fixed tree so the result is the same every run (as batchnorm's statistics).
 template <typename T, int V>
-__global__ void __launch_bounds__(kThreads) bias_grad_partial_kernel(const T* __restrict__ dy, int64_t rows,
-                                                                    int64_t channels, int64_t rowsPerBlock,
-                                                                    float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    bias_grad_partial_kernel(const T* __restrict__ dy, int64_t rows, int64_t channels, int64_t rowsPerBlock,
+                             float* __restrict__ partial) {
   __shared__ float sSum[kThreads * V];
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int64_t c = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
@@ -284,8 +284,8 @@ void cast(DType srcType, const void* src, DType dstType, void* dst, int64_t n, c
       // Packs of 4: 16 bytes of f32 on one side, 8 bytes of bf16/f16 on the other.
       constexpr int kV = 4;
       if (n % kV == 0 && isAligned(src, kV * sizeof(S)) && isAligned(dst, kV * sizeof(D))) {
-        cast_kernel<S, D, kV><<<gridFor(n / kV), kThreads, 0, stream>>>(static_cast<const S*>(src),
-                                                                        static_cast<D*>(dst), n / kV);
+        cast_kernel<S, D, kV>
+            <<<gridFor(n / kV), kThreads, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), n / kV);
       } else {
         cast_kernel<S, D, 1><<<gridFor(n), kThreads, 0, stream>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
       }
@@ -334,8 +334,8 @@ void addBias(DType dtype, void* y, const float* bias, int64_t rows, int64_t chan
     dispatchPack<T>(channelPackable<T>(channels, {y}), [&](auto pack) {
       constexpr int V = decltype(pack)::value;
       const ChannelTiling t = channelTiling(channels, V);
-      add_bias_kernel<T, V><<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(static_cast<T*>(y), bias, rows,
-                                                                                 channels);
+      add_bias_kernel<T, V>
+          <<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(static_cast<T*>(y), bias, rows, channels);
       checkLaunch("add_bias_kernel");
     });
   });

@@ -34,8 +34,7 @@ void batchNormForwardInference(DType dtype, const void* x, const void* residual,
 // statistics, gamma * invStd * g without (batchStats false: the saved statistics were constants).
 void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy, void* dx, void* dResidual,
                        const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
-                       int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial,
-                       cudaStream_t stream);
+                       int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial, cudaStream_t stream);
 
 // ---- elementwise.cu ----------------------------------------------------------------------------
 void relu(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
@@ -122,8 +121,8 @@ void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq
 // Bytes of scratch lambStep needs: per-chunk partial norms and per-segment trust ratios.
 size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount);
 void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
-              int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
-              int64_t step, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream);
+              int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount, int64_t step,
+              const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream);
 // Bytes of scratch gradNorm needs: one partial sum per chunk.
 size_t gradNormScratchBytes(int64_t chunkCount);
 // *out = sqrt(sum g^2) over the segments; *foundInf = 1 (if non-null) when an element is inf/NaN.

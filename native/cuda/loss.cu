@@ -63,12 +63,10 @@ __device__ void blockReduce(SoftmaxState& state, float& sum, SoftmaxState* sStat
 // dz_j = gradScale / n * (softmax_j - (1 - s) [j == label] - s/k).
 // An invalid label flags *invalidLabel, adds 0 to the loss and leaves a zero gradient row.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* __restrict__ logits,
-                                                                const int32_t* __restrict__ labels,
-                                                                T* __restrict__ dLogits, int64_t n, int64_t k,
-                                                                float smoothing, float gradScale,
-                                                                int32_t* __restrict__ invalidLabel,
-                                                                float* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels, T* __restrict__ dLogits,
+                         int64_t n, int64_t k, float smoothing, float gradScale, int32_t* __restrict__ invalidLabel,
+                         float* __restrict__ partial) {
   __shared__ SoftmaxState sState[kMaxWarps + 1];
   __shared__ float sSum[kMaxWarps + 1];
   const float scale = gradScale / static_cast<float>(n);
@@ -115,8 +113,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* __rest
 }
 
 // One block: *loss = sum(partial) / n, strided per thread then a fixed tree.
-__global__ void __launch_bounds__(kThreads) cross_entropy_mean_kernel(const float* __restrict__ partial, int64_t count,
-                                                                     int64_t n, float* __restrict__ loss) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_mean_kernel(const float* __restrict__ partial, int64_t count, int64_t n, float* __restrict__ loss) {
   __shared__ float sSum[kThreads];
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
@@ -143,8 +141,8 @@ void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float*
   dispatchFloat(dtype, "cross entropy", [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        static_cast<const T*>(logits), labels, static_cast<T*>(dLogits), n, k, labelSmoothing, gradScale,
-        invalidLabel, partial);
+        static_cast<const T*>(logits), labels, static_cast<T*>(dLogits), n, k, labelSmoothing, gradScale, invalidLabel,
+        partial);
     checkLaunch("cross_entropy_kernel");
   });
   cross_entropy_mean_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, n, loss);

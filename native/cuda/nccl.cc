@@ -121,14 +121,14 @@ class NcclCommunicator final : public Communicator {
     if (status == ncclSuccess || status == ncclInProgress) return;
     abort();
     RC_THROW(code::kNccl, "NCCL failed " << what << " on rank " << rank_ << ": " << ncclGetErrorString(status)
-                                         << lastErrorDetail()
-                                         << "; the communicator was aborted");
+                                         << lastErrorDetail() << "; the communicator was aborted");
   }
 
   void usable(const Tensor& t, const char* op) const {
     RC_CHECK_ARG(!broken_, "NCCL " << op << ": the communicator was aborted after an earlier error");
     checkDefined(t, "NCCL", op);
-    RC_CHECK_ARG(t.device() == ctx_.rcDevice(), "NCCL " << op << ": " << t.describe() << " is not on cuda:" << ctx_.device());
+    RC_CHECK_ARG(t.device() == ctx_.rcDevice(),
+                 "NCCL " << op << ": " << t.describe() << " is not on cuda:" << ctx_.device());
   }
 
   void checkAsyncError(const char* what) {

@@ -24,7 +24,8 @@ __device__ __forceinline__ ChunkRange findChunk(const int64_t* __restrict__ segm
   int64_t lo = 0, hi = segmentCount - 1;  // the last segment whose firstChunk <= chunk
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (segments[4 * mid + 3] <= chunk) lo = mid; else hi = mid - 1;
+    if (segments[4 * mid + 3] <= chunk) lo = mid;
+    else hi = mid - 1;
   }
   const int64_t* seg = segments + 4 * lo;
   const int64_t local = chunk - seg[3];
@@ -46,12 +47,11 @@ __device__ __forceinline__ float lambDirection(float m, float v, float p, const 
   return (m / c.bc1) / (sqrtf(v) / c.bc2Sqrt + c.eps) + c.weightDecay * p;
 }
 
-__global__ void __launch_bounds__(kThreads) adamw_kernel(float* __restrict__ params, const float* __restrict__ grads,
-                                                        float* __restrict__ expAvg, float* __restrict__ expAvgSq,
-                                                        const int64_t* __restrict__ segments, int64_t segmentCount,
-                                                        int64_t chunkCount, const AdamGroupParams* __restrict__ groups,
-                                                        int64_t groupCount, int64_t step,
-                                                        const float* __restrict__ foundInf, float gradScaleInv) {
+__global__ void __launch_bounds__(kThreads)
+    adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ expAvg,
+                 float* __restrict__ expAvgSq, const int64_t* __restrict__ segments, int64_t segmentCount,
+                 int64_t chunkCount, const AdamGroupParams* __restrict__ groups, int64_t groupCount, int64_t step,
+                 const float* __restrict__ foundInf, float gradScaleInv) {
   extern __shared__ AdamCoeffs sCoeffs[];
   if (skipStep(foundInf)) return;  // GradScaler found inf/NaN: the same for every thread
   loadCoeffs(sCoeffs, groups, groupCount, step);
@@ -73,15 +73,12 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(float* __restrict__ par
 using BlockReduceDouble = cub::BlockReduce<double, kThreads>;
 
 // LAMB pass one: moments, and per chunk the sums of p^2 and u^2 into partial[2 * chunk + {0, 1}].
-__global__ void __launch_bounds__(kThreads) lamb_moments_kernel(const float* __restrict__ params,
-                                                               const float* __restrict__ grads,
-                                                               float* __restrict__ expAvg, float* __restrict__ expAvgSq,
-                                                               const int64_t* __restrict__ segments,
-                                                               int64_t segmentCount, int64_t chunkCount,
-                                                               const AdamGroupParams* __restrict__ groups,
-                                                               int64_t groupCount, int64_t step,
-                                                               const float* __restrict__ foundInf, float gradScaleInv,
-                                                               double* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    lamb_moments_kernel(const float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ expAvg,
+                        float* __restrict__ expAvgSq, const int64_t* __restrict__ segments, int64_t segmentCount,
+                        int64_t chunkCount, const AdamGroupParams* __restrict__ groups, int64_t groupCount,
+                        int64_t step, const float* __restrict__ foundInf, float gradScaleInv,
+                        double* __restrict__ partial) {
   extern __shared__ AdamCoeffs sCoeffs[];
   __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
   if (skipStep(foundInf)) return;
@@ -113,12 +110,10 @@ __global__ void __launch_bounds__(kThreads) lamb_moments_kernel(const float* __r
 }
 
 // LAMB's trust ratio of each segment from its chunks' partials, added in chunk order.
-__global__ void __launch_bounds__(kThreads) lamb_ratio_kernel(const int64_t* __restrict__ segments,
-                                                             int64_t segmentCount,
-                                                             const AdamGroupParams* __restrict__ groups,
-                                                             const float* __restrict__ foundInf,
-                                                             const double* __restrict__ partial,
-                                                             float* __restrict__ ratio) {
+__global__ void __launch_bounds__(kThreads)
+    lamb_ratio_kernel(const int64_t* __restrict__ segments, int64_t segmentCount,
+                      const AdamGroupParams* __restrict__ groups, const float* __restrict__ foundInf,
+                      const double* __restrict__ partial, float* __restrict__ ratio) {
   __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
   if (skipStep(foundInf)) return;
   for (int64_t s = blockIdx.x; s < segmentCount; s += gridDim.x) {
@@ -142,15 +137,11 @@ __global__ void __launch_bounds__(kThreads) lamb_ratio_kernel(const int64_t* __r
 }
 
 // LAMB pass two: u again from the stored moments, then p -= lr * ratio * u.
-__global__ void __launch_bounds__(kThreads) lamb_update_kernel(float* __restrict__ params,
-                                                              const float* __restrict__ expAvg,
-                                                              const float* __restrict__ expAvgSq,
-                                                              const int64_t* __restrict__ segments,
-                                                              int64_t segmentCount, int64_t chunkCount,
-                                                              const AdamGroupParams* __restrict__ groups,
-                                                              int64_t groupCount, int64_t step,
-                                                              const float* __restrict__ foundInf,
-                                                              const float* __restrict__ ratio) {
+__global__ void __launch_bounds__(kThreads)
+    lamb_update_kernel(float* __restrict__ params, const float* __restrict__ expAvg, const float* __restrict__ expAvgSq,
+                       const int64_t* __restrict__ segments, int64_t segmentCount, int64_t chunkCount,
+                       const AdamGroupParams* __restrict__ groups, int64_t groupCount, int64_t step,
+                       const float* __restrict__ foundInf, const float* __restrict__ ratio) {
   extern __shared__ AdamCoeffs sCoeffs[];
   if (skipStep(foundInf)) return;
   loadCoeffs(sCoeffs, groups, groupCount, step);
@@ -168,11 +159,9 @@ __global__ void __launch_bounds__(kThreads) lamb_update_kernel(float* __restrict
 }
 
 // Per chunk: the sum of squares into partial[chunk]; an inf/NaN element raises *foundInf.
-__global__ void __launch_bounds__(kThreads) sum_squares_kernel(const float* __restrict__ grads,
-                                                              const int64_t* __restrict__ segments,
-                                                              int64_t segmentCount, int64_t chunkCount,
-                                                              float* __restrict__ foundInf,
-                                                              double* __restrict__ partial) {
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_kernel(const float* __restrict__ grads, const int64_t* __restrict__ segments, int64_t segmentCount,
+                       int64_t chunkCount, float* __restrict__ foundInf, double* __restrict__ partial) {
   __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
   bool nonFinite = false;
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
@@ -193,8 +182,8 @@ __global__ void __launch_bounds__(kThreads) sum_squares_kernel(const float* __re
 }
 
 // One block: *out = sqrt(sum of the partials), added per thread in order, then a fixed tree.
-__global__ void __launch_bounds__(kThreads) norm_finish_kernel(const double* __restrict__ partial, int64_t count,
-                                                              float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    norm_finish_kernel(const double* __restrict__ partial, int64_t count, float* __restrict__ out) {
   __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
   double sum = 0.0;
   for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += partial[k];
@@ -202,10 +191,9 @@ __global__ void __launch_bounds__(kThreads) norm_finish_kernel(const double* __r
   if (threadIdx.x == 0) *out = static_cast<float>(sqrt(total));
 }
 
-__global__ void __launch_bounds__(kThreads) unscale_kernel(float* __restrict__ grads,
-                                                          const int64_t* __restrict__ segments, int64_t segmentCount,
-                                                          int64_t chunkCount, float invScale,
-                                                          float* __restrict__ foundInf) {
+__global__ void __launch_bounds__(kThreads)
+    unscale_kernel(float* __restrict__ grads, const int64_t* __restrict__ segments, int64_t segmentCount,
+                   int64_t chunkCount, float invScale, float* __restrict__ foundInf) {
   bool nonFinite = false;
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
@@ -219,9 +207,9 @@ __global__ void __launch_bounds__(kThreads) unscale_kernel(float* __restrict__ g
   if (nonFinite) *foundInf = 1.0f;  // benign race: every writer stores 1
 }
 
-__global__ void __launch_bounds__(kThreads) clip_kernel(float* __restrict__ grads, const int64_t* __restrict__ segments,
-                                                       int64_t segmentCount, int64_t chunkCount,
-                                                       const float* __restrict__ norm, float maxNorm) {
+__global__ void __launch_bounds__(kThreads)
+    clip_kernel(float* __restrict__ grads, const int64_t* __restrict__ segments, int64_t segmentCount,
+                int64_t chunkCount, const float* __restrict__ norm, float maxNorm) {
   const float coef = maxNorm / (*norm + 1e-6f);
   // min(1, coef), keeping a NaN coefficient (NaN norm) as NaN, as torch.clamp does.
   const float factor = coef > 1.0f ? 1.0f : coef;
@@ -278,12 +266,13 @@ void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq
 }
 
 size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount) {
-  return alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)) + static_cast<size_t>(segmentCount) * sizeof(float);
+  return alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)) +
+         static_cast<size_t>(segmentCount) * sizeof(float);
 }
 
 void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
-              int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
-              int64_t step, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream) {
+              int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount, int64_t step,
+              const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream) {
   if (segmentCount <= 0 || chunkCount <= 0) return;
   checkGroups(groupCount, "lamb step");
   auto* partial = static_cast<double*>(scratch);

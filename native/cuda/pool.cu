@@ -169,8 +169,8 @@ __global__ void avgpool_bwd_kernel(const T* __restrict__ dy, T* __restrict__ dx,
 PoolGeometry geometry(int64_t n, int64_t h, int64_t w, int64_t c, int64_t oh, int64_t ow, int kh, int kw, int sh,
                       int sw, int ph, int pw) {
   RC_CHECK_ARG(kh > 0 && kw > 0 && sh > 0 && sw > 0 && ph >= 0 && pw >= 0 && 2 * ph <= kh && 2 * pw <= kw,
-               "pool2d: kernel " << kh << "x" << kw << ", stride " << sh << "x" << sw << ", padding " << ph << "x"
-                                 << pw << " (padding must be at most half the kernel)");
+               "pool2d: kernel " << kh << "x" << kw << ", stride " << sh << "x" << sw << ", padding " << ph << "x" << pw
+                                 << " (padding must be at most half the kernel)");
   RC_CHECK_ARG(oh == (h + 2 * ph - kh) / sh + 1 && ow == (w + 2 * pw - kw) / sw + 1,
                "pool2d: output " << oh << "x" << ow << " does not match input " << h << "x" << w << " in floor mode");
   return {n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw};
@@ -187,8 +187,8 @@ void maxPoolForward(DType dtype, const void* x, void* y, int32_t* argmax, int64_
     dispatchPack<T>(channelPackable<T>(c, {x, y}), [&](auto pack) {
       constexpr int V = decltype(pack)::value;
       const int64_t packs = n * oh * ow * (c / V);
-      maxpool_fwd_kernel<T, V><<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y),
-                                                                        argmax, g, packs);
+      maxpool_fwd_kernel<T, V>
+          <<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), argmax, g, packs);
       checkLaunch("maxpool_fwd_kernel");
     });
   });
@@ -204,8 +204,8 @@ void maxPoolBackward(DType dtype, const void* dy, void* dx, const int32_t* argma
     dispatchPack<T>(channelPackable<T>(c, {dy, dx}), [&](auto pack) {
       constexpr int V = decltype(pack)::value;
       const int64_t packs = n * h * w * (c / V);
-      maxpool_bwd_kernel<T, V><<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(dy),
-                                                                        static_cast<T*>(dx), argmax, g, packs);
+      maxpool_bwd_kernel<T, V>
+          <<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<T*>(dx), argmax, g, packs);
       checkLaunch("maxpool_bwd_kernel");
     });
   });
@@ -220,8 +220,8 @@ void avgPoolForward(DType dtype, const void* x, void* y, int64_t n, int64_t h, i
     dispatchPack<T>(channelPackable<T>(c, {x, y}), [&](auto pack) {
       constexpr int V = decltype(pack)::value;
       const int64_t packs = n * oh * ow * (c / V);
-      avgpool_fwd_kernel<T, V><<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y),
-                                                                        g, packs);
+      avgpool_fwd_kernel<T, V>
+          <<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(y), g, packs);
       checkLaunch("avgpool_fwd_kernel");
     });
   });
@@ -236,8 +236,8 @@ void avgPoolBackward(DType dtype, const void* dy, void* dx, int64_t n, int64_t h
     dispatchPack<T>(channelPackable<T>(c, {dy, dx}), [&](auto pack) {
       constexpr int V = decltype(pack)::value;
       const int64_t packs = n * h * w * (c / V);
-      avgpool_bwd_kernel<T, V><<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(dy),
-                                                                        static_cast<T*>(dx), g, packs);
+      avgpool_bwd_kernel<T, V>
+          <<<gridFor(packs), kThreads, 0, stream>>>(static_cast<const T*>(dy), static_cast<T*>(dx), g, packs);
       checkLaunch("avgpool_bwd_kernel");
     });
   });

@@ -19,8 +19,9 @@ class CudaPool2dPlan final : public Pool2dPlan {
   void forward(const Tensor& x, const Tensor& y, const Tensor& workspace) override {
     DeviceGuard guard(ctx_.device());
     if (p_.kind == PoolKind::Max) {
-      maxPoolForward(p_.dtype, x.data(), y.data(), workspace.ptr<int32_t>(), p_.n, p_.h, p_.w, p_.c, p_.outH(), p_.outW(),
-                     k(p_.kernelH), k(p_.kernelW), k(p_.strideH), k(p_.strideW), k(p_.padH), k(p_.padW), ctx_.stream());
+      maxPoolForward(p_.dtype, x.data(), y.data(), workspace.ptr<int32_t>(), p_.n, p_.h, p_.w, p_.c, p_.outH(),
+                     p_.outW(), k(p_.kernelH), k(p_.kernelW), k(p_.strideH), k(p_.strideW), k(p_.padH), k(p_.padW),
+                     ctx_.stream());
     } else {
       avgPoolForward(p_.dtype, x.data(), y.data(), p_.n, p_.h, p_.w, p_.c, p_.outH(), p_.outW(), k(p_.kernelH),
                      k(p_.kernelW), k(p_.strideH), k(p_.strideW), k(p_.padH), k(p_.padW), ctx_.stream());

@@ -16,16 +16,14 @@ namespace {
 // ResNet-50 arena (25.6M) still splits into thousands of chunks.
 constexpr int64_t kChunk = kThreads * 16;
 
-__global__ void __launch_bounds__(kThreads) sgd_step_kernel(float* __restrict__ params,
-                                                           const float* __restrict__ grads,
-                                                           float* __restrict__ momentumBuffer,
-                                                           const int64_t* __restrict__ segments,
-                                                           int64_t segmentCount,
-                                                           const SgdGroupParams* __restrict__ groups, bool firstStep,
-                                                           const float* __restrict__ foundInf, float gradScaleInv) {
+__global__ void __launch_bounds__(kThreads)
+    sgd_step_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ momentumBuffer,
+                    const int64_t* __restrict__ segments, int64_t segmentCount,
+                    const SgdGroupParams* __restrict__ groups, bool firstStep, const float* __restrict__ foundInf,
+                    float gradScaleInv) {
   using BlockScan = cub::BlockScan<int64_t, kThreads>;
   __shared__ typename BlockScan::TempStorage scanStorage;
-  __shared__ int64_t sChunkEnd[kThreads];  // inclusive prefix of the tile's chunk counts
+  __shared__ int64_t sChunkEnd[kThreads];                // inclusive prefix of the tile's chunk counts
   if (foundInf != nullptr && *foundInf != 0.0f) return;  // GradScaler found inf/NaN: skip the step
 
   const int64_t grid = gridDim.x;
@@ -45,7 +43,8 @@ __global__ void __launch_bounds__(kThreads) sgd_step_kernel(float* __restrict__ 
       int lo = 0, hi = kThreads - 1;  // first segment of the tile whose chunks end after `local`
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (sChunkEnd[mid] > local) hi = mid; else lo = mid + 1;
+        if (sChunkEnd[mid] > local) hi = mid;
+        else lo = mid + 1;
       }
       const int64_t chunk = local - (lo == 0 ? 0 : sChunkEnd[lo - 1]);
       const int64_t* seg = segments + 3 * (tile + lo);

@@ -4,8 +4,8 @@
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE and size_t declared first
 
-#include <jpeglib.h>
 #include <jerror.h>
+#include <jpeglib.h>
 
 #include "../core/error.h"
 
@@ -45,10 +45,8 @@ bool lostData(int messageCode) {
     case JWRN_MUST_RESYNC:
     case JWRN_EXTRANEOUS_DATA:
     case JWRN_BOGUS_PROGRESSION:
-    case JWRN_NOT_SEQUENTIAL:
-      return true;
-    default:
-      return false;
+    case JWRN_NOT_SEQUENTIAL: return true;
+    default: return false;
   }
 }
 
@@ -118,11 +116,10 @@ int decodeRegion(Session& s, const uint8_t* bytes, size_t size, const JpegReques
   }
   const int top = r.crop ? r.top : 0, left = r.crop ? r.left : 0;
   const int height = r.crop ? r.height : imageHeight, width = r.crop ? r.width : imageWidth;
-  RC_CHECK_ARG(top >= 0 && left >= 0 && height > 0 && width > 0 && top + height <= imageHeight &&
-                   left + width <= imageWidth,
-               "decodeJpeg: the crop " << height << "x" << width << " at (" << top << ", " << left
-                                       << ") is not inside the " << imageHeight << "x" << imageWidth
-                                       << " image");
+  RC_CHECK_ARG(
+      top >= 0 && left >= 0 && height > 0 && width > 0 && top + height <= imageHeight && left + width <= imageWidth,
+      "decodeJpeg: the crop " << height << "x" << width << " at (" << top << ", " << left << ") is not inside the "
+                              << imageHeight << "x" << imageWidth << " image");
   ResampleSpec spec;
   spec.outHeight = r.resize ? r.outHeight : height;
   spec.outWidth = r.resize ? r.outWidth : width;
@@ -133,8 +130,8 @@ int decodeRegion(Session& s, const uint8_t* bytes, size_t size, const JpegReques
   spec.filter = r.filter;
   int denom = 1;
   if (r.dctScaling && r.filter != Filter::Nearest && spec.outHeight > 0 && spec.outWidth > 0) {
-    const double reduction = std::min(static_cast<double>(height) / spec.outHeight,
-                                       static_cast<double>(width) / spec.outWidth);
+    const double reduction =
+        std::min(static_cast<double>(height) / spec.outHeight, static_cast<double>(width) / spec.outWidth);
     for (int d : {8, 4, 2}) {
       if (reduction / d >= 2.0) {
         denom = d;

@@ -72,8 +72,7 @@ uint8_t clip8(int32_t acc) {
 // windowStart .. windowStart + windowCount. As torchvision crops before it resizes, the kernels
 // read only the pixels of the box (widened to whole pixels) and are renormalised at its edges;
 // the arithmetic runs in the box's coordinates, as PIL's on the cropped image.
-Axis planAxis(int inSize, double in0, double in1, int outSize, int windowStart, int windowCount,
-              Filter filter) {
+Axis planAxis(int inSize, double in0, double in1, int outSize, int windowStart, int windowCount, Filter filter) {
   Axis a;
   a.outputs = windowCount;
   const double scale = (in1 - in0) / outSize;
@@ -201,19 +200,18 @@ ResamplePlan planResample(int sourceHeight, int sourceWidth, const ResampleSpec&
   RC_CHECK_ARG(sourceHeight > 0 && sourceWidth > 0,
                "resample: expected a non-empty source, got " << sourceHeight << "x" << sourceWidth);
   const double x0 = s.box[0], y0 = s.box[1], x1 = s.box[2], y1 = s.box[3];
-  RC_CHECK_ARG(std::isfinite(x0) && std::isfinite(y0) && std::isfinite(x1) && std::isfinite(y1) &&
-                   x0 >= 0 && y0 >= 0 && x1 <= sourceWidth && y1 <= sourceHeight && x1 > x0 && y1 > y0,
-               "resample: expected a box (x0, y0, x1, y1) inside the " << sourceHeight << "x" << sourceWidth
-                   << " source with x0 < x1 and y0 < y1, got (" << x0 << ", " << y0 << ", " << x1 << ", "
-                   << y1 << ")");
+  RC_CHECK_ARG(std::isfinite(x0) && std::isfinite(y0) && std::isfinite(x1) && std::isfinite(y1) && x0 >= 0 && y0 >= 0 &&
+                   x1 <= sourceWidth && y1 <= sourceHeight && x1 > x0 && y1 > y0,
+               "resample: expected a box (x0, y0, x1, y1) inside the "
+                   << sourceHeight << "x" << sourceWidth << " source with x0 < x1 and y0 < y1, got (" << x0 << ", "
+                   << y0 << ", " << x1 << ", " << y1 << ")");
   RC_CHECK_ARG(s.outHeight > 0 && s.outWidth > 0 && s.outHeight <= 65535 && s.outWidth <= 65535,
-               "resample: expected an output size of 1 to 65535 per side, got " << s.outHeight << "x"
-                                                                                << s.outWidth);
+               "resample: expected an output size of 1 to 65535 per side, got " << s.outHeight << "x" << s.outWidth);
   RC_CHECK_ARG(s.windowTop >= 0 && s.windowLeft >= 0 && s.windowHeight > 0 && s.windowWidth > 0 &&
                    s.windowTop + s.windowHeight <= s.outHeight && s.windowLeft + s.windowWidth <= s.outWidth,
-               "resample: expected a window inside the " << s.outHeight << "x" << s.outWidth
-                   << " output, got " << s.windowHeight << "x" << s.windowWidth << " at (" << s.windowTop
-                   << ", " << s.windowLeft << ")");
+               "resample: expected a window inside the " << s.outHeight << "x" << s.outWidth << " output, got "
+                                                         << s.windowHeight << "x" << s.windowWidth << " at ("
+                                                         << s.windowTop << ", " << s.windowLeft << ")");
   ResamplePlan plan;
   plan.x = planAxis(sourceWidth, x0, x1, s.outWidth, s.windowLeft, s.windowWidth, s.filter);
   plan.y = planAxis(sourceHeight, y0, y1, s.outHeight, s.windowTop, s.windowHeight, s.filter);
@@ -265,7 +263,8 @@ void runResample(const ResamplePlan& plan, const SourceRegion& src, bool mirror,
     horizontalAny(x, src, y.sourceBegin, y.sourceEnd, tmp.data());
     const uint8_t* base = tmp.data();
     const int begin = y.sourceBegin;
-    vertical(y, [&](int r) { return base + static_cast<size_t>(r - begin) * rowBytes; }, rowBytes, out);
+    vertical(
+        y, [&](int r) { return base + static_cast<size_t>(r - begin) * rowBytes; }, rowBytes, out);
   }
   if (mirror) mirrorRows(out, outRows, outCols, C);
 }

@@ -61,7 +61,8 @@ std::vector<ArenaSegment> getSegments(const Napi::Object& o, bool required) {
   Napi::TypedArray ta = segments.As<Napi::TypedArray>();
   RC_CHECK_ARG(ta.TypedArrayType() == napi_int32_array && ta.ElementLength() % 3 == 0,
                "option 'segments' must be an Int32Array whose length is a multiple of 3");
-  const int32_t* s = reinterpret_cast<const int32_t*>(static_cast<const char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+  const int32_t* s =
+      reinterpret_cast<const int32_t*>(static_cast<const char*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
   for (size_t i = 0; i < ta.ElementLength(); i += 3) out.push_back(ArenaSegment{s[i], s[i + 1], s[i + 2]});
   return out;
 }
@@ -374,11 +375,12 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Pool2dPlan", Pool2dPlanWrap::Init(env));
   exports.Set("Communicator", CommunicatorWrap::Init(env));
   const std::pair<const char*, Fn> functions[] = {
-      {"batchNormForward", StructOp<BatchNormForwardArgs, parseBatchNormForward, &BatchNormForwardArgs::x,
-                                    &Backend::batchNormForward>},
-      {"batchNormBackward", StructOp<BatchNormBackwardArgs, parseBatchNormBackward, &BatchNormBackwardArgs::x,
-                                     &Backend::batchNormBackward>},
-      {"crossEntropy", StructOp<CrossEntropyArgs, parseCrossEntropy, &CrossEntropyArgs::logits, &Backend::crossEntropy>},
+      {"batchNormForward",
+       StructOp<BatchNormForwardArgs, parseBatchNormForward, &BatchNormForwardArgs::x, &Backend::batchNormForward>},
+      {"batchNormBackward",
+       StructOp<BatchNormBackwardArgs, parseBatchNormBackward, &BatchNormBackwardArgs::x, &Backend::batchNormBackward>},
+      {"crossEntropy",
+       StructOp<CrossEntropyArgs, parseCrossEntropy, &CrossEntropyArgs::logits, &Backend::crossEntropy>},
       {"sgdStep", StructOp<SgdArgs, parseSgd, &SgdArgs::params, &Backend::sgdStep>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},

@@ -138,7 +138,8 @@ Tensor getTensor(const Napi::Object& o, const char* key, bool isRequired) {
 
 Napi::Array shapeToJs(Napi::Env env, const Shape& shape) {
   Napi::Array arr = Napi::Array::New(env, shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) arr.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(shape[i])));
+  for (size_t i = 0; i < shape.size(); ++i)
+    arr.Set(static_cast<uint32_t>(i), Napi::Number::New(env, static_cast<double>(shape[i])));
   return arr;
 }
 

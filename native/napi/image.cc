@@ -60,7 +60,6 @@ Napi::Uint8Array getBytes(const Napi::Object& o, const char* key) {
   return v.As<Napi::Uint8Array>();
 }
 
-
 Napi::Value JpegHeaderFn(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     const Napi::Object o = optionsArg(info, "jpegHeader");
@@ -151,7 +150,8 @@ Napi::Value ImageResampleFn(const Napi::CallbackInfo& info) {
     src.rows = static_cast<int>(height);
     src.cols = static_cast<int>(width);
     src.channels = static_cast<int>(channels);
-    Napi::Uint8Array out = Napi::Uint8Array::New(info.Env(), static_cast<size_t>(spec.windowHeight) * spec.windowWidth * channels);
+    Napi::Uint8Array out =
+        Napi::Uint8Array::New(info.Env(), static_cast<size_t>(spec.windowHeight) * spec.windowWidth * channels);
     image::runResample(plan, src, getBool(o, "mirror", false), out.Data());
     return Napi::Value(out);
   });

@@ -56,8 +56,8 @@ Conv2dPlanWrap::Conv2dPlanWrap(const Napi::CallbackInfo& info) : Napi::ObjectWra
 Napi::Value Conv2dPlanWrap::Forward(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "Conv2dPlan.forward");
-    live(plan_, "Conv2dPlan").forward(getTensor(o, "x"), getTensor(o, "weight"), getTensor(o, "bias", false),
-                                      getTensor(o, "y"));
+    live(plan_, "Conv2dPlan")
+        .forward(getTensor(o, "x"), getTensor(o, "weight"), getTensor(o, "bias", false), getTensor(o, "y"));
     return info.Env().Undefined();
   });
 }
@@ -117,8 +117,8 @@ LinearPlanWrap::LinearPlanWrap(const Napi::CallbackInfo& info) : Napi::ObjectWra
 Napi::Value LinearPlanWrap::Forward(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "LinearPlan.forward");
-    live(plan_, "LinearPlan").forward(getTensor(o, "x"), getTensor(o, "weight"), getTensor(o, "bias", false),
-                                      getTensor(o, "y"));
+    live(plan_, "LinearPlan")
+        .forward(getTensor(o, "x"), getTensor(o, "weight"), getTensor(o, "bias", false), getTensor(o, "y"));
     return info.Env().Undefined();
   });
 }
@@ -148,11 +148,11 @@ Napi::Value LinearPlanWrap::Dispose(const Napi::CallbackInfo& info) {
 // ---- Pool2dPlan ----------------------------------------------------------------------------
 
 Napi::Function Pool2dPlanWrap::Init(Napi::Env env) {
-  return DefineClass(env, "Pool2dPlan",
-                     {InstanceMethod<&Pool2dPlanWrap::Forward>("forward"),
-                      InstanceMethod<&Pool2dPlanWrap::Backward>("backward"),
-                      InstanceMethod<&Pool2dPlanWrap::WorkspaceBytes>("workspaceBytes"),
-                      InstanceMethod<&Pool2dPlanWrap::Dispose>("dispose")});
+  return DefineClass(
+      env, "Pool2dPlan",
+      {InstanceMethod<&Pool2dPlanWrap::Forward>("forward"), InstanceMethod<&Pool2dPlanWrap::Backward>("backward"),
+       InstanceMethod<&Pool2dPlanWrap::WorkspaceBytes>("workspaceBytes"),
+       InstanceMethod<&Pool2dPlanWrap::Dispose>("dispose")});
 }
 
 // new Pool2dPlan({ device, dtype, kind: 'max'|'avg', n, h, w, c, kernelH, kernelW, strideH,
@@ -209,13 +209,12 @@ Napi::Value Pool2dPlanWrap::Dispose(const Napi::CallbackInfo& info) {
 // ---- Communicator --------------------------------------------------------------------------
 
 Napi::Function CommunicatorWrap::Init(Napi::Env env) {
-  return DefineClass(env, "Communicator",
-                     {InstanceMethod<&CommunicatorWrap::AllReduce>("allReduce"),
-                      InstanceMethod<&CommunicatorWrap::Broadcast>("broadcast"),
-                      InstanceMethod<&CommunicatorWrap::Synchronize>("synchronize"),
-                      InstanceAccessor<&CommunicatorWrap::Rank>("rank"),
-                      InstanceAccessor<&CommunicatorWrap::Size>("size"),
-                      InstanceMethod<&CommunicatorWrap::Dispose>("dispose")});
+  return DefineClass(
+      env, "Communicator",
+      {InstanceMethod<&CommunicatorWrap::AllReduce>("allReduce"),
+       InstanceMethod<&CommunicatorWrap::Broadcast>("broadcast"),
+       InstanceMethod<&CommunicatorWrap::Synchronize>("synchronize"), InstanceAccessor<&CommunicatorWrap::Rank>("rank"),
+       InstanceAccessor<&CommunicatorWrap::Size>("size"), InstanceMethod<&CommunicatorWrap::Dispose>("dispose")});
 }
 
 // new Communicator({ device, uniqueId, rank, worldSize, timeoutSeconds })
@@ -228,8 +227,9 @@ CommunicatorWrap::CommunicatorWrap(const Napi::CallbackInfo& info) : Napi::Objec
                  "Communicator: rank " << rank << " is outside a world of " << worldSize);
     const double timeout = getNumber(o, "timeoutSeconds", 300.0);
     RC_CHECK_ARG(timeout > 0, "Communicator: timeoutSeconds must be positive, got " << timeout);
-    comm_ = backendFor(getDevice(o, "device"))
-                .createCommunicator(getString(o, "uniqueId"), static_cast<int>(rank), static_cast<int>(worldSize), timeout);
+    comm_ =
+        backendFor(getDevice(o, "device"))
+            .createCommunicator(getString(o, "uniqueId"), static_cast<int>(rank), static_cast<int>(worldSize), timeout);
   });
 }
 
@@ -260,11 +260,13 @@ Napi::Value CommunicatorWrap::Synchronize(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value CommunicatorWrap::Rank(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] { return Napi::Value(Napi::Number::New(info.Env(), live(comm_, "Communicator").rank())); });
+  return guarded(info.Env(),
+                 [&] { return Napi::Value(Napi::Number::New(info.Env(), live(comm_, "Communicator").rank())); });
 }
 
 Napi::Value CommunicatorWrap::Size(const Napi::CallbackInfo& info) {
-  return guarded(info.Env(), [&] { return Napi::Value(Napi::Number::New(info.Env(), live(comm_, "Communicator").size())); });
+  return guarded(info.Env(),
+                 [&] { return Napi::Value(Napi::Number::New(info.Env(), live(comm_, "Communicator").size())); });
 }
 
 Napi::Value CommunicatorWrap::Dispose(const Napi::CallbackInfo& info) {

@@ -119,8 +119,8 @@ std::vector<std::string> cudaLibrarySearchPath() {
   appendGlob("/usr/lib/python3/dist-packages", &sitePackages);
   for (const auto& sp : sitePackages) appendGlob(sp + "/nvidia/*/lib", &dirs);
   // The SDK of scripts/setup-cuda-sdk, which a machine with a GPU may use at run time too.
-  const std::string cache =
-      envOr("RESNET_CUDA_CACHE", envOr("XDG_CACHE_HOME", home.empty() ? std::string() : home + "/.cache") + "/resnet-cuda");
+  const std::string cache = envOr(
+      "RESNET_CUDA_CACHE", envOr("XDG_CACHE_HOME", home.empty() ? std::string() : home + "/.cache") + "/resnet-cuda");
   appendGlob(cache + "/cuda-sdk-*/lib", &dirs);
   return dirs;
 }
@@ -201,7 +201,8 @@ CudaLibrary& openCudaLibrary() {
     gCudaLib.handle = dlopen(replacement.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (gCudaLib.handle == nullptr) {
       const char* why = dlerror();
-      gCudaLib.error = "RESNET_CUDA_BACKEND_LIBRARY=" + replacement + " could not be loaded: " + (why ? why : "unknown error");
+      gCudaLib.error =
+          "RESNET_CUDA_BACKEND_LIBRARY=" + replacement + " could not be loaded: " + (why ? why : "unknown error");
       return gCudaLib;
     }
     bindCudaLibrary(replacement);

@@ -17,7 +17,7 @@ struct BackendStatus {
   bool available = false;  // usable now
   std::string reason;      // why not, when not
   int deviceCount = 0;
-  BackendInfo info;        // filled when available
+  BackendInfo info;  // filled when available
 };
 
 std::vector<BackendStatus> listBackends();

@@ -142,9 +142,9 @@ Napi::Value TensorWrap::CopyFrom(const Napi::CallbackInfo& info) {
     if (src.device() == dst.device()) {
       backendFor(dst.device()).copy(src, dst);
     } else {
-      RC_CHECK_ARG(src.shape() == dst.shape() && src.dtype() == dst.dtype(),
-                   "copyFrom: tensors must match in shape and dtype, got " << src.describe() << " and "
-                                                                          << dst.describe());
+      RC_CHECK_ARG(
+          src.shape() == dst.shape() && src.dtype() == dst.dtype(),
+          "copyFrom: tensors must match in shape and dtype, got " << src.describe() << " and " << dst.describe());
       std::vector<char> staging(src.nbytes());
       backendFor(src.device()).copyToHost(src, staging.data(), staging.size());
       backendFor(dst.device()).copyFromHost(staging.data(), staging.size(), dst);

@@ -178,7 +178,7 @@ export function translate(text, file) {
   }
 
   const shared = /\bextern\s+__shared__\s+([^;{}]*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;/dg;
-  for (let m; (m = shared.exec(code)) !== null; ) {
+  for (let m; (m = shared.exec(code)) !== null;) {
     const [typeStart, typeEnd] = m.indices[1];
     const type = text
       .slice(typeStart, typeEnd)
@@ -197,7 +197,7 @@ export function translate(text, file) {
   // Static shared variables: poisoned at each block's start (see rc_emu::poisonStaticShared), by a
   // statement appended on the declaration's own line.
   const staticShared = /\b__shared__\s+([^;{}()]*?)\b([A-Za-z_]\w*)\s*((?:\[[^;\]]*\]\s*)*);/g;
-  for (let m; (m = staticShared.exec(code)) !== null; ) {
+  for (let m; (m = staticShared.exec(code)) !== null;) {
     if (/\bextern\s+$/.test(code.slice(Math.max(0, m.index - 16), m.index))) continue;
     const end = m.index + m[0].length;
     const name = m[2];
@@ -210,7 +210,7 @@ export function translate(text, file) {
 
   // The host compiler does not know `#pragma unroll` (and would warn about every one).
   const unroll = /^([ \t]*)#[ \t]*pragma[ \t]+unroll\b[^\n]*$/gm;
-  for (let m; (m = unroll.exec(code)) !== null; ) {
+  for (let m; (m = unroll.exec(code)) !== null;) {
     const start = m.index + m[1].length;
     const end = m.index + m[0].length;
     edits.push({ start, end, text: `// ${text.slice(start, end).trim()}` });
@@ -247,9 +247,7 @@ function main(argv) {
   const source = path.resolve(input);
   const body = translate(text, input);
   const result =
-    `// Generated from ${source} by test/cuda-emulator/translate.mjs.\n` +
-    `#line 1 ${JSON.stringify(source)}\n` +
-    body;
+    `// Generated from ${source} by test/cuda-emulator/translate.mjs.\n` + `#line 1 ${JSON.stringify(source)}\n` + body;
   let existing = null;
   try {
     existing = fs.readFileSync(output, 'utf8');

@@ -12,7 +12,21 @@ function rejectCase(name: string, body: (s: Session) => void): OpCase {
 }
 
 function smallConv(s: Session) {
-  return s.own(new s.native.Conv2dPlan({ device: s.ctx.device, dtype: 'f32', n: 1, h: 4, w: 4, c: 2, k: 3, kernelH: 3, kernelW: 3, padH: 1, padW: 1 }));
+  return s.own(
+    new s.native.Conv2dPlan({
+      device: s.ctx.device,
+      dtype: 'f32',
+      n: 1,
+      h: 4,
+      w: 4,
+      c: 2,
+      k: 3,
+      kernelH: 3,
+      kernelW: 3,
+      padH: 1,
+      padW: 1,
+    }),
+  );
 }
 
 /** Wrong shapes, wrong dtypes, out-of-range labels and disposed objects. */
@@ -20,32 +34,80 @@ export const badInputCases: OpCase[] = [
   rejectCase('conv2d.forward x of the wrong shape', (s) => {
     const plan = smallConv(s);
     s.expectThrow('x [1,4,5,2] for a plan of [1,4,4,2]', INVALID, () =>
-      plan.forward({ x: s.tensor([1, 4, 5, 2], 'f32'), weight: s.tensor([3, 3, 3, 2], 'f32'), y: s.tensor([1, 4, 4, 3], 'f32') }),
+      plan.forward({
+        x: s.tensor([1, 4, 5, 2], 'f32'),
+        weight: s.tensor([3, 3, 3, 2], 'f32'),
+        y: s.tensor([1, 4, 4, 3], 'f32'),
+      }),
     );
     s.expectThrow('weight in HWIO order [3,3,2,3]', INVALID, () =>
-      plan.forward({ x: s.tensor([1, 4, 4, 2], 'f32'), weight: s.tensor([3, 3, 2, 3], 'f32'), y: s.tensor([1, 4, 4, 3], 'f32') }),
+      plan.forward({
+        x: s.tensor([1, 4, 4, 2], 'f32'),
+        weight: s.tensor([3, 3, 2, 3], 'f32'),
+        y: s.tensor([1, 4, 4, 3], 'f32'),
+      }),
     );
   }),
   rejectCase('a window that does not fit the padded input, by less than one stride', (s) => {
     // (2 - 3) / 2 rounds to 0 when divided towards zero, which once made a 1x1 output of a window
     // that reads past the input; the division is floored.
     s.expectThrow('max pool 3x3 stride 2 over 2x2', INVALID, () =>
-      s.own(new s.native.Pool2dPlan({ device: s.ctx.device, dtype: 'f32', kind: 'max', n: 1, h: 2, w: 2, c: 1, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2, padH: 0, padW: 0 })),
+      s.own(
+        new s.native.Pool2dPlan({
+          device: s.ctx.device,
+          dtype: 'f32',
+          kind: 'max',
+          n: 1,
+          h: 2,
+          w: 2,
+          c: 1,
+          kernelH: 3,
+          kernelW: 3,
+          strideH: 2,
+          strideW: 2,
+          padH: 0,
+          padW: 0,
+        }),
+      ),
     );
     s.expectThrow('conv 3x3 stride 2 over 2x2', INVALID, () =>
-      s.own(new s.native.Conv2dPlan({ device: s.ctx.device, dtype: 'f32', n: 1, h: 2, w: 2, c: 1, k: 1, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2 })),
+      s.own(
+        new s.native.Conv2dPlan({
+          device: s.ctx.device,
+          dtype: 'f32',
+          n: 1,
+          h: 2,
+          w: 2,
+          c: 1,
+          k: 1,
+          kernelH: 3,
+          kernelW: 3,
+          strideH: 2,
+          strideW: 2,
+        }),
+      ),
     );
   }),
   rejectCase('conv2d.forward x of the wrong dtype', (s) => {
     const plan = smallConv(s);
     s.expectThrow('bf16 x for an f32 plan', INVALID, () =>
-      plan.forward({ x: s.tensor([1, 4, 4, 2], 'bf16'), weight: s.tensor([3, 3, 3, 2], 'f32'), y: s.tensor([1, 4, 4, 3], 'f32') }),
+      plan.forward({
+        x: s.tensor([1, 4, 4, 2], 'bf16'),
+        weight: s.tensor([3, 3, 3, 2], 'f32'),
+        y: s.tensor([1, 4, 4, 3], 'f32'),
+      }),
     );
   }),
   rejectCase('relu with mismatched dtypes and shapes', (s) => {
-    s.expectThrow('f32 x, bf16 y', INVALID, () => s.native.relu({ x: s.tensor([2, 3], 'f32'), y: s.tensor([2, 3], 'bf16') }));
-    s.expectThrow('x [2,3], y [3,2]', INVALID, () => s.native.relu({ x: s.tensor([2, 3], 'f32'), y: s.tensor([3, 2], 'f32') }));
-    s.expectThrow('i32 tensors', INVALID, () => s.native.relu({ x: s.tensor([2, 3], 'i32'), y: s.tensor([2, 3], 'i32') }));
+    s.expectThrow('f32 x, bf16 y', INVALID, () =>
+      s.native.relu({ x: s.tensor([2, 3], 'f32'), y: s.tensor([2, 3], 'bf16') }),
+    );
+    s.expectThrow('x [2,3], y [3,2]', INVALID, () =>
+      s.native.relu({ x: s.tensor([2, 3], 'f32'), y: s.tensor([3, 2], 'f32') }),
+    );
+    s.expectThrow('i32 tensors', INVALID, () =>
+      s.native.relu({ x: s.tensor([2, 3], 'i32'), y: s.tensor([2, 3], 'i32') }),
+    );
   }),
   rejectCase('crossEntropy labels out of range', (s) => {
     for (const bad of [10, -1]) {
@@ -60,7 +122,11 @@ export const badInputCases: OpCase[] = [
       s.read(loss);
     }
     s.expectThrow('f32 labels', INVALID, () =>
-      s.native.crossEntropy({ logits: s.tensor([4, 10], 'f32'), labels: s.tensor([4], 'f32'), loss: s.tensor([1], 'f32') }),
+      s.native.crossEntropy({
+        logits: s.tensor([4, 10], 'f32'),
+        labels: s.tensor([4], 'f32'),
+        loss: s.tensor([1], 'f32'),
+      }),
     );
   }),
   rejectCase('batchnorm gamma of the wrong shape', (s) => {
@@ -91,9 +157,13 @@ export const badInputCases: OpCase[] = [
   }),
   rejectCase('lerp with bad tensors or weights', (s) => {
     const a = s.tensor([10], 'f32');
-    s.expectThrow('bf16 a', INVALID, () => s.native.lerp({ a: s.tensor([10], 'bf16'), b: s.tensor([10], 'f32'), weight: 0.5 }));
+    s.expectThrow('bf16 a', INVALID, () =>
+      s.native.lerp({ a: s.tensor([10], 'bf16'), b: s.tensor([10], 'f32'), weight: 0.5 }),
+    );
     s.expectThrow('i32 b', INVALID, () => s.native.lerp({ a, b: s.tensor([10], 'i32'), weight: 0.5 }));
-    s.expectThrow('b of 11 elements for a of 10', INVALID, () => s.native.lerp({ a, b: s.tensor([11], 'f32'), weight: 0.5 }));
+    s.expectThrow('b of 11 elements for a of 10', INVALID, () =>
+      s.native.lerp({ a, b: s.tensor([11], 'f32'), weight: 0.5 }),
+    );
     for (const weight of [-0.1, 1.5, NaN, Infinity]) {
       s.expectThrow(`weight ${weight}`, INVALID, () => s.native.lerp({ a, b: s.tensor([10], 'f32'), weight }));
     }
@@ -112,7 +182,11 @@ export const badInputCases: OpCase[] = [
     const plan = smallConv(s);
     plan.dispose();
     s.expectThrow('forward on a disposed Conv2dPlan', DISPOSED, () =>
-      plan.forward({ x: s.tensor([1, 4, 4, 2], 'f32'), weight: s.tensor([3, 3, 3, 2], 'f32'), y: s.tensor([1, 4, 4, 3], 'f32') }),
+      plan.forward({
+        x: s.tensor([1, 4, 4, 2], 'f32'),
+        weight: s.tensor([3, 3, 3, 2], 'f32'),
+        y: s.tensor([1, 4, 4, 3], 'f32'),
+      }),
     );
   }),
 ];

@@ -110,7 +110,9 @@ function inferenceForwardCase(v: BnVariant): OpCase {
         const i = inputs(s, v);
         // Centre x on the running statistics so that y is O(1), as in a trained network.
         const x = new Float64Array(i.n);
-        for (let j = 0; j < i.n; ++j) x[j] = i.runningMean[j % i.c]! + Math.sqrt(i.runningVar[j % i.c]!) * s.rng.normal();
+        for (let j = 0; j < i.n; ++j) {
+          x[j] = i.runningMean[j % i.c]! + Math.sqrt(i.runningVar[j % i.c]!) * s.rng.normal();
+        }
         const xq = s.q(x);
         const runningMean = s.tensor([i.c], 'f32', i.runningMean);
         const runningVar = s.tensor([i.c], 'f32', i.runningVar);
@@ -127,7 +129,12 @@ function inferenceForwardCase(v: BnVariant): OpCase {
           relu: v.relu,
           eps: EPS,
         });
-        s.check('y', s.read(y), batchNormInferenceForward(xq, { channels: i.c, ...i, relu: v.relu, eps: EPS }), tolerance(ctx.dtype));
+        s.check(
+          'y',
+          s.read(y),
+          batchNormInferenceForward(xq, { channels: i.c, ...i, relu: v.relu, eps: EPS }),
+          tolerance(ctx.dtype),
+        );
         // Inference must leave the running statistics alone.
         s.checkExact('runningMean (unchanged)', s.read(runningMean), i.runningMean);
         s.checkExact('runningVar (unchanged)', s.read(runningVar), i.runningVar);
@@ -149,7 +156,14 @@ function backwardCase(v: BnVariant): OpCase {
         const saveInvStd = s.q(fwd.saveInvStd, 'f32');
         const y = s.q(fwd.y);
         const dy = s.q(s.rng.normals(i.n));
-        const ref = batchNormBackward(i.x, dy, { channels: i.c, gamma: i.gamma, saveMean, saveInvStd, y, relu: v.relu });
+        const ref = batchNormBackward(i.x, dy, {
+          channels: i.c,
+          gamma: i.gamma,
+          saveMean,
+          saveInvStd,
+          y,
+          relu: v.relu,
+        });
         const gBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dGamma)), 'f32');
         const bBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dBeta)), 'f32');
         const dGamma = s.tensor([i.c], 'f32', gBefore);
@@ -190,7 +204,9 @@ function inferenceBackwardCase(v: BnVariant): OpCase {
       session(ctx, 'batchnorm.backward.inference', text, (s) => {
         const i = inputs(s, v);
         const x = new Float64Array(i.n);
-        for (let j = 0; j < i.n; ++j) x[j] = i.runningMean[j % i.c]! + Math.sqrt(i.runningVar[j % i.c]!) * s.rng.normal();
+        for (let j = 0; j < i.n; ++j) {
+          x[j] = i.runningMean[j % i.c]! + Math.sqrt(i.runningVar[j % i.c]!) * s.rng.normal();
+        }
         const xq = s.q(x);
         const xT = s.tensor(v.shape, ctx.dtype, xq);
         const gammaT = s.tensor([i.c], 'f32', i.gamma);
@@ -212,10 +228,23 @@ function inferenceBackwardCase(v: BnVariant): OpCase {
           eps: EPS,
         });
         s.checkExact('saveMean (the running mean)', s.read(saveMean), i.runningMean);
-        s.check('saveInvStd (1/sqrt(running var + eps))', s.read(saveInvStd), i.runningVar.map((rv) => 1 / Math.sqrt(rv + EPS)), STATS_TOL);
+        s.check(
+          'saveInvStd (1/sqrt(running var + eps))',
+          s.read(saveInvStd),
+          i.runningVar.map((rv) => 1 / Math.sqrt(rv + EPS)),
+          STATS_TOL,
+        );
         const y = s.read(yT);
         const dy = s.q(s.rng.normals(i.n));
-        const ref = batchNormInferenceBackward(xq, dy, { channels: i.c, gamma: i.gamma, runningMean: i.runningMean, runningVar: i.runningVar, eps: EPS, y, relu: v.relu });
+        const ref = batchNormInferenceBackward(xq, dy, {
+          channels: i.c,
+          gamma: i.gamma,
+          runningMean: i.runningMean,
+          runningVar: i.runningVar,
+          eps: EPS,
+          y,
+          relu: v.relu,
+        });
         const gBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dGamma)), 'f32');
         const bBefore = s.q(s.rng.normals(i.c, 0, rms(ref.dBeta)), 'f32');
         const dGamma = s.tensor([i.c], 'f32', gBefore);

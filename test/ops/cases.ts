@@ -18,7 +18,14 @@ export { gradientChecks } from './gradient-checks.js';
 export { suiteSeed, TOLERANCE, type CaseContext, type GradientCheck, type OpCase } from './harness.js';
 
 /** Every op case compared against the reference. */
-export const opCases: OpCase[] = [...convCases, ...poolCases, ...batchNormCases, ...miscCases, ...optimCases, ...specialValueCases];
+export const opCases: OpCase[] = [
+  ...convCases,
+  ...poolCases,
+  ...batchNormCases,
+  ...miscCases,
+  ...optimCases,
+  ...specialValueCases,
+];
 
 /** The whole table: op cases, then the inputs that must be rejected. */
 export const cases: OpCase[] = [...opCases, ...badInputCases, ...optimBadInputCases];

@@ -267,4 +267,3 @@ export const convCases: OpCase[] = [
   ...CONV_SHAPES.map(convBackwardWeightsCase),
   ...LINEAR_SHAPES.flatMap(linearCases),
 ];
-

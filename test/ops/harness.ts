@@ -64,10 +64,12 @@ export function floatFormat(dtype: DTypeName): FloatFormat {
  * fresh one, so every run tries new inputs.
  */
 export function suiteSeed(): number {
-  const fixed = process.env['RESNET_TEST_SEED'];
+  const fixed = process.env.RESNET_TEST_SEED;
   if (fixed !== undefined && fixed !== '') {
     const seed = Number(fixed);
-    if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new Error(`RESNET_TEST_SEED must be a 32-bit unsigned integer, got '${fixed}'`);
+    if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) {
+      throw new Error(`RESNET_TEST_SEED must be a 32-bit unsigned integer, got '${fixed}'`);
+    }
     return seed;
   }
   return freshSeed();
@@ -138,7 +140,7 @@ export function fmtShape(shape: readonly number[]): string {
 export class Session {
   readonly rng: Rng;
   readonly native: RawAddon;
-  private readonly owned: Array<{ dispose(): void }> = [];
+  private readonly owned: { dispose(): void }[] = [];
 
   constructor(
     readonly ctx: CaseContext,
@@ -199,7 +201,9 @@ export class Session {
     if (out.length !== ref.length) this.fail(`${what}: ${out.length} elements, expected ${ref.length}`);
     const err = relError(out, ref);
     // OPS_VERBOSE=1 prints every measured error, to see how close each case runs to its tolerance.
-    if (process.env['OPS_VERBOSE']) console.log(`  ${this.describe()} ${what}: ${err.toExponential(2)} (tol ${tol.toExponential(0)})`);
+    if (process.env.OPS_VERBOSE) {
+      console.log(`  ${this.describe()} ${what}: ${err.toExponential(2)} (tol ${tol.toExponential(0)})`);
+    }
     if (!(err <= tol)) {
       const w = worstElement(out, ref);
       this.fail(
@@ -249,7 +253,9 @@ export class Session {
     } catch (error) {
       const got = (error as { code?: unknown }).code;
       if (got === code) return;
-      this.fail(`${what}: expected an error with code ${code}, got ${String(got)}: ${(error as Error).message ?? String(error)}`);
+      this.fail(
+        `${what}: expected an error with code ${code}, got ${String(got)}: ${(error as Error).message ?? String(error)}`,
+      );
     }
     this.fail(`${what}: expected an error with code ${code}, but the call succeeded`);
   }

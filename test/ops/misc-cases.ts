@@ -248,8 +248,17 @@ function sgdCase(v: SgdVariant): OpCase {
         );
         if (bT && ref.momentumBuffer) {
           const got = s.read(bT);
-          s.check('momentumBuffer', pick(got, momentumIndex, 1), pick(ref.momentumBuffer, momentumIndex, 1), tolerance('f32'));
-          s.checkExact('momentumBuffer without momentum (untouched)', pick(got, momentumIndex, 0), pick(buffer, momentumIndex, 0));
+          s.check(
+            'momentumBuffer',
+            pick(got, momentumIndex, 1),
+            pick(ref.momentumBuffer, momentumIndex, 1),
+            tolerance('f32'),
+          );
+          s.checkExact(
+            'momentumBuffer without momentum (untouched)',
+            pick(got, momentumIndex, 0),
+            pick(buffer, momentumIndex, 0),
+          );
         }
       }),
   };
@@ -266,7 +275,13 @@ function pick(v: Float64Array, mask: Uint8Array, want: number): Float64Array {
 }
 
 const sgdCases: OpCase[] = [
-  sgdCase({ label: 'first step, grad scale 1/256, foundInf=0', groups: MIXED_GROUPS, firstStep: true, foundInf: 0, gradScaleInv: 1 / 256 }),
+  sgdCase({
+    label: 'first step, grad scale 1/256, foundInf=0',
+    groups: MIXED_GROUPS,
+    firstStep: true,
+    foundInf: 0,
+    gradScaleInv: 1 / 256,
+  }),
   sgdCase({ label: 'later step', groups: MIXED_GROUPS, firstStep: false, foundInf: undefined, gradScaleInv: 1 }),
   sgdCase({ label: 'skipped on foundInf', groups: MIXED_GROUPS, firstStep: false, foundInf: 1, gradScaleInv: 1 / 128 }),
   sgdCase({
@@ -312,8 +327,29 @@ function convertInputCase(withFlip: boolean): OpCase {
 // Rounding corner cases: ties to even in bf16 and f16, f16 overflow and subnormals, signed zero,
 // infinities, NaN and the largest finite values.
 const CAST_SPECIALS = [
-  0, -0, 1, -1, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 1 + 2 ** -11, 1 + 3 * 2 ** -11, 65504, 65519, 65520, 1e-6,
-  -3e-7, 2 ** -24, 2 ** -25, 3 * 2 ** -26, Infinity, -Infinity, NaN, 3.3e38, f32FromBits(0x7f7fffff), 1e-40,
+  0,
+  -0,
+  1,
+  -1,
+  1 + 2 ** -8,
+  1 + 3 * 2 ** -8,
+  -(1 + 2 ** -8),
+  1 + 2 ** -11,
+  1 + 3 * 2 ** -11,
+  65504,
+  65519,
+  65520,
+  1e-6,
+  -3e-7,
+  2 ** -24,
+  2 ** -25,
+  3 * 2 ** -26,
+  Infinity,
+  -Infinity,
+  NaN,
+  3.3e38,
+  f32FromBits(0x7f7fffff),
+  1e-40,
 ];
 
 function castCase(): OpCase {
@@ -325,7 +361,10 @@ function castCase(): OpCase {
       session(ctx, 'cast', `${fmtShape(shape)} f32->${ctx.dtype}->f32`, (s) => {
         const n = count(shape);
         const randomCount = n - CAST_SPECIALS.length;
-        const values = s.q([...s.rng.normals(randomCount).map((v, i) => v * 2 ** ((i % 24) - 12)), ...CAST_SPECIALS], 'f32');
+        const values = s.q(
+          [...s.rng.normals(randomCount).map((v, i) => v * 2 ** ((i % 24) - 12)), ...CAST_SPECIALS],
+          'f32',
+        );
         const src = s.tensor(shape, 'f32', values);
         const mid = s.poisoned(shape);
         const back = s.poisoned(shape, 'f32');
@@ -346,7 +385,12 @@ function castCase(): OpCase {
             s.fail(`${ctx.dtype} ${got} cast back to f32 gave ${backValues[i]}, expected it unchanged`);
           }
         }
-        s.check('round trip of the random values', backValues.subarray(0, randomCount), values.subarray(0, randomCount), tolerance(ctx.dtype));
+        s.check(
+          'round trip of the random values',
+          backValues.subarray(0, randomCount),
+          values.subarray(0, randomCount),
+          tolerance(ctx.dtype),
+        );
       }),
   };
 }

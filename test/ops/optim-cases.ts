@@ -82,7 +82,9 @@ function adamCase(kind: 'adamw' | 'lamb', v: AdamVariant): OpCase {
         const groups = f32Groups(v.groups);
         // Parameters of 0.1 keep their f32 rounding far below the update being compared.
         const params = s.q(s.rng.normals(ARENA, 0, 0.1), 'f32');
-        for (const k of v.zeroSegments ?? []) params.fill(0, SEGMENTS[k]!.offset, SEGMENTS[k]!.offset + SEGMENTS[k]!.count);
+        for (const k of v.zeroSegments ?? []) {
+          params.fill(0, SEGMENTS[k]!.offset, SEGMENTS[k]!.offset + SEGMENTS[k]!.count);
+        }
         const grads = s.q(s.rng.normals(ARENA, 0, 1 / v.gradScaleInv), 'f32');
         const first = v.step === 1;
         const expAvg = first ? new Float64Array(ARENA) : s.q(s.rng.normals(ARENA, 0, 0.1), 'f32');
@@ -104,8 +106,15 @@ function adamCase(kind: 'adamw' | 'lamb', v: AdamVariant): OpCase {
         if (kind === 'adamw') s.native.adamwStep(args);
         else s.native.lambStep(args);
         const refArgs = {
-          params, grads, expAvg, expAvgSq, groups, segments: SEGMENTS, step: v.step,
-          foundInf: v.foundInf ?? 0, gradScaleInv: Math.fround(v.gradScaleInv),
+          params,
+          grads,
+          expAvg,
+          expAvgSq,
+          groups,
+          segments: SEGMENTS,
+          step: v.step,
+          foundInf: v.foundInf ?? 0,
+          gradScaleInv: Math.fround(v.gradScaleInv),
         };
         const ref = kind === 'adamw' ? adamwStep(refArgs) : lambStep(refArgs);
         const after = s.read(pT);
@@ -117,8 +126,16 @@ function adamCase(kind: 'adamw' | 'lamb', v: AdamVariant): OpCase {
         }
         const inside = insideMask(SEGMENTS);
         // Compare the update, not the parameters: it is what the step computes, and much smaller.
-        const delta = pick(after.map((p, i) => p - params[i]!), inside, 1);
-        const refDelta = pick(ref.params.map((p, i) => p - params[i]!), inside, 1);
+        const delta = pick(
+          after.map((p, i) => p - params[i]!),
+          inside,
+          1,
+        );
+        const refDelta = pick(
+          ref.params.map((p, i) => p - params[i]!),
+          inside,
+          1,
+        );
         s.check('params update (after - before)', delta, refDelta, tolerance('f32'));
         // Per segment too: a wrong trust ratio on a small segment hides in the global error.
         for (const seg of SEGMENTS) {
@@ -154,10 +171,28 @@ const LAMB_GROUPS: AdamGroup[] = [
 ];
 
 const adamCases: OpCase[] = [
-  adamCase('adamw', { label: 'first step, grad scale 1/256, foundInf=0', groups: ADAMW_GROUPS, step: 1, foundInf: 0, gradScaleInv: 1 / 256 }),
-  adamCase('adamw', { label: 'step 7 with moments', groups: ADAMW_GROUPS, step: 7, foundInf: undefined, gradScaleInv: 1 }),
+  adamCase('adamw', {
+    label: 'first step, grad scale 1/256, foundInf=0',
+    groups: ADAMW_GROUPS,
+    step: 1,
+    foundInf: 0,
+    gradScaleInv: 1 / 256,
+  }),
+  adamCase('adamw', {
+    label: 'step 7 with moments',
+    groups: ADAMW_GROUPS,
+    step: 7,
+    foundInf: undefined,
+    gradScaleInv: 1,
+  }),
   adamCase('adamw', { label: 'skipped on foundInf', groups: ADAMW_GROUPS, step: 3, foundInf: 1, gradScaleInv: 1 / 64 }),
-  adamCase('lamb', { label: 'first step, grad scale 1/128, foundInf=0', groups: LAMB_GROUPS, step: 1, foundInf: 0, gradScaleInv: 1 / 128 }),
+  adamCase('lamb', {
+    label: 'first step, grad scale 1/128, foundInf=0',
+    groups: LAMB_GROUPS,
+    step: 1,
+    foundInf: 0,
+    gradScaleInv: 1 / 128,
+  }),
   adamCase('lamb', {
     label: 'step 4 with moments, a zero parameter tensor',
     groups: LAMB_GROUPS,
@@ -171,7 +206,7 @@ const adamCases: OpCase[] = [
 ];
 
 /** Random gradients with `specials` written at the given indices. */
-function gradients(s: Session, specials: Array<[number, number]> = []): Float64Array {
+function gradients(s: Session, specials: [number, number][] = []): Float64Array {
   const g = s.q(s.rng.normals(ARENA), 'f32');
   for (const [i, value] of specials) g[i] = value;
   return g;
@@ -180,7 +215,7 @@ function gradients(s: Session, specials: Array<[number, number]> = []): Float64A
 interface NormVariant {
   label: string;
   segments: SgdSegment[] | undefined;
-  specials?: Array<[number, number]>;
+  specials?: [number, number][];
   /** undefined: no foundInf tensor; else its value before the op. */
   foundInf?: number;
 }
@@ -214,14 +249,22 @@ const normCases: OpCase[] = [
   normCase({ label: 'whole arena', segments: undefined }),
   normCase({ label: 'segments, finite, foundInf stays 0', segments: SEGMENTS, foundInf: 0 }),
   normCase({ label: 'segments, inf inside a segment', segments: SEGMENTS, specials: [[9000, Infinity]], foundInf: 0 }),
-  normCase({ label: 'segments, NaN in a gap ignored', segments: SEGMENTS, specials: [[17510, NaN], [23999, Infinity]], foundInf: 0 }),
+  normCase({
+    label: 'segments, NaN in a gap ignored',
+    segments: SEGMENTS,
+    specials: [
+      [17510, NaN],
+      [23999, Infinity],
+    ],
+    foundInf: 0,
+  }),
 ];
 
 interface UnscaleVariant {
   label: string;
   segments: SgdSegment[] | undefined;
   invScale: number;
-  specials?: Array<[number, number]>;
+  specials?: [number, number][];
   /** foundInf before the op: never cleared by it. */
   foundInf: number;
 }
@@ -237,7 +280,12 @@ function unscaleCase(v: UnscaleVariant): OpCase {
         const gT = s.tensor([ARENA], 'f32', grads);
         const flag = s.tensor([1], 'f32', [v.foundInf]);
         const invScale = Math.fround(v.invScale);
-        s.native.unscaleAndCheck({ grads: gT, invScale, foundInf: flag, ...(v.segments ? { segments: triples(v.segments) } : {}) });
+        s.native.unscaleAndCheck({
+          grads: gT,
+          invScale,
+          foundInf: flag,
+          ...(v.segments ? { segments: triples(v.segments) } : {}),
+        });
         const ref = unscaleAndCheck(grads, invScale, v.segments);
         // An f32 product is the double product rounded once: the result is exact.
         s.checkExact('grads', s.read(gT), ref.grads.map(Math.fround));
@@ -253,10 +301,19 @@ const unscaleCases: OpCase[] = [
     label: 'segments, -inf and NaN inside',
     segments: SEGMENTS,
     invScale: 1 / 3,
-    specials: [[17600, -Infinity], [20000, NaN]],
+    specials: [
+      [17600, -Infinity],
+      [20000, NaN],
+    ],
     foundInf: 0,
   }),
-  unscaleCase({ label: 'segments, inf in a gap ignored', segments: SEGMENTS, invScale: 0.5, specials: [[460, Infinity]], foundInf: 0 }),
+  unscaleCase({
+    label: 'segments, inf in a gap ignored',
+    segments: SEGMENTS,
+    invScale: 0.5,
+    specials: [[460, Infinity]],
+    foundInf: 0,
+  }),
 ];
 
 interface ClipVariant {
@@ -309,7 +366,12 @@ function clipCase(v: ClipVariant): OpCase {
 }
 
 const clipCases: OpCase[] = [
-  clipCase({ label: 'whole arena, norm from gradNorm on the device', segments: undefined, norm: 'device', maxNorm: 10 }),
+  clipCase({
+    label: 'whole arena, norm from gradNorm on the device',
+    segments: undefined,
+    norm: 'device',
+    maxNorm: 10,
+  }),
   clipCase({ label: 'segments, norm 3x the true one', segments: SEGMENTS, norm: 3, maxNorm: 5 }),
   clipCase({ label: 'segments, within maxNorm', segments: SEGMENTS, norm: 1, maxNorm: 1e6 }),
   clipCase({ label: 'segments, NaN norm', segments: SEGMENTS, norm: 'nan', maxNorm: 1 }),
@@ -337,7 +399,14 @@ function scalerCase(v: ScalerVariant): OpCase {
         const foundInf = s.tensor([1], 'f32', [v.foundInf]);
         const growthFactor = Math.fround(v.growthFactor);
         const backoffFactor = Math.fround(v.backoffFactor);
-        s.native.scalerUpdate({ scale, growthTracker, foundInf, growthFactor, backoffFactor, growthInterval: v.growthInterval });
+        s.native.scalerUpdate({
+          scale,
+          growthTracker,
+          foundInf,
+          growthFactor,
+          backoffFactor,
+          growthInterval: v.growthInterval,
+        });
         const ref = scalerUpdate({ ...v, scale: Math.fround(v.scale), growthFactor, backoffFactor });
         s.checkExact('scale', s.read(scale), [ref.scale]);
         s.checkExact('growthTracker', s.read(growthTracker), [ref.growthTracker]);
@@ -347,12 +416,60 @@ function scalerCase(v: ScalerVariant): OpCase {
 }
 
 const scalerCases: OpCase[] = [
-  scalerCase({ label: 'backs off on inf', scale: 65536, growthTracker: 5, foundInf: 1, growthFactor: 2, backoffFactor: 0.5, growthInterval: 2000 }),
-  scalerCase({ label: 'counts a clean step', scale: 1024, growthTracker: 0, foundInf: 0, growthFactor: 2, backoffFactor: 0.5, growthInterval: 3 }),
-  scalerCase({ label: 'grows at the interval', scale: 1024, growthTracker: 2, foundInf: 0, growthFactor: 2, backoffFactor: 0.5, growthInterval: 3 }),
-  scalerCase({ label: 'grows every step with interval 1', scale: 3, growthTracker: 0, foundInf: 0, growthFactor: 1.5, backoffFactor: 0.25, growthInterval: 1 }),
-  scalerCase({ label: 'never grows to inf', scale: 3e38, growthTracker: 9, foundInf: 0, growthFactor: 2, backoffFactor: 0.5, growthInterval: 10 }),
-  scalerCase({ label: 'custom backoff', scale: 3, growthTracker: 1, foundInf: 1, growthFactor: 2, backoffFactor: 0.125, growthInterval: 10 }),
+  scalerCase({
+    label: 'backs off on inf',
+    scale: 65536,
+    growthTracker: 5,
+    foundInf: 1,
+    growthFactor: 2,
+    backoffFactor: 0.5,
+    growthInterval: 2000,
+  }),
+  scalerCase({
+    label: 'counts a clean step',
+    scale: 1024,
+    growthTracker: 0,
+    foundInf: 0,
+    growthFactor: 2,
+    backoffFactor: 0.5,
+    growthInterval: 3,
+  }),
+  scalerCase({
+    label: 'grows at the interval',
+    scale: 1024,
+    growthTracker: 2,
+    foundInf: 0,
+    growthFactor: 2,
+    backoffFactor: 0.5,
+    growthInterval: 3,
+  }),
+  scalerCase({
+    label: 'grows every step with interval 1',
+    scale: 3,
+    growthTracker: 0,
+    foundInf: 0,
+    growthFactor: 1.5,
+    backoffFactor: 0.25,
+    growthInterval: 1,
+  }),
+  scalerCase({
+    label: 'never grows to inf',
+    scale: 3e38,
+    growthTracker: 9,
+    foundInf: 0,
+    growthFactor: 2,
+    backoffFactor: 0.5,
+    growthInterval: 10,
+  }),
+  scalerCase({
+    label: 'custom backoff',
+    scale: 3,
+    growthTracker: 1,
+    foundInf: 1,
+    growthFactor: 2,
+    backoffFactor: 0.125,
+    growthInterval: 10,
+  }),
 ];
 
 function rejectCase(name: string, body: (s: Session) => void): OpCase {
@@ -386,8 +503,12 @@ export const optimBadInputCases: OpCase[] = [
     s.expectThrow('beta2 = 1', INVALID, () => s.native.adamwStep(adamArgs(s, { groups: [{ lr: 0.1, beta2: 1 }] })));
   }),
   rejectCase('lambStep segment naming a missing group, i32 foundInf', (s) => {
-    s.expectThrow('group 1 of 1', INVALID, () => s.native.lambStep(adamArgs(s, { segments: Int32Array.from([0, 10, 1]) })));
-    s.expectThrow('i32 foundInf', INVALID, () => s.native.lambStep(adamArgs(s, { foundInf: s.tensor([1], 'i32', [0]) })));
+    s.expectThrow('group 1 of 1', INVALID, () =>
+      s.native.lambStep(adamArgs(s, { segments: Int32Array.from([0, 10, 1]) })),
+    );
+    s.expectThrow('i32 foundInf', INVALID, () =>
+      s.native.lambStep(adamArgs(s, { foundInf: s.tensor([1], 'i32', [0]) })),
+    );
   }),
   rejectCase('gradNorm, unscaleAndCheck and clipGradNorm with bad tensors', (s) => {
     const grads = s.tensor([100], 'f32');
@@ -405,11 +526,23 @@ export const optimBadInputCases: OpCase[] = [
   rejectCase('scalerUpdate f32 growthTracker, interval 0', (s) => {
     const f = (v: number) => s.tensor([1], 'f32', [v]);
     s.expectThrow('f32 growthTracker', INVALID, () =>
-      s.native.scalerUpdate({ scale: f(1), growthTracker: f(0), foundInf: f(0), growthFactor: 2, backoffFactor: 0.5, growthInterval: 10 }),
+      s.native.scalerUpdate({
+        scale: f(1),
+        growthTracker: f(0),
+        foundInf: f(0),
+        growthFactor: 2,
+        backoffFactor: 0.5,
+        growthInterval: 10,
+      }),
     );
     s.expectThrow('growthInterval 0', INVALID, () =>
       s.native.scalerUpdate({
-        scale: f(1), growthTracker: s.tensor([1], 'i32', [0]), foundInf: f(0), growthFactor: 2, backoffFactor: 0.5, growthInterval: 0,
+        scale: f(1),
+        growthTracker: s.tensor([1], 'i32', [0]),
+        foundInf: f(0),
+        growthFactor: 2,
+        backoffFactor: 0.5,
+        growthInterval: 0,
       }),
     );
   }),

@@ -77,7 +77,11 @@ function casesFor(shape: PoolShape): OpCase[] {
           const { g, plan, workspace, x } = setup(s, shape);
           const dy = s.q(s.rng.normals(g.n * g.outH * g.outW * g.c));
           const dx = s.poisoned([g.n, g.h, g.w, g.c]);
-          plan.backward({ dy: s.tensor([g.n, g.outH, g.outW, g.c], ctx.dtype, dy), dx, ...(workspace ? { workspace } : {}) });
+          plan.backward({
+            dy: s.tensor([g.n, g.outH, g.outW, g.c], ctx.dtype, dy),
+            dx,
+            ...(workspace ? { workspace } : {}),
+          });
           const ref = shape.kind === 'max' ? maxPool2dBackward(g, x, dy) : avgPool2dBackward(g, dy);
           s.check('dx', s.read(dx), ref, tolerance(ctx.dtype));
         }),

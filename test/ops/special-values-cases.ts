@@ -61,7 +61,18 @@ const reluCases: OpCase[] = [
   },
 ];
 
-const POOL: Pool2dGeometry = { n: 2, h: 9, w: 9, c: 4, kernelH: 3, kernelW: 3, strideH: 2, strideW: 2, padH: 1, padW: 1 };
+const POOL: Pool2dGeometry = {
+  n: 2,
+  h: 9,
+  w: 9,
+  c: 4,
+  kernelH: 3,
+  kernelW: 3,
+  strideH: 2,
+  strideW: 2,
+  padH: 1,
+  padW: 1,
+};
 
 function poolCase(kind: 'max' | 'avg', pass: 'forward' | 'backward'): OpCase {
   const g = resolvePool2d(POOL);
@@ -89,13 +100,27 @@ function poolCase(kind: 'max' | 'avg', pass: 'forward' | 'backward'): OpCase {
         const xT = s.tensor([g.n, g.h, g.w, g.c], ctx.dtype, x);
         plan.forward({ x: xT, y, ...(workspace ? { workspace } : {}) });
         if (pass === 'forward') {
-          s.checkSpecials('y', s.read(y), kind === 'max' ? maxPool2dForward(g, x).y : avgPool2dForward(g, x), tolerance(ctx.dtype));
+          s.checkSpecials(
+            'y',
+            s.read(y),
+            kind === 'max' ? maxPool2dForward(g, x).y : avgPool2dForward(g, x),
+            tolerance(ctx.dtype),
+          );
           return;
         }
         const dy = withSpecials(s.rng, s.q(s.rng.normals(g.n * g.outH * g.outW * g.c)), 6);
         const dx = s.poisoned([g.n, g.h, g.w, g.c]);
-        plan.backward({ dy: s.tensor([g.n, g.outH, g.outW, g.c], ctx.dtype, dy), dx, ...(workspace ? { workspace } : {}) });
-        s.checkSpecials('dx', s.read(dx), kind === 'max' ? maxPool2dBackward(g, x, dy) : avgPool2dBackward(g, dy), tolerance(ctx.dtype));
+        plan.backward({
+          dy: s.tensor([g.n, g.outH, g.outW, g.c], ctx.dtype, dy),
+          dx,
+          ...(workspace ? { workspace } : {}),
+        });
+        s.checkSpecials(
+          'dx',
+          s.read(dx),
+          kind === 'max' ? maxPool2dBackward(g, x, dy) : avgPool2dBackward(g, dy),
+          tolerance(ctx.dtype),
+        );
       }),
   };
 }
@@ -105,7 +130,10 @@ const MOMENTUM = Math.fround(0.1);
 const EPS = Math.fround(1e-5);
 
 // x with a NaN in channel 0, +inf in channel 1 and -inf in channel 2; channels 3.. stay finite.
-function bnInput(rng: { normals(n: number, mean?: number, std?: number): Float64Array }, q: (v: ArrayLike<number>) => Float64Array) {
+function bnInput(
+  rng: { normals(n: number, mean?: number, std?: number): Float64Array },
+  q: (v: ArrayLike<number>) => Float64Array,
+) {
   const c = BN_SHAPE[3];
   const x = q(rng.normals(count(BN_SHAPE), 1, 2));
   x[5 * c + 0] = NaN;
@@ -150,14 +178,26 @@ function bnCase(mode: 'training' | 'inference', fused: boolean): OpCase {
           momentum: MOMENTUM,
           eps: EPS,
         });
-        const o = { channels: c, gamma, beta, runningMean, runningVar, residual, relu: fused, momentum: MOMENTUM, eps: EPS };
+        const o = {
+          channels: c,
+          gamma,
+          beta,
+          runningMean,
+          runningVar,
+          residual,
+          relu: fused,
+          momentum: MOMENTUM,
+          eps: EPS,
+        };
         if (training) {
           const ref = batchNormTrainingForward(x, o);
           s.checkSpecials('y', s.read(y), ref.y, tolerance(ctx.dtype));
           // The mean of a channel holding an infinity is that infinity when summed directly (PyTorch
           // on CPU) and NaN through shifted or running sums (PyTorch's Welford on CUDA, our pivot):
           // either way it is not finite, which is what must hold.
-          const mean = s.read(rm).map((v, k) => (!Number.isFinite(v) && !Number.isFinite(ref.runningMean[k]!) ? ref.runningMean[k]! : v));
+          const mean = s
+            .read(rm)
+            .map((v, k) => (!Number.isFinite(v) && !Number.isFinite(ref.runningMean[k]!) ? ref.runningMean[k]! : v));
           s.checkSpecials('runningMean', mean, ref.runningMean, tolerance('f32'));
           s.checkSpecials('runningVar', s.read(rv), ref.runningVar, tolerance('f32'));
         } else {
@@ -181,7 +221,14 @@ function bnBackwardCase(fused: boolean): OpCase {
         const x = s.q(s.rng.normals(n, 1, 2));
         const gamma = s.q(s.rng.uniforms(c, 0.5, 1.5), 'f32');
         const beta = s.q(s.rng.normals(c, 0, 0.5), 'f32');
-        const fwd = batchNormTrainingForward(x, { channels: c, gamma, beta, runningMean: new Float64Array(c), runningVar: new Float64Array(c).fill(1), relu: fused });
+        const fwd = batchNormTrainingForward(x, {
+          channels: c,
+          gamma,
+          beta,
+          runningMean: new Float64Array(c),
+          runningVar: new Float64Array(c).fill(1),
+          relu: fused,
+        });
         const saveMean = s.q(fwd.saveMean, 'f32');
         const saveInvStd = s.q(fwd.saveInvStd, 'f32');
         const y = s.q(fwd.y);
@@ -235,7 +282,14 @@ function crossEntropyCase(labelSmoothing: number): OpCase {
         const gradScale = 1;
         const loss = s.poisoned([1], 'f32');
         const dLogits = s.poisoned([n, k]);
-        s.native.crossEntropy({ logits: s.tensor([n, k], ctx.dtype, logits), labels: s.tensor([n], 'i32', labels), loss, dLogits, labelSmoothing, gradScale });
+        s.native.crossEntropy({
+          logits: s.tensor([n, k], ctx.dtype, logits),
+          labels: s.tensor([n], 'i32', labels),
+          loss,
+          dLogits,
+          labelSmoothing,
+          gradScale,
+        });
         const ref = crossEntropy(logits, labels, { n, k, labelSmoothing: Math.fround(labelSmoothing), gradScale });
         s.checkSpecials('loss', s.read(loss), [ref.loss], tolerance('f32'));
         s.checkSpecials('dLogits', s.read(dLogits), ref.dLogits, tolerance(ctx.dtype));
@@ -243,8 +297,19 @@ function crossEntropyCase(labelSmoothing: number): OpCase {
         for (let row = 0; row < 4; ++row) {
           const one = s.poisoned([1], 'f32');
           const rowLogits = logits.subarray(row * k, (row + 1) * k);
-          s.native.crossEntropy({ logits: s.tensor([1, k], ctx.dtype, rowLogits), labels: s.tensor([1], 'i32', [labels[row]!]), loss: one, labelSmoothing, gradScale });
-          const rowRef = crossEntropy(rowLogits, [labels[row]!], { n: 1, k, labelSmoothing: Math.fround(labelSmoothing), gradScale });
+          s.native.crossEntropy({
+            logits: s.tensor([1, k], ctx.dtype, rowLogits),
+            labels: s.tensor([1], 'i32', [labels[row]!]),
+            loss: one,
+            labelSmoothing,
+            gradScale,
+          });
+          const rowRef = crossEntropy(rowLogits, [labels[row]!], {
+            n: 1,
+            k,
+            labelSmoothing: Math.fround(labelSmoothing),
+            gradScale,
+          });
           s.checkSpecials(`loss of row ${row}`, s.read(one), [rowRef.loss], tolerance('f32'));
         }
       }),
@@ -271,16 +336,29 @@ const linearCase: OpCase = {
       const bias = s.q(s.rng.normals(g.out), 'f32');
       const y = s.poisoned([g.n, g.out]);
       const plan = s.own(new s.native.LinearPlan({ device: ctx.device, dtype: ctx.dtype, ...g, bias: true }));
-      plan.forward({ x: s.tensor([g.n, g.in], ctx.dtype, x), weight: s.tensor([g.out, g.in], 'f32', w), bias: s.tensor([g.out], 'f32', bias), y });
+      plan.forward({
+        x: s.tensor([g.n, g.in], ctx.dtype, x),
+        weight: s.tensor([g.out, g.in], 'f32', w),
+        bias: s.tensor([g.out], 'f32', bias),
+        y,
+      });
       s.checkSpecials('y', s.read(y), linearForward(g, x, w, bias), tolerance(ctx.dtype));
     }),
 };
 
 const ARENA = 4096;
 // Non-finite gradients inside the arena; the rest of it steps as usual.
-const BAD_GRADS: ReadonlyArray<[number, number]> = [[17, NaN], [1000, Infinity], [2049, -Infinity], [4000, NaN]];
+const BAD_GRADS: readonly [number, number][] = [
+  [17, NaN],
+  [1000, Infinity],
+  [2049, -Infinity],
+  [4000, NaN],
+];
 
-function badGrads(s: { rng: { normals(n: number): Float64Array }; q(v: ArrayLike<number>, d: DTypeName): Float64Array }): Float64Array {
+function badGrads(s: {
+  rng: { normals(n: number): Float64Array };
+  q(v: ArrayLike<number>, d: DTypeName): Float64Array;
+}): Float64Array {
   const grads = new Float64Array(s.q(s.rng.normals(ARENA), 'f32'));
   for (const [at, v] of BAD_GRADS) grads[at] = v;
   return grads;
@@ -293,15 +371,38 @@ const sgdCase: OpCase = {
   dtypes: ['f32'],
   run: (ctx) =>
     session(ctx, 'sgdStep NaN/inf', `arena[${ARENA}]`, (s) => {
-      const group = { lr: Math.fround(0.1), momentum: Math.fround(0.9), dampening: 0, weightDecay: Math.fround(1e-2), nesterov: true };
+      const group = {
+        lr: Math.fround(0.1),
+        momentum: Math.fround(0.9),
+        dampening: 0,
+        weightDecay: Math.fround(1e-2),
+        nesterov: true,
+      };
       const params = s.q(s.rng.normals(ARENA), 'f32');
       const buffer = s.q(s.rng.normals(ARENA), 'f32');
       const grads = badGrads(s);
       const pT = s.tensor([ARENA], 'f32', params);
       const bT = s.tensor([ARENA], 'f32', buffer);
       const segments = [{ offset: 0, count: ARENA, group: 0 }];
-      s.native.sgdStep({ params: pT, grads: s.tensor([ARENA], 'f32', grads), momentumBuffer: bT, groups: [group], segments: Int32Array.of(0, ARENA, 0), firstStep: false, gradScaleInv: 1 });
-      const ref = sgdStep({ params, grads, momentumBuffer: buffer, groups: [group], segments, firstStep: false, foundInf: 0, gradScaleInv: 1 });
+      s.native.sgdStep({
+        params: pT,
+        grads: s.tensor([ARENA], 'f32', grads),
+        momentumBuffer: bT,
+        groups: [group],
+        segments: Int32Array.of(0, ARENA, 0),
+        firstStep: false,
+        gradScaleInv: 1,
+      });
+      const ref = sgdStep({
+        params,
+        grads,
+        momentumBuffer: buffer,
+        groups: [group],
+        segments,
+        firstStep: false,
+        foundInf: 0,
+        gradScaleInv: 1,
+      });
       s.checkSpecials('params', s.read(pT), ref.params, tolerance('f32'));
       s.checkSpecials('momentumBuffer', s.read(bT), ref.momentumBuffer!, tolerance('f32'));
     }),
@@ -312,7 +413,14 @@ const adamwCase: OpCase = {
   dtypes: ['f32'],
   run: (ctx) =>
     session(ctx, 'adamwStep NaN/inf', `arena[${ARENA}]`, (s) => {
-      const group = { lr: Math.fround(1e-2), beta1: Math.fround(0.9), beta2: Math.fround(0.999), eps: Math.fround(1e-8), weightDecay: Math.fround(1e-2), alwaysAdapt: false };
+      const group = {
+        lr: Math.fround(1e-2),
+        beta1: Math.fround(0.9),
+        beta2: Math.fround(0.999),
+        eps: Math.fround(1e-8),
+        weightDecay: Math.fround(1e-2),
+        alwaysAdapt: false,
+      };
       const params = s.q(s.rng.normals(ARENA, 0, 0.1), 'f32');
       const expAvg = s.q(s.rng.normals(ARENA, 0, 0.1), 'f32');
       const expAvgSq = s.q(s.rng.uniforms(ARENA, 0, 0.5), 'f32');
@@ -320,11 +428,35 @@ const adamwCase: OpCase = {
       const pT = s.tensor([ARENA], 'f32', params);
       const mT = s.tensor([ARENA], 'f32', expAvg);
       const vT = s.tensor([ARENA], 'f32', expAvgSq);
-      s.native.adamwStep({ params: pT, grads: s.tensor([ARENA], 'f32', grads), expAvg: mT, expAvgSq: vT, groups: [group], segments: Int32Array.of(0, ARENA, 0), step: 3, gradScaleInv: 1 });
-      const ref = adamwStep({ params, grads, expAvg, expAvgSq, groups: [group], segments: [{ offset: 0, count: ARENA, group: 0 }], step: 3, foundInf: 0, gradScaleInv: 1 });
+      s.native.adamwStep({
+        params: pT,
+        grads: s.tensor([ARENA], 'f32', grads),
+        expAvg: mT,
+        expAvgSq: vT,
+        groups: [group],
+        segments: Int32Array.of(0, ARENA, 0),
+        step: 3,
+        gradScaleInv: 1,
+      });
+      const ref = adamwStep({
+        params,
+        grads,
+        expAvg,
+        expAvgSq,
+        groups: [group],
+        segments: [{ offset: 0, count: ARENA, group: 0 }],
+        step: 3,
+        foundInf: 0,
+        gradScaleInv: 1,
+      });
       // Compare the update where it is finite: the parameters are 0.1 and the update 1e-2.
       const after = s.read(pT);
-      s.checkSpecials('params update (after - before)', after.map((p, i) => p - params[i]!), ref.params.map((p, i) => p - params[i]!), tolerance('f32'));
+      s.checkSpecials(
+        'params update (after - before)',
+        after.map((p, i) => p - params[i]!),
+        ref.params.map((p, i) => p - params[i]!),
+        tolerance('f32'),
+      );
       s.checkSpecials('expAvg', s.read(mT), ref.expAvg, tolerance('f32'));
       s.checkSpecials('expAvgSq', s.read(vT), ref.expAvgSq, tolerance('f32'));
     }),

@@ -8,7 +8,13 @@
  * - `Trainer.fit` trains at most {@link README_EPOCHS} epoch(s) of the `epochs` asked for.
  */
 import { Module } from '../../lib/nn/module.js';
-import { Trainer as PackageTrainer, cudaAvailable, type DataLoader, type FitOptions, type FitResult } from '../../lib/index.js';
+import {
+  Trainer as PackageTrainer,
+  cudaAvailable,
+  type DataLoader,
+  type FitOptions,
+  type FitResult,
+} from '../../lib/index.js';
 
 export * from '../../lib/index.js';
 
@@ -19,7 +25,7 @@ const to = Module.prototype.to;
 if (!cudaAvailable()) {
   Module.prototype.to = function (this: Module, device: string) {
     return to.call(this, typeof device === 'string' && device.startsWith('cuda') ? 'cpu' : device);
-  } as typeof Module.prototype.to;
+  };
 }
 
 /** The package's Trainer, with `fit` capped at {@link README_EPOCHS} epochs. */

@@ -123,7 +123,11 @@ export interface BatchNormBackwardResult {
 }
 
 /** Backward of the training forward, given its saved batch statistics. */
-export function batchNormBackward(x: ArrayLike<number>, dy: ArrayLike<number>, o: BatchNormBackwardOptions): BatchNormBackwardResult {
+export function batchNormBackward(
+  x: ArrayLike<number>,
+  dy: ArrayLike<number>,
+  o: BatchNormBackwardOptions,
+): BatchNormBackwardResult {
   const c = o.channels;
   const rows = x.length / c;
   if (o.relu && !o.y) throw new Error('batchNormBackward: relu needs y');

@@ -29,10 +29,7 @@ export function resolveConv2d(g: Conv2dGeometry): ResolvedConv2d {
 
 // Calls body(yIndex, xIndex, wIndex) for every (output, tap, channel) triple that reads a real
 // (unpadded) input element: the one loop nest all three conv directions share.
-function forEachTap(
-  g: ResolvedConv2d,
-  body: (yIndex: number, xBase: number, wBase: number) => void,
-): void {
+function forEachTap(g: ResolvedConv2d, body: (yIndex: number, xBase: number, wBase: number) => void): void {
   for (let n = 0; n < g.n; ++n) {
     for (let oh = 0; oh < g.outH; ++oh) {
       for (let ow = 0; ow < g.outW; ++ow) {
@@ -72,7 +69,11 @@ export function conv2dForward(
 }
 
 /** dx[N,H,W,C] = dL/dx given dy[N,OH,OW,K]. */
-export function conv2dBackwardData(geometry: Conv2dGeometry, dy: ArrayLike<number>, weight: ArrayLike<number>): Float64Array {
+export function conv2dBackwardData(
+  geometry: Conv2dGeometry,
+  dy: ArrayLike<number>,
+  weight: ArrayLike<number>,
+): Float64Array {
   const g = resolveConv2d(geometry);
   const dx = new Float64Array(g.n * g.h * g.w * g.c);
   forEachTap(g, (yi, xb, wb) => {

@@ -104,7 +104,10 @@ export function relError(out: ArrayLike<number>, ref: ArrayLike<number>): number
 }
 
 /** The largest |out − ref| and where it is, for failure messages. */
-export function worstElement(out: ArrayLike<number>, ref: ArrayLike<number>): { index: number; out: number; ref: number } {
+export function worstElement(
+  out: ArrayLike<number>,
+  ref: ArrayLike<number>,
+): { index: number; out: number; ref: number } {
   let index = 0;
   let worst = -1;
   for (let i = 0; i < ref.length; ++i) {

@@ -51,7 +51,11 @@ function hyper(g: AdamGroup): Required<AdamGroup> {
 }
 
 function start(o: AdamStepOptions): AdamStepResult {
-  return { params: Float64Array.from(o.params), expAvg: Float64Array.from(o.expAvg), expAvgSq: Float64Array.from(o.expAvgSq) };
+  return {
+    params: Float64Array.from(o.params),
+    expAvg: Float64Array.from(o.expAvg),
+    expAvgSq: Float64Array.from(o.expAvgSq),
+  };
 }
 
 /** Updates m and v of element i in `s` with gradient g; returns [m, v]. */
@@ -123,7 +127,10 @@ function segmentsOrAll(segments: readonly SgdSegment[] | undefined, length: numb
 }
 
 /** √(Σ g²) over the segments (all elements when none), and whether an element is inf or NaN. */
-export function gradNorm(grads: ArrayLike<number>, segments?: readonly SgdSegment[]): { norm: number; nonFinite: boolean } {
+export function gradNorm(
+  grads: ArrayLike<number>,
+  segments?: readonly SgdSegment[],
+): { norm: number; nonFinite: boolean } {
   let sum = 0;
   let nonFinite = false;
   for (const seg of segmentsOrAll(segments, grads.length)) {
@@ -153,7 +160,12 @@ export function unscaleAndCheck(
 }
 
 /** grads·min(1, maxNorm/(norm + 1e-6)) inside the segments (all when none); NaN stays NaN. */
-export function clipGradNorm(grads: ArrayLike<number>, norm: number, maxNorm: number, segments?: readonly SgdSegment[]): Float64Array {
+export function clipGradNorm(
+  grads: ArrayLike<number>,
+  norm: number,
+  maxNorm: number,
+  segments?: readonly SgdSegment[],
+): Float64Array {
   const out = Float64Array.from(grads);
   const coef = maxNorm / (norm + 1e-6);
   const factor = coef > 1 ? 1 : coef;

@@ -55,7 +55,10 @@ function forEachWindow(g: ResolvedPool2d, body: (yIndex: number, xIndices: numbe
  * wins, and the last NaN of the window holds the index (PyTorch's `val > max || isnan(val)`); a
  * window of -inf keeps its first element.
  */
-export function maxPool2dForward(geometry: Pool2dGeometry, x: ArrayLike<number>): { y: Float64Array; argmax: Int32Array } {
+export function maxPool2dForward(
+  geometry: Pool2dGeometry,
+  x: ArrayLike<number>,
+): { y: Float64Array; argmax: Int32Array } {
   const g = resolvePool2d(geometry);
   const y = new Float64Array(g.n * g.outH * g.outW * g.c);
   const argmax = new Int32Array(y.length);

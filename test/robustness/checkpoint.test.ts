@@ -4,7 +4,19 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { AdamW, CrossEntropyLoss, Flatten, GradScaler, Linear, ReLU, SGD, Scheduler, Sequential, StepLR, Tensor } from '../../lib/index.js';
+import {
+  AdamW,
+  CrossEntropyLoss,
+  Flatten,
+  GradScaler,
+  Linear,
+  ReLU,
+  SGD,
+  Scheduler,
+  Sequential,
+  StepLR,
+  Tensor,
+} from '../../lib/index.js';
 import type { Module } from '../../lib/nn/module.js';
 import { decodeSafetensors, loadCheckpoint, saveCheckpoint } from '../../lib/train/checkpoint.js';
 
@@ -26,7 +38,12 @@ function random(seed: number): () => number {
 }
 
 function net(seed: number): Module {
-  return new Sequential(new Flatten(), new Linear({ inFeatures: 12, outFeatures: 6, seed }), new ReLU(), new Linear({ inFeatures: 6, outFeatures: 3, seed: seed + 1 })).to('cpu');
+  return new Sequential(
+    new Flatten(),
+    new Linear({ inFeatures: 12, outFeatures: 6, seed }),
+    new ReLU(),
+    new Linear({ inFeatures: 6, outFeatures: 3, seed: seed + 1 }),
+  ).to('cpu');
 }
 
 /** A model, an SGD with momentum, a scaler and a schedule, after `steps` steps. */
@@ -52,7 +69,14 @@ function snapshot(parts: ReturnType<typeof run>): unknown {
   const weights = [...parts.model.stateDict()].map(([name, e]) => [name, Array.from(e.data as Float32Array)]);
   const o = parts.optimizer.state();
   const buffers = Object.entries(o.buffers).map(([name, data]) => [name, Array.from(data)]);
-  return { weights, step: o.step, groups: o.paramGroups, buffers, scaler: parts.scaler.state(), scheduler: parts.scheduler.state() };
+  return {
+    weights,
+    step: o.step,
+    groups: o.paramGroups,
+    buffers,
+    scaler: parts.scaler.state(),
+    scheduler: parts.scheduler.state(),
+  };
 }
 
 /** Rewrites a safetensors file's JSON header, keeping its data bytes. */
@@ -101,27 +125,55 @@ describe('checkpoint loading refuses damaged files whole', () => {
     ['a null header', () => null],
     ['an array header', () => []],
     ['a null entry', (h: Record<string, unknown>) => ({ ...h, [Object.keys(h)[1]!]: null })],
-    ['a string shape', (h: Record<string, unknown>) => ({ ...h, [Object.keys(h)[1]!]: { ...(h[Object.keys(h)[1]!] as object), shape: '6,12' } })],
-    ['a fractional shape', (h: Record<string, unknown>) => ({ ...h, [Object.keys(h)[1]!]: { ...(h[Object.keys(h)[1]!] as object), shape: [36, 2.5] } })],
-    ['reversed offsets', (h: Record<string, unknown>) => {
-      const key = Object.keys(h)[1]!;
-      const e = h[key] as { data_offsets: [number, number] };
-      return { ...h, [key]: { ...e, data_offsets: [e.data_offsets[1], e.data_offsets[0]] } };
-    }],
-    ['overlapping offsets', (h: Record<string, unknown>) => {
-      const [, a, b] = Object.keys(h);
-      const first = h[a!] as { data_offsets: [number, number] };
-      const second = h[b!] as { data_offsets: [number, number]; shape: number[] };
-      const size = second.data_offsets[1] - second.data_offsets[0];
-      return { ...h, [b!]: { ...second, data_offsets: [first.data_offsets[0], first.data_offsets[0] + size] } };
-    }],
-    ['non-string metadata', (h: Record<string, unknown>) => ({ ...h, __metadata__: { ...(h.__metadata__ as object), progress: 7 } })],
+    [
+      'a string shape',
+      (h: Record<string, unknown>) => ({
+        ...h,
+        [Object.keys(h)[1]!]: { ...(h[Object.keys(h)[1]!] as object), shape: '6,12' },
+      }),
+    ],
+    [
+      'a fractional shape',
+      (h: Record<string, unknown>) => ({
+        ...h,
+        [Object.keys(h)[1]!]: { ...(h[Object.keys(h)[1]!] as object), shape: [36, 2.5] },
+      }),
+    ],
+    [
+      'reversed offsets',
+      (h: Record<string, unknown>) => {
+        const key = Object.keys(h)[1]!;
+        const e = h[key] as { data_offsets: [number, number] };
+        return { ...h, [key]: { ...e, data_offsets: [e.data_offsets[1], e.data_offsets[0]] } };
+      },
+    ],
+    [
+      'overlapping offsets',
+      (h: Record<string, unknown>) => {
+        const [, a, b] = Object.keys(h);
+        const first = h[a!] as { data_offsets: [number, number] };
+        const second = h[b!] as { data_offsets: [number, number]; shape: number[] };
+        const size = second.data_offsets[1] - second.data_offsets[0];
+        return { ...h, [b!]: { ...second, data_offsets: [first.data_offsets[0], first.data_offsets[0] + size] } };
+      },
+    ],
+    [
+      'non-string metadata',
+      (h: Record<string, unknown>) => ({ ...h, __metadata__: { ...(h.__metadata__ as object), progress: 7 } }),
+    ],
   ])('%s', async (_name, edit) => {
-    await expectRefused(editHeader(saved, edit as (h: Record<string, unknown>) => unknown));
+    await expectRefused(editHeader(saved, edit));
   });
 
   it('decodeSafetensors gives the coded error for malformed headers too', () => {
-    expect(() => decodeSafetensors(editHeader(saved, () => null), 'w.safetensors')).toThrow(expect.objectContaining({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('w.safetensors') }));
+    expect(() =>
+      decodeSafetensors(
+        editHeader(saved, () => null),
+        'w.safetensors',
+      ),
+    ).toThrow(
+      expect.objectContaining({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('w.safetensors') }),
+    );
   });
 
   it.each([
@@ -132,14 +184,19 @@ describe('checkpoint loading refuses damaged files whole', () => {
     ['unreadable scaler state', 'scaler', '{'],
     ['unreadable schedule state', 'scheduler', '[1,'],
   ])('corrupt metadata: %s', async (_name, key, value) => {
-    await expectRefused(editHeader(saved, (h) => ({ ...h, __metadata__: { ...(h.__metadata__ as object), [key]: value } })));
+    await expectRefused(
+      editHeader(saved, (h) => ({ ...h, __metadata__: { ...(h.__metadata__ as object), [key]: value } })),
+    );
   });
 
   it('a missing tensor (the momentum of SGD) is named', async () => {
-    await expectRefused(editHeader(saved, (h) => {
-      const { 'optimizer.momentum': _gone, ...rest } = h;
-      return rest;
-    }), /optimizer\.momentum/);
+    await expectRefused(
+      editHeader(saved, (h) => {
+        const { 'optimizer.momentum': _gone, ...rest } = h;
+        return rest;
+      }),
+      /optimizer\.momentum/,
+    );
   });
 
   it('an SGD checkpoint loaded into AdamW is refused before anything changes', async () => {
@@ -149,7 +206,12 @@ describe('checkpoint loading refuses damaged files whole', () => {
   });
 
   it('a schedule state that does not fit is refused before the weights change', async () => {
-    await expectRefused(editHeader(saved, (h) => ({ ...h, __metadata__: { ...(h.__metadata__ as object), scheduler: '{"step":2,"baseLrs":[0.1,0.1,0.1]}' } })));
+    await expectRefused(
+      editHeader(saved, (h) => ({
+        ...h,
+        __metadata__: { ...(h.__metadata__ as object), scheduler: '{"step":2,"baseLrs":[0.1,0.1,0.1]}' },
+      })),
+    );
   });
 
   it('flipped bits in the tensor data fail the checksum (seeded)', async () => {

@@ -17,7 +17,12 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   let stdout = '';
   let stderr = '';
-  const io: CliIO = { stdout: { write: (s: string) => (stdout += s) }, stderr: { write: (s: string) => (stderr += s) }, env: {}, cwd: dir };
+  const io: CliIO = {
+    stdout: { write: (s: string) => (stdout += s) },
+    stderr: { write: (s: string) => (stderr += s) },
+    env: {},
+    cwd: dir,
+  };
   const code = await main(args, io);
   return { code, stdout, stderr };
 }
@@ -75,23 +80,32 @@ const CASES: [string[], string, RegExp][] = [
 
 describe('command-line misuse: exit code 2 and one line naming the option', () => {
   for (const [args, option, message] of CASES) {
-    it(args.join(' '), async () => {
-      const run = await cli(args);
-      expect(run.code, run.stderr).toBe(2);
-      expect(run.stdout).toBe('');
-      const lines = run.stderr.trimEnd().split('\n');
-      expect(lines, run.stderr).toHaveLength(2);
-      expect(lines[0]).toMatch(new RegExp(`^resnet-cuda ${args[0]}: `));
-      expect(lines[0]).toContain(option);
-      expect(lines[0]).toMatch(message);
-      // A case accepted by mistake starts a run: fail it instead of waiting for the run.
-    }, 20_000);
+    it(
+      args.join(' '),
+      async () => {
+        const run = await cli(args);
+        expect(run.code, run.stderr).toBe(2);
+        expect(run.stdout).toBe('');
+        const lines = run.stderr.trimEnd().split('\n');
+        expect(lines, run.stderr).toHaveLength(2);
+        expect(lines[0]).toMatch(new RegExp(`^resnet-cuda ${args[0]}: `));
+        expect(lines[0]).toContain(option);
+        expect(lines[0]).toMatch(message);
+        // A case accepted by mistake starts a run: fail it instead of waiting for the run.
+      },
+      20_000,
+    );
   }
 
-  it("follows its own hint: -b=VALUE and --batch-size=VALUE pass the value on", async () => {
-    for (const args of [['train', '-b=-3'], ['train', '--batch-size=-3']]) {
+  it('follows its own hint: -b=VALUE and --batch-size=VALUE pass the value on', async () => {
+    for (const args of [
+      ['train', '-b=-3'],
+      ['train', '--batch-size=-3'],
+    ]) {
       const run = await cli(args);
-      expect(run.stderr.split('\n')[0]).toBe('resnet-cuda train: --batch-size expects an integer of at least 1, got -3');
+      expect(run.stderr.split('\n')[0]).toBe(
+        'resnet-cuda train: --batch-size expects an integer of at least 1, got -3',
+      );
     }
   });
 });

@@ -48,7 +48,7 @@ async function originals(): Promise<Uint8Array[]> {
 
 /** Where the first scan's entropy-coded data starts (after the SOS segment). */
 function scanStart(bytes: Uint8Array): number {
-  for (let i = 2; i + 3 < bytes.length; ) {
+  for (let i = 2; i + 3 < bytes.length;) {
     const marker = bytes[i + 1]!;
     const length = (bytes[i + 2]! << 8) | bytes[i + 3]!;
     if (marker === 0xda) return i + 2 + length;
@@ -59,7 +59,7 @@ function scanStart(bytes: Uint8Array): number {
 
 /** The offset of the frame header's height (SOF0 or SOF2). */
 function frameSize(bytes: Uint8Array): number {
-  for (let i = 2; i + 3 < bytes.length; ) {
+  for (let i = 2; i + 3 < bytes.length;) {
     const marker = bytes[i + 1]!;
     if (marker === 0xc0 || marker === 0xc2) return i + 5;
     i += 2 + ((bytes[i + 2]! << 8) | bytes[i + 3]!);
@@ -67,7 +67,13 @@ function frameSize(bytes: Uint8Array): number {
   throw new Error('no frame header');
 }
 
-const KINDS = ['flip anywhere', 'flip in entropy data', 'byte edit in headers', 'huge frame size', 'truncation'] as const;
+const KINDS = [
+  'flip anywhere',
+  'flip in entropy data',
+  'byte edit in headers',
+  'huge frame size',
+  'truncation',
+] as const;
 
 function mutate(original: Uint8Array, kind: (typeof KINDS)[number], draw: (n: number) => number): Uint8Array {
   const bytes = original.slice();
@@ -134,7 +140,19 @@ describe('fuzzed JPEGs', () => {
     );
     expect(result.signal, describeResult(result)).toBeNull();
     expect(result.outcome?.ok, describeResult(result)).toBe(true);
-    const outcomes = (result.outcome as { value: { path: string; p: number; ok: boolean; size?: number[]; declared?: number[] | null; code?: string; message?: string }[] }).value;
+    const outcomes = (
+      result.outcome as {
+        value: {
+          path: string;
+          p: number;
+          ok: boolean;
+          size?: number[];
+          declared?: number[] | null;
+          code?: string;
+          message?: string;
+        }[];
+      }
+    ).value;
     expect(outcomes).toHaveLength(cases * 2);
     const tally = new Map<string, { decoded: number; refused: number }>();
     for (const o of outcomes) {

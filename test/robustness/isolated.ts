@@ -30,7 +30,10 @@ export interface IsolatedResult {
  * process. Whatever the body returns is reported as `{ ok: true, value }`; an error it throws as
  * `{ ok: false, code, name, message }`.
  */
-export function runIsolated(body: string, options: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): IsolatedResult {
+export function runIsolated(
+  body: string,
+  options: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {},
+): IsolatedResult {
   const program = `
     import * as rc from ${JSON.stringify(entry)};
     const report = (o) => process.stdout.write('\\n@@outcome ' + JSON.stringify(o) + '\\n');
@@ -55,6 +58,8 @@ export function runIsolated(body: string, options: { timeoutMs?: number; env?: N
 /** A one-line description of a result, for assertion messages. */
 export function describeResult(result: IsolatedResult): string {
   if (result.signal !== null) return `killed by ${result.signal}: ${result.stderr.trim().slice(-400)}`;
-  if (result.outcome === undefined) return `exit ${result.status} without an outcome: ${result.stderr.trim().slice(-400)}`;
+  if (result.outcome === undefined) {
+    return `exit ${result.status} without an outcome: ${result.stderr.trim().slice(-400)}`;
+  }
   return JSON.stringify(result.outcome);
 }

@@ -46,9 +46,11 @@ function train(args: string[]): Child {
   const child = spawn(process.execPath, [entry, 'train', ...args], { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] });
   let stdout = '';
   let stderr = '';
-  child.stdout!.on('data', (d: Buffer) => (stdout += d.toString()));
-  child.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((done) => child.on('close', (code, signal) => done({ code, signal })));
+  child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((done) =>
+    child.on('close', (code, signal) => done({ code, signal })),
+  );
   return { process: child, output: () => ({ stdout, stderr }), exited };
 }
 
@@ -77,7 +79,9 @@ async function checkLeftovers(out: string): Promise<number | null> {
   const files = existsSync(folder) ? readdirSync(folder).filter((f) => f.endsWith('.safetensors')) : [];
   for (const file of files) {
     const model = ResNet18({ numClasses: 4, smallInput: true });
-    await expect(loadCheckpoint(join(folder, file), { model }), `${file} (${seedNote})`).resolves.toMatchObject({ step: expect.any(Number) });
+    await expect(loadCheckpoint(join(folder, file), { model }), `${file} (${seedNote})`).resolves.toMatchObject({
+      step: expect.any(Number),
+    });
   }
   if (!existsSync(join(folder, 'latest.json'))) return null;
   const info = await Trainer.readCheckpointInfo(folder);
@@ -93,16 +97,41 @@ describe('kill -9 during train, then --resume', () => {
     let last: number | null = null;
     for (let trial = 0; trial < 3; trial++) {
       const resume = last !== null ? ['--resume'] : ['--seed', '1'];
-      const child = train([...resume, '--max-steps', String(steps), '--checkpoint-every-steps', '1', '--keep-last', '1', '--output-dir', out, ...RUN]);
+      const child = train([
+        ...resume,
+        '--max-steps',
+        String(steps),
+        '--checkpoint-every-steps',
+        '1',
+        '--keep-last',
+        '1',
+        '--output-dir',
+        out,
+        ...RUN,
+      ]);
       // Start-up takes a few seconds on two cores; the moments spread over start-up, steps and checkpoint writes.
       const moment = 1000 + Math.floor(next() * 9000);
       await Promise.race([sleep(moment), child.exited]);
       child.process.kill('SIGKILL');
       const ended = await child.exited;
-      expect(ended.code === 0 || ended.signal === 'SIGKILL', `trial ${trial} at ${moment} ms: ${JSON.stringify(ended)} ${child.output().stderr} (${seedNote})`).toBe(true);
+      expect(
+        ended.code === 0 || ended.signal === 'SIGKILL',
+        `trial ${trial} at ${moment} ms: ${JSON.stringify(ended)} ${child.output().stderr} (${seedNote})`,
+      ).toBe(true);
       last = await checkLeftovers(out);
     }
-    const final = train([...(last !== null ? ['--resume'] : ['--seed', '1']), '--max-steps', String(steps), '--checkpoint-every-steps', '1', '--keep-last', '1', '--output-dir', out, ...RUN]);
+    const final = train([
+      ...(last !== null ? ['--resume'] : ['--seed', '1']),
+      '--max-steps',
+      String(steps),
+      '--checkpoint-every-steps',
+      '1',
+      '--keep-last',
+      '1',
+      '--output-dir',
+      out,
+      ...RUN,
+    ]);
     const ended = await final.exited;
     expect(ended.code, `${final.output().stderr} (${seedNote})`).toBe(0);
     expect(final.output().stdout).toMatch(new RegExp(`^stopped after 0 epochs \\(${steps} steps\\)`));
@@ -111,7 +140,10 @@ describe('kill -9 during train, then --resume', () => {
 });
 
 describe('signals', () => {
-  for (const [signal, code] of [['SIGTERM', 143], ['SIGHUP', 129]] as const) {
+  for (const [signal, code] of [
+    ['SIGTERM', 143],
+    ['SIGHUP', 129],
+  ] as const) {
     it(`${signal} stops after the current step, writes a checkpoint and exits with ${code}`, async () => {
       const out = join(dir, signal);
       const child = train(['--max-steps', '1000', '--print-freq', '1', '--seed', '1', '--output-dir', out, ...RUN]);

@@ -90,7 +90,9 @@ function checkPoisonedStep(device: string): void {
       const { value, gradsFinite, weightsFinite } = poisonedStep(device, poison, caseSeed);
       const where = `${poison}, case seed ${caseSeed} [replay: RESNET_TEST_SEED=${seed}]`;
       // Never a finite loss over non-finite gradients or weights.
-      if (!gradsFinite || !weightsFinite) expect(Number.isFinite(value), `finite loss ${value} over non-finite gradients: ${where}`).toBe(false);
+      if (!gradsFinite || !weightsFinite) {
+        expect(Number.isFinite(value), `finite loss ${value} over non-finite gradients: ${where}`).toBe(false);
+      }
       // A NaN pixel, or a whole image of infinities, reaches every logit through batch norm and
       // must show in the loss (PyTorch gives NaN). A single infinity may be absorbed by the max
       // pooling's window, so only the rule above binds it.
@@ -119,7 +121,12 @@ describe.skipIf(onlyCuda)('backward once per forward', () => {
     loss.forward(model.forward(x), LABELS);
     model.backward(loss.backward());
     const once = model.arena().grads.toFloat32Array();
-    expect(() => model.backward(loss.backward())).toThrow(expect.objectContaining({ code: 'ERR_RC_INVALID_ARGUMENT', message: expect.stringMatching(/twice for one forward/) }));
+    expect(() => model.backward(loss.backward())).toThrow(
+      expect.objectContaining({
+        code: 'ERR_RC_INVALID_ARGUMENT',
+        message: expect.stringMatching(/twice for one forward/),
+      }),
+    );
     expect(model.arena().grads.toFloat32Array()).toEqual(once);
     // A new forward allows a new backward, which accumulates as in PyTorch.
     loss.forward(model.forward(x), LABELS);
@@ -132,7 +139,9 @@ describe.skipIf(onlyCuda)('backward once per forward', () => {
   it('a backward with a gradient of the wrong shape loses nothing: the corrected call still runs', () => {
     const layer = new Linear({ inFeatures: 3, outFeatures: 2, seed: 1 });
     layer.forward(Tensor.zeros([4, 3]));
-    expect(() => layer.backward(Tensor.zeros([4, 3]))).toThrow(expect.objectContaining({ code: 'ERR_RC_INVALID_ARGUMENT' }));
+    expect(() => layer.backward(Tensor.zeros([4, 3]))).toThrow(
+      expect.objectContaining({ code: 'ERR_RC_INVALID_ARGUMENT' }),
+    );
     expect(() => layer.backward(Tensor.zeros([4, 2]))).not.toThrow();
     layer.dispose();
   });
@@ -176,7 +185,11 @@ describe.skipIf(onlyCuda)('dispose', () => {
     const x = Tensor.randn([1, 1024], { seed: 2 });
     // 2.1M parameters: 17 MB of values and gradients per model.
     const cycle = (i: number): void => {
-      const model = new Sequential(new Linear({ inFeatures: 1024, outFeatures: 2048, seed: i }), new ReLU(), new Linear({ inFeatures: 2048, outFeatures: 10, seed: i }));
+      const model = new Sequential(
+        new Linear({ inFeatures: 1024, outFeatures: 2048, seed: i }),
+        new ReLU(),
+        new Linear({ inFeatures: 2048, outFeatures: 10, seed: i }),
+      );
       model.forward(x);
       model.dispose();
     };
@@ -192,13 +205,16 @@ describe.skipIf(onlyCuda)('dispose', () => {
 });
 
 describe('per-shape caches are per device', () => {
-  it.skipIf(!cuda?.available || !onlyCuda)(`an InputNormalize that saw CPU images converts CUDA images of the same shape on CUDA${cudaSkipped}`, () => {
-    const normalize = new InputNormalize();
-    const pixels = Uint8Array.from({ length: 2 * 4 * 4 * 3 }, (_, i) => (i * 37) % 256);
-    const onCpu = normalize.forward(Tensor.from(pixels, [2, 4, 4, 3], { dtype: 'u8' })).toFloat32Array();
-    const out = normalize.forward(Tensor.from(pixels, [2, 4, 4, 3], { dtype: 'u8', device: 'cuda' }));
-    expect(out.device).toBe('cuda:0');
-    expect(out.toFloat32Array()).toEqual(onCpu);
-    normalize.dispose();
-  });
+  it.skipIf(!cuda?.available || !onlyCuda)(
+    `an InputNormalize that saw CPU images converts CUDA images of the same shape on CUDA${cudaSkipped}`,
+    () => {
+      const normalize = new InputNormalize();
+      const pixels = Uint8Array.from({ length: 2 * 4 * 4 * 3 }, (_, i) => (i * 37) % 256);
+      const onCpu = normalize.forward(Tensor.from(pixels, [2, 4, 4, 3], { dtype: 'u8' })).toFloat32Array();
+      const out = normalize.forward(Tensor.from(pixels, [2, 4, 4, 3], { dtype: 'u8', device: 'cuda' }));
+      expect(out.device).toBe('cuda:0');
+      expect(out.toFloat32Array()).toEqual(onCpu);
+      normalize.dispose();
+    },
+  );
 });

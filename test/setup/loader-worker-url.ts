@@ -38,7 +38,9 @@ export function loaderWorkerUrl(): URL {
   if (checked) return checked;
   const compiled = join(root, 'dist', 'lib', 'data', 'loader-worker.js');
   if (!existsSync(compiled)) {
-    throw new Error(`DataLoader workers in the tests need the compiled ${relative(root, compiled)} (worker threads cannot load TypeScript sources): run 'npm run build:ts'`);
+    throw new Error(
+      `DataLoader workers in the tests need the compiled ${relative(root, compiled)} (worker threads cannot load TypeScript sources): run 'npm run build:ts'`,
+    );
   }
   warnIfStale(join(root, 'lib'), join(root, 'dist', 'lib'));
   return (checked = pathToFileURL(compiled));

@@ -50,7 +50,12 @@ export class CenterCrop extends Transform {
       const out = centerCrop(fusedJpeg(jpeg, {}), [h, w]);
       return flip ? hflip(out) : out;
     }
-    const crop: [number, number, number, number] = [roundHalfEven((jpeg.height - h) / 2), roundHalfEven((jpeg.width - w) / 2), h, w];
+    const crop: [number, number, number, number] = [
+      roundHalfEven((jpeg.height - h) / 2),
+      roundHalfEven((jpeg.width - w) / 2),
+      h,
+      w,
+    ];
     return fusedJpeg(jpeg, { crop, mirror: flip });
   }
 }

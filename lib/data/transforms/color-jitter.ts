@@ -34,7 +34,13 @@ export interface ColorJitterParams {
   hue: number | null;
 }
 
-function jitterRange(name: string, value: unknown, center: number, bound: [number, number], clipFirstOnZero: boolean): [number, number] | null {
+function jitterRange(
+  name: string,
+  value: unknown,
+  center: number,
+  bound: [number, number],
+  clipFirstOnZero: boolean,
+): [number, number] | null {
   if (value === undefined || value === null) return null;
   let range: [number, number];
   if (typeof value === 'number') {
@@ -44,7 +50,9 @@ function jitterRange(name: string, value: unknown, center: number, bound: [numbe
   } else {
     range = expectRange(name, value);
   }
-  if (range[0] < bound[0] || range[1] > bound[1]) mismatch(name, `values within [${bound[0]}, ${bound[1]}]`, `[${range[0]}, ${range[1]}]`);
+  if (range[0] < bound[0] || range[1] > bound[1]) {
+    mismatch(name, `values within [${bound[0]}, ${bound[1]}]`, `[${range[0]}, ${range[1]}]`);
+  }
   // torchvision turns an adjustment off when its range is exactly the identity.
   return range[0] === center && range[1] === center ? null : range;
 }
@@ -65,7 +73,12 @@ export class ColorJitter extends Transform {
 
   constructor(options: ColorJitterOptions = {}) {
     super();
-    const o = expectOptions<ColorJitterOptions>('ColorJitter options', options, ['brightness', 'contrast', 'saturation', 'hue']);
+    const o = expectOptions<ColorJitterOptions>('ColorJitter options', options, [
+      'brightness',
+      'contrast',
+      'saturation',
+      'hue',
+    ]);
     this.brightness = jitterRange('brightness', o.brightness, 1, [0, Infinity], true);
     this.contrast = jitterRange('contrast', o.contrast, 1, [0, Infinity], true);
     this.saturation = jitterRange('saturation', o.saturation, 1, [0, Infinity], true);
@@ -82,12 +95,24 @@ export class ColorJitter extends Transform {
       order[j] = t;
     }
     const draw = (r: [number, number] | null) => (r === null ? null : rng.uniform(r[0], r[1]));
-    return { order, brightness: draw(this.brightness), contrast: draw(this.contrast), saturation: draw(this.saturation), hue: draw(this.hue) };
+    return {
+      order,
+      brightness: draw(this.brightness),
+      contrast: draw(this.contrast),
+      saturation: draw(this.saturation),
+      hue: draw(this.hue),
+    };
   }
 
   spec(): TransformSpec {
     const r = (v: [number, number] | null) => (v === null ? null : [...v]);
-    return { kind: this.kind, brightness: r(this.brightness), contrast: r(this.contrast), saturation: r(this.saturation), hue: r(this.hue) };
+    return {
+      kind: this.kind,
+      brightness: r(this.brightness),
+      contrast: r(this.contrast),
+      saturation: r(this.saturation),
+      hue: r(this.hue),
+    };
   }
 
   apply(img: DecodedImage, rng: SampleRandom): DecodedImage {

@@ -60,7 +60,9 @@ export class Compose {
   constructor(transforms: readonly Transform[], options: ComposeOptions = {}) {
     if (!Array.isArray(transforms)) invalid('transforms', 'an array of transforms', transforms);
     transforms.forEach((t, i) => {
-      if (!(t instanceof Transform)) invalid(`transforms[${i}]`, 'a Transform (e.g. new RandomResizedCrop({ size: 224 }))', t);
+      if (!(t instanceof Transform)) {
+        invalid(`transforms[${i}]`, 'a Transform (e.g. new RandomResizedCrop({ size: 224 }))', t);
+      }
     });
     const o = expectOptions<ComposeOptions>('Compose options', options, ['outputChannels']);
     this.transforms = [...transforms];
@@ -69,7 +71,9 @@ export class Compose {
     if (norm && norm.mean.length !== 1 && norm.mean.length !== this.outputChannels) {
       mismatch('Normalize mean', `1 or ${this.outputChannels} values (outputChannels)`, `${norm.mean.length} values`);
     }
-    this.#deferrable = this.transforms.map((_, k) => this.transforms.slice(k + 1).every((t) => t.commutesWithHorizontalFlip));
+    this.#deferrable = this.transforms.map((_, k) =>
+      this.transforms.slice(k + 1).every((t) => t.commutesWithHorizontalFlip),
+    );
   }
 
   /** Rebuilds a pipeline from {@link Compose.spec}, or from a list of transform specs (3 output channels). */
@@ -77,9 +81,16 @@ export class Compose {
     if (Array.isArray(spec)) return new Compose(spec.map((s: TransformSpec) => transformFromSpec(s)));
     const s = spec as TransformSpec;
     if (s === null || typeof s !== 'object' || s.kind !== 'Compose' || !Array.isArray(s.transforms)) {
-      invalid('Compose spec', "{ kind: 'Compose', transforms: [...], outputChannels } or an array of transform specs", spec);
+      invalid(
+        'Compose spec',
+        "{ kind: 'Compose', transforms: [...], outputChannels } or an array of transform specs",
+        spec,
+      );
     }
-    return new Compose((s.transforms as TransformSpec[]).map((t) => transformFromSpec(t)), { outputChannels: s.outputChannels as 1 | 3 });
+    return new Compose(
+      (s.transforms as TransformSpec[]).map((t) => transformFromSpec(t)),
+      { outputChannels: s.outputChannels as 1 | 3 },
+    );
   }
 
   /** The plain, structured-clone-safe description of this pipeline. */
@@ -136,7 +147,12 @@ export class Compose {
     if (sample === null || typeof sample !== 'object' || sample.source === null || typeof sample.source !== 'object') {
       invalid('sample', 'a RawSample { source, label }', sample);
     }
-    if (rng === null || typeof rng !== 'object' || typeof rng.next !== 'function' || typeof rng.uniform !== 'function') {
+    if (
+      rng === null ||
+      typeof rng !== 'object' ||
+      typeof rng.next !== 'function' ||
+      typeof rng.uniform !== 'function'
+    ) {
       invalid('rng', 'a SampleRandom (sampleRandom(seed, epoch, index))', rng);
     }
     const o = expectOptions<ComposeRunOptions>('Compose.run options', options, ['deferFlip']);
@@ -153,7 +169,8 @@ export class Compose {
       // The decoder stops at the last row a crop needs, so a truncated file (no end-of-image
       // marker) is decoded whole: it then fails whatever the crop, as it does in PIL. CMYK and
       // YCCK JPEGs (4 components) go to sharp.
-      const header = first < this.transforms.length && endsWithEoi(source.bytes) ? jpegHeader(source.bytes, path) : null;
+      const header =
+        first < this.transforms.length && endsWithEoi(source.bytes) ? jpegHeader(source.bytes, path) : null;
       const dims = header?.supported ? { height: header.height, width: header.width } : null;
       const fuser = this.transforms[first];
       // A CenterCrop right after it joins the pipeline too (Resize(256) + CenterCrop(224)), when it

@@ -68,7 +68,11 @@ async function toImage(pipeline: Sharp, path?: string): Promise<DecodedImage> {
  * libjpeg-turbo on this thread; null for a colour space it does not handle (CMYK, YCCK). A broken
  * file throws `ERR_RC_CORRUPT_FILE` naming `path`.
  */
-function decodeJpegNative(bytes: Uint8Array, path: string, request: Omit<RawJpegRequest, 'bytes'> = {}): DecodedImage | null {
+function decodeJpegNative(
+  bytes: Uint8Array,
+  path: string,
+  request: Omit<RawJpegRequest, 'bytes'> = {},
+): DecodedImage | null {
   let r: RawImage | null;
   try {
     r = addon().jpegDecode({ bytes, ...request });
@@ -76,7 +80,9 @@ function decodeJpegNative(bytes: Uint8Array, path: string, request: Omit<RawJpeg
     if ((err as { code?: unknown }).code !== 'ERR_RC_CORRUPT_FILE') throw err;
     throw corruptFile(path, err);
   }
-  return r === null ? null : image(new Uint8Array(r.data.buffer, r.data.byteOffset, r.data.byteLength), r.height, r.width, r.channels);
+  return r === null
+    ? null
+    : image(new Uint8Array(r.data.buffer, r.data.byteOffset, r.data.byteLength), r.height, r.width, r.channels);
 }
 
 /** Whether `bytes` start with a JPEG's start-of-image marker (FF D8). */
@@ -113,7 +119,9 @@ export function jpegHeader(bytes: Uint8Array, path: string): JpegHeader | null {
  */
 export async function decodeImage(bytes: Uint8Array, path: string): Promise<DecodedImage> {
   if (!(bytes instanceof Uint8Array)) invalid('bytes', 'a Uint8Array', bytes);
-  if (bytes.length === 0) throw new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': the file is empty`);
+  if (bytes.length === 0) {
+    throw new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}': the file is empty`);
+  }
   if (isJpeg(bytes)) {
     const img = decodeJpegNative(bytes, path);
     if (img) return img;
@@ -134,7 +142,12 @@ export interface EncodedJpeg {
 /** Decodes a JPEG of 1 or 3 components (checked by the caller) with a fused crop and resize. */
 export function fusedJpeg(jpeg: EncodedJpeg, request: Omit<RawJpegRequest, 'bytes'>): DecodedImage {
   const img = decodeJpegNative(jpeg.bytes, jpeg.path, request);
-  if (!img) throw new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${jpeg.path}': a JPEG of 1 or 3 components in an unsupported colour space`);
+  if (!img) {
+    throw new ResnetError(
+      'ERR_RC_CORRUPT_FILE',
+      `Cannot decode the image file '${jpeg.path}': a JPEG of 1 or 3 components in an unsupported colour space`,
+    );
+  }
   return img;
 }
 

@@ -105,7 +105,11 @@ export function hflip(img: DecodedImage): DecodedImage {
 export function crop(img: DecodedImage, box: CropBox): DecodedImage {
   const { top, left, height, width } = box;
   if (top < 0 || left < 0 || top + height > img.height || left + width > img.width || height < 1 || width < 1) {
-    mismatch('crop box', `a box inside the ${img.height}x${img.width} image`, `top ${top}, left ${left}, height ${height}, width ${width}`);
+    mismatch(
+      'crop box',
+      `a box inside the ${img.height}x${img.width} image`,
+      `top ${top}, left ${left}, height ${height}, width ${width}`,
+    );
   }
   if (top === 0 && left === 0 && height === img.height && width === img.width) return img;
   const c = img.channels;
@@ -149,7 +153,11 @@ export function centerCrop(img: DecodedImage, size: [number, number]): DecodedIm
 }
 
 /** The output `[height, width]` of torchvision's `Resize(size, max_size)` for an input size. */
-export function resizeOutputSize(input: [number, number], size: number | [number, number], maxSize?: number): [number, number] {
+export function resizeOutputSize(
+  input: [number, number],
+  size: number | [number, number],
+  maxSize?: number,
+): [number, number] {
   if (typeof size !== 'number') return [size[0], size[1]];
   const [h, w] = input;
   const [short, long] = w <= h ? [w, h] : [h, w];
@@ -167,7 +175,13 @@ export function resizeOutputSize(input: [number, number], size: number | [number
  * algorithm (antialiased when shrinking; the kernels read only the box's pixels, as after
  * torchvision's crop), optionally mirrored. A box already of the output size is only copied.
  */
-export function resizedCrop(img: DecodedImage, box: CropBox | null, size: [number, number], interpolation: Interpolation = 'bilinear', mirror = false): DecodedImage {
+export function resizedCrop(
+  img: DecodedImage,
+  box: CropBox | null,
+  size: [number, number],
+  interpolation: Interpolation = 'bilinear',
+  mirror = false,
+): DecodedImage {
   const b = box ?? { top: 0, left: 0, height: img.height, width: img.width };
   const [oh, ow] = size;
   if (b.height === oh && b.width === ow) {
@@ -276,12 +290,36 @@ export function adjustHue(img: DecodedImage, factor: number): DecodedImage {
     let gg: number;
     let bb: number;
     switch (i % 6) {
-      case 0: rr = v; gg = t; bb = pp; break;
-      case 1: rr = q; gg = v; bb = pp; break;
-      case 2: rr = pp; gg = v; bb = t; break;
-      case 3: rr = pp; gg = q; bb = v; break;
-      case 4: rr = t; gg = pp; bb = v; break;
-      default: rr = v; gg = pp; bb = q; break;
+      case 0:
+        rr = v;
+        gg = t;
+        bb = pp;
+        break;
+      case 1:
+        rr = q;
+        gg = v;
+        bb = pp;
+        break;
+      case 2:
+        rr = pp;
+        gg = v;
+        bb = t;
+        break;
+      case 3:
+        rr = pp;
+        gg = q;
+        bb = v;
+        break;
+      case 4:
+        rr = t;
+        gg = pp;
+        bb = v;
+        break;
+      default:
+        rr = v;
+        gg = pp;
+        bb = q;
+        break;
     }
     out[s] = Math.min(255, Math.max(0, Math.round(rr)));
     out[s + 1] = Math.min(255, Math.max(0, Math.round(gg)));
@@ -313,7 +351,11 @@ function round15(v: number): number {
  * PIL's `Image.rotate(angle, expand=False)` (which torchvision calls): output pixel centres are
  * mapped back into the input; those that land outside are `fill`.
  */
-export function rotate(img: DecodedImage, angle: number, options: { interpolation?: 'nearest' | 'bilinear'; fill?: number | readonly number[] } = {}): DecodedImage {
+export function rotate(
+  img: DecodedImage,
+  angle: number,
+  options: { interpolation?: 'nearest' | 'bilinear'; fill?: number | readonly number[] } = {},
+): DecodedImage {
   const { height: H, width: W, channels: c } = img;
   const fill = fillValues(options.fill ?? 0, c);
   const bilinear = (options.interpolation ?? 'nearest') === 'bilinear';

@@ -27,8 +27,12 @@ export class Normalize extends Transform {
     super();
     const o = expectOptions<NormalizeOptions>('Normalize options', options, ['mean', 'std']);
     if (options === undefined) invalid('Normalize options', 'an options object with mean and std', options);
-    if (!Array.isArray(o.mean) || (o.mean.length !== 1 && o.mean.length !== 3)) invalid('mean', 'an array of 1 or 3 numbers', o.mean);
-    if (!Array.isArray(o.std) || o.std.length !== o.mean.length) invalid('std', `an array of ${o.mean.length} numbers (like mean)`, o.std);
+    if (!Array.isArray(o.mean) || (o.mean.length !== 1 && o.mean.length !== 3)) {
+      invalid('mean', 'an array of 1 or 3 numbers', o.mean);
+    }
+    if (!Array.isArray(o.std) || o.std.length !== o.mean.length) {
+      invalid('std', `an array of ${o.mean.length} numbers (like mean)`, o.std);
+    }
     this.mean = o.mean.map((v, i) => expectNumber(`mean[${i}]`, v));
     this.std = o.std.map((v, i) => expectNumber(`std[${i}]`, v, Number.MIN_VALUE));
   }

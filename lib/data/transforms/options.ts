@@ -9,20 +9,30 @@ import { type Interpolation, INTERPOLATIONS } from './functional.js';
 
 /** Validates a decoded image: a Uint8Array of height * width * channels bytes, 1 to 4 channels. */
 export function expectImage(name: string, value: unknown): DecodedImage {
-  if (value === null || typeof value !== 'object') invalid(name, 'a decoded image { data, height, width, channels }', value);
+  if (value === null || typeof value !== 'object') {
+    invalid(name, 'a decoded image { data, height, width, channels }', value);
+  }
   const img = value as DecodedImage;
   if (!(img.data instanceof Uint8Array)) invalid(`${name}.data`, 'a Uint8Array', img.data);
   expectInt(`${name}.height`, img.height, 1);
   expectInt(`${name}.width`, img.width, 1);
   expectInt(`${name}.channels`, img.channels, 1, 4);
   if (img.data.length !== img.height * img.width * img.channels) {
-    mismatch(`${name}.data`, `${img.height * img.width * img.channels} bytes (height ${img.height} x width ${img.width} x channels ${img.channels})`, `${img.data.length} bytes`);
+    mismatch(
+      `${name}.data`,
+      `${img.height * img.width * img.channels} bytes (height ${img.height} x width ${img.width} x channels ${img.channels})`,
+      `${img.data.length} bytes`,
+    );
   }
   return img;
 }
 
 /** Validates an interpolation mode, one of `allowed`. */
-export function expectInterpolation(name: string, value: unknown, allowed: readonly Interpolation[] = INTERPOLATIONS): Interpolation {
+export function expectInterpolation(
+  name: string,
+  value: unknown,
+  allowed: readonly Interpolation[] = INTERPOLATIONS,
+): Interpolation {
   return expectOneOf(name, value, allowed);
 }
 

@@ -39,7 +39,12 @@ export class RandomResizedCrop extends Transform {
 
   constructor(options: RandomResizedCropOptions) {
     super();
-    const o = expectOptions<RandomResizedCropOptions>('RandomResizedCrop options', options, ['size', 'scale', 'ratio', 'interpolation']);
+    const o = expectOptions<RandomResizedCropOptions>('RandomResizedCrop options', options, [
+      'size',
+      'scale',
+      'ratio',
+      'interpolation',
+    ]);
     if (options === undefined) invalid('RandomResizedCrop options', 'an options object with a size', options);
     this.size = expectSize('size', o.size);
     this.scale = expectRange('scale', o.scale ?? [0.08, 1], 0);
@@ -53,7 +58,13 @@ export class RandomResizedCrop extends Transform {
    * accepted when `0 < w <= W` and `0 < h <= H` with `top = randint(0, H - h)` and
    * `left = randint(0, W - w)`; otherwise the central crop with the aspect ratio clamped to `ratio`.
    */
-  static getParams(height: number, width: number, rng: SampleRandom, scale: readonly [number, number] = [0.08, 1], ratio: readonly [number, number] = [3 / 4, 4 / 3]): CropBox {
+  static getParams(
+    height: number,
+    width: number,
+    rng: SampleRandom,
+    scale: readonly [number, number] = [0.08, 1],
+    ratio: readonly [number, number] = [3 / 4, 4 / 3],
+  ): CropBox {
     expectInt('height', height, 1);
     expectInt('width', width, 1);
     const area = height * width;
@@ -92,7 +103,13 @@ export class RandomResizedCrop extends Transform {
   }
 
   spec(): TransformSpec {
-    return { kind: this.kind, size: copySpecValue(this.size), scale: [...this.scale], ratio: [...this.ratio], interpolation: this.interpolation };
+    return {
+      kind: this.kind,
+      size: copySpecValue(this.size),
+      scale: [...this.scale],
+      ratio: [...this.ratio],
+      interpolation: this.interpolation,
+    };
   }
 
   apply(img: DecodedImage, rng: SampleRandom): DecodedImage {
@@ -107,6 +124,11 @@ export class RandomResizedCrop extends Transform {
     const box = this.getParams(jpeg.height, jpeg.width, rng);
     const flip = mirror();
     const size = sizePair(this.size);
-    return fusedJpeg(jpeg, { crop: [box.top, box.left, box.height, box.width], size, filter: this.interpolation, mirror: flip });
+    return fusedJpeg(jpeg, {
+      crop: [box.top, box.left, box.height, box.width],
+      size,
+      filter: this.interpolation,
+      mirror: flip,
+    });
   }
 }

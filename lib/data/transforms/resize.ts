@@ -38,7 +38,13 @@ export class Resize extends Transform {
     this.size = expectSize('size', o.size);
     this.interpolation = expectInterpolation('interpolation', o.interpolation ?? 'bilinear');
     if (o.maxSize !== undefined) {
-      if (typeof this.size !== 'number') invalid('maxSize', 'no maxSize with a [height, width] size (torchvision allows it only with an int size)', o.maxSize);
+      if (typeof this.size !== 'number') {
+        invalid(
+          'maxSize',
+          'no maxSize with a [height, width] size (torchvision allows it only with an int size)',
+          o.maxSize,
+        );
+      }
       this.maxSize = expectInt('maxSize', o.maxSize, this.size + 1);
     } else {
       this.maxSize = undefined;
@@ -46,7 +52,12 @@ export class Resize extends Transform {
   }
 
   spec(): TransformSpec {
-    return { kind: this.kind, size: copySpecValue(this.size), interpolation: this.interpolation, ...(this.maxSize !== undefined ? { maxSize: this.maxSize } : {}) };
+    return {
+      kind: this.kind,
+      size: copySpecValue(this.size),
+      interpolation: this.interpolation,
+      ...(this.maxSize !== undefined ? { maxSize: this.maxSize } : {}),
+    };
   }
 
   apply(img: DecodedImage): DecodedImage {
@@ -60,7 +71,12 @@ export class Resize extends Transform {
     return input === null ? null : resizeOutputSize(input, this.size, this.maxSize);
   }
 
-  override applyToJpeg(jpeg: EncodedJpeg, _rng: SampleRandom, mirror: () => boolean, centerCrop?: [number, number]): DecodedImage {
+  override applyToJpeg(
+    jpeg: EncodedJpeg,
+    _rng: SampleRandom,
+    mirror: () => boolean,
+    centerCrop?: [number, number],
+  ): DecodedImage {
     const [h, w] = resizeOutputSize([jpeg.height, jpeg.width], this.size, this.maxSize);
     const flip = mirror();
     // A following CenterCrop is a window of the resized image: only its pixels are computed.

@@ -31,7 +31,11 @@ export class RandomRotation extends Transform {
 
   constructor(options: RandomRotationOptions) {
     super();
-    const o = expectOptions<RandomRotationOptions>('RandomRotation options', options, ['degrees', 'interpolation', 'fill']);
+    const o = expectOptions<RandomRotationOptions>('RandomRotation options', options, [
+      'degrees',
+      'interpolation',
+      'fill',
+    ]);
     if (options === undefined) invalid('RandomRotation options', 'an options object with degrees', options);
     if (typeof o.degrees === 'number') {
       const d = expectNumber('degrees', o.degrees, 0);
@@ -39,11 +43,13 @@ export class RandomRotation extends Transform {
     } else {
       this.degrees = expectRange('degrees', o.degrees);
     }
-    this.interpolation = expectInterpolation('interpolation', o.interpolation ?? 'nearest', ['nearest', 'bilinear']) as 'nearest' | 'bilinear';
+    this.interpolation = expectInterpolation('interpolation', o.interpolation ?? 'nearest', ['nearest', 'bilinear']) as
+      'nearest' | 'bilinear';
     const fill = o.fill ?? 0;
     if (typeof fill === 'number') this.fill = expectInt('fill', fill, 0, 255);
-    else if (Array.isArray(fill) && (fill.length === 1 || fill.length === 3)) this.fill = fill.map((v, i) => expectInt(`fill[${i}]`, v, 0, 255));
-    else invalid('fill', 'an integer in [0, 255] or an array of 1 or 3 of them', fill);
+    else if (Array.isArray(fill) && (fill.length === 1 || fill.length === 3)) {
+      this.fill = fill.map((v, i) => expectInt(`fill[${i}]`, v, 0, 255));
+    } else invalid('fill', 'an integer in [0, 255] or an array of 1 or 3 of them', fill);
   }
 
   /** Draws the angle in degrees. */
@@ -52,7 +58,12 @@ export class RandomRotation extends Transform {
   }
 
   spec(): TransformSpec {
-    return { kind: this.kind, degrees: [...this.degrees], interpolation: this.interpolation, fill: copySpecValue(this.fill) };
+    return {
+      kind: this.kind,
+      degrees: [...this.degrees],
+      interpolation: this.interpolation,
+      fill: copySpecValue(this.fill),
+    };
   }
 
   apply(img: DecodedImage, rng: SampleRandom): DecodedImage {

@@ -41,7 +41,12 @@ export abstract class Transform {
    * CenterCrop that follows this transform, taken before the mirroring.
    * @internal
    */
-  applyToJpeg(_jpeg: EncodedJpeg, _rng: SampleRandom, _mirror: () => boolean, _centerCrop?: [number, number]): DecodedImage | Promise<DecodedImage> | null {
+  applyToJpeg(
+    _jpeg: EncodedJpeg,
+    _rng: SampleRandom,
+    _mirror: () => boolean,
+    _centerCrop?: [number, number],
+  ): DecodedImage | Promise<DecodedImage> | null {
     return null;
   }
 

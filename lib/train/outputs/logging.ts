@@ -33,8 +33,12 @@ export class JsonLinesLogger {
    * @param record - a plain object, e.g. `{ epoch: 3, step: 1200, loss: 1.25, lr: 0.1 }`.
    */
   log(record: Record<string, unknown>): void {
-    if (this.#fd === null) throw new ResnetError('ERR_RC_DISPOSED', `JsonLinesLogger.log: the logger for ${this.path} has been closed`);
-    if (record === null || typeof record !== 'object' || Array.isArray(record)) invalid('record', 'a plain object', record);
+    if (this.#fd === null) {
+      throw new ResnetError('ERR_RC_DISPOSED', `JsonLinesLogger.log: the logger for ${this.path} has been closed`);
+    }
+    if (record === null || typeof record !== 'object' || Array.isArray(record)) {
+      invalid('record', 'a plain object', record);
+    }
     // A single write of the whole line keeps lines whole even with other appenders (O_APPEND).
     writeSync(this.#fd, JSON.stringify(record) + '\n');
   }
@@ -149,7 +153,16 @@ export class ProgressBar {
   #finished = false;
 
   constructor(options: ProgressBarOptions) {
-    const o = expectOptions<ProgressBarOptions>('ProgressBar options', options, ['total', 'initial', 'stream', 'label', 'printEvery', 'batchSize', 'minIntervalMs', 'now']);
+    const o = expectOptions<ProgressBarOptions>('ProgressBar options', options, [
+      'total',
+      'initial',
+      'stream',
+      'label',
+      'printEvery',
+      'batchSize',
+      'minIntervalMs',
+      'now',
+    ]);
     this.total = expectInt('ProgressBar options.total', o.total, 1);
     this.#initial = expectInt('ProgressBar options.initial', o.initial ?? 0, 0, this.total);
     this.#current = this.#initial;
@@ -160,10 +173,17 @@ export class ProgressBar {
     this.#tty = this.#stream.isTTY === true;
     this.label = o.label ?? '';
     if (typeof this.label !== 'string') invalid('ProgressBar options.label', 'a string', o.label);
-    this.printEvery = expectInt('ProgressBar options.printEvery', o.printEvery ?? Math.max(1, Math.ceil(this.total / 10)), 0);
-    this.#batchSize = o.batchSize === undefined ? undefined : expectInt('ProgressBar options.batchSize', o.batchSize, 1);
+    this.printEvery = expectInt(
+      'ProgressBar options.printEvery',
+      o.printEvery ?? Math.max(1, Math.ceil(this.total / 10)),
+      0,
+    );
+    this.#batchSize =
+      o.batchSize === undefined ? undefined : expectInt('ProgressBar options.batchSize', o.batchSize, 1);
     this.#minInterval = expectNumber('ProgressBar options.minIntervalMs', o.minIntervalMs ?? 100, 0);
-    if (o.now !== undefined && typeof o.now !== 'function') invalid('ProgressBar options.now', 'a function returning milliseconds', o.now);
+    if (o.now !== undefined && typeof o.now !== 'function') {
+      invalid('ProgressBar options.now', 'a function returning milliseconds', o.now);
+    }
     this.#now = o.now ?? (() => performance.now());
     this.#start = this.#now();
   }
@@ -174,7 +194,9 @@ export class ProgressBar {
    * @param info - values to show; fields left out keep their previous values.
    */
   update(current: number, info?: ProgressInfo): void {
-    if (this.#finished) throw new ResnetError('ERR_RC_DISPOSED', 'ProgressBar.update: the bar has finished; create a new ProgressBar');
+    if (this.#finished) {
+      throw new ResnetError('ERR_RC_DISPOSED', 'ProgressBar.update: the bar has finished; create a new ProgressBar');
+    }
     this.#current = expectInt('current', current, 0, this.total);
     if (info !== undefined) this.#merge(info);
     const now = this.#now();
@@ -210,7 +232,9 @@ export class ProgressBar {
     const parts: string[] = [];
     if (this.label) parts.push(this.label);
     const info = this.#info;
-    if (info.epoch !== undefined) parts.push(info.epochs !== undefined ? `epoch ${info.epoch}/${info.epochs}` : `epoch ${info.epoch}`);
+    if (info.epoch !== undefined) {
+      parts.push(info.epochs !== undefined ? `epoch ${info.epoch}/${info.epochs}` : `epoch ${info.epoch}`);
+    }
     const width = String(this.total).length;
     parts.push(`step ${String(this.#current).padStart(width)}/${this.total}`);
     const fraction = this.#current / this.total;
@@ -224,7 +248,9 @@ export class ProgressBar {
     for (const [k, v] of Object.entries(info.metrics ?? {})) parts.push(`${k} ${formatValue(v)}`);
     const elapsed = Math.max(0, (now - this.#start) / 1000);
     const rate = elapsed > 0 ? (this.#current - this.#initial) / elapsed : NaN;
-    const ips = info.imagesPerSec ?? (this.#batchSize !== undefined && Number.isFinite(rate) ? rate * this.#batchSize : undefined);
+    const ips =
+      info.imagesPerSec ??
+      (this.#batchSize !== undefined && Number.isFinite(rate) ? rate * this.#batchSize : undefined);
     if (ips !== undefined && Number.isFinite(ips)) parts.push(`${Math.round(ips)} img/s`);
     if (final) parts.push(`time ${formatDuration(elapsed)}`);
     else parts.push(`ETA ${formatDuration(rate > 0 ? (this.total - this.#current) / rate : NaN)}`);

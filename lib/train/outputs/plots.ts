@@ -13,22 +13,66 @@ import { ConfusionMatrix } from '../metrics.js';
 // 5x7 glyphs, one hex byte per row from top to bottom, bit 4 the leftmost column (the classic
 // HD44780 character-ROM shapes).
 const FONT: Record<string, string> = {
-  '0': '0e11131519110e', '1': '040c040404040e', '2': '0e11010204081f', '3': '1f02040201110e',
-  '4': '02060a121f0202', '5': '1f101e0101110e', '6': '0608101e11110e', '7': '1f010204080808',
-  '8': '0e11110e11110e', '9': '0e11110f01020c',
-  A: '0e1111111f1111', B: '1e11111e11111e', C: '0e11101010110e', D: '1c12111111121c',
-  E: '1f10101e10101f', F: '1f10101e101010', G: '0e11101711110f', H: '1111111f111111',
-  I: '0e04040404040e', J: '0702020202120c', K: '11121418141211', L: '1010101010101f',
-  M: '111b1515111111', N: '11111915131111', O: '0e11111111110e', P: '1e11111e101010',
-  Q: '0e11111115120d', R: '1e11111e141211', S: '0f10100e01011e', T: '1f040404040404',
-  U: '1111111111110e', V: '11111111110a04', W: '1111111515150a', X: '11110a040a1111',
-  Y: '1111110a040404', Z: '1f01020408101f',
-  ' ': '00000000000000', '.': '00000000000c0c', ',': '000000000c0408', '-': '0000001f000000',
-  '+': '0004041f040400', ':': '000c0c000c0c00', '/': '00010204081000', '(': '02040808080402',
-  ')': '08040202020408', '%': '18190204081303', _: '0000000000001f', '=': '00001f001f0000',
-  "'": '0c040800000000', '?': '0e110102040004', '!': '04040404000004', '*': '0004150e150400',
-  '#': '0a0a1f0a1f0a0a', '[': '0e08080808080e', ']': '0e02020202020e', '<': '02040810080402',
-  '>': '08040201020408', '@': '0e11010d15150e', '&': '0c12140815120d', '|': '04040404040404',
+  '0': '0e11131519110e',
+  '1': '040c040404040e',
+  '2': '0e11010204081f',
+  '3': '1f02040201110e',
+  '4': '02060a121f0202',
+  '5': '1f101e0101110e',
+  '6': '0608101e11110e',
+  '7': '1f010204080808',
+  '8': '0e11110e11110e',
+  '9': '0e11110f01020c',
+  A: '0e1111111f1111',
+  B: '1e11111e11111e',
+  C: '0e11101010110e',
+  D: '1c12111111121c',
+  E: '1f10101e10101f',
+  F: '1f10101e101010',
+  G: '0e11101711110f',
+  H: '1111111f111111',
+  I: '0e04040404040e',
+  J: '0702020202120c',
+  K: '11121418141211',
+  L: '1010101010101f',
+  M: '111b1515111111',
+  N: '11111915131111',
+  O: '0e11111111110e',
+  P: '1e11111e101010',
+  Q: '0e11111115120d',
+  R: '1e11111e141211',
+  S: '0f10100e01011e',
+  T: '1f040404040404',
+  U: '1111111111110e',
+  V: '11111111110a04',
+  W: '1111111515150a',
+  X: '11110a040a1111',
+  Y: '1111110a040404',
+  Z: '1f01020408101f',
+  ' ': '00000000000000',
+  '.': '00000000000c0c',
+  ',': '000000000c0408',
+  '-': '0000001f000000',
+  '+': '0004041f040400',
+  ':': '000c0c000c0c00',
+  '/': '00010204081000',
+  '(': '02040808080402',
+  ')': '08040202020408',
+  '%': '18190204081303',
+  _: '0000000000001f',
+  '=': '00001f001f0000',
+  "'": '0c040800000000',
+  '?': '0e110102040004',
+  '!': '04040404000004',
+  '*': '0004150e150400',
+  '#': '0a0a1f0a1f0a0a',
+  '[': '0e08080808080e',
+  ']': '0e02020202020e',
+  '<': '02040810080402',
+  '>': '08040201020408',
+  '@': '0e11010d15150e',
+  '&': '0c12140815120d',
+  '|': '04040404040404',
 };
 
 type RGB = readonly [number, number, number];
@@ -40,8 +84,16 @@ const AXIS: RGB = [60, 60, 60];
 
 /** Matplotlib's `tab10` colours, so series look like the usual Python plots. */
 const PALETTE: readonly RGB[] = [
-  [31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189],
-  [140, 86, 75], [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207],
+  [31, 119, 180],
+  [255, 127, 14],
+  [44, 160, 44],
+  [214, 39, 40],
+  [148, 103, 189],
+  [140, 86, 75],
+  [227, 119, 194],
+  [127, 127, 127],
+  [188, 189, 34],
+  [23, 190, 207],
 ];
 
 /** An RGBA image being drawn, white and opaque to start with, with an optional clip rectangle. */
@@ -49,7 +101,10 @@ class Canvas {
   readonly data: Buffer;
   #clip: [number, number, number, number];
 
-  constructor(readonly width: number, readonly height: number) {
+  constructor(
+    readonly width: number,
+    readonly height: number,
+  ) {
     this.data = Buffer.alloc(width * height * 4, 255);
     this.#clip = [0, 0, width, height];
   }
@@ -72,7 +127,9 @@ class Canvas {
   }
 
   rect(x: number, y: number, w: number, h: number, c: RGB): void {
-    for (let j = Math.round(y); j < Math.round(y + h); j++) for (let i = Math.round(x); i < Math.round(x + w); i++) this.pixel(i, j, c);
+    for (let j = Math.round(y); j < Math.round(y + h); j++) {
+      for (let i = Math.round(x); i < Math.round(x + w); i++) this.pixel(i, j, c);
+    }
   }
 
   /** A rectangle's outline, one pixel wide. */
@@ -195,7 +252,9 @@ function extent(values: number[]): [number, number] {
 async function encode(canvas: Canvas): Promise<Buffer> {
   // Loaded on first use, so that importing the package does not load libvips.
   const { default: sharp } = await import('sharp');
-  return sharp(canvas.data, { raw: { width: canvas.width, height: canvas.height, channels: 4 } }).png().toBuffer();
+  return sharp(canvas.data, { raw: { width: canvas.width, height: canvas.height, channels: 4 } })
+    .png()
+    .toBuffer();
 }
 
 /** One line of a {@link plotCurves} chart. */
@@ -233,7 +292,14 @@ const MARKED_POINTS = 30;
  * @returns the PNG file's bytes.
  */
 export async function plotCurves(series: readonly Series[], options?: PlotOptions): Promise<Buffer> {
-  const o = expectOptions<PlotOptions>('plotCurves options', options, ['title', 'xLabel', 'yLabel', 'width', 'height', 'logY']);
+  const o = expectOptions<PlotOptions>('plotCurves options', options, [
+    'title',
+    'xLabel',
+    'yLabel',
+    'width',
+    'height',
+    'logY',
+  ]);
   const width = expectInt('plotCurves options.width', o.width ?? 800, 160, 10000);
   const height = expectInt('plotCurves options.height', o.height ?? 500, 120, 10000);
   const logY = o.logY ?? false;
@@ -244,9 +310,13 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
   const isArray = (v: unknown): boolean => Array.isArray(v);
   if (!isArray(series)) invalid('series', 'an array of { name, points }', series);
   series.forEach((s, i) => {
-    if (s === null || typeof s !== 'object' || typeof s.name !== 'string' || !isArray(s.points)) invalid(`series[${i}]`, 'an object { name: string, points: [x, y][] }', s);
+    if (s === null || typeof s !== 'object' || typeof s.name !== 'string' || !isArray(s.points)) {
+      invalid(`series[${i}]`, 'an object { name: string, points: [x, y][] }', s);
+    }
     s.points.forEach((p, j) => {
-      if (!isArray(p) || p.length !== 2 || typeof p[0] !== 'number' || typeof p[1] !== 'number') invalid(`series[${i}].points[${j}]`, 'an [x, y] pair of numbers', p);
+      if (!isArray(p) || p.length !== 2 || typeof p[0] !== 'number' || typeof p[1] !== 'number') {
+        invalid(`series[${i}].points[${j}]`, 'an [x, y] pair of numbers', p);
+      }
     });
   });
 
@@ -262,14 +332,20 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
   const top = lineH * 2 + 8;
   const bottom = height - (lineH * 2 + 8 + (o.xLabel ? lineH + 6 : 0));
   const xTicks = niceTicks(xLo, xHi, Math.max(2, Math.floor(width / (60 * scale))));
-  const yTicks = logY ? niceTicks(Math.floor(yLo), Math.ceil(yHi), Math.max(2, Math.floor((bottom - top) / (25 * scale)))) : niceTicks(yLo, yHi, Math.max(2, Math.floor((bottom - top) / (25 * scale))));
-  if (logY && yTicks.step < 1) Object.assign(yTicks, niceTicks(Math.floor(yLo), Math.ceil(yHi), Math.max(1, Math.ceil(yHi) - Math.floor(yLo))));
+  const yTicks = logY
+    ? niceTicks(Math.floor(yLo), Math.ceil(yHi), Math.max(2, Math.floor((bottom - top) / (25 * scale))))
+    : niceTicks(yLo, yHi, Math.max(2, Math.floor((bottom - top) / (25 * scale))));
+  if (logY && yTicks.step < 1) {
+    Object.assign(yTicks, niceTicks(Math.floor(yLo), Math.ceil(yHi), Math.max(1, Math.ceil(yHi) - Math.floor(yLo))));
+  }
   const yMaxAbs = Math.max(Math.abs(yTicks.lo), Math.abs(yTicks.hi));
   const xMaxAbs = Math.max(Math.abs(xTicks.lo), Math.abs(xTicks.hi));
   const yLabels = yTicks.ticks.map((v) => (logY ? `1E${Math.round(v)}` : tickLabel(v, yTicks.step, yMaxAbs)));
   const left = 10 + (o.yLabel ? lineH + 8 : 0) + Math.max(...yLabels.map((l) => textWidth(l, scale))) + 8;
   const right = width - 20;
-  if (right - left < 40 || bottom - top < 40) invalid('plotCurves options.width/height', 'a size that leaves room for the plot area', `${width}x${height}`);
+  if (right - left < 40 || bottom - top < 40) {
+    invalid('plotCurves options.width/height', 'a size that leaves room for the plot area', `${width}x${height}`);
+  }
   const px = (x: number): number => left + ((x - xTicks.lo) / (xTicks.hi - xTicks.lo)) * (right - left);
   const py = (y: number): number => bottom - ((y - yTicks.lo) / (yTicks.hi - yTicks.lo)) * (bottom - top);
 
@@ -279,7 +355,13 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
     canvas.rect(x, top, 1, bottom - top, GRID);
     canvas.rect(x, bottom, 1, 5, AXIS);
     const label = tickLabel(v, xTicks.step, xMaxAbs);
-    canvas.text(label, Math.min(width - textWidth(label, scale) - 1, Math.max(0, x - textWidth(label, scale) / 2)), bottom + 8, BLACK, scale);
+    canvas.text(
+      label,
+      Math.min(width - textWidth(label, scale) - 1, Math.max(0, x - textWidth(label, scale) / 2)),
+      bottom + 8,
+      BLACK,
+      scale,
+    );
   });
   yTicks.ticks.forEach((v, i) => {
     const y = py(v);
@@ -353,7 +435,9 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
           const i = (y * width + x) * 4;
           const r = canvas.data[i]!;
           // Anything but the background, the grid and the frame is a curve.
-          if ((r !== 255 && r !== GRID[0] && r !== AXIS[0]) || canvas.data[i + 1] !== r || canvas.data[i + 2] !== r) n++;
+          if ((r !== 255 && r !== GRID[0] && r !== AXIS[0]) || canvas.data[i + 1] !== r || canvas.data[i + 2] !== r) {
+            n++;
+          }
         }
       }
       return n;
@@ -401,7 +485,9 @@ export async function plotConfusionMatrix(
   const counts = matrix instanceof ConfusionMatrix ? matrix.toArray() : ConfusionMatrix.fromArray(matrix).toArray();
   const n = counts.length;
   const names = classNames ?? Array.from({ length: n }, (_, i) => String(i));
-  if (!Array.isArray(names) || names.length !== n || names.some((s) => typeof s !== 'string')) invalid('classNames', `an array of ${n} strings`, classNames);
+  if (!Array.isArray(names) || names.length !== n || names.some((s) => typeof s !== 'string')) {
+    invalid('classNames', `an array of ${n} strings`, classNames);
+  }
   const normalize = o.normalize ?? false;
   const title = o.title ?? 'Confusion matrix';
 
@@ -446,7 +532,13 @@ export async function plotConfusionMatrix(
   }
   canvas.frame(left - 1, top - 1, size + 2, size + 2, AXIS);
 
-  canvas.text(fit(title, canvas.width - 20, scale), (canvas.width - textWidth(fit(title, canvas.width - 20, scale), scale)) / 2, 8, BLACK, scale);
+  canvas.text(
+    fit(title, canvas.width - 20, scale),
+    (canvas.width - textWidth(fit(title, canvas.width - 20, scale), scale)) / 2,
+    8,
+    BLACK,
+    scale,
+  );
   if (showNames) {
     shown.forEach((s, i) => {
       canvas.text(s, left - 8 - textWidth(s, scale), top + i * cell + (cell - lineH) / 2, BLACK, scale);

@@ -118,10 +118,16 @@ export class SummaryWriter {
    * @param options - see {@link SummaryWriterOptions}.
    */
   constructor(logDir: string, options?: SummaryWriterOptions) {
-    const o = expectOptions<SummaryWriterOptions>('SummaryWriter options', options, ['filenameSuffix', 'maxQueue', 'flushSecs']);
+    const o = expectOptions<SummaryWriterOptions>('SummaryWriter options', options, [
+      'filenameSuffix',
+      'maxQueue',
+      'flushSecs',
+    ]);
     if (typeof logDir !== 'string' || logDir.length === 0) invalid('logDir', 'a non-empty directory path', logDir);
     const suffix = o.filenameSuffix ?? '';
-    if (typeof suffix !== 'string' || /[/\\]/.test(suffix)) invalid('SummaryWriter options.filenameSuffix', 'a string without path separators', suffix);
+    if (typeof suffix !== 'string' || /[/\\]/.test(suffix)) {
+      invalid('SummaryWriter options.filenameSuffix', 'a string without path separators', suffix);
+    }
     this.maxQueue = expectInt('SummaryWriter options.maxQueue', o.maxQueue ?? 10, 1);
     this.flushSecs = expectNumber('SummaryWriter options.flushSecs', o.flushSecs ?? 120, 0.001);
     this.logDir = logDir;
@@ -213,7 +219,10 @@ export class SummaryWriter {
 
   #check(method: string): void {
     if (this.#closed) {
-      throw new ResnetError('ERR_RC_DISPOSED', `SummaryWriter.${method}: the writer for ${this.path} has been closed; create a new SummaryWriter to log more`);
+      throw new ResnetError(
+        'ERR_RC_DISPOSED',
+        `SummaryWriter.${method}: the writer for ${this.path} has been closed; create a new SummaryWriter to log more`,
+      );
     }
     this.#throwIfFailed();
   }

@@ -99,9 +99,7 @@ bool supportedCombination(cublasComputeType_t compute, cudaDataType_t a, cudaDat
     case CUBLAS_COMPUTE_64F:
     case CUBLAS_COMPUTE_64F_PEDANTIC: return a == CUDA_R_64F && c == CUDA_R_64F;
     case CUBLAS_COMPUTE_32I:
-    case CUBLAS_COMPUTE_32I_PEDANTIC:
-      *emulated = false;
-      return a == CUDA_R_8I && c == CUDA_R_32I;
+    case CUBLAS_COMPUTE_32I_PEDANTIC: *emulated = false; return a == CUDA_R_8I && c == CUDA_R_32I;
   }
   return false;
 }
@@ -158,7 +156,6 @@ size_t matrixBytes(int rows, int cols, int ld, cudaDataType_t t) {
   return (static_cast<size_t>(cols - 1) * static_cast<size_t>(ld) + static_cast<size_t>(rows)) * elementSize(t);
 }
 
-
 struct Gemm {
   cublasOperation_t transa, transb;
   int m, n, k;
@@ -185,15 +182,15 @@ void runGemm(const Gemm& g) {
     b.resize(static_cast<size_t>(g.n) * g.k);
     for (int i = 0; i < g.m; ++i) {
       for (int l = 0; l < g.k; ++l) {
-        const int64_t idx = g.transa == CUBLAS_OP_N ? i + static_cast<int64_t>(l) * g.lda
-                                                    : l + static_cast<int64_t>(i) * g.lda;
+        const int64_t idx =
+            g.transa == CUBLAS_OP_N ? i + static_cast<int64_t>(l) * g.lda : l + static_cast<int64_t>(i) * g.lda;
         a[static_cast<size_t>(i) * g.k + l] = loadElement(g.Atype, g.A, idx, g.rounding);
       }
     }
     for (int j = 0; j < g.n; ++j) {
       for (int l = 0; l < g.k; ++l) {
-        const int64_t idx = g.transb == CUBLAS_OP_N ? l + static_cast<int64_t>(j) * g.ldb
-                                                    : j + static_cast<int64_t>(l) * g.ldb;
+        const int64_t idx =
+            g.transb == CUBLAS_OP_N ? l + static_cast<int64_t>(j) * g.ldb : j + static_cast<int64_t>(l) * g.ldb;
         b[static_cast<size_t>(j) * g.k + l] = loadElement(g.Btype, g.B, idx, g.rounding);
       }
     }
@@ -319,10 +316,10 @@ extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* worksp
 
 // ---- GEMM -------------------------------------------------------------------------------------
 
-extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
-                                       int m, int n, int k, const void* alpha, const void* A, cudaDataType_t Atype,
-                                       int lda, const void* B, cudaDataType_t Btype, int ldb, const void* beta,
-                                       void* C, cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m,
+                                       int n, int k, const void* alpha, const void* A, cudaDataType_t Atype, int lda,
+                                       const void* B, cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                                       cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
                                        cublasGemmAlgo_t algo) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   auto validOp = [](cublasOperation_t op) { return op == CUBLAS_OP_N || op == CUBLAS_OP_T || op == CUBLAS_OP_C; };
@@ -339,7 +336,7 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t 
   }
   bool emulated = true;
   if (!supportedCombination(computeType, Atype, Btype, Ctype, &emulated)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (!emulated) return CUBLAS_STATUS_NOT_SUPPORTED;  // integer computation is not emulated
+  if (!emulated) return CUBLAS_STATUS_NOT_SUPPORTED;   // integer computation is not emulated
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;  // nothing to compute or write
 
   Gemm g{};
@@ -360,7 +357,8 @@ extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t 
   g.Ctype = Ctype;
   g.ldc = ldc;
   g.rounding = InputRounding::None;
-  const int baseMath = static_cast<int>(handle->math) & ~static_cast<int>(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+  const int baseMath =
+      static_cast<int>(handle->math) & ~static_cast<int>(CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
   if (computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ||
       (computeType == CUBLAS_COMPUTE_32F && Atype == CUDA_R_32F && baseMath == CUBLAS_TF32_TENSOR_OP_MATH)) {
     g.rounding = InputRounding::Tf32;

@@ -148,7 +148,7 @@ struct Filter4 {
   int k, c, r, s;
   int64_t offset(int64_t ik, int64_t ic, int64_t ir, int64_t is) const {
     if (format == CUDNN_TENSOR_NHWC) return ((ik * r + ir) * s + is) * c + ic;  // KRSC
-    return ((ik * c + ic) * r + ir) * s + is;                                    // KCRS
+    return ((ik * c + ic) * r + ir) * s + is;                                   // KCRS
   }
   size_t bytes() const { return static_cast<size_t>(k) * c * r * s * elementSize(type); }
 };
@@ -169,9 +169,7 @@ struct Problem {
   size_t accumulatorBytes() const { return doubleCompute ? 8 : 4; }
 };
 
-Tensor4 toTensor4(const cudnnTensorStruct& d) {
-  return Tensor4{d.type, d.n, d.c, d.h, d.w, d.ns, d.cs, d.hs, d.ws};
-}
+Tensor4 toTensor4(const cudnnTensorStruct& d) { return Tensor4{d.type, d.n, d.c, d.h, d.w, d.ns, d.cs, d.hs, d.ws}; }
 
 Filter4 toFilter4(const cudnnFilterStruct& d) { return Filter4{d.type, d.format, d.k, d.c, d.h, d.w}; }
 
@@ -205,8 +203,8 @@ cudnnStatus_t makeProblem(const char* call, const cudnnTensorStruct* x, const cu
   const int G = conv->groups;
   if (x->c != w->c * G) {
     return fail(CUDNN_STATUS_BAD_PARAM, where + "the input has " + std::to_string(x->c) +
-                                            " channels but the filter has " + std::to_string(w->c) + " per group with " +
-                                            std::to_string(G) + " group(s)");
+                                            " channels but the filter has " + std::to_string(w->c) +
+                                            " per group with " + std::to_string(G) + " group(s)");
   }
   if (w->k % G != 0) {
     return fail(statuses.groupChannels, where + "the filter's " + std::to_string(w->k) +
@@ -338,8 +336,8 @@ cudnnStatus_t checkAlgorithm(const char* call, const Problem& p, Pass pass, int 
                              size_t workspaceSize, size_t* required) {
   const std::string where = std::string(call) + ": ";
   if (algo < 0 || algo >= algorithmCount(pass)) {
-    return fail(CUDNN_STATUS_BAD_PARAM, where + "algorithm " + std::to_string(algo) + " is not a " + passName(pass) +
-                                            " algorithm");
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                where + "algorithm " + std::to_string(algo) + " is not a " + passName(pass) + " algorithm");
   }
   if (!emulated(algo)) {
     return fail(CUDNN_STATUS_NOT_SUPPORTED,
@@ -352,8 +350,8 @@ cudnnStatus_t checkAlgorithm(const char* call, const Problem& p, Pass pass, int 
                                             std::to_string(workspaceSize) + " were given");
   }
   if (workspaceSize > 0 && (workspace == nullptr || !rc_emu::isDeviceRange(workspace, workspaceSize))) {
-    return fail(CUDNN_STATUS_BAD_PARAM, where + "the workspace is not " + std::to_string(workspaceSize) +
-                                            " bytes of device memory");
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                where + "the workspace is not " + std::to_string(workspaceSize) + " bytes of device memory");
   }
   return ok();
 }
@@ -361,8 +359,8 @@ cudnnStatus_t checkAlgorithm(const char* call, const Problem& p, Pass pass, int 
 cudnnStatus_t checkDeviceData(const char* call, const char* what, const void* p, size_t bytes) {
   if (p == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, std::string(call) + ": " + what + " is null");
   if (!rc_emu::isDeviceRange(p, bytes)) {
-    return fail(CUDNN_STATUS_BAD_PARAM, std::string(call) + ": " + what + " is not " + std::to_string(bytes) +
-                                            " bytes of device memory");
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                std::string(call) + ": " + what + " is not " + std::to_string(bytes) + " bytes of device memory");
   }
   return ok();
 }
@@ -710,7 +708,9 @@ size_t fillPerf(const Problem& p, Pass pass, size_t workspaceSize, int requested
     }
     all.push_back(r);
   }
-  auto rank = [](const Perf& r) { return r.status == CUDNN_STATUS_SUCCESS ? 0 : r.status == CUDNN_STATUS_ALLOC_FAILED ? 1 : 2; };
+  auto rank = [](const Perf& r) {
+    return r.status == CUDNN_STATUS_SUCCESS ? 0 : r.status == CUDNN_STATUS_ALLOC_FAILED ? 1 : 2;
+  };
   std::stable_sort(all.begin(), all.end(), [&](const Perf& a, const Perf& b) {
     if (rank(a) != rank(b)) return rank(a) < rank(b);
     return rank(a) == 0 && a.time < b.time;
@@ -729,35 +729,36 @@ size_t fillPerf(const Problem& p, Pass pass, size_t workspaceSize, int requested
 // stream runs first; the output (and the workspace the timed algorithms use) is overwritten.
 template <typename Perf, typename Algo>
 cudnnStatus_t searchAlgorithms(const char* call, cudnnHandle_t handle, const Problem& p, Pass pass, void* output,
-                   size_t outputBytes, const int requested, int* returned, Perf* perf, void* workspace,
-                   size_t workspaceSize) {
+                               size_t outputBytes, const int requested, int* returned, Perf* perf, void* workspace,
+                               size_t workspaceSize) {
   const std::string where = std::string(call) + ": ";
   if (rc_emu::isCapturing(handle->stream)) {
     return fail(CUDNN_STATUS_EXECUTION_FAILED_CUDART,
-                where + "the handle's stream is capturing a CUDA graph; an algorithm search synchronises the stream "
-                        "and cannot be captured");
+                where +
+                    "the handle's stream is capturing a CUDA graph; an algorithm search synchronises the stream "
+                    "and cannot be captured");
   }
   if (requested < 1) return fail(CUDNN_STATUS_BAD_PARAM, where + "requestedAlgoCount is " + std::to_string(requested));
   if (returned == nullptr || perf == nullptr) {
     return fail(CUDNN_STATUS_BAD_PARAM, where + "returnedAlgoCount or perfResults is null");
   }
   if (workspaceSize > 0 && (workspace == nullptr || !rc_emu::isDeviceRange(workspace, workspaceSize))) {
-    return fail(CUDNN_STATUS_BAD_PARAM, where + "the workspace is not " + std::to_string(workspaceSize) +
-                                    " bytes of device memory");
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                where + "the workspace is not " + std::to_string(workspaceSize) + " bytes of device memory");
   }
   if (cudaStreamSynchronize(handle->stream) != cudaSuccess) {
     return fail(CUDNN_STATUS_EXECUTION_FAILED, where + "waiting for the stream failed");
   }
   const size_t used = fillPerf<Perf, Algo>(p, pass, workspaceSize, requested, returned, perf);
   const size_t scribble = std::min(used, workspaceSize);
-  cudnnStatus_t status = queue(
-      handle->stream,
-      deviceOp(call, {{output, outputBytes, "the output"}, {workspace, scribble, "the workspace"}},
-               [output, outputBytes, workspace, scribble] {
-                 std::memset(output, rc_emu::kUninitializedByte, outputBytes);
-                 if (scribble > 0) std::memset(workspace, rc_emu::kUninitializedByte, scribble);
-               }),
-      call);
+  cudnnStatus_t status =
+      queue(handle->stream,
+            deviceOp(call, {{output, outputBytes, "the output"}, {workspace, scribble, "the workspace"}},
+                     [output, outputBytes, workspace, scribble] {
+                       std::memset(output, rc_emu::kUninitializedByte, outputBytes);
+                       if (scribble > 0) std::memset(workspace, rc_emu::kUninitializedByte, scribble);
+                     }),
+            call);
   if (status != CUDNN_STATUS_SUCCESS) return status;
   if (cudaStreamSynchronize(handle->stream) != cudaSuccess) {
     return fail(CUDNN_STATUS_EXECUTION_FAILED, where + "the timed runs failed");
@@ -770,9 +771,9 @@ cudnnStatus_t checkHandle(const char* call, cudnnHandle_t handle) {
   return ok();
 }
 
-#define RC_DNN_TRY(expr)                                       \
-  do {                                                         \
-    const cudnnStatus_t rcDnnStatus_ = (expr);                 \
+#define RC_DNN_TRY(expr)                                           \
+  do {                                                             \
+    const cudnnStatus_t rcDnnStatus_ = (expr);                     \
     if (rcDnnStatus_ != CUDNN_STATUS_SUCCESS) return rcDnnStatus_; \
   } while (0)
 
@@ -986,15 +987,17 @@ extern "C" cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t filt
   const char* where = "cudnnSetFilter4dDescriptor: ";
   if (filterDesc == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, std::string(where) + "the descriptor is null");
   if (!isDataTypeEnumerant(dataType)) {
-    return fail(CUDNN_STATUS_BAD_PARAM, std::string(where) + "data type " + std::to_string(dataType) +
-                                            " is not an enumerant");
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                std::string(where) + "data type " + std::to_string(dataType) + " is not an enumerant");
   }
   if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC && format != CUDNN_TENSOR_NCHW_VECT_C) {
-    return fail(CUDNN_STATUS_BAD_PARAM, std::string(where) + "format " + std::to_string(format) + " is not an enumerant");
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                std::string(where) + "format " + std::to_string(format) + " is not an enumerant");
   }
   if (k <= 0 || c <= 0 || h <= 0 || w <= 0) {
     return fail(CUDNN_STATUS_BAD_PARAM, std::string(where) + "dimensions must be positive, got " + std::to_string(k) +
-                                            "x" + std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w));
+                                            "x" + std::to_string(c) + "x" + std::to_string(h) + "x" +
+                                            std::to_string(w));
   }
   filterDesc->set = true;
   filterDesc->type = dataType;
@@ -1137,8 +1140,8 @@ extern "C" cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvol
   }
   if (inputTensorDesc->c != filterDesc->c * convDesc->groups) {
     return fail(CUDNN_STATUS_BAD_PARAM, where + "the input has " + std::to_string(inputTensorDesc->c) +
-                                            " channels, the filter " + std::to_string(filterDesc->c) + " per group with " +
-                                            std::to_string(convDesc->groups) + " group(s)");
+                                            " channels, the filter " + std::to_string(filterDesc->c) +
+                                            " per group with " + std::to_string(convDesc->groups) + " group(s)");
   }
   const int dilatedR = (filterDesc->h - 1) * convDesc->dilationH + 1;
   const int dilatedS = (filterDesc->w - 1) * convDesc->dilationW + 1;
@@ -1187,24 +1190,18 @@ extern "C" cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t h
                        kForwardStatuses, Pass::Forward, algo, sizeInBytes);
 }
 
-extern "C" cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t handle,
-                                                                      const cudnnFilterDescriptor_t wDesc,
-                                                                      const cudnnTensorDescriptor_t dyDesc,
-                                                                      const cudnnConvolutionDescriptor_t convDesc,
-                                                                      const cudnnTensorDescriptor_t dxDesc,
-                                                                      cudnnConvolutionBwdDataAlgo_t algo,
-                                                                      size_t* sizeInBytes) {
+extern "C" cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
+    cudnnHandle_t handle, const cudnnFilterDescriptor_t wDesc, const cudnnTensorDescriptor_t dyDesc,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnTensorDescriptor_t dxDesc,
+    cudnnConvolutionBwdDataAlgo_t algo, size_t* sizeInBytes) {
   return workspaceSize("cudnnGetConvolutionBackwardDataWorkspaceSize", handle, dxDesc, wDesc, convDesc, dyDesc,
                        kBackwardDataStatuses, Pass::BackwardData, algo, sizeInBytes);
 }
 
-extern "C" cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t handle,
-                                                                        const cudnnTensorDescriptor_t xDesc,
-                                                                        const cudnnTensorDescriptor_t dyDesc,
-                                                                        const cudnnConvolutionDescriptor_t convDesc,
-                                                                        const cudnnFilterDescriptor_t gradDesc,
-                                                                        cudnnConvolutionBwdFilterAlgo_t algo,
-                                                                        size_t* sizeInBytes) {
+extern "C" cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
+    cudnnHandle_t handle, const cudnnTensorDescriptor_t xDesc, const cudnnTensorDescriptor_t dyDesc,
+    const cudnnConvolutionDescriptor_t convDesc, const cudnnFilterDescriptor_t gradDesc,
+    cudnnConvolutionBwdFilterAlgo_t algo, size_t* sizeInBytes) {
   return workspaceSize("cudnnGetConvolutionBackwardFilterWorkspaceSize", handle, xDesc, gradDesc, convDesc, dyDesc,
                        kBackwardFilterStatuses, Pass::BackwardFilter, algo, sizeInBytes);
 }
@@ -1271,12 +1268,13 @@ namespace {
 // workspace; then the computation, queued on the handle's stream. `run(tag, p, algo, in0, in1,
 // workspace, alpha, beta, out)` computes the pass with element type decltype(tag).
 template <typename Run>
-cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const Problem& p, Pass pass,
-                       int algo, const void* alpha, const void* beta, Buffer in0, Buffer in1, Buffer out,
-                       void* workSpace, size_t workSpaceSizeInBytes, Run run) {
+cudnnStatus_t convolve(const char* call, cudnnHandle_t handle, const Problem& p, Pass pass, int algo, const void* alpha,
+                       const void* beta, Buffer in0, Buffer in1, Buffer out, void* workSpace,
+                       size_t workSpaceSizeInBytes, Run run) {
   double a = 0, b = 0;
   RC_DNN_TRY(readScaling(call, p, alpha, beta, &a, &b));
-  for (const Buffer& operand : {in0, in1, out}) RC_DNN_TRY(checkDeviceData(call, operand.what, operand.p, operand.bytes));
+  for (const Buffer& operand : {in0, in1, out})
+    RC_DNN_TRY(checkDeviceData(call, operand.what, operand.p, operand.bytes));
   size_t required = 0;
   RC_DNN_TRY(checkAlgorithm(call, p, pass, algo, workSpace, workSpaceSizeInBytes, &required));
   const void* x0 = in0.p;
@@ -1309,8 +1307,8 @@ extern "C" cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const voi
   RC_DNN_TRY(makeProblem(call, xDesc, wDesc, convDesc, yDesc, kForwardStatuses, &p));
   return convolve(call, handle, p, Pass::Forward, static_cast<int>(algo), alpha, beta, {x, p.x.extentBytes(), "x"},
                   {w, p.w.bytes(), "w"}, {y, p.y.extentBytes(), "y"}, workSpace, workSpaceSizeInBytes,
-                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a,
-                     double b, void* out) { runForward<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
+                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a, double b,
+                     void* out) { runForward<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
 }
 
 extern "C" cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alpha,
@@ -1326,8 +1324,8 @@ extern "C" cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, cons
   RC_DNN_TRY(makeProblem(call, dxDesc, wDesc, convDesc, dyDesc, kBackwardDataStatuses, &p));
   return convolve(call, handle, p, Pass::BackwardData, static_cast<int>(algo), alpha, beta, {w, p.w.bytes(), "w"},
                   {dy, p.y.extentBytes(), "dy"}, {dx, p.x.extentBytes(), "dx"}, workSpace, workSpaceSizeInBytes,
-                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a,
-                     double b, void* out) { runBackwardData<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
+                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a, double b,
+                     void* out) { runBackwardData<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
 }
 
 extern "C" cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* alpha,
@@ -1344,6 +1342,6 @@ extern "C" cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, co
   return convolve(call, handle, p, Pass::BackwardFilter, static_cast<int>(algo), alpha, beta,
                   {x, p.x.extentBytes(), "x"}, {dy, p.y.extentBytes(), "dy"}, {dw, p.w.bytes(), "dw"}, workSpace,
                   workSpaceSizeInBytes,
-                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a,
-                     double b, void* out) { runBackwardFilter<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
+                  [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a, double b,
+                     void* out) { runBackwardFilter<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
 }

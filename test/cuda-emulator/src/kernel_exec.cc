@@ -123,8 +123,7 @@ Settings& settings() {
       } else if (std::strcmp(name, "random") == 0) {
         created->schedule = static_cast<int>(Schedule::kRandom);
       } else {
-        std::fprintf(stderr, "RESNET_CUDA_EMU_SCHEDULE=%s: expected forward, reverse or random; using forward\n",
-                     name);
+        std::fprintf(stderr, "RESNET_CUDA_EMU_SCHEDULE=%s: expected forward, reverse or random; using forward\n", name);
       }
     }
     if (const char* seed = std::getenv("RESNET_CUDA_EMU_SEED"); seed != nullptr && *seed != '\0') {
@@ -182,7 +181,8 @@ class StackPool {
         std::abort();
       }
       const size_t color = (all_.size() * 37 % 64) * 64;
-      auto* s = new Stack{static_cast<char*>(mapping), guard + bytes, static_cast<char*>(mapping) + guard, bytes, color};
+      auto* s =
+          new Stack{static_cast<char*>(mapping), guard + bytes, static_cast<char*>(mapping) + guard, bytes, color};
       all_.push_back(s);
       free_.push_back(s);
     }
@@ -218,12 +218,12 @@ void makeContext(Context& context, Stack& stack, void (*entry)(void*), void* arg
   // return into rc_emu_context_start the stack pointer is 16-byte aligned, as a call needs.
   const uintptr_t top = (reinterpret_cast<uintptr_t>(stack.low) + stack.bytes - stack.color) & ~uintptr_t{15};
   auto* frame = reinterpret_cast<uint64_t*>(top - 7 * sizeof(uint64_t));
-  frame[0] = 0;                                   // r15
-  frame[1] = 0;                                   // r14
+  frame[0] = 0;                                  // r15
+  frame[1] = 0;                                  // r14
   frame[2] = reinterpret_cast<uint64_t>(entry);  // r13
   frame[3] = reinterpret_cast<uint64_t>(arg);    // r12
-  frame[4] = 0;                                   // rbx
-  frame[5] = 0;                                   // rbp
+  frame[4] = 0;                                  // rbx
+  frame[5] = 0;                                  // rbp
   frame[6] = reinterpret_cast<uint64_t>(&rc_emu_context_start);
   context.sp = frame;
 }
@@ -484,9 +484,7 @@ class Executor {
   StackPool stacks_;
 };
 
-std::string Executor::where(int t) const {
-  return "thread " + indexText(threads_[static_cast<size_t>(t)].index);
-}
+std::string Executor::where(int t) const { return "thread " + indexText(threads_[static_cast<size_t>(t)].index); }
 
 void Executor::run(const detail::KernelLaunch& launch, void (*body)(const void*), const void* context) {
   launch_ = &launch;
@@ -611,8 +609,7 @@ int Executor::pick() {
   switch (schedule_) {
     case Schedule::kForward: return ready_.lowest();
     case Schedule::kReverse: return ready_.highest();
-    case Schedule::kRandom:
-      return ready_.nth(static_cast<int>(splitMix(rng_) % static_cast<uint64_t>(ready_.count())));
+    case Schedule::kRandom: return ready_.nth(static_cast<int>(splitMix(rng_) % static_cast<uint64_t>(ready_.count())));
   }
   return -1;
 }
@@ -748,8 +745,7 @@ bool Executor::exitThread() {
   Warp& warp = warps_[static_cast<size_t>(t / kWarp)];
   const unsigned bit = 1u << (t % kWarp);
   if (barrierWaiting_ > 0) {
-    recordFault("exited while " + where(barrierFirstWaiter_) + " waits at __syncthreads at " +
-                siteText(barrierSite_));
+    recordFault("exited while " + where(barrierFirstWaiter_) + " waits at __syncthreads at " + siteText(barrierSite_));
     abandonThread();
   }
   for (const PendingWarpOp& op : warp.pending) {

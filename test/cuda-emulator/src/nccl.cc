@@ -14,8 +14,8 @@
 struct ncclComm {
   int nranks = 1;
   int rank = 0;
-  bool gone = false;             // destroyed or aborted: every later call fails
-  int pendingInitPolls = 0;      // non-blocking initialisation: polls that still report ncclInProgress
+  bool gone = false;         // destroyed or aborted: every later call fails
+  int pendingInitPolls = 0;  // non-blocking initialisation: polls that still report ncclInProgress
   ncclResult_t asyncError = ncclSuccess;
   // Shared with the queued operations: an abort cancels the ones that have not run.
   std::shared_ptr<std::atomic<bool>> aborted = std::make_shared<std::atomic<bool>>(false);
@@ -99,12 +99,12 @@ ncclResult_t collective(const char* call, const void* sendbuff, void* recvbuff, 
         return fail(ncclInvalidArgument, std::string(call) + ": a buffer is null");
       }
       if (!rc_emu::isDeviceRange(sendbuff, bytes)) {
-        return fail(ncclInvalidArgument, std::string(call) + ": sendbuff is not " + std::to_string(bytes) +
-                                             " bytes of device memory");
+        return fail(ncclInvalidArgument,
+                    std::string(call) + ": sendbuff is not " + std::to_string(bytes) + " bytes of device memory");
       }
       if (!rc_emu::isDeviceRange(recvbuff, bytes)) {
-        return fail(ncclInvalidArgument, std::string(call) + ": recvbuff is not " + std::to_string(bytes) +
-                                             " bytes of device memory");
+        return fail(ncclInvalidArgument,
+                    std::string(call) + ": recvbuff is not " + std::to_string(bytes) + " bytes of device memory");
       }
     }
     aborted = c->aborted;
@@ -123,8 +123,8 @@ ncclResult_t collective(const char* call, const void* sendbuff, void* recvbuff, 
       call);
   if (e != cudaSuccess) {
     std::lock_guard<std::mutex> lock(gMutex);
-    return fail(ncclUnhandledCudaError, std::string(call) + ": queueing on the stream failed (CUDA error " +
-                                            std::to_string(e) + ")");
+    return fail(ncclUnhandledCudaError,
+                std::string(call) + ": queueing on the stream failed (CUDA error " + std::to_string(e) + ")");
   }
   return ncclSuccess;
 }
@@ -167,16 +167,18 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncc
   std::lock_guard<std::mutex> lock(gMutex);
   if (comm == nullptr) return fail(ncclInvalidArgument, std::string(call) + ": comm is null");
   *comm = nullptr;
-  if (nranks < 1) return fail(ncclInvalidArgument, std::string(call) + ": invalid rank count " + std::to_string(nranks));
+  if (nranks < 1)
+    return fail(ncclInvalidArgument, std::string(call) + ": invalid rank count " + std::to_string(nranks));
   if (rank < 0 || rank >= nranks) {
-    return fail(ncclInvalidArgument,
-                std::string(call) + ": rank " + std::to_string(rank) + " is outside [0, " + std::to_string(nranks) + ")");
+    return fail(ncclInvalidArgument, std::string(call) + ": rank " + std::to_string(rank) + " is outside [0, " +
+                                         std::to_string(nranks) + ")");
   }
   bool blocking = true;
   if (config != nullptr) {
     if (config->magic != kConfigMagic || config->size < sizeof(ncclConfig_t) ||
         config->version < static_cast<unsigned>(NCCL_VERSION(2, 14, 0))) {
-      return fail(ncclInvalidArgument, std::string(call) + ": the config was not initialised with NCCL_CONFIG_INITIALIZER");
+      return fail(ncclInvalidArgument,
+                  std::string(call) + ": the config was not initialised with NCCL_CONFIG_INITIALIZER");
     }
     if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1) {
       return fail(ncclInvalidArgument,
@@ -185,8 +187,10 @@ extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncc
     blocking = config->blocking != 0;
   }
   if (nranks > 1) {
-    return fail(ncclInvalidUsage, std::string(call) + ": the CUDA emulator runs a single rank and cannot form a "
-                                                      "communicator of " + std::to_string(nranks) + " ranks");
+    return fail(ncclInvalidUsage, std::string(call) +
+                                      ": the CUDA emulator runs a single rank and cannot form a "
+                                      "communicator of " +
+                                      std::to_string(nranks) + " ranks");
   }
   auto created = std::unique_ptr<ncclComm>(new (std::nothrow) ncclComm());
   if (created == nullptr) return fail(ncclSystemError, std::string(call) + ": out of host memory");
@@ -279,8 +283,8 @@ extern "C" ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size
     ncclComm* c = usable(comm, "ncclBroadcast", &error);
     if (c == nullptr) return error;
     if (root < 0 || root >= c->nranks) {
-      return fail(ncclInvalidArgument, "ncclBroadcast: root " + std::to_string(root) + " is outside [0, " +
-                                           std::to_string(c->nranks) + ")");
+      return fail(ncclInvalidArgument,
+                  "ncclBroadcast: root " + std::to_string(root) + " is outside [0, " + std::to_string(c->nranks) + ")");
     }
   }
   return collective("ncclBroadcast", sendbuff, recvbuff, count, datatype, comm, stream);

@@ -116,7 +116,7 @@ struct Allocation {
   size_t padded = 0;  // bytes rounded up; the rest up to padded is guard too
   unsigned char* block = nullptr;
   bool pinned = false;
-  bool freePending = false;  // cudaFreeAsync queued
+  bool freePending = false;            // cudaFreeAsync queued
   std::shared_ptr<GraphMemory> graph;  // a graph allocation
   bool live = true;                    // graph allocations: allocated by a launch and not freed since
   bool freedInGraph = false;           // graph allocations: the graph frees it itself
@@ -385,7 +385,8 @@ bool isDeviceRange(const void* p, size_t bytes) {
   if (a == nullptr || a->pinned || !a->live) return false;
   // Work on one device cannot reach another's memory (no peer access is enabled).
   if (gRunningDevice >= 0 && a->device != gRunningDevice) {
-    complain("work on device " + std::to_string(gRunningDevice) + " uses memory of device " + std::to_string(a->device));
+    complain("work on device " + std::to_string(gRunningDevice) + " uses memory of device " +
+             std::to_string(a->device));
     return false;
   }
   return true;
@@ -711,32 +712,34 @@ cudaError_t cudaFreeAsync(void* ptr, cudaStream_t s) {
       complain("cudaFreeAsync of a graph allocation that its graph frees");
       return fail(cudaErrorInvalidValue);
     }
-    enqueue(s,
-            [ptr] {
-              Allocation* alloc = findExact(ptr);
-              if (alloc == nullptr) return;
-              alloc->live = false;
-              std::memset(ptr, kUninitializedByte, alloc->bytes);
-            },
-            "free of a graph allocation");
+    enqueue(
+        s,
+        [ptr] {
+          Allocation* alloc = findExact(ptr);
+          if (alloc == nullptr) return;
+          alloc->live = false;
+          std::memset(ptr, kUninitializedByte, alloc->bytes);
+        },
+        "free of a graph allocation");
     return cudaSuccess;
   }
   if (!a->fromPool) return fail(cudaErrorInvalidValue);
   a->freePending = true;
-  return enqueue(s,
-                 [ptr] {
-                   Allocation* alloc = findExact(ptr);
-                   if (alloc == nullptr) return;
-                   const size_t bytes = alloc->bytes;
-                   releaseBlock(ptr);
-                   // The pool keeps freed memory up to its release threshold.
-                   if (gReleaseThreshold >= gPoolReserved) {
-                     gPoolCached += bytes;
-                   } else {
-                     gPoolReserved -= bytes;
-                   }
-                 },
-                 "cudaFreeAsync");
+  return enqueue(
+      s,
+      [ptr] {
+        Allocation* alloc = findExact(ptr);
+        if (alloc == nullptr) return;
+        const size_t bytes = alloc->bytes;
+        releaseBlock(ptr);
+        // The pool keeps freed memory up to its release threshold.
+        if (gReleaseThreshold >= gPoolReserved) {
+          gPoolCached += bytes;
+        } else {
+          gPoolReserved -= bytes;
+        }
+      },
+      "cudaFreeAsync");
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
@@ -782,15 +785,16 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     // Returns once the source has been staged: the host may reuse it at once.
     auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
                                                                static_cast<const unsigned char*>(src) + bytes);
-    return enqueue(s,
-                   [dst, bytes, staged] {
-                     if (!isDeviceRange(dst, bytes)) {
-                       deviceFault("cudaMemcpyAsync of " + std::to_string(bytes) + " bytes to freed device memory");
-                       return;
-                     }
-                     std::memcpy(dst, staged->data(), bytes);
-                   },
-                   "cudaMemcpyAsync");
+    return enqueue(
+        s,
+        [dst, bytes, staged] {
+          if (!isDeviceRange(dst, bytes)) {
+            deviceFault("cudaMemcpyAsync of " + std::to_string(bytes) + " bytes to freed device memory");
+            return;
+          }
+          std::memcpy(dst, staged->data(), bytes);
+        },
+        "cudaMemcpyAsync");
   }
   if (dstSide == Side::Pageable) {
     // Into pageable memory the call returns only once the copy is done.
@@ -823,15 +827,16 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t s) 
     complain("cudaMemsetAsync of " + std::to_string(bytes) + " bytes outside device memory");
     return fail(cudaErrorInvalidValue);
   }
-  return enqueue(s,
-                 [ptr, value, bytes] {
-                   if (!isDeviceRange(ptr, bytes)) {
-                     deviceFault("cudaMemsetAsync of " + std::to_string(bytes) + " bytes on freed device memory");
-                     return;
-                   }
-                   std::memset(ptr, value, bytes);
-                 },
-                 "cudaMemsetAsync");
+  return enqueue(
+      s,
+      [ptr, value, bytes] {
+        if (!isDeviceRange(ptr, bytes)) {
+          deviceFault("cudaMemsetAsync of " + std::to_string(bytes) + " bytes on freed device memory");
+          return;
+        }
+        std::memset(ptr, value, bytes);
+      },
+      "cudaMemsetAsync");
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t bytes) {
@@ -1026,7 +1031,8 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int 
   if (e->stream == nullptr || e->stream == stream) return cudaSuccess;
   Stream* other = e->stream;
   const uint64_t sequence = e->sequence;
-  return enqueue(s, [other, sequence] { flush(other, sequence); }, "cudaStreamWaitEvent");
+  return enqueue(
+      s, [other, sequence] { flush(other, sequence); }, "cudaStreamWaitEvent");
 }
 
 // ---- graphs -----------------------------------------------------------------------------------
@@ -1117,18 +1123,19 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   }
   auto memory = e->memory;
   auto nodes = std::make_shared<std::vector<Node>>(e->nodes);
-  return enqueue(s,
-                 [memory, nodes] {
-                   for (void* p : memory->allocations) {  // AutoFreeOnLaunch
-                     Allocation* a = findExact(p);
-                     if (a != nullptr && a->live) {
-                       a->live = false;
-                       std::memset(p, kUninitializedByte, a->bytes);
-                     }
-                   }
-                   for (Node& node : *nodes) runNode(node);
-                 },
-                 "cudaGraphLaunch");
+  return enqueue(
+      s,
+      [memory, nodes] {
+        for (void* p : memory->allocations) {  // AutoFreeOnLaunch
+          Allocation* a = findExact(p);
+          if (a != nullptr && a->live) {
+            a->live = false;
+            std::memset(p, kUninitializedByte, a->bytes);
+          }
+        }
+        for (Node& node : *nodes) runNode(node);
+      },
+      "cudaGraphLaunch");
 }
 
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {

@@ -1,7 +1,8 @@
 // Unit test of the emulator's kernel executor (src/kernel_exec.cc), the device header and the cub
 // stand-ins, against a minimal runtime defined here. Build and run from the repository root:
 //
-//   g++ -std=c++17 -O1 -Wall -Wextra -I test/cuda-emulator/include test/cuda-emulator/test/executor_test.cc test/cuda-emulator/src/kernel_exec.cc -o executor_test
+//   g++ -std=c++17 -O1 -Wall -Wextra -I test/cuda-emulator/include test/cuda-emulator/test/executor_test.cc
+//   test/cuda-emulator/src/kernel_exec.cc -o executor_test
 //   ./executor_test          (add --bench to time 4096x256-thread launches)
 //
 // It passes under every schedule (RESNET_CUDA_EMU_SCHEDULE=forward|reverse|random), and built with
@@ -329,9 +330,7 @@ __global__ void deadlock_kernel(int* out) {
   out[threadIdx.x] = 1;
 }
 
-__global__ void mask_without_self_kernel(int* out) {
-  out[threadIdx.x] = __shfl_sync(0x1u, 1, 0);
-}
+__global__ void mask_without_self_kernel(int* out) { out[threadIdx.x] = __shfl_sync(0x1u, 1, 0); }
 
 __global__ void trap_kernel(int* reached, int* after) {
   atomicAdd(reached, 1);
@@ -552,8 +551,8 @@ void testMissingBarrier() {
   std::vector<int> correct(static_cast<size_t>(blocks * kBlock));
   for (int b = 0; b < blocks; ++b) {
     for (int t = 0; t < kBlock; ++t) {
-      correct[static_cast<size_t>(b * kBlock + t)] =
-          in[static_cast<size_t>(b * kBlock + (t + 1) % kBlock)] - in[static_cast<size_t>(b * kBlock + (t + kBlock - 1) % kBlock)];
+      correct[static_cast<size_t>(b * kBlock + t)] = in[static_cast<size_t>(b * kBlock + (t + 1) % kBlock)] -
+                                                     in[static_cast<size_t>(b * kBlock + (t + kBlock - 1) % kBlock)];
     }
   }
   std::vector<std::vector<int>> withBarrier, without;
@@ -617,8 +616,8 @@ void testShuffles() {
   DeviceBuffer<unsigned> ballots(warps * 32);
   DeviceBuffer<int> half(warps * 32, -1);
   for (int i = 0; i < warps * 32; ++i) in[static_cast<size_t>(i)] = 0.25 * i + 1.0;
-  rc_emu::launch(warp_types_kernel, "warp_types_kernel", 1, warps * 32)(in.get(), sums.get(), isums.get(),
-                                                                          fsums.get(), ballots.get(), half.get());
+  rc_emu::launch(warp_types_kernel, "warp_types_kernel", 1, warps * 32)(in.get(), sums.get(), isums.get(), fsums.get(),
+                                                                        ballots.get(), half.get());
   bool ok = true;
   for (int w = 0; w < warps; ++w) {
     double d = 0;
@@ -707,7 +706,8 @@ void testDynamicShared() {
     resetFault();
   });
   rc_emu::launch(shared_overrun_kernel, "shared_overrun_kernel", 1, 32, 64)(16);
-  expectFault("fault: writing past the dynamic shared memory", {"kernel shared_overrun_kernel", "past the end", "64 bytes"});
+  expectFault("fault: writing past the dynamic shared memory",
+              {"kernel shared_overrun_kernel", "past the end", "64 bytes"});
 }
 
 void testPointerArguments() {
@@ -805,15 +805,16 @@ void testIndices() {
       }
     }
   }
-  check("threadIdx/blockIdx/blockDim/gridDim of 3-D launches; warps of consecutive linear threads",
-        ok && !rt().faulted, rt().faultMessage);
+  check("threadIdx/blockIdx/blockDim/gridDim of 3-D launches; warps of consecutive linear threads", ok && !rt().faulted,
+        rt().faultMessage);
   resetFault();
   DeviceBuffer<int> g(4 * 3 * 2, -1);
   rc_emu::launch(grid_kernel, "grid_kernel", dim3(4, 3, 2), dim3(32))(g.get());
   ok = true;
   for (int z = 0; z < 2; ++z) {
     for (int y = 0; y < 3; ++y) {
-      for (int xx = 0; xx < 4; ++xx) ok = ok && g[static_cast<size_t>(xx + 4 * (y + 3 * z))] == xx + 100 * y + 10000 * z;
+      for (int xx = 0; xx < 4; ++xx)
+        ok = ok && g[static_cast<size_t>(xx + 4 * (y + 3 * z))] == xx + 100 * y + 10000 * z;
     }
   }
   check("every block of a 3-D grid runs once", ok && !rt().faulted, rt().faultMessage);
@@ -875,7 +876,8 @@ void testCub() {
   std::vector<int64_t> scanExpected(2 * kBlock);
   for (int h = 0; h < 2; ++h) {
     int64_t run = 0;
-    for (int i = 0; i < kBlock; ++i) scanExpected[static_cast<size_t>(h * kBlock + i)] = run += sin[static_cast<size_t>(h * kBlock + i)];
+    for (int i = 0; i < kBlock; ++i)
+      scanExpected[static_cast<size_t>(h * kBlock + i)] = run += sin[static_cast<size_t>(h * kBlock + i)];
   }
   bool withOk = true, reduceGarbled = false, scanGarbled = false;
   forEachSchedule([&](const std::string&) {
@@ -922,8 +924,9 @@ void testHalfTypes() {
   const __half h = __float2half_rn(1.0f / 3.0f);
   const __nv_bfloat16 b = __float2bfloat16_rn(1.0f / 3.0f);
   check("__half and __nv_bfloat16 conversions round to nearest even",
-        __half_as_ushort(h) == 0x3555 && __bfloat16_as_ushort(b) == 0x3eab && __half2float(__float2half(65504.0f)) == 65504.0f &&
-            std::isinf(__half2float(__float2half(65520.0f))) && __bfloat162float(__float2bfloat16(1.0f)) == 1.0f);
+        __half_as_ushort(h) == 0x3555 && __bfloat16_as_ushort(b) == 0x3eab &&
+            __half2float(__float2half(65504.0f)) == 65504.0f && std::isinf(__half2float(__float2half(65520.0f))) &&
+            __bfloat162float(__float2bfloat16(1.0f)) == 1.0f);
 }
 
 double seconds(const std::function<void()>& f) {
@@ -940,19 +943,17 @@ void bench() {
   const uint64_t savedSeed = rc_emu::scheduleSeed();
   for (rc_emu::Schedule s : {rc_emu::Schedule::kForward, rc_emu::Schedule::kReverse, rc_emu::Schedule::kRandom}) {
     rc_emu::setSchedule(s, 1);
-    const double flat = seconds([&] {
-      rc_emu::launch(bench_flat_kernel, "bench_flat_kernel", blocks, kBlock)(in.get(), out.get(), n);
-    });
-    const double barriers = seconds([&] {
-      rc_emu::launch(bench_barrier_kernel, "bench_barrier_kernel", blocks, kBlock)(in.get(), out.get());
-    });
-    const double shuffles = seconds([&] {
-      rc_emu::launch(bench_shuffle_kernel, "bench_shuffle_kernel", blocks, kBlock)(in.get(), out.get());
-    });
-    std::printf("bench %-7s 4096x256 threads: no barrier %.3f s, 10 __syncthreads %.3f s, 5 __shfl_down_sync %.3f s"
-                " (%.1f / %.1f / %.1f ns per thread)\n",
-                scheduleName(s), flat, barriers, shuffles, flat * 1e9 / static_cast<double>(n),
-                barriers * 1e9 / static_cast<double>(n), shuffles * 1e9 / static_cast<double>(n));
+    const double flat = seconds(
+        [&] { rc_emu::launch(bench_flat_kernel, "bench_flat_kernel", blocks, kBlock)(in.get(), out.get(), n); });
+    const double barriers = seconds(
+        [&] { rc_emu::launch(bench_barrier_kernel, "bench_barrier_kernel", blocks, kBlock)(in.get(), out.get()); });
+    const double shuffles = seconds(
+        [&] { rc_emu::launch(bench_shuffle_kernel, "bench_shuffle_kernel", blocks, kBlock)(in.get(), out.get()); });
+    std::printf(
+        "bench %-7s 4096x256 threads: no barrier %.3f s, 10 __syncthreads %.3f s, 5 __shfl_down_sync %.3f s"
+        " (%.1f / %.1f / %.1f ns per thread)\n",
+        scheduleName(s), flat, barriers, shuffles, flat * 1e9 / static_cast<double>(n),
+        barriers * 1e9 / static_cast<double>(n), shuffles * 1e9 / static_cast<double>(n));
   }
   rc_emu::setSchedule(saved, savedSeed);
   check("benchmarks ran without a fault", !rt().faulted, rt().faultMessage);

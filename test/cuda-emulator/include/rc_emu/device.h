@@ -146,7 +146,8 @@ uint64_t warpOp(WarpOp op, unsigned mask, uint64_t bits, int lane, int width, Si
 
 template <typename T>
 uint64_t toBits(T v) {
-  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>, "shuffled values are at most 8 bytes");
+  static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>,
+                "shuffled values are at most 8 bytes");
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof v);
   return bits;
@@ -175,16 +176,16 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin
 }
 
 // The shuffles of CUDA's overload set (lanes of the mask only; width a power of two up to 32).
-#define RC_EMU_SHUFFLE_ONE(T, NAME, OP, SOURCE_TYPE, SOURCE)                                              \
+#define RC_EMU_SHUFFLE_ONE(T, NAME, OP, SOURCE_TYPE, SOURCE)                                                   \
   inline T NAME(unsigned mask, T var, SOURCE_TYPE SOURCE, int width = 32, const char* file = __builtin_FILE(), \
-                int line = __builtin_LINE()) {                                                              \
-    using namespace ::rc_emu::detail;                                                                       \
-    return fromBits<T>(warpOp(WarpOp::OP, mask, toBits(var), static_cast<int>(SOURCE), width, {file, line})); \
+                int line = __builtin_LINE()) {                                                                 \
+    using namespace ::rc_emu::detail;                                                                          \
+    return fromBits<T>(warpOp(WarpOp::OP, mask, toBits(var), static_cast<int>(SOURCE), width, {file, line}));  \
   }
-#define RC_EMU_SHUFFLE(T)                                                    \
-  RC_EMU_SHUFFLE_ONE(T, __shfl_sync, kShflIdx, int, srcLane)                  \
-  RC_EMU_SHUFFLE_ONE(T, __shfl_up_sync, kShflUp, unsigned, delta)             \
-  RC_EMU_SHUFFLE_ONE(T, __shfl_down_sync, kShflDown, unsigned, delta)         \
+#define RC_EMU_SHUFFLE(T)                                             \
+  RC_EMU_SHUFFLE_ONE(T, __shfl_sync, kShflIdx, int, srcLane)          \
+  RC_EMU_SHUFFLE_ONE(T, __shfl_up_sync, kShflUp, unsigned, delta)     \
+  RC_EMU_SHUFFLE_ONE(T, __shfl_down_sync, kShflDown, unsigned, delta) \
   RC_EMU_SHUFFLE_ONE(T, __shfl_xor_sync, kShflXor, int, laneMask)
 
 RC_EMU_SHUFFLE(int)
@@ -200,8 +201,8 @@ RC_EMU_SHUFFLE(double)
 
 inline unsigned __ballot_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(),
                               int line = __builtin_LINE()) {
-  return static_cast<unsigned>(::rc_emu::detail::warpOp(::rc_emu::detail::WarpOp::kVote, mask,
-                                                        predicate != 0 ? 1u : 0u, 0, 32, {file, line}));
+  return static_cast<unsigned>(
+      ::rc_emu::detail::warpOp(::rc_emu::detail::WarpOp::kVote, mask, predicate != 0 ? 1u : 0u, 0, 32, {file, line}));
 }
 inline int __any_sync(unsigned mask, int predicate, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   return __ballot_sync(mask, predicate, file, line) != 0;
@@ -254,22 +255,24 @@ F atomicFloatUpdate(F* address, F (*update)(F, F), F operand) {
 }  // namespace detail
 }  // namespace rc_emu
 
-#define RC_EMU_INTEGER_ATOMICS(T)                                                                           \
-  inline T atomicAdd(T* address, T value) { return __atomic_fetch_add(address, value, __ATOMIC_RELAXED); } \
-  inline T atomicSub(T* address, T value) { return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); } \
+#define RC_EMU_INTEGER_ATOMICS(T)                                                                            \
+  inline T atomicAdd(T* address, T value) { return __atomic_fetch_add(address, value, __ATOMIC_RELAXED); }   \
+  inline T atomicSub(T* address, T value) { return __atomic_fetch_sub(address, value, __ATOMIC_RELAXED); }   \
   inline T atomicExch(T* address, T value) { return __atomic_exchange_n(address, value, __ATOMIC_RELAXED); } \
-  inline T atomicOr(T* address, T value) { return __atomic_fetch_or(address, value, __ATOMIC_RELAXED); }   \
-  inline T atomicAnd(T* address, T value) { return __atomic_fetch_and(address, value, __ATOMIC_RELAXED); } \
-  inline T atomicXor(T* address, T value) { return __atomic_fetch_xor(address, value, __ATOMIC_RELAXED); } \
-  inline T atomicMax(T* address, T value) {                                                                 \
-    return ::rc_emu::detail::atomicUpdate<T>(address, [](T a, T b) { return a < b ? b : a; }, value);      \
-  }                                                                                                         \
-  inline T atomicMin(T* address, T value) {                                                                 \
-    return ::rc_emu::detail::atomicUpdate<T>(address, [](T a, T b) { return b < a ? b : a; }, value);      \
-  }                                                                                                         \
-  inline T atomicCAS(T* address, T compare, T value) {                                                      \
-    __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);       \
-    return compare;                                                                                         \
+  inline T atomicOr(T* address, T value) { return __atomic_fetch_or(address, value, __ATOMIC_RELAXED); }     \
+  inline T atomicAnd(T* address, T value) { return __atomic_fetch_and(address, value, __ATOMIC_RELAXED); }   \
+  inline T atomicXor(T* address, T value) { return __atomic_fetch_xor(address, value, __ATOMIC_RELAXED); }   \
+  inline T atomicMax(T* address, T value) {                                                                  \
+    return ::rc_emu::detail::atomicUpdate<T>(                                                                \
+        address, [](T a, T b) { return a < b ? b : a; }, value);                                             \
+  }                                                                                                          \
+  inline T atomicMin(T* address, T value) {                                                                  \
+    return ::rc_emu::detail::atomicUpdate<T>(                                                                \
+        address, [](T a, T b) { return b < a ? b : a; }, value);                                             \
+  }                                                                                                          \
+  inline T atomicCAS(T* address, T compare, T value) {                                                       \
+    __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);        \
+    return compare;                                                                                          \
   }
 
 RC_EMU_INTEGER_ATOMICS(int)
@@ -279,23 +282,25 @@ RC_EMU_INTEGER_ATOMICS(long long)
 #undef RC_EMU_INTEGER_ATOMICS
 
 inline float atomicAdd(float* address, float value) {
-  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(address, [](float a, float b) { return a + b; }, value);
+  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(
+      address, [](float a, float b) { return a + b; }, value);
 }
 inline double atomicAdd(double* address, double value) {
-  return ::rc_emu::detail::atomicFloatUpdate<double, uint64_t>(address, [](double a, double b) { return a + b; },
-                                                               value);
+  return ::rc_emu::detail::atomicFloatUpdate<double, uint64_t>(
+      address, [](double a, double b) { return a + b; }, value);
 }
 inline float atomicExch(float* address, float value) {
-  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(address, [](float, float b) { return b; }, value);
+  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(
+      address, [](float, float b) { return b; }, value);
 }
 // The device's float max/min ignore NaN operands, like fmaxf/fminf.
 inline float atomicMax(float* address, float value) {
-  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(address, [](float a, float b) { return fmaxf(a, b); },
-                                                              value);
+  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(
+      address, [](float a, float b) { return fmaxf(a, b); }, value);
 }
 inline float atomicMin(float* address, float value) {
-  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(address, [](float a, float b) { return fminf(a, b); },
-                                                              value);
+  return ::rc_emu::detail::atomicFloatUpdate<float, uint32_t>(
+      address, [](float a, float b) { return fminf(a, b); }, value);
 }
 
 // Device code calls min/max unqualified with two operands of one type (int64_t, int, ...);
