@@ -469,12 +469,27 @@ function restores(parts: CheckpointParts, parsed: ParsedCheckpoint): Restore[] {
     ['scaler', parsed.scaler],
     ['scheduler', parsed.scheduler],
   ] as const) {
-    const target = parts[part];
-    if (!target) continue;
-    const before = target.state();
-    out.push({ apply: () => target.loadState(state), undo: () => target.loadState(before) });
+    const step = stageState(parts[part], state);
+    if (step) out.push(step);
   }
   return out;
+}
+
+/** Applying a part's parsed state, and putting back the one it had; null when the part is absent. */
+function stageState(
+  target: { state(): unknown; loadState(state: unknown): void } | undefined,
+  state: unknown,
+): Restore | null {
+  if (!target) return null;
+  const before = target.state();
+  return {
+    apply: () => {
+      target.loadState(state);
+    },
+    undo: () => {
+      target.loadState(before);
+    },
+  };
 }
 
 /**
