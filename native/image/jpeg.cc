@@ -4,8 +4,9 @@
 #include <csetjmp>
 #include <cstdio>  // jpeglib.h needs FILE and size_t declared first
 
-#include <jerror.h>
 #include <jpeglib.h>
+// After jpeglib.h: which warning codes jerror.h defines depends on the library's configuration.
+#include <jerror.h>
 
 #include "../core/error.h"
 
