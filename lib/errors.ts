@@ -31,7 +31,7 @@ export const ERROR_CODES = [
   'ERR_RC_NCCL',
   /** An image or data file that cannot be decoded; the message names the file. */
   'ERR_RC_CORRUPT_FILE',
-  /** A broken invariant of the native code (a bug). */
+  /** A broken invariant of the native code or of the TypeScript layer (a bug). */
   'ERR_RC_INTERNAL',
   /** A state dict that does not match the module. */
   'ERR_RC_STATE_DICT',
@@ -80,6 +80,23 @@ export function invalid(name: string, expected: string, received: unknown): neve
     'ERR_RC_INVALID_ARGUMENT',
     `Expected ${expected} for ${name} but received ${describe(received)}`,
   );
+}
+
+/**
+ * Returns `value`, which the caller's invariants say is set; throws `ERR_RC_INTERNAL` (a bug) naming
+ * `what` when it is null or undefined.
+ */
+export function defined<T>(value: T | null | undefined, what: string): T {
+  if (value === null || value === undefined) throw new ResnetError('ERR_RC_INTERNAL', `${what} is not set (a bug)`);
+  return value;
+}
+
+/**
+ * `Array.isArray` for a value whose type already says which array it is: it narrows to that type
+ * (the built-in's `any[]` would lose the element type).
+ */
+export function isArray(value: unknown): value is readonly unknown[] {
+  return Array.isArray(value);
 }
 
 /** Validates an integer in [min, max]. */

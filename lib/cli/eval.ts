@@ -161,13 +161,10 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const classNames =
     loaded.classes ?? (evalData.classes.length === loaded.arch.numClasses ? [...evalData.classes] : undefined);
   const notes: string[] = precision.note !== undefined ? [precision.note] : [];
-  if (
-    loaded.classes &&
-    evalData.classes.length === loaded.classes.length &&
-    evalData.classes.some((c, i) => c !== loaded.classes![i])
-  ) {
+  const runClasses = loaded.classes;
+  if (runClasses?.length === evalData.classes.length && evalData.classes.some((c, i) => c !== runClasses[i])) {
     notes.push(
-      `note: the data's class names differ from the run's; labels are matched by position (${evalData.classes.slice(0, 3).join(', ')}… vs ${loaded.classes.slice(0, 3).join(', ')}…)`,
+      `note: the data's class names differ from the run's; labels are matched by position (${evalData.classes.slice(0, 3).join(', ')}… vs ${runClasses.slice(0, 3).join(', ')}…)`,
     );
   }
 

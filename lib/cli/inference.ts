@@ -8,6 +8,7 @@
  */
 import { existsSync } from 'node:fs';
 import type { Interpolation } from '../data/transforms.js';
+import { defined } from '../errors.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
 import { SGD } from '../optim/sgd.js';
@@ -126,7 +127,7 @@ export async function loadModel(
     tensors = stripPrefix((await readSafetensors(file)).tensors, 'model.');
     what = `checkpoint ${displayPath(file, cwd)} (epoch ${info.epoch}, step ${info.step})`;
   } else {
-    file = source.weights!;
+    file = defined(source.weights, 'the weights file (neither weights nor checkpoint was given)');
     tensors = (await readSafetensors(file)).tensors;
     const beside = await runConfigBeside(file);
     if (beside) {

@@ -9,6 +9,7 @@ import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { packageRoot } from '../binding.js';
+import { defined } from '../errors.js';
 
 /** Where the commands write: `process.stdout`/`process.stderr`, or a test's collectors. */
 export interface CliStream {
@@ -469,7 +470,8 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
   const fromCli = new Map<string, OptionValue>();
   for (const token of parsed.tokens ?? []) {
     if (token.kind !== 'option' || token.name === undefined) continue;
-    const option = canonical.get(token.name)!;
+    // parseArgs (strict) has rejected unknown options.
+    const option = defined(canonical.get(token.name), `the option --${token.name}`);
     const raw = (token as { value?: string }).value;
     fromCli.set(option.name, option.type === 'boolean' ? true : fromText(option, raw ?? '', cwd));
   }
@@ -493,7 +495,9 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
     }
     const configDir = resolve(configFile, '..');
     const configurable = options.filter((o) => o.name !== 'config' && o.name !== 'help');
-    const positionalKeys = spec.positionals.filter((p) => p.configKey !== undefined);
+    const positionalKeys = spec.positionals.filter(
+      (p): p is PositionalSpec & { configKey: string } => p.configKey !== undefined,
+    );
     for (const [key, value] of Object.entries(json)) {
       const name = kebabCase(key);
       const positional = positionalKeys.find((p) => p.configKey === name);
@@ -509,7 +513,7 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
       }
       const option = configurable.find((o) => o.name === name || (o.aliases ?? []).includes(name));
       if (!option) {
-        const known = [...configurable.map((o) => o.name), ...positionalKeys.map((p) => p.configKey!)];
+        const known = [...configurable.map((o) => o.name), ...positionalKeys.map((p) => p.configKey)];
         const guess = closest(name, known);
         throw new UsageError(
           `unknown key '${key}' in --config file '${configFile}'${guess ? ` (did you mean '${camelCase(guess)}'?)` : ''}`,

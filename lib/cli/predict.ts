@@ -10,6 +10,7 @@ import { IMG_EXTENSIONS } from '../data/image-folder.js';
 import { ImageFiles } from '../data/image-files.js';
 import { DataLoader, DataLoaderError } from '../data/loader.js';
 import type { Compose, Interpolation } from '../data/transforms.js';
+import { defined } from '../errors.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
 import type { Trainer } from '../train/trainer.js';
 import {
@@ -166,7 +167,8 @@ async function classify(
     }
   }
   const order = new Map(files.map((file, i) => [file, i]));
-  rows.sort((a, b) => order.get(a.file)! - order.get(b.file)!);
+  const position = (file: string): number => defined(order.get(file), `the position of ${file}`);
+  rows.sort((a, b) => position(a.file) - position(b.file));
   return { rows, failures };
 }
 

@@ -10,6 +10,7 @@ import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { DataLoader } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
+import { defined } from '../errors.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
 import { AdamW, LAMB } from '../optim/adam.js';
@@ -881,7 +882,8 @@ async function readStartWeights(file: string, model: ModelName, smallInput: bool
 
 /** Loads the `--weights` tensors, leaving out the classifier when its number of classes differs. */
 function loadStartWeights(tensors: StateDict, model: ResNet, numClasses: number, file: string): string {
-  const fc = tensors.get('fc.weight')!;
+  // readStartWeights has recognised the architecture, classifier included.
+  const fc = defined(tensors.get('fc.weight'), `fc.weight of ${file}`);
   if (fc.shape[0] === numClasses) {
     model.loadStateDict(tensors);
     return `loaded ${file}`;
@@ -1014,7 +1016,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   };
 
   const smallInput = resumed.smallInput ?? (a.stem === 'small' || (a.stem === 'auto' && a.trainCropSize <= 64));
-  const startWeights = a.weights !== undefined ? await readStartWeights(a.weights, a.model, smallInput) : undefined;
+  const startWeights =
+    a.weights !== undefined
+      ? { file: a.weights, tensors: await readStartWeights(a.weights, a.model, smallInput) }
+      : undefined;
 
   const data = await openTrainData(files, {
     seed,
@@ -1047,7 +1052,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   const notes: string[] = [];
   if (data.note) notes.push(data.note);
   if (startWeights !== undefined) {
-    notes.push(loadStartWeights(startWeights, model, numClasses, displayPath(a.weights!, io.cwd)));
+    notes.push(loadStartWeights(startWeights.tensors, model, numClasses, displayPath(startWeights.file, io.cwd)));
   }
   if (a.freeze !== undefined) {
     const frozen = freeze(model, a.freeze);

@@ -14,6 +14,7 @@ import {
   expectSpec,
   expectStrings,
   numberedClasses,
+  promiseOf,
   resolveClassNames,
 } from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
@@ -219,7 +220,12 @@ export class CifarDataset implements Dataset {
   }
 
   /** Sample `index`: a 32x32x3 RGB image, HWC (a copy, safe to transfer). */
-  async get(index: number): Promise<RawSample> {
+  get(index: number): Promise<RawSample> {
+    return promiseOf(() => this.#sample(index));
+  }
+
+  // `get`'s sample, read from memory (or drawn) at once.
+  #sample(index: number): RawSample {
     const [buffer, at] = this.#locate(index);
     const planes = at + this.#recordBytes - IMAGE_BYTES;
     const data = new Uint8Array(IMAGE_BYTES);

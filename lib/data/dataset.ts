@@ -37,6 +37,16 @@ export function checkIndex(index: unknown, length: number, name = 'index'): numb
   return expectInt(name, index, 0, length - 1);
 }
 
+/**
+ * `compute()`'s result as a promise and its throw as a rejection, as an `async` function gives:
+ * the `get` of a dataset whose samples are at hand without waiting.
+ */
+export function promiseOf<T>(compute: () => T | PromiseLike<T>): Promise<T> {
+  return new Promise((resolve) => {
+    resolve(compute());
+  });
+}
+
 /** Validates that `value` implements {@link Dataset} (duck-typed, as any object may). */
 export function expectDataset(name: string, value: unknown): Dataset {
   const d = value as Partial<Dataset> | null;
@@ -71,7 +81,7 @@ export function expectIntArray(name: string, value: unknown, min: number, max: n
   if (!Array.isArray(value) && !(value instanceof Int32Array)) invalid(name, 'an array of integers', value);
   const out = new Int32Array(value.length);
   for (let i = 0; i < value.length; i++) {
-    const v = value[i];
+    const v: unknown = value[i];
     if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max) {
       // Checked by hand rather than through expectInt per element: a million-entry label list
       // would otherwise build a million parameter names.

@@ -15,6 +15,7 @@ import {
   datasetError,
   expectSpec,
   numberedClasses,
+  promiseOf,
   resolveClassNames,
 } from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
@@ -242,7 +243,12 @@ export class IdxDataset implements Dataset {
   }
 
   /** Sample `index`: a `height x width x 1` grayscale image (a copy, safe to transfer). */
-  async get(index: number): Promise<RawSample> {
+  get(index: number): Promise<RawSample> {
+    return promiseOf(() => this.#sample(index));
+  }
+
+  // `get`'s sample, read from memory (or drawn) at once.
+  #sample(index: number): RawSample {
     const i = checkIndex(index, this.length);
     const bytes = this.height * this.width;
     const data = this.#pixels.slice(i * bytes, (i + 1) * bytes);

@@ -9,6 +9,7 @@
  * @packageDocumentation
  */
 import { isMainThread, parentPort, workerData } from 'node:worker_threads';
+import { defined } from '../errors.js';
 import { datasetFromSpec } from './registry.js';
 import { sampleRandom } from './sample-random.js';
 import { Compose, type ComposeSpec } from './transforms.js';
@@ -187,7 +188,7 @@ export class BatchFiller {
 
 /** The worker thread's main: build once, then fill jobs in the order they arrive. */
 function serve(init: WorkerInit): void {
-  const port = parentPort!;
+  const port = defined(parentPort, "the worker's parent port"); // serve() runs in a worker thread
   // Parallelism comes from the workers, so each libvips pipeline gets one thread: sharp's default
   // on some platforms (macOS, musl, jemalloc) is one per core, which would put workers x cores
   // threads on the cores and spend the difference on hand-offs. The setting is global to the

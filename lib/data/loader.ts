@@ -35,7 +35,7 @@
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { asyncDisposeSymbol } from '../dispose.js';
-import { ResnetError, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
+import { ResnetError, defined, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
 import { Tensor } from '../tensor.js';
 import { expectDataset } from './dataset.js';
 import {
@@ -181,6 +181,14 @@ interface Deferred<T> {
   reject(error: unknown): void;
 }
 
+/**
+ * Does nothing: the handler for a rejection that is awaited elsewhere (or deliberately dropped),
+ * and for worker replies and failures that no epoch run is listening to.
+ */
+function ignore(): void {
+  // Nothing to do.
+}
+
 function deferred<T>(): Deferred<T> {
   let resolve!: (value: T) => void;
   let reject!: (error: unknown) => void;
@@ -188,7 +196,7 @@ function deferred<T>(): Deferred<T> {
     resolve = res;
     reject = rej;
   });
-  promise.catch(() => {}); // awaited later, or never when an epoch is abandoned
+  promise.catch(ignore); // awaited later, or never when an epoch is abandoned
   return { promise, resolve, reject };
 }
 
@@ -216,27 +224,27 @@ class WorkerPool {
   readonly #outstanding: number[] = [];
   readonly #alive = new Set<Worker>();
   readonly #ready: Promise<void>;
-  #onReply: (reply: WorkerReply) => void = () => {};
-  #onFailure: (error: Error) => void = () => {};
+  #onReply: (reply: WorkerReply) => void = ignore;
+  #onFailure: (error: Error) => void = ignore;
   #closing = false;
 
   constructor(count: number, init: Omit<WorkerInit, 'workerId'>) {
     const url = loaderWorkerUrl();
     const execArgv = workerExecArgv();
-    const readies: Promise<void>[] = [];
+    const readies: Promise<undefined>[] = [];
     for (let id = 0; id < count; id++) {
       const worker = new Worker(url, {
         workerData: { ...init, workerId: id } satisfies WorkerInit,
         name: `resnet-cuda loader ${id}`,
         execArgv,
       });
-      const ready = deferred<void>();
+      const ready = deferred<undefined>();
       readies.push(ready.promise);
       this.#workers.push(worker);
       this.#outstanding.push(0);
       this.#alive.add(worker);
       worker.on('message', (reply: WorkerReply) => {
-        if (reply.type === 'ready') ready.resolve();
+        if (reply.type === 'ready') ready.resolve(undefined);
         else if (reply.type === 'sharp') warnIfThreadpoolSmall(count);
         else if (reply.type === 'fatal') {
           const error = new DataLoaderError(
@@ -267,8 +275,8 @@ class WorkerPool {
         }
       });
     }
-    this.#ready = Promise.all(readies).then(() => {});
-    this.#ready.catch(() => {});
+    this.#ready = Promise.all(readies).then(() => undefined);
+    this.#ready.catch(ignore);
   }
 
   /** Resolves when every worker has rebuilt its dataset and transform. */
@@ -317,14 +325,17 @@ class WorkerPool {
 
   /** Lets the workers keep the process alive (while an epoch runs) or not (while idle). */
   setRef(ref: boolean): void {
-    for (const worker of this.#alive) ref ? worker.ref() : worker.unref();
+    for (const worker of this.#alive) {
+      if (ref) worker.ref();
+      else worker.unref();
+    }
   }
 
   /** Terminates every worker and waits for them to exit. */
   async terminate(): Promise<void> {
     this.#closing = true;
-    this.#onReply = () => {};
-    this.#onFailure = () => {};
+    this.#onReply = ignore;
+    this.#onFailure = ignore;
     await Promise.all([...this.#alive].map((w) => w.terminate()));
   }
 }
@@ -404,7 +415,7 @@ export class DataLoader implements AsyncIterable<Batch> {
   #staging: Uint8Array | undefined;
   /** The one closing of this loader, once started. */
   #closing: Promise<void> | undefined;
-  readonly #onAbort = (): void => void this.#stop(this.signal!.reason);
+  readonly #onAbort = (): void => void this.#stop(defined(this.signal, 'the abort signal').reason);
 
   constructor(dataset: Dataset, options: DataLoaderOptions) {
     const o = expectOptions<DataLoaderOptions>('DataLoader options', options, OPTION_KEYS);
@@ -421,9 +432,16 @@ export class DataLoader implements AsyncIterable<Batch> {
           'give transform: new Compose([...]) ending with RandomResizedCrop({ size }), CenterCrop({ size }) or Resize({ size: [height, width] })',
       );
     }
-    this.transform = o.transform ?? new Compose([], { outputChannels: shape![2] === 1 ? 1 : 3 });
-    const size: [number, number] | null =
-      o.transform === undefined ? [shape![0], shape![1]] : this.transform.fixedOutputSize();
+    let size: [number, number] | null;
+    if (o.transform === undefined) {
+      // The check above: without a transform the dataset declares its image shape.
+      const fixed = defined(shape, "the dataset's image shape");
+      this.transform = new Compose([], { outputChannels: fixed[2] === 1 ? 1 : 3 });
+      size = [fixed[0], fixed[1]];
+    } else {
+      this.transform = o.transform;
+      size = this.transform.fixedOutputSize();
+    }
     if (size === null) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
@@ -448,10 +466,13 @@ export class DataLoader implements AsyncIterable<Batch> {
         'dropLast',
       ]);
       this.seed = o.seed === undefined ? 0 : expectInt('seed', o.seed, 0, 2 ** 32 - 1);
+      // Checked as DistributedSampler checks them (same names, order and messages).
+      const worldSize = expectInt('worldSize', d.worldSize, 1);
+      const rank = expectInt('rank', d.rank, 0, worldSize - 1);
       this.sampler = new DistributedSampler({
         length: dataset.length,
-        rank: d.rank!,
-        worldSize: d.worldSize!,
+        rank,
+        worldSize,
         shuffle,
         seed: this.seed,
         dropLast: d.dropLast ?? false,
@@ -670,7 +691,9 @@ export class DataLoader implements AsyncIterable<Batch> {
         while (next < plan.length && free.length > 0 && failure === undefined) {
           const id = pool.leastBusy();
           if (pool.outstanding(id) >= this.prefetch) break;
-          pool.post(id, this.#job(run, free.pop()!, next, plan[next]!, epoch));
+          const slot = free.pop();
+          if (slot === undefined) break; // not reached: the loop runs while a slot is free
+          pool.post(id, this.#job(run, slot, next, plan[next]!, epoch));
           next++;
         }
       };
@@ -726,7 +749,7 @@ export class DataLoader implements AsyncIterable<Batch> {
         check();
       });
     }
-    pool.listen(() => {}, retire);
+    pool.listen(ignore, retire);
     pool.setRef(false);
   }
 
@@ -808,7 +831,7 @@ export class DataLoader implements AsyncIterable<Batch> {
     }
     // The addon reads host arrays through their ArrayBuffer, which N-API refuses for a
     // SharedArrayBuffer: stage the pixels through ordinary memory (one extra host copy per batch).
-    this.#staging ??= new Uint8Array(this.#layout!.images.byteLength / this.#slotCount());
+    this.#staging ??= new Uint8Array(defined(this.#layout, 'the slot layout').images.byteLength / this.#slotCount());
     const images = this.#staging.subarray(0, batch.images.length);
     images.set(batch.images);
     pair.images.raw.copyFromHost(images);

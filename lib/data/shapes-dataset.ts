@@ -8,7 +8,7 @@ import { mkdir } from 'node:fs/promises';
 import * as path from 'node:path';
 import { expectInt, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { Random } from '../random.js';
-import { checkIndex, expectSpec, indexSeed, mapLimit, resolveSeed } from './dataset.js';
+import { checkIndex, expectSpec, indexSeed, mapLimit, promiseOf, resolveSeed } from './dataset.js';
 import { SHAPE_CLASSES, drawShape } from './generated.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
@@ -158,7 +158,12 @@ export class ShapesDataset implements Dataset {
   }
 
   /** Sample `index`: a `size x size x 3` RGB image drawn from `(seed, index)`. */
-  async get(index: number): Promise<RawSample> {
+  get(index: number): Promise<RawSample> {
+    return promiseOf(() => this.#sample(index));
+  }
+
+  // `get`'s sample, read from memory (or drawn) at once.
+  #sample(index: number): RawSample {
     const label = this.label(index);
     const data = new Uint8Array(this.size * this.size * 3);
     drawShape(data, 0, this.size, SHAPE_CLASSES[label]!, new Random(indexSeed(this.seed, index, 0)));

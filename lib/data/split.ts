@@ -5,7 +5,7 @@
  */
 import { ResnetError, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
 import { Random } from '../random.js';
-import { checkIndex, expectDataset, expectIntArray, resolveSeed } from './dataset.js';
+import { checkIndex, expectDataset, expectIntArray, promiseOf, resolveSeed } from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /** The spec of a {@link Subset}: the parent's spec and the chosen indices. */
@@ -58,11 +58,7 @@ export class Subset implements Dataset {
 
   /** Sample `index` (the parent's sample `indices[index]`). */
   get(index: number): Promise<RawSample> {
-    try {
-      return this.dataset.get(this.indices[checkIndex(index, this.length)]!);
-    } catch (error) {
-      return Promise.reject(error);
-    }
+    return promiseOf(() => this.dataset.get(this.indices[checkIndex(index, this.length)]!));
   }
 
   /** The parent's spec and the indices. */
@@ -178,8 +174,8 @@ export function randomSplit(
   const parts: number[][] = lengths.map(() => []);
   const target = lengths.map(() => 0);
   const assigned = lengths.map(() => 0);
-  for (const label of [...byClass.keys()].sort((a, b) => a - b)) {
-    const members = Int32Array.from(byClass.get(label)!);
+  for (const [, list] of [...byClass].sort(([a], [b]) => a - b)) {
+    const members = Int32Array.from(list);
     shuffle(members, rng);
     const exact = shares.map((s) => members.length * s);
     const counts = exact.map((e) => Math.floor(e));

@@ -4,7 +4,15 @@
  * @packageDocumentation
  */
 import { expectInt, expectOptions } from '../errors.js';
-import { checkIndex, expectSpec, indexSeed, numberedClasses, resolveClassNames, resolveSeed } from './dataset.js';
+import {
+  checkIndex,
+  expectSpec,
+  indexSeed,
+  numberedClasses,
+  promiseOf,
+  resolveClassNames,
+  resolveSeed,
+} from './dataset.js';
 import type { Dataset, DatasetSpec, RawSample } from './types.js';
 
 /** Options of {@link SyntheticDataset}. */
@@ -94,7 +102,12 @@ export class SyntheticDataset implements Dataset {
   }
 
   /** Sample `index`: `height x width x channels` random bytes. */
-  async get(index: number): Promise<RawSample> {
+  get(index: number): Promise<RawSample> {
+    return promiseOf(() => this.#sample(index));
+  }
+
+  // `get`'s sample, read from memory (or drawn) at once.
+  #sample(index: number): RawSample {
     const label = this.label(index);
     const data = new Uint8Array(this.height * this.width * this.channels);
     // mulberry32 (as in Random), four bytes per draw: a 224 px image is 37k draws, well under a

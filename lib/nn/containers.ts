@@ -4,7 +4,7 @@
  * @packageDocumentation
  */
 import { addon } from '../binding.js';
-import { ResnetError, invalid } from '../errors.js';
+import { ResnetError, defined, invalid, isArray } from '../errors.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { BatchNorm2d } from './layers.js';
 import { Module, ShapeCache } from './module.js';
@@ -47,7 +47,7 @@ export class Chain extends Module {
     for (let i = n - 1; i >= 0; i--) {
       const m = this.#sequence[i]!;
       m.requiresInputGrad = i > 0 || this.requiresInputGrad;
-      g = m.backward(g!);
+      g = m.backward(defined(g, `the input gradient of ${this.constructor.name} layer ${i + 1}`));
     }
     return n === 0 && !this.requiresInputGrad ? null : g;
   }
@@ -78,7 +78,7 @@ export class Residual extends Module {
 
   constructor(main: readonly (readonly [string, Module])[], shortcut: readonly [string, Module] | null = null) {
     super();
-    if (!Array.isArray(main) || main.length === 0) invalid('main', 'a non-empty array of [name, module] pairs', main);
+    if (!isArray(main) || main.length === 0) invalid('main', 'a non-empty array of [name, module] pairs', main);
     for (const [name, m] of main) this.#main.push(this.registerModule(name, m));
     const last = this.#main[this.#main.length - 1];
     if (!(last instanceof BatchNorm2d)) {
@@ -106,26 +106,27 @@ export class Residual extends Module {
   }
 
   #backward(gradOutput: Tensor): Tensor | null {
-    if (!this.#input) {
+    const input = this.#input;
+    if (!input) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         `${this.constructor.name}.backward() was called before forward()`,
       );
     }
     let g: Tensor | null = this.#last.backward(gradOutput);
-    const dIdentity = this.#last.residualGrad!;
+    const dIdentity = defined(this.#last.residualGrad, `the residual gradient of ${this.constructor.name}`);
     for (let i = this.#main.length - 2; i >= 0; i--) {
       const m = this.#main[i]!;
       m.requiresInputGrad = i > 0 || this.requiresInputGrad;
-      g = m.backward(g!);
+      g = m.backward(defined(g, `the input gradient of ${this.constructor.name} main layer ${i + 2}`));
     }
     if (this.#shortcut) this.#shortcut.requiresInputGrad = this.requiresInputGrad;
     const dShortcut = this.#shortcut ? this.#shortcut.backward(dIdentity) : dIdentity;
     if (!this.requiresInputGrad) return null;
-    const sum = this.#sums.get(this.#input, () =>
-      Tensor.empty(this.#input!.shape, { dtype: this.#input!.dtype, device: this.#input!.device }),
-    );
-    addon().add({ a: g!.raw, b: dShortcut!.raw, out: sum.raw });
+    const sum = this.#sums.get(input, () => Tensor.empty(input.shape, { dtype: input.dtype, device: input.device }));
+    const main = defined(g, `the main-branch input gradient of ${this.constructor.name}`);
+    const shortcut = defined(dShortcut, `the shortcut input gradient of ${this.constructor.name}`);
+    addon().add({ a: main.raw, b: shortcut.raw, out: sum.raw });
     return sum;
   }
 

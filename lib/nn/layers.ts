@@ -6,6 +6,7 @@
 import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan, type RawTensor } from '../binding.js';
 import {
   ResnetError,
+  defined,
   expectBool,
   expectInt,
   expectNumber,
@@ -103,8 +104,8 @@ function weightedBackward(
   const name = layer.constructor.name;
   if (!e || !x) return backwardBeforeForward(name);
   expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
-  const biasGrad = layer.bias !== null && layer.bias.requiresGrad;
-  if (layer.weight.requiresGrad || biasGrad) {
+  const bias = layer.bias?.requiresGrad ? layer.bias : null;
+  if (layer.weight.requiresGrad || bias) {
     // The plan always computes the weight gradient: a frozen weight's goes to a scratch tensor.
     const dWeight = layer.weight.requiresGrad
       ? layer.weight.grad
@@ -113,7 +114,7 @@ function weightedBackward(
       x: x.raw,
       dy: gradOutput.raw,
       dWeight: dWeight.raw,
-      ...(biasGrad ? { dBias: layer.bias!.grad.raw } : {}),
+      ...(bias ? { dBias: bias.grad.raw } : {}),
     });
   }
   if (!layer.requiresInputGrad) return null;
@@ -370,8 +371,8 @@ export class BatchNorm2d extends Module {
       beta: this.bias.data.raw,
       ...(residual ? { residual: residual.raw } : {}),
       y: entry.y.raw,
-      runningMean: this.#runningMean.tensor!.raw,
-      runningVar: this.#runningVar.tensor!.raw,
+      runningMean: defined(this.#runningMean.tensor, 'the BatchNorm2d running mean').raw,
+      runningVar: defined(this.#runningVar.tensor, 'the BatchNorm2d running variance').raw,
       saveMean: entry.saveMean.raw,
       saveInvStd: entry.saveInvStd.raw,
       training: this.training,
@@ -408,7 +409,9 @@ export class BatchNorm2d extends Module {
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
-    if (this.#residual) e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+    const dResidual = this.#residual
+      ? (e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device }))
+      : null;
     const c = [this.numFeatures];
     const dGamma = this.weight.requiresGrad
       ? this.weight.grad.raw
@@ -428,7 +431,7 @@ export class BatchNorm2d extends Module {
       dBeta,
       relu: this.relu,
       training: this.#forwardTraining,
-      ...(this.#residual ? { dResidual: e.dResidual!.raw } : {}),
+      ...(dResidual ? { dResidual: dResidual.raw } : {}),
     });
     return e.dx;
   }
@@ -441,17 +444,18 @@ export class BatchNorm2d extends Module {
   }
 }
 
-interface UnaryEntry {
+/** A ReLU's (no plan) or a pooling layer's cached tensors for one input shape. */
+interface UnaryEntry<P extends RawPool2dPlan | null> {
   y: Tensor;
   dx: Tensor | null;
   workspace: Tensor | null;
-  plan: RawPool2dPlan | null;
+  plan: P;
   dispose(): void;
 }
 
-function unaryEntry(x: Tensor, outShape: readonly number[], plan: RawPool2dPlan | null): UnaryEntry {
+function unaryEntry<P extends RawPool2dPlan | null>(x: Tensor, outShape: readonly number[], plan: P): UnaryEntry<P> {
   const bytes = plan?.workspaceBytes() ?? 0;
-  const e: UnaryEntry = {
+  const e: UnaryEntry<P> = {
     y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }),
     dx: null,
     workspace: bytes > 0 ? Tensor.empty([bytes], { dtype: 'u8', device: x.device }) : null,
@@ -463,8 +467,8 @@ function unaryEntry(x: Tensor, outShape: readonly number[], plan: RawPool2dPlan 
 
 /** Element-wise `max(x, 0)`. (In ResNets it is fused into BatchNorm2d instead.) */
 export class ReLU extends Module {
-  readonly #cache = new ShapeCache<UnaryEntry>();
-  #entry: UnaryEntry | null = null;
+  readonly #cache = new ShapeCache<UnaryEntry<null>>();
+  #entry: UnaryEntry<null> | null = null;
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, 'ReLU');
@@ -497,8 +501,8 @@ export class ReLU extends Module {
 
 /** Shared forward/backward of the pooling layers. */
 export abstract class Pool2d extends Module {
-  readonly #cache = new ShapeCache<UnaryEntry>();
-  #entry: UnaryEntry | null = null;
+  readonly #cache = new ShapeCache<UnaryEntry<RawPool2dPlan>>();
+  #entry: UnaryEntry<RawPool2dPlan> | null = null;
   #inputShape: readonly number[] = [];
 
   protected abstract geometry(x: Tensor): {
@@ -545,7 +549,7 @@ export abstract class Pool2d extends Module {
       });
       return unaryEntry(x, [n, oh, ow, c], plan);
     });
-    entry.plan!.forward({ x: x.raw, y: entry.y.raw, ...(entry.workspace ? { workspace: entry.workspace.raw } : {}) });
+    entry.plan.forward({ x: x.raw, y: entry.y.raw, ...(entry.workspace ? { workspace: entry.workspace.raw } : {}) });
     this.#entry = entry;
     this.#inputShape = x.shape;
     return entry.y;
@@ -562,7 +566,7 @@ export abstract class Pool2d extends Module {
     expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
     e.dx ??= Tensor.empty(this.#inputShape, { dtype: e.y.dtype, device: e.y.device });
-    e.plan!.backward({ dy: gradOutput.raw, dx: e.dx.raw, ...(e.workspace ? { workspace: e.workspace.raw } : {}) });
+    e.plan.backward({ dy: gradOutput.raw, dx: e.dx.raw, ...(e.workspace ? { workspace: e.workspace.raw } : {}) });
     return e.dx;
   }
 

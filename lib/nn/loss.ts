@@ -3,7 +3,7 @@
  * @packageDocumentation
  */
 import { addon } from '../binding.js';
-import { ResnetError, expectNumber, expectOptions, invalid, mismatch } from '../errors.js';
+import { ResnetError, expectNumber, expectOptions, invalid, isArray, mismatch } from '../errors.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { FLOAT_DTYPES, disposeAll } from './module.js';
 
@@ -45,7 +45,7 @@ export class CrossEntropyLoss {
       labelTensor = expectTensor('labels', labels, { rank: 1, dtype: 'i32', device: logits.device });
       if (labels.shape[0] !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.shape[0]} labels`);
     } else {
-      if (!Array.isArray(labels) && !(labels instanceof Int32Array)) {
+      if (!isArray(labels) && !(labels instanceof Int32Array)) {
         invalid('labels', 'an i32 Tensor, an Int32Array or an array of integers', labels);
       }
       if (labels.length !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.length} labels`);

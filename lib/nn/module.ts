@@ -6,7 +6,7 @@
  */
 import '../dispose.js';
 import { parseDevice } from '../device.js';
-import { ResnetError, expectBool, invalid, mismatch } from '../errors.js';
+import { ResnetError, defined, expectBool, invalid, mismatch } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';
 import { Parameter, ParameterArena } from './parameter.js';
 
@@ -146,21 +146,22 @@ export abstract class Module {
    */
   getSubmodule(path: string): Module {
     if (typeof path !== 'string') invalid('path', "a dotted module path such as 'layer1.0'", path);
-    let module: Module = this;
-    let walked = '';
-    for (const part of path === '' ? [] : path.split('.')) {
-      const child = module.#children.get(part);
-      if (!child) {
-        const names = [...module.#children.keys()];
-        throw new ResnetError(
-          'ERR_RC_INVALID_ARGUMENT',
-          `No submodule '${part}' in ${walked === '' ? 'the model' : `'${walked}'`}; ${names.length > 0 ? `its children are ${names.join(', ')}` : 'it has no children'}`,
-        );
-      }
-      module = child;
-      walked = walked === '' ? part : `${walked}.${part}`;
+    return this.#submodule(path === '' ? [] : path.split('.'), '');
+  }
+
+  /** `getSubmodule`'s walk: the module at `parts` below this one, which is at `walked`. */
+  #submodule(parts: readonly string[], walked: string): Module {
+    const [part, ...rest] = parts;
+    if (part === undefined) return this;
+    const child = this.#children.get(part);
+    if (!child) {
+      const names = [...this.#children.keys()];
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `No submodule '${part}' in ${walked === '' ? 'the model' : `'${walked}'`}; ${names.length > 0 ? `its children are ${names.join(', ')}` : 'it has no children'}`,
+      );
     }
-    return module;
+    return child.#submodule(rest, walked === '' ? part : `${walked}.${part}`);
   }
 
   /**
@@ -232,11 +233,7 @@ export abstract class Module {
     const params = this.parameters();
     const arena = params[0]?.arena;
     const alreadyThere =
-      arena !== null &&
-      arena !== undefined &&
-      arena.device === canonical &&
-      params.length === arena.entries.length &&
-      params.every((p) => p.arena === arena);
+      arena?.device === canonical && params.length === arena.entries.length && params.every((p) => p.arena === arena);
     if (!alreadyThere) new ParameterArena(params, canonical);
     for (const [, m] of this.namedModules()) m.#placeBuffers(canonical);
     return this;
@@ -251,7 +248,7 @@ export abstract class Module {
     }
     const arena = params[0]!.arena;
     if (!arena || !params.every((p) => p.arena === arena)) this.to(arena?.device ?? 'cpu');
-    return params[0]!.arena!;
+    return defined(params[0]!.arena, `the parameter arena of ${this.constructor.name}`);
   }
 
   /** Sets the gradients of all parameters to zero. */
@@ -259,7 +256,7 @@ export abstract class Module {
     this.assertUsable('zeroGrad');
     const params = this.parameters();
     const arena = params[0]?.arena;
-    if (arena && arena.entries.length === params.length && params.every((p) => p.arena === arena)) {
+    if (arena?.entries.length === params.length && params.every((p) => p.arena === arena)) {
       arena.zeroGrad();
       return;
     }
@@ -329,7 +326,7 @@ export abstract class Module {
       for (const name of m.#counters.keys()) {
         targets.set(dot + name, {
           shape: [],
-          apply: (e) => m.#counters.set(name, BigInt((e.data as BigInt64Array)[0] ?? 0n)),
+          apply: (e) => m.#counters.set(name, (e.data as BigInt64Array)[0] ?? 0n),
         });
       }
     }
@@ -463,13 +460,15 @@ export abstract class Module {
   }
 
   /** Frees cached per-shape state; overridden by layers that keep some. */
-  protected disposeCache(): void {}
+  protected disposeCache(): void {
+    // This module caches nothing.
+  }
 
   #placeBuffers(device: string): void {
     this.#device = device;
     for (const slot of this.#buffers.values()) {
       const values = slot.tensor ? slot.tensor.toFloat32Array() : slot.initial;
-      if (slot.tensor && slot.tensor.device === device) continue;
+      if (slot.tensor?.device === device) continue;
       slot.tensor?.dispose();
       slot.tensor = Tensor.from(values, [values.length], { device });
     }
@@ -494,9 +493,13 @@ export class ShapeCache<T extends { dispose(): void }> {
     } else {
       entry = make();
       if (this.#entries.size >= this.limit) {
-        const [oldestKey, oldest] = this.#entries.entries().next().value!;
-        oldest.dispose();
-        this.#entries.delete(oldestKey);
+        // Map iteration follows insertion order, and a hit is re-inserted: the first is the oldest.
+        const first = this.#entries.entries().next();
+        if (!first.done) {
+          const [oldestKey, oldest] = first.value;
+          oldest.dispose();
+          this.#entries.delete(oldestKey);
+        }
       }
     }
     this.#entries.set(key, entry);

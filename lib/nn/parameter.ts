@@ -5,7 +5,7 @@
  * @packageDocumentation
  */
 import { addon } from '../binding.js';
-import { ResnetError } from '../errors.js';
+import { ResnetError, defined } from '../errors.js';
 import { Tensor } from '../tensor.js';
 
 /** How a parameter's internal layout maps to its state-dict (torchvision) layout. */
@@ -27,6 +27,7 @@ export class Parameter {
   readonly kind: ParameterKind;
   /** Whether the optimizer updates it; frozen parameters keep their values. */
   requiresGrad = true;
+  /** The values until the parameter is placed in an arena (null from then on). */
   #initial: Float32Array | null;
   #arena: ParameterArena | null = null;
   #offset = 0;
@@ -88,12 +89,12 @@ export class Parameter {
   /** The values in the internal layout, from the device (or the initial values). */
   values(): Float32Array {
     if (this.#arena) return this.data.toFloat32Array();
-    return this.#initial!.slice();
+    return this.#unplacedValues().slice();
   }
 
   /** @internal Moves the parameter into `arena` at `offset`, copying its current values. */
   place(arena: ParameterArena, offset: number): void {
-    const values = this.#arena ? this.values() : this.#initial!;
+    const values = this.#arena ? this.values() : this.#unplacedValues();
     this.#arena = arena;
     this.#offset = offset;
     this.#initial = null;
@@ -107,6 +108,11 @@ export class Parameter {
     }
     if (this.#arena) this.data.raw.copyFromHost(values);
     else this.#initial = values.slice();
+  }
+
+  // The host values of a parameter not in an arena.
+  #unplacedValues(): Float32Array {
+    return defined(this.#initial, "an unplaced parameter's values");
   }
 }
 

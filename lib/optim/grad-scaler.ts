@@ -6,7 +6,7 @@
  * @packageDocumentation
  */
 import { addon } from '../binding.js';
-import { ResnetError, expectBool, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
+import { ResnetError, defined, expectBool, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
 import { Tensor } from '../tensor.js';
 import type { ParameterArena } from '../nn/parameter.js';
 import type { OptimizerStepOptions } from './optimizer.js';
@@ -53,6 +53,14 @@ export interface ScalableLoss {
   gradScale: number;
 }
 
+/** The GradScaler's device state (see the fields' comment). */
+interface ScalerTensors {
+  flags: Tensor;
+  scaleView: Tensor;
+  foundInfView: Tensor;
+  tracker: Tensor;
+}
+
 /**
  * Loss scaling for fp16/bf16 training, in PyTorch's shape:
  *
@@ -91,10 +99,7 @@ export class GradScaler {
   #skipped = false;
   // Device state, made on first use on the optimizer's device: [scale, foundInf] in one f32[2]
   // tensor so that update() reads both with one copy; the growth tracker as i32[1].
-  #flags: Tensor | null = null;
-  #scaleView: Tensor | null = null;
-  #foundInfView: Tensor | null = null;
-  #tracker: Tensor | null = null;
+  #dev: ScalerTensors | null = null;
   readonly #unscaled = new Set<ScalerOptimizer>();
   readonly #stepped = new Set<ScalerOptimizer>();
 
@@ -150,13 +155,13 @@ export class GradScaler {
       );
     }
     const arena = optimizer.arena();
-    this.#ensureDevice(arena.device);
+    const dev = this.#ensureDevice(arena.device);
     // The flag is cleared once per step, by the first unscale after update().
-    if (this.#unscaled.size === 0) addon().fill({ tensor: this.#foundInfView!.raw, value: 0 });
+    if (this.#unscaled.size === 0) addon().fill({ tensor: dev.foundInfView.raw, value: 0 });
     addon().unscaleAndCheck({
       grads: arena.grads.raw,
       invScale: 1 / this.#scale,
-      foundInf: this.#foundInfView!.raw,
+      foundInf: dev.foundInfView.raw,
       segments: optimizer.segmentTable(),
     });
     this.#unscaled.add(optimizer);
@@ -178,7 +183,7 @@ export class GradScaler {
       );
     }
     if (!this.#unscaled.has(optimizer)) this.unscale(optimizer);
-    optimizer.step({ foundInf: this.#foundInfView! });
+    optimizer.step({ foundInf: this.#unscaledState().foundInfView });
     this.#stepped.add(optimizer);
   }
 
@@ -195,19 +200,20 @@ export class GradScaler {
         'GradScaler.update(): no gradients were unscaled since the last update(); call step() first',
       );
     }
+    const dev = this.#unscaledState();
     if (newScale !== undefined) {
-      addon().fill({ tensor: this.#scaleView!.raw, value: positive('newScale', newScale) });
+      addon().fill({ tensor: dev.scaleView.raw, value: positive('newScale', newScale) });
     } else {
       addon().scalerUpdate({
-        scale: this.#scaleView!.raw,
-        growthTracker: this.#tracker!.raw,
-        foundInf: this.#foundInfView!.raw,
+        scale: dev.scaleView.raw,
+        growthTracker: dev.tracker.raw,
+        foundInf: dev.foundInfView.raw,
         growthFactor: this.#growthFactor,
         backoffFactor: this.#backoffFactor,
         growthInterval: this.#growthInterval,
       });
     }
-    const flags = this.#flags!.toFloat32Array();
+    const flags = dev.flags.toFloat32Array();
     this.#scale = flags[0]!;
     this.#skipped = flags[1]! !== 0;
     if (this.#skipped) for (const optimizer of this.#stepped) optimizer.stepSkipped();
@@ -232,7 +238,7 @@ export class GradScaler {
   /** The scale read from the device (a synchronisation), for logging. */
   scaleValue(): number {
     if (!this.enabled) return 1;
-    return this.#scaleView ? this.#scaleView.item() : this.#scale;
+    return this.#dev ? this.#dev.scaleView.item() : this.#scale;
   }
 
   /** A checkpoint (reads the device state, a synchronisation). */
@@ -242,7 +248,7 @@ export class GradScaler {
       growthFactor: this.#growthFactor,
       backoffFactor: this.#backoffFactor,
       growthInterval: this.#growthInterval,
-      growthTracker: this.#tracker ? this.#tracker.item() : this.#growthTracker,
+      growthTracker: this.#dev ? this.#dev.tracker.item() : this.#growthTracker,
     };
   }
 
@@ -259,28 +265,37 @@ export class GradScaler {
     }
     this.#scale = Math.fround(scale);
     this.#growthTracker = tracker;
-    if (this.#flags) {
-      this.#scaleView!.raw.copyFromHost(Float32Array.of(this.#scale));
-      this.#tracker!.raw.copyFromHost(Int32Array.of(tracker));
+    if (this.#dev) {
+      this.#dev.scaleView.raw.copyFromHost(Float32Array.of(this.#scale));
+      this.#dev.tracker.raw.copyFromHost(Int32Array.of(tracker));
     }
   }
 
   /** Frees the device state. */
   dispose(): void {
-    for (const t of [this.#scaleView, this.#foundInfView, this.#flags, this.#tracker]) t?.dispose();
-    this.#scaleView = this.#foundInfView = this.#flags = this.#tracker = null;
+    const dev = this.#dev;
+    if (dev) for (const t of [dev.scaleView, dev.foundInfView, dev.flags, dev.tracker]) t.dispose();
+    this.#dev = null;
   }
 
   // Creates the device state on `device`, or moves it there (keeping the scale and tracker).
-  #ensureDevice(device: string): void {
-    if (this.#flags && this.#flags.device === device) return;
-    if (this.#flags) {
-      this.#growthTracker = this.#tracker!.item();
+  #ensureDevice(device: string): ScalerTensors {
+    if (this.#dev && this.#dev.flags.device === device) return this.#dev;
+    if (this.#dev) {
+      this.#growthTracker = this.#dev.tracker.item();
       this.dispose();
     }
-    this.#flags = Tensor.from([this.#scale, 0], [2], { device });
-    this.#scaleView = this.#flags.view(0, [1]);
-    this.#foundInfView = this.#flags.view(1, [1]);
-    this.#tracker = Tensor.from([this.#growthTracker], [1], { dtype: 'i32', device });
+    const flags = Tensor.from([this.#scale, 0], [2], { device });
+    return (this.#dev = {
+      flags,
+      scaleView: flags.view(0, [1]),
+      foundInfView: flags.view(1, [1]),
+      tracker: Tensor.from([this.#growthTracker], [1], { dtype: 'i32', device }),
+    });
+  }
+
+  // The device state during a step: unscale() has made it.
+  #unscaledState(): ScalerTensors {
+    return defined(this.#dev, "the GradScaler's device state");
   }
 }

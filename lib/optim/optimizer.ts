@@ -159,9 +159,9 @@ export abstract class Optimizer<O extends object> {
    */
   protected buffer(name: string, arena: ParameterArena): Tensor {
     const existing = this.#buffers.get(name);
-    if (existing && existing.device === arena.device && existing.numel === arena.size) return existing;
+    if (existing?.device === arena.device && existing.numel === arena.size) return existing;
     let fresh: Tensor;
-    if (existing && existing.numel === arena.size) {
+    if (existing?.numel === arena.size) {
       fresh = Tensor.from(existing.toFloat32Array(), [arena.size], { device: arena.device });
     } else fresh = Tensor.zeros([arena.size], { device: arena.device });
     existing?.dispose();

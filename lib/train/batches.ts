@@ -61,8 +61,11 @@ export async function* loaderBatches(
   }
 }
 
-/** Yields cached host batches on `device`, through one pair of device tensors per batch shape. */
-export async function* cachedBatches(cached: readonly HostBatch[], device: string): AsyncGenerator<DeviceBatch> {
+/**
+ * Yields cached host batches on `device`, through one pair of device tensors per batch shape. Nothing
+ * is waited for, so it is a plain generator; `for await` takes it as it takes {@link loaderBatches}.
+ */
+export function* cachedBatches(cached: readonly HostBatch[], device: string): Generator<DeviceBatch> {
   const tensors = new Map<string, { images: Tensor; labels: Tensor }>();
   try {
     for (let index = 0; index < cached.length; index++) {

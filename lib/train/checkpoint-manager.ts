@@ -7,7 +7,7 @@
  */
 import { mkdir, readFile, readdir, stat, unlink } from 'node:fs/promises';
 import { basename, dirname, join, resolve } from 'node:path';
-import { ResnetError, invalid } from '../errors.js';
+import { ResnetError, defined, invalid } from '../errors.js';
 import { decodeSafetensors, removeTemporaries, writeFileAtomic } from './checkpoint.js';
 import type { EpochProgress } from './epoch-meter.js';
 import type { BestValue, EarlyStoppingState } from './monitors.js';
@@ -136,7 +136,7 @@ export class CheckpointManager {
  */
 export async function findResumeFile(resume: true | string, outDir: string | null): Promise<string | null> {
   if (resume !== true) return resolveCheckpointPath(resume);
-  const pointer = join(outDir!, 'checkpoints', 'latest.json');
+  const pointer = join(defined(outDir, 'the output folder (resume: true needs one)'), 'checkpoints', 'latest.json');
   if (!(await stat(pointer).catch(() => null))) return null;
   return resolveCheckpointPath(pointer);
 }
@@ -174,8 +174,9 @@ export async function resolveCheckpointPath(path: string): Promise<string> {
 /** Reads the config, progress, run state and parts of a checkpoint without restoring anything. */
 export async function readCheckpointInfo(path: string): Promise<CheckpointInfo> {
   const file = await resolveCheckpointPath(path);
-  const bytes = await readFile(file).catch((error: Error) => {
-    throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: cannot be read (${error.message})`);
+  const bytes = await readFile(file).catch((error: unknown) => {
+    const reason = error instanceof Error ? error.message : String(error);
+    throw new ResnetError('ERR_RC_CHECKPOINT', `${file}: cannot be read (${reason})`);
   });
   const { metadata } = decodeSafetensors(bytes, file);
   if (metadata.format !== 'resnet-cuda-checkpoint') {

@@ -289,9 +289,9 @@ export async function saveCheckpoint(
     extra: JSON.stringify(progress.extra ?? {}),
     checksums: JSON.stringify(checksums(tensors)),
   };
-  if (optimizer) {
+  if (parts.optimizer && optimizer) {
     metadata.optimizer = JSON.stringify({
-      type: optimizerKind(parts.optimizer!),
+      type: optimizerKind(parts.optimizer),
       step: optimizer.step,
       paramGroups: optimizer.paramGroups,
       buffers: Object.keys(optimizer.buffers),

@@ -23,6 +23,6 @@ const CRC32C_TABLE = (() => {
  */
 export function crc32c(data: Uint8Array, crc = 0): number {
   let c = ~crc >>> 0;
-  for (let i = 0; i < data.length; i++) c = CRC32C_TABLE[(c ^ data[i]!) & 0xff]! ^ (c >>> 8);
+  for (const byte of data) c = CRC32C_TABLE[(c ^ byte) & 0xff]! ^ (c >>> 8);
   return ~c >>> 0;
 }

@@ -88,12 +88,7 @@ export class ModelEma {
     }
     const params = model.parameters();
     const arena = params[0]?.arena ?? null;
-    if (
-      !arena ||
-      arena.device !== device ||
-      arena.entries.length !== params.length ||
-      params.some((p) => p.arena !== arena)
-    ) {
+    if (arena?.device !== device || arena.entries.length !== params.length || params.some((p) => p.arena !== arena)) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         params.length === 0

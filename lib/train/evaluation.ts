@@ -45,7 +45,7 @@ export interface Predictions {
 
 /** Runs `forward` (logits and the mean loss of a batch) over `batches` and counts hits and the confusion matrix. */
 export async function evaluateBatches(
-  batches: AsyncIterable<DeviceBatch>,
+  batches: AsyncIterable<DeviceBatch> | Iterable<DeviceBatch>,
   forward: (batch: DeviceBatch) => { logits: Tensor; loss: number },
   bar: ProgressBar | null,
   signal: AbortSignal | null,

@@ -4,7 +4,7 @@
  * a text report in scikit-learn's `classification_report` layout.
  * @packageDocumentation
  */
-import { expectInt, expectNumber, expectOptions, invalid, mismatch } from '../errors.js';
+import { expectInt, expectNumber, expectOptions, invalid, isArray, mismatch } from '../errors.js';
 
 /** Logits (or scores) of a batch, row-major `[n, numClasses]`. */
 export type Logits = Float32Array | Float64Array;
@@ -387,7 +387,7 @@ export class ConfusionMatrix {
   classificationReport(classNames?: readonly string[], digits = 2): string {
     const n = this.numClasses;
     const names = classNames ?? Array.from({ length: n }, (_, i) => String(i));
-    if (!Array.isArray(names) || names.length !== n || names.some((s) => typeof s !== 'string')) {
+    if (!isArray(names) || names.length !== n || names.some((s) => typeof s !== 'string')) {
       invalid('classNames', `an array of ${n} strings`, classNames);
     }
     expectInt('digits', digits, 0, 20);
@@ -400,7 +400,7 @@ export class ConfusionMatrix {
       ` ${right(formatCount(s.support), 9)}\n`;
     let report = `${right('', width)} ` + headers.map((h) => ` ${right(h, 9)}`).join('') + '\n\n';
     this.perClass().forEach((s, c) => {
-      report += row(names[c], s);
+      report += row(names[c]!, s);
     });
     report += '\n';
     report += `${right('accuracy', width)} ${' '.repeat(10)}${' '.repeat(10)} ${right(formatFixed(this.accuracy(), digits), 9)} ${right(formatCount(this.total), 9)}\n`;
@@ -420,7 +420,7 @@ function ratio(num: number, den: number): number {
 
 /** Length in code points, as Python's `len` counts for its padding. */
 function textLength(s: string): number {
-  return [...s].length;
+  return Array.from(s).length;
 }
 
 function formatCount(v: number): string {

@@ -42,7 +42,7 @@ export class BestMetric {
 
   /** Takes a saved best; one kept for another metric does not carry over. */
   restore(saved: BestValue | null): void {
-    this.#best = saved && saved.monitor === this.monitor ? saved : null;
+    this.#best = saved?.monitor === this.monitor ? saved : null;
   }
 
   /** Records the epoch's metrics; true when the monitored one improved on the best. */

@@ -54,13 +54,18 @@ export class RunOutputs {
 
   /** Whether files are written (an output folder, on the main process). */
   get writes(): boolean {
-    return this.#s.isMain && this.#s.outDir !== null;
+    return this.#writeDir() !== null;
+  }
+
+  // The output folder when files are written, else null.
+  #writeDir(): string | null {
+    return this.#s.isMain ? this.#s.outDir : null;
   }
 
   /** Opens the log and the TensorBoard writer (once; later fits append to them). */
   open(): void {
-    if (!this.writes) return;
-    const out = this.#s.outDir!;
+    const out = this.#writeDir();
+    if (out === null) return;
     if (this.#s.jsonLog && !this.#logger) this.#logger = new JsonLinesLogger(join(out, 'log.jsonl'));
     if (this.#s.tensorboard && !this.#writer) this.#writer = new SummaryWriter(join(out, 'tensorboard'));
   }
@@ -89,8 +94,8 @@ export class RunOutputs {
 
   /** Redraws `curves-loss.png` (log axis when the losses span decades) and `curves-accuracy.png`. */
   async writeCurves(history: readonly CurvePoint[], trainLoss: readonly [number, number][]): Promise<void> {
-    if (!this.writes || !this.#s.plots) return;
-    const out = this.#s.outDir!;
+    const out = this.#writeDir();
+    if (out === null || !this.#s.plots) return;
     const loss: Series[] = [{ name: 'train', points: [...trainLoss] }];
     const valLoss = history
       .filter((h) => h.metrics['val/loss'] !== undefined)
@@ -136,8 +141,8 @@ export class RunOutputs {
     },
     summary: Record<string, unknown>,
   ): Promise<void> {
-    if (!this.writes) return;
-    const out = this.#s.outDir!;
+    const out = this.#writeDir();
+    if (out === null) return;
     await saveWeights(join(out, 'model.safetensors'), run.model);
     if (run.ema) await saveWeights(join(out, 'model-ema.safetensors'), run.ema.stateDict());
     const { lastEval, lastEvalEma } = run;

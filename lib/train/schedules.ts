@@ -14,7 +14,7 @@
  * epoch would.
  * @packageDocumentation
  */
-import { ResnetError, expectInt, expectNumber, expectOneOf, expectOptions, invalid } from '../errors.js';
+import { ResnetError, expectInt, expectNumber, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
 
 /** The unit a schedule counts in: optimizer steps or whole epochs. */
 export type Interval = 'step' | 'epoch';
@@ -394,13 +394,13 @@ export class SequentialSchedule extends Schedule {
     const where = 'SequentialSchedule options';
     super(where, options, ['schedules', 'milestones']);
     const o: Partial<SequentialScheduleOptions> = options ?? {};
-    if (!Array.isArray(o.schedules) || o.schedules.length === 0) {
+    if (!isArray(o.schedules) || o.schedules.length === 0) {
       invalid(`${where}.schedules`, 'a non-empty array of schedules', o.schedules);
     }
     o.schedules.forEach((s, i) => {
       if (!(s instanceof Schedule)) invalid(`${where}.schedules[${i}]`, 'a Schedule', s);
     });
-    if (!Array.isArray(o.milestones) || o.milestones.length !== o.schedules.length - 1) {
+    if (!isArray(o.milestones) || o.milestones.length !== o.schedules.length - 1) {
       invalid(
         `${where}.milestones`,
         `an array of ${o.schedules.length - 1} integers (one per schedule after the first)`,

@@ -16,7 +16,6 @@ import { defaultMode, type EarlyStoppingSettings, type MetricMode } from './moni
 import type { ProgressStream } from './outputs/logging.js';
 import { Schedule, type ReduceLROnPlateauOptions } from './schedules.js';
 import type { Callback } from './trainer-types.js';
-import type { Trainer } from './trainer.js';
 
 export type { MetricMode };
 

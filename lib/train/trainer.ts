@@ -26,7 +26,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { join, resolve } from 'node:path';
 import { addon } from '../binding.js';
 import type { DataLoader } from '../data/loader.js';
-import { ResnetError, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
+import { ResnetError, defined, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
 import { IMAGENET_MEAN, IMAGENET_STD, InputNormalize } from '../nn/input.js';
 import { CrossEntropyLoss } from '../nn/loss.js';
 import type { Module } from '../nn/module.js';
@@ -51,7 +51,7 @@ import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Pre
 import { BestMetric, EarlyStopping, defaultMode } from './monitors.js';
 import { formatDuration } from './outputs/logging.js';
 import { RunOutputs } from './run-outputs.js';
-import { ReduceLROnPlateau, Scheduler, type ReduceLROnPlateauState, type SchedulerState } from './schedules.js';
+import { ReduceLROnPlateau, Scheduler } from './schedules.js';
 import {
   parseFitOptions,
   parseTrainerOptions,
@@ -335,7 +335,7 @@ export class Trainer {
     const resumed = file ? await this.#resume(file, train) : null;
     if (this.#outputs.writes) {
       await this.#checkpoints?.prepare();
-      await this.#outputs.open();
+      this.#outputs.open();
     }
     if (resumed) {
       const { run, config } = resumed;
@@ -352,7 +352,7 @@ export class Trainer {
   /** Trains one epoch (from the resume position in the first epoch of a resumed run): torchvision's `train_one_epoch`. */
   async #trainOneEpoch(run: FitRun, epoch: number): Promise<TrainedEpoch> {
     const first = run.resumeAt?.batch ?? 0;
-    const meter = new EpochMeter(this.#lossSum!, run.resumeAt?.progress ?? null);
+    const meter = new EpochMeter(defined(this.#lossSum, 'the loss accumulator'), run.resumeAt?.progress ?? null);
     run.resumeAt = null;
     const bar = this.#outputs.progressBar({
       total: run.batchesPerEpoch,
@@ -438,16 +438,17 @@ export class Trainer {
   /** Calls the step-begin callbacks and clears the step's loss. */
   async #beginStep(epoch: number, batch: number): Promise<void> {
     for (const c of this.#s.callbacks) await c.onStepBegin?.(this, { epoch, step: this.#step + 1, batch });
-    addon().fill({ tensor: this.#stepLoss!.raw, value: 0 });
+    addon().fill({ tensor: defined(this.#stepLoss, 'the step loss').raw, value: 0 });
   }
 
   /** One micro-batch: forward, loss (summed on the device), backward with the loss scaled by `scale / groupSize`. */
   #forwardBackward(batch: DeviceBatch, groupSize: number, meter: EpochMeter): void {
     this.scaler.scale(this.loss, 1 / groupSize);
-    const logits = this.model.forward(this.#normalize!.forward(batch.images, batch.flips));
+    const logits = this.model.forward(this.#normalizer().forward(batch.images, batch.flips));
     const value = this.loss.forward(logits, batch.labels);
     meter.addLoss(value);
-    addon().add({ a: this.#stepLoss!.raw, b: value.raw, out: this.#stepLoss!.raw });
+    const stepLoss = defined(this.#stepLoss, 'the step loss');
+    addon().add({ a: stepLoss.raw, b: value.raw, out: stepLoss.raw });
     this.model.backward(this.loss.backward());
   }
 
@@ -460,7 +461,7 @@ export class Trainer {
     images: number,
     groupSize: number,
   ): { info: StepInfo; end(): void } {
-    const stepLoss = this.#stepLoss!;
+    const stepLoss = defined(this.#stepLoss, 'the step loss');
     let value: number | undefined;
     let current = true;
     const info: StepInfo = {
@@ -497,9 +498,13 @@ export class Trainer {
 
   /** Evaluates the model, and its moving average, on the validation data (the cached batches in the overfit mode). */
   async #evaluateEpoch(run: FitRun): Promise<{ val?: EvalResult; valEma?: EvalResult }> {
-    const source = (): AsyncIterable<DeviceBatch> =>
-      run.cached ? cachedBatches(run.cached, this.device) : loaderBatches(run.val!, this.device, run.val!.epoch, 0);
-    const total = run.cached ? run.cached.length : run.val!.length;
+    const cached = run.cached;
+    const source = (): AsyncIterable<DeviceBatch> | Iterable<DeviceBatch> => {
+      if (cached) return cachedBatches(cached, this.device);
+      const val = defined(run.val, 'the validation loader');
+      return loaderBatches(val, this.device, val.epoch, 0);
+    };
+    const total = cached ? cached.length : defined(run.val, 'the validation loader').length;
     const val = await this.#evaluate(source(), total, run.classNames, 'val', run.signal);
     let valEma: EvalResult | undefined;
     if (this.ema) {
@@ -576,8 +581,9 @@ export class Trainer {
   }
 
   #announceEarlyStop(epoch: number): void {
-    const { monitor, patience } = this.#s.early!;
-    this.#outputs.log({ type: 'early-stop', epoch, step: this.#step, monitor, best: this.#early!.state.best });
+    const { monitor, patience } = defined(this.#s.early, 'the early-stopping settings');
+    const best = defined(this.#early, 'the early-stopping monitor').state.best;
+    this.#outputs.log({ type: 'early-stop', epoch, step: this.#step, monitor, best });
     this.#outputs.say(`early stopping: ${monitor} has not improved for ${patience} evaluations`);
   }
 
@@ -605,7 +611,8 @@ export class Trainer {
     const o = expectOptions<{ ema?: boolean; signal?: AbortSignal }>('evaluate options', options, ['ema', 'signal']);
     const useEma = expectBool('ema', o.ema ?? false);
     const signal = checkSignal('signal', o.signal);
-    if (useEma && !this.ema) {
+    const ema = useEma ? this.ema : null;
+    if (useEma && !ema) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         'evaluate: ema: true, but the Trainer keeps no moving average (ema option)',
@@ -616,7 +623,7 @@ export class Trainer {
       this.#ensureNormalize(loader);
       const names = this.#s.classNames ?? (loader.dataset.classes.length > 0 ? loader.dataset.classes : null);
       const wasTraining = this.model.training;
-      if (useEma) this.ema!.swap();
+      ema?.swap();
       try {
         return await this.#evaluate(
           loaderBatches(loader, this.device, loader.epoch, 0),
@@ -626,14 +633,14 @@ export class Trainer {
           signal,
         );
       } finally {
-        if (useEma) this.ema!.swap();
+        ema?.swap();
         this.model.train(wasTraining);
       }
     });
   }
 
   async #evaluate(
-    batches: AsyncIterable<DeviceBatch>,
+    batches: AsyncIterable<DeviceBatch> | Iterable<DeviceBatch>,
     total: number,
     classNames: readonly string[] | null,
     label: string,
@@ -642,7 +649,7 @@ export class Trainer {
     this.model.eval();
     const bar = this.#outputs.progressBar({ total, label, printEvery: 0 });
     const forward = (batch: DeviceBatch): { logits: Tensor; loss: number } => {
-      const logits = this.model.forward(this.#normalize!.forward(batch.images, batch.flips));
+      const logits = this.model.forward(this.#normalizer().forward(batch.images, batch.flips));
       return { logits, loss: this.#evalLoss.forward(logits, batch.labels).item() };
     };
     const counts = await evaluateBatches(batches, forward, bar, signal);
@@ -685,14 +692,14 @@ export class Trainer {
   }
 
   #logitsOfTensor(source: Tensor): { chunks: { logits: Float32Array; indices: Int32Array }[]; numClasses: number } {
-    this.#ensureNormalize(null);
+    const normalize = this.#ensureNormalize(null);
     const images =
       source.device === this.device
         ? source
         : Tensor.from(source.toArray(), source.shape, { dtype: 'u8', device: this.device });
     let logits: Float32Array;
     try {
-      logits = this.model.forward(this.#normalize!.forward(images)).toFloat32Array();
+      logits = this.model.forward(normalize.forward(images)).toFloat32Array();
     } finally {
       if (images !== source) images.dispose();
     }
@@ -707,12 +714,12 @@ export class Trainer {
     loader: DataLoader,
     signal: AbortSignal | null,
   ): Promise<{ chunks: { logits: Float32Array; indices: Int32Array }[]; numClasses: number }> {
-    this.#ensureNormalize(loader);
+    const normalize = this.#ensureNormalize(loader);
     const chunks: { logits: Float32Array; indices: Int32Array }[] = [];
     let numClasses = 0;
     for await (const batch of loaderBatches(loader, this.device, loader.epoch, 0)) {
       throwIfAborted(signal, 'Trainer.predict');
-      const logits = this.model.forward(this.#normalize!.forward(batch.images, batch.flips)).toFloat32Array();
+      const logits = this.model.forward(normalize.forward(batch.images, batch.flips)).toFloat32Array();
       numClasses = logits.length / batch.size;
       chunks.push({ logits, indices: batch.indices });
     }
@@ -756,8 +763,15 @@ export class Trainer {
     if (this.#disposed) throw new ResnetError('ERR_RC_DISPOSED', 'This Trainer has been disposed');
   }
 
-  #ensureNormalize(loader: DataLoader | null): void {
-    this.#normalize ??= this.#makeNormalize(loader?.normalization() ?? { mean: IMAGENET_MEAN, std: IMAGENET_STD });
+  #ensureNormalize(loader: DataLoader | null): InputNormalize {
+    return (this.#normalize ??= this.#makeNormalize(
+      loader?.normalization() ?? { mean: IMAGENET_MEAN, std: IMAGENET_STD },
+    ));
+  }
+
+  /** The input normalization that `#ensureNormalize` (or the `normalize` option) has set up. */
+  #normalizer(): InputNormalize {
+    return defined(this.#normalize, 'the input normalization');
   }
 
   #makeNormalize(stats: { mean: readonly number[]; std: readonly number[] }): InputNormalize {
@@ -810,13 +824,17 @@ export class Trainer {
     if (scheduler) {
       return {
         state: () => ({ kind: 'schedule', state: scheduler.state() }),
-        loadState: (s) => scheduler.loadState(checkKind<SchedulerState>(s, 'schedule')),
+        loadState: (s) => {
+          loadKind(scheduler, s, 'schedule');
+        },
       };
     }
     if (plateau) {
       return {
         state: () => ({ kind: 'plateau', state: plateau.state() }),
-        loadState: (s) => plateau.loadState(checkKind<ReduceLROnPlateauState>(s, 'plateau')),
+        loadState: (s) => {
+          loadKind(plateau, s, 'plateau');
+        },
       };
     }
     return null;
@@ -865,13 +883,13 @@ export class Trainer {
   /** Writes `best.safetensors`, `best.json` and the best weights (the moving average's when it is monitored). */
   async #saveBest(run: FitRun): Promise<void> {
     const manager = this.#checkpoints;
-    const best = this.#best!.best!;
     if (!manager || run.cached) return;
+    const best = defined(this.#best?.best, 'the best metric');
     await manager.saveBest({ ...best, step: this.#step }, (path) =>
       this.#writeCheckpoint(path, this.#epoch, this.#runState(run, 0, manager.kept, null), run.classNames),
     );
     const weights = best.monitor.startsWith('val_ema') && this.ema ? this.ema.stateDict() : this.model.stateDict();
-    await saveWeights(join(this.#s.outDir!, 'model-best.safetensors'), weights);
+    await saveWeights(join(defined(this.#s.outDir, 'the output directory'), 'model-best.safetensors'), weights);
   }
 
   /** Checks that a checkpoint fits this Trainer and restores it (all or nothing); returns its run state. */
@@ -937,7 +955,11 @@ function checkParts(file: string, info: CheckpointInfo, want: CheckpointInfo['pa
   }
 }
 
-function checkKind<S>(saved: unknown, kind: 'schedule' | 'plateau'): S {
+/**
+ * Restores a checkpoint's learning-rate state into `target` once its kind matches; `loadState`
+ * validates the state itself.
+ */
+function loadKind(target: { loadState(state: unknown): void }, saved: unknown, kind: 'schedule' | 'plateau'): void {
   const s = saved as { kind?: string; state?: unknown } | null;
   if (!s || typeof s !== 'object' || s.kind !== kind) {
     throw new ResnetError(
@@ -945,5 +967,5 @@ function checkKind<S>(saved: unknown, kind: 'schedule' | 'plateau'): S {
       `the checkpoint's learning-rate state is of kind '${s?.kind ?? 'none'}' but this Trainer uses a ${kind === 'schedule' ? 'schedule' : 'plateau reduction'}`,
     );
   }
-  return s.state as S;
+  target.loadState(s.state);
 }

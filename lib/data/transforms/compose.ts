@@ -3,7 +3,7 @@
  * decoder), runs the transforms with the sample's random stream, and converts to the output channels.
  * @packageDocumentation
  */
-import { expectBool, expectOneOf, expectOptions, invalid, mismatch } from '../../errors.js';
+import { expectBool, expectOneOf, expectOptions, invalid, isArray, mismatch } from '../../errors.js';
 import type { DecodedImage, RawSample, SampleRandom, TransformSpec } from '../types.js';
 import { CenterCrop } from './center-crop.js';
 import { decodeImage, endsWithEoi, jpegHeader } from './decode.js';
@@ -58,7 +58,7 @@ export class Compose {
   readonly #deferrable: boolean[];
 
   constructor(transforms: readonly Transform[], options: ComposeOptions = {}) {
-    if (!Array.isArray(transforms)) invalid('transforms', 'an array of transforms', transforms);
+    if (!isArray(transforms)) invalid('transforms', 'an array of transforms', transforms);
     transforms.forEach((t, i) => {
       if (!(t instanceof Transform)) {
         invalid(`transforms[${i}]`, 'a Transform (e.g. new RandomResizedCrop({ size: 224 }))', t);
@@ -195,7 +195,8 @@ export class Compose {
         mirrored = true;
         return next.draw(rng);
       };
-      const fused = dims ? fuser!.applyToJpeg({ bytes: source.bytes, path, ...dims }, rng, mirror, centerCrop) : null;
+      const fused =
+        dims && fuser ? fuser.applyToJpeg({ bytes: source.bytes, path, ...dims }, rng, mirror, centerCrop) : null;
       if (fused) {
         img = dropAlpha(await fused);
         start = first + span + (mirrored ? 1 : 0);

@@ -5,9 +5,9 @@
 import { invalid } from '../../errors.js';
 import type { TransformSpec } from '../types.js';
 import { CenterCrop, type CenterCropOptions } from './center-crop.js';
-import { Grayscale, type GrayscaleOptions, ToRGB } from './channels.js';
-import { ColorJitter, type ColorJitterOptions } from './color-jitter.js';
-import { RandomHorizontalFlip, type RandomHorizontalFlipOptions } from './flip.js';
+import { Grayscale, ToRGB } from './channels.js';
+import { ColorJitter } from './color-jitter.js';
+import { RandomHorizontalFlip } from './flip.js';
 import { Normalize, type NormalizeOptions } from './normalize.js';
 import { RandomResizedCrop, type RandomResizedCropOptions } from './random-resized-crop.js';
 import { Resize, type ResizeOptions } from './resize.js';

@@ -7,7 +7,7 @@
  */
 import { mkdir, rename, unlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { expectInt, expectOptions, invalid } from '../../errors.js';
+import { expectInt, expectOptions, invalid, isArray } from '../../errors.js';
 import { ConfusionMatrix } from '../metrics.js';
 
 // 5x7 glyphs, one hex byte per row from top to bottom, bit 4 the leftmost column (the classic
@@ -191,14 +191,14 @@ class Canvas {
 
 /** Width in pixels of `s` drawn at `scale` (6 font pixels per character, less the last gap). */
 function textWidth(s: string, scale: number): number {
-  const n = [...s].length;
+  const n = Array.from(s).length; // characters are code points: the font draws one glyph for each
   return n === 0 ? 0 : (n * 6 - 1) * scale;
 }
 
 /** Shortens `s` with a trailing "." until it fits in `max` pixels. */
 function fit(s: string, max: number, scale: number): string {
   if (textWidth(s, scale) <= max) return s;
-  const chars = [...s];
+  const chars = Array.from(s);
   while (chars.length > 0 && textWidth(chars.join('') + '.', scale) > max) chars.pop();
   return chars.length === 0 ? '' : chars.join('') + '.';
 }
@@ -485,7 +485,7 @@ export async function plotConfusionMatrix(
   const counts = matrix instanceof ConfusionMatrix ? matrix.toArray() : ConfusionMatrix.fromArray(matrix).toArray();
   const n = counts.length;
   const names = classNames ?? Array.from({ length: n }, (_, i) => String(i));
-  if (!Array.isArray(names) || names.length !== n || names.some((s) => typeof s !== 'string')) {
+  if (!isArray(names) || names.length !== n || names.some((s) => typeof s !== 'string')) {
     invalid('classNames', `an array of ${n} strings`, classNames);
   }
   const normalize = o.normalize ?? false;
