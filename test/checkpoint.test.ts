@@ -4,6 +4,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { CosineAnnealingLR, CrossEntropyLoss, ResNet18, SGD, Scheduler, Tensor } from '../lib/index.js';
 import { loadCheckpoint, loadWeights, saveCheckpoint, saveWeights } from '../lib/train/checkpoint.js';
+import { lookup } from './helpers/defined.js';
+import { stringMatching } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-checkpoint-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -29,12 +31,12 @@ describe('weights and checkpoints', () => {
     expect(header['bn1.num_batches_tracked']).toMatchObject({ dtype: 'I64', shape: [] });
     const fc = header['fc.weight']!;
     const fcBytes = bytes.subarray(8 + headerLength + fc.data_offsets[0]!, 8 + headerLength + fc.data_offsets[1]!);
-    expect(sameBits(fcBytes, a.stateDict().get('fc.weight')!.data)).toBe(true);
+    expect(sameBits(fcBytes, lookup(a.stateDict(), 'fc.weight').data)).toBe(true);
 
     const b = ResNet18({ numClasses: 3, smallInput: true, seed: 9 });
     await loadWeights(path, b);
     for (const [key, entry] of a.stateDict()) {
-      expect(sameBits(b.stateDict().get(key)!.data, entry.data), key).toBe(true);
+      expect(sameBits(lookup(b.stateDict(), key).data, entry.data), key).toBe(true);
     }
   });
 
@@ -88,7 +90,7 @@ describe('weights and checkpoints', () => {
     writeFileSync(path, whole.subarray(0, whole.length - 1000));
     await expect(loadCheckpoint(path, { model })).rejects.toMatchObject({
       code: 'ERR_RC_CHECKPOINT',
-      message: expect.stringMatching(/truncated\.ckpt: tensor '.*' lies outside the file/),
+      message: stringMatching(/truncated\.ckpt: tensor '.*' lies outside the file/),
     });
     writeFileSync(path, whole.subarray(0, 4));
     await expect(loadCheckpoint(path, { model })).rejects.toThrow(/truncated\.ckpt: is 4 bytes long/);

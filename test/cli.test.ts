@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { benchCommand } from '../lib/cli/bench.js';
-import { doctorCommand } from '../lib/cli/doctor.js';
+import { doctorCommand, type DoctorReport } from '../lib/cli/doctor.js';
 import { evalCommand } from '../lib/cli/eval.js';
 import { main } from '../lib/cli/main.js';
 import type { CliIO, Command } from '../lib/cli/options.js';
@@ -23,6 +23,8 @@ import { datasetFromSpec } from '../lib/data/registry.js';
 import { ShapesDataset } from '../lib/data/shapes-dataset.js';
 import { ResNet18 } from '../lib/nn/resnet.js';
 import { saveWeights } from '../lib/train/checkpoint.js';
+import { defined } from './helpers/defined.js';
+import { objectContaining, stringContaining, stringMatching } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-cli-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -40,6 +42,34 @@ interface Run {
   code: number;
   stdout: string;
   stderr: string;
+}
+
+// The fields of the JSON files and outputs that the tests read (the assertions check their values).
+
+/** package.json. */
+interface PackageJson {
+  version: string;
+  bin: Record<string, string>;
+}
+
+/** What `predict --json` prints. */
+interface PredictOutput {
+  images: { file: string; predictions: { class: string; probability: number }[] }[];
+  failed: { file: string; code: string }[];
+}
+
+/** What `eval --json` prints. */
+interface EvalOutput {
+  count: number;
+  acc1: number;
+  acc5: number;
+  confusion: number[][];
+}
+
+/** A line of a run's log.jsonl. */
+interface LogRecord {
+  type: string;
+  metrics?: Record<string, number>;
 }
 
 /** Runs the command line in this process, collecting its output. */
@@ -112,7 +142,7 @@ describe('help and version', () => {
     const help = await cli(['--help']);
     expect(help.code).toBe(0);
     for (const name of Object.keys(COMMANDS)) expect(help.stdout).toMatch(new RegExp(`^  ${name} `, 'm'));
-    const version = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')).version as string;
+    const { version } = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as PackageJson;
     expect(await cli(['--version'])).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
     const none = await cli([]);
     expect(none.code).toBe(2);
@@ -234,7 +264,7 @@ describe('config files', () => {
     });
     const run = await cli(['bench', '--config', file, '--steps', '1']);
     expect(run.code, run.stderr).toBe(0);
-    const result = JSON.parse(run.stdout);
+    const result: unknown = JSON.parse(run.stdout);
     expect(result).toMatchObject({
       model: 'resnet18',
       batchSize: 2,
@@ -286,7 +316,7 @@ describe('doctor', () => {
     expect(text.stdout).toMatch(/^ {2}sharp {2}\d+\.\d+\.\d+ \(libvips \d/m);
     const json = await cli(['doctor', '--json']);
     expect(json.code).toBe(0);
-    const report = JSON.parse(json.stdout);
+    const report = JSON.parse(json.stdout) as DoctorReport;
     expect(report.ok).toBe(true);
     expect(report.addon.loaded).toBe(true);
     expect(report.backends.find((b: { name: string }) => b.name === 'cpu')).toMatchObject({
@@ -298,7 +328,7 @@ describe('doctor', () => {
     expect(cuda).toBeDefined();
     // Every problem says what to do; CUDA missing on a machine without a GPU is only a warning.
     for (const p of report.problems) expect(p.fix.length).toBeGreaterThan(10);
-    if (!cuda.available) {
+    if (!defined(cuda, 'the cuda backend').available) {
       expect(report.problems.find((p: { component: string }) => p.component === 'cuda')?.severity).toBe('warning');
     }
     expect(report.sharp.version).toMatch(/^\d+\.\d+\.\d+$/);
@@ -352,19 +382,19 @@ describe('predict', () => {
       pngs[2]!,
     ]);
     expect(json.code, json.stderr).toBe(0);
-    const out = JSON.parse(json.stdout);
+    const out = JSON.parse(json.stdout) as PredictOutput;
     expect(out).toMatchObject({ model: 'resnet18', numClasses: 4, resize: 32, crop: 32 });
     const circles = readdirSync(join(folder, 'val', 'circle')).length;
     expect(out.images).toHaveLength(circles + 1);
     for (const image of out.images) {
       expect(image.predictions).toHaveLength(4);
-      expect(image.predictions.map((p: { class: string }) => p.class).sort()).toEqual(['a', 'b', 'c', 'd']);
-      const total = image.predictions.reduce((s: number, p: { probability: number }) => s + p.probability, 0);
+      expect(image.predictions.map((p) => p.class).sort()).toEqual(['a', 'b', 'c', 'd']);
+      const total = image.predictions.reduce((s, p) => s + p.probability, 0);
       expect(total).toBeCloseTo(1, 5);
-      const probabilities = image.predictions.map((p: { probability: number }) => p.probability);
+      const probabilities = image.predictions.map((p) => p.probability);
       expect(probabilities).toEqual([...probabilities].sort((x, y) => y - x));
     }
-    expect(out.images.at(-1).file).toBe(pngs[2]);
+    expect(defined(out.images.at(-1), 'an image').file).toBe(pngs[2]);
   });
 
   it('prints the classes of every good file and a coded error line for each bad one, and exits with 1', async () => {
@@ -384,11 +414,9 @@ describe('predict', () => {
     expect(errors[1]).toMatch(/^resnet-cuda predict: garbage\.png: [A-Z][A-Z0-9_]+: /);
     const json = await cli(['predict', '--weights', weightsFile, '--json', empty, pngs[2]!]);
     expect(json.code).toBe(1);
-    const out = JSON.parse(json.stdout);
-    expect(out.images.map((i: { file: string }) => i.file)).toEqual([pngs[2]]);
-    expect(out.failed).toEqual([
-      expect.objectContaining({ file: empty, code: expect.stringMatching(/^[A-Z][A-Z0-9_]+$/) }),
-    ]);
+    const out = JSON.parse(json.stdout) as PredictOutput;
+    expect(out.images.map((i) => i.file)).toEqual([pngs[2]]);
+    expect(out.failed).toEqual([objectContaining({ file: empty, code: stringMatching(/^[A-Z][A-Z0-9_]+$/) })]);
   });
 
   it('rejects a missing image, a class file of the wrong length and a model that contradicts the file', async () => {
@@ -416,10 +444,11 @@ describe('ImageFiles', () => {
     expect(sample).toMatchObject({ label: NO_LABEL, source: { kind: 'encoded', path: pngs[3] } });
     const again = await datasetFromSpec(structuredClone(images.spec()));
     expect(again).toBeInstanceOf(ImageFiles);
-    expect((again as ImageFiles).files).toEqual([pngs[3], pngs[1]]);
+    if (!(again instanceof ImageFiles)) throw new Error('expected an ImageFiles');
+    expect(again.files).toEqual([pngs[3], pngs[1]]);
     await expect(ImageFiles.open([join(dir, 'absent.png')])).rejects.toMatchObject({
       code: 'ERR_RC_DATASET',
-      message: expect.stringContaining('absent.png'),
+      message: stringContaining('absent.png'),
     });
     await expect(ImageFiles.open([dir])).rejects.toThrow(/is not a file/);
     expect(() => ImageFiles.fromSpec({ kind: 'ImageFiles', files: ['relative.png'] })).toThrow(/an absolute path/);
@@ -445,7 +474,7 @@ describe('eval', () => {
       out,
     ]);
     expect(run.code, run.stderr).toBe(0);
-    const result = JSON.parse(run.stdout);
+    const result = JSON.parse(run.stdout) as EvalOutput;
     expect(result).toMatchObject({
       count: 8,
       model: 'resnet18',
@@ -454,7 +483,7 @@ describe('eval', () => {
     });
     expect(result.acc1).toBeGreaterThanOrEqual(0);
     expect(result.acc5).toBe(1);
-    expect(result.confusion.flat().reduce((a: number, b: number) => a + b, 0)).toBe(8);
+    expect(result.confusion.flat().reduce((a, b) => a + b, 0)).toBe(8);
     expect(readFileSync(join(out, 'classification-report.txt'), 'utf8')).toMatch(/Acc@1 .*\n\n.*precision {4}recall/);
     const png = await sharp(join(out, 'confusion-matrix.png')).metadata();
     expect(png.format).toBe('png');
@@ -594,17 +623,17 @@ describe('train', () => {
     const log = readFileSync(join(run1, 'log.jsonl'), 'utf8')
       .trim()
       .split('\n')
-      .map((l) => JSON.parse(l));
-    expect(log.some((r) => r.type === 'epoch' && r.metrics['val/acc1'] !== undefined)).toBe(true);
+      .map((l) => JSON.parse(l) as LogRecord);
+    expect(log.some((r) => r.type === 'epoch' && r.metrics?.['val/acc1'] !== undefined)).toBe(true);
     // config.json holds the options as given (and the seed), re-runnable with --config.
-    const config = JSON.parse(readFileSync(join(run1, 'config.json'), 'utf8'));
+    const config = JSON.parse(readFileSync(join(run1, 'config.json'), 'utf8')) as { outputDir?: string };
     expect(config).toMatchObject({ data: folder, epochs: 1, batchSize: 8, seed: 5, trainCropSize: 16 });
     expect(config.outputDir).toBeUndefined();
 
     // The run folder's summary lets eval rebuild the input pipeline from the weights alone.
     const ev = await cli(['eval', folder, '--weights', join(run1, 'model.safetensors'), '-j', '0', '--json']);
     expect(ev.code, ev.stderr).toBe(0);
-    expect(JSON.parse(ev.stdout).count).toBe(8);
+    expect((JSON.parse(ev.stdout) as EvalOutput).count).toBe(8);
   });
 
   it('resumes the run from its latest checkpoint and refuses to overwrite it', async () => {
@@ -639,7 +668,9 @@ describe('train', () => {
     const predicted = await cli(['predict', '--checkpoint', run1, '--json', pngs[0]!]);
     expect(predicted.code, predicted.stderr).toBe(0);
     expect(JSON.parse(predicted.stdout)).toMatchObject({ resize: 16, crop: 16 });
-    expect(JSON.parse(predicted.stdout).images[0].predictions[0].class).toMatch(/^(circle|cross|square|triangle)$/);
+    expect((JSON.parse(predicted.stdout) as PredictOutput).images[0]!.predictions[0]!.class).toMatch(
+      /^(circle|cross|square|triangle)$/,
+    );
   });
 
   it('runs the built-in dataset with a step limit, writing a checkpoint where it stopped', async () => {
@@ -700,7 +731,7 @@ describe('train', () => {
     // torchvision's ratio: resize 256 for a 224 crop, so 18 for 16.
     expect(run.stderr).toContain('input: training crop 16 px; validation resize 18 px and center crop 16 px');
     expect(run.stderr).toMatch(/cpu, batch 8, amp bf16, sgd lr 0\.1/);
-    const config = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
+    const config: unknown = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
     expect(config).toMatchObject({
       data: folder,
       dataset: 'imagefolder',
@@ -743,7 +774,8 @@ describe('train', () => {
     const evaluated = await cli(['eval', '--checkpoint', out, '-b', '8', '-j', '0']);
     expect(evaluated.code, evaluated.stderr).toBe(0);
     expect(evaluated.stderr).toMatch(/resize 18, crop 16, cpu, amp bf16\n/);
-    expect(evaluated.stdout).toContain(`loss ${trained![1]}  Acc@1 ${trained![2]}`);
+    const [, loss, acc1] = defined(trained, 'the validation line');
+    expect(evaluated.stdout).toContain(`loss ${loss}  Acc@1 ${acc1}`);
     // Told otherwise, it evaluates in fp32.
     const fp32 = await cli(['eval', '--checkpoint', out, '-b', '8', '-j', '0', '--amp', 'none']);
     expect(fp32.stderr).toMatch(/resize 18, crop 16, cpu, fp32\n/);
@@ -926,7 +958,7 @@ describe('the compiled entry point', () => {
   const entry = join(root, 'dist', 'lib', 'cli', 'main.js');
 
   it("is the package bin, starts with a shebang, and exits with the command line's codes", () => {
-    const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+    const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as PackageJson;
     expect(pkg.bin).toEqual({ 'resnet-cuda': './dist/lib/cli/main.js' });
     expect(readFileSync(entry, 'utf8').startsWith('#!/usr/bin/env node\n')).toBe(true);
     const version = spawnSync(process.execPath, [entry, '--version'], { encoding: 'utf8' });

@@ -23,6 +23,8 @@ import {
 } from '../lib/index.js';
 import { ohwiToOihw } from '../lib/nn/module.js';
 import { ModelEma } from '../lib/train/ema.js';
+import { defined, lookup } from './helpers/defined.js';
+import { objectContaining } from './helpers/matchers.js';
 
 const X = Tensor.randn([4, 5, 5, 3], { seed: 11 });
 const LABELS = [0, 2, 1, 2];
@@ -82,12 +84,15 @@ function averaged(model: Module, ema: ModelEma): { params: Float64Array; buffers
 
 /** torch's `ema = decay * ema + (1 - decay) * model`, copying when nothing was averaged yet. */
 class EmaReference {
-  params: Float64Array | null = null;
+  /** Empty until the first update, which copies. */
+  params = new Float64Array(0);
   buffers: Float64Array[] = [];
+  #updated = false;
   constructor(readonly decay: number) {}
 
   update(now: { params: Float64Array; buffers: Float64Array[] }): void {
-    if (this.params === null) {
+    if (!this.#updated) {
+      this.#updated = true;
       this.params = now.params.slice();
       this.buffers = now.buffers.map((b) => b.slice());
       return;
@@ -126,8 +131,8 @@ function maxDifference(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return m;
 }
 
-function code(c: string) {
-  return expect.objectContaining({ code: c });
+function code(c: string): unknown {
+  return objectContaining({ code: c });
 }
 
 /** Trains `steps` SGD steps with an EMA update after each, tracking the float64 reference. */
@@ -154,7 +159,7 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     const { model, ema, ref } = trainWithEma(6, 0.7);
     expect(ema.numAveraged).toBe(6);
     const got = averaged(model, ema);
-    expectClose(got.params, ref.params!);
+    expectClose(got.params, ref.params);
     expect(got.buffers.length).toBe(2);
     got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
     // The average lags the model: a test that would pass with update() copying every time is no test.
@@ -209,7 +214,7 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     expect(ema.numAveraged).toBe(2);
     expect(ema.state()).toEqual({ numAveraged: 2, calls: 7 });
     const got = averaged(model, ema);
-    expectClose(got.params, ref.params!);
+    expectClose(got.params, ref.params);
     got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
     ema.dispose();
   });
@@ -220,7 +225,7 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     ema.swap();
     expect(ema.swapped).toBe(true);
     const inside = snapshot(model);
-    expectClose(inside.params, ref.params!);
+    expectClose(inside.params, ref.params);
     expect(maxDifference(inside.params, before.params)).toBeGreaterThan(1e-4);
     // Evaluating the averaged model is what the swap is for.
     model.eval();
@@ -254,15 +259,15 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
       '3.bias',
     ]);
     for (const [name, p] of model.namedParameters()) {
-      const slice = Float32Array.from(ref.params!.subarray(p.offset, p.offset + p.numel));
+      const slice = Float32Array.from(ref.params.subarray(p.offset, p.offset + p.numel));
       const want = p.layout === 'ohwi' ? ohwiToOihw(slice, p.shape) : slice;
-      const entry = sd.get(name)!;
+      const entry = lookup(sd, name);
       expect(entry.shape).toEqual(p.stateShape);
       expectClose(entry.data as Float32Array, want);
     }
-    expectClose(sd.get('0.1.running_mean')!.data as Float32Array, ref.buffers[0]!);
-    expectClose(sd.get('0.1.running_var')!.data as Float32Array, ref.buffers[1]!);
-    expect(sd.get('0.1.num_batches_tracked')!.data).toEqual(BigInt64Array.of(4n));
+    expectClose(lookup(sd, '0.1.running_mean').data as Float32Array, ref.buffers[0]!);
+    expectClose(lookup(sd, '0.1.running_var').data as Float32Array, ref.buffers[1]!);
+    expect(lookup(sd, '0.1.num_batches_tracked').data).toEqual(BigInt64Array.of(4n));
     const after = snapshot(model);
     expectSameBits(after.params, before.params);
     after.buffers.forEach((b, i) => expectSameBits(b, before.buffers[i]!));
@@ -278,10 +283,10 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     ema.loadStateDict(sd);
     const back = ema.stateDict();
     for (const [name, entry] of sd) {
-      if (entry.dtype === 'f32') expectSameBits(back.get(name)!.data as Float32Array, entry.data as Float32Array);
+      if (entry.dtype === 'f32') expectSameBits(lookup(back, name).data as Float32Array, entry.data as Float32Array);
     }
     // The counter stays the model's; the model's own weights are untouched.
-    expect(back.get('0.1.num_batches_tracked')!.data).toEqual(BigInt64Array.of(0n));
+    expect(lookup(back, '0.1.num_batches_tracked').data).toEqual(BigInt64Array.of(0n));
     expectSameBits(snapshot(model).params, modelBefore.params);
 
     // Loading while swapped writes into the model, where the averages are then.
@@ -291,10 +296,10 @@ describe.skipIf(onlyCuda)('ModelEma', () => {
     otherEma.loadStateDict(sd);
     otherEma.swap();
     const reloaded = otherEma.stateDict();
-    expectSameBits(reloaded.get('3.weight')!.data as Float32Array, sd.get('3.weight')!.data as Float32Array);
+    expectSameBits(lookup(reloaded, '3.weight').data as Float32Array, lookup(sd, '3.weight').data as Float32Array);
     expectSameBits(
-      reloaded.get('0.1.running_var')!.data as Float32Array,
-      sd.get('0.1.running_var')!.data as Float32Array,
+      lookup(reloaded, '0.1.running_var').data as Float32Array,
+      lookup(sd, '0.1.running_var').data as Float32Array,
     );
 
     const held = averaged(model, ema).params;
@@ -434,7 +439,10 @@ describe.skipIf(onlyCuda)('Module.setRequiresGrad', () => {
       const loss = new CrossEntropyLoss();
       loss.forward(model.forward(X), LABELS);
       model.backward(loss.backward());
-      return { weight: model.head.weight.grad.toFloat32Array(), bias: model.head.bias!.grad.toFloat32Array() };
+      return {
+        weight: model.head.weight.grad.toFloat32Array(),
+        bias: defined(model.head.bias, 'the head bias').grad.toFloat32Array(),
+      };
     };
     const trainable = grads(false);
     const frozen = grads(true);
@@ -464,7 +472,7 @@ describe('ModelEma on CUDA', () => {
         ref.update(snapshot(model));
       }
       const got = averaged(model, ema);
-      expectClose(got.params, ref.params!);
+      expectClose(got.params, ref.params);
       got.buffers.forEach((b, i) => expectClose(b, ref.buffers[i]!));
       model.to('cpu');
       expect(() => ema.update()).toThrow(/was moved off cuda/);

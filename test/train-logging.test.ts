@@ -13,6 +13,7 @@ import { ConfusionMatrix } from '../lib/train/metrics.js';
 import { plotConfusionMatrix, plotCurves, writePng } from '../lib/train/outputs/plots.js';
 import { crc32c } from '../lib/train/crc32c.js';
 import { SummaryWriter, maskedCrc32c } from '../lib/train/outputs/tensorboard.js';
+import { defined } from './helpers/defined.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-train-logging-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -41,7 +42,7 @@ describe('JsonLinesLogger', () => {
     again.close();
     const lines = readFileSync(path, 'utf8').split('\n');
     expect(lines.at(-1)).toBe('');
-    expect(lines.slice(0, -1).map((l) => JSON.parse(l))).toEqual([
+    expect(lines.slice(0, -1).map((l): unknown => JSON.parse(l))).toEqual([
       { epoch: 1, step: 10, loss: 2.5, lr: 0.1 },
       { epoch: 1, step: 20, loss: null, tag: 'a "quoted"\nline' },
       { done: true },
@@ -122,7 +123,7 @@ describe('ProgressBar', () => {
     bar.finish();
     const draws = stream.text.split('\r').slice(1);
     expect(draws).toHaveLength(2);
-    expect(draws[0]).toMatch(/^step 2\/4 \[##########\.{10}\] {2}50% loss 1\.0000 ETA 0:00\x1b\[K$/);
+    expect(draws[0]).toBe('step 2/4 [##########..........]  50% loss 1.0000 ETA 0:00\x1b[K');
     expect(draws[1]!.endsWith('\x1b[K\n')).toBe(true);
     expect(stream.text.split('\n')).toHaveLength(2);
   });
@@ -162,11 +163,12 @@ function readRecords(file: Buffer): Buffer[] {
   return out;
 }
 
-interface Field {
+/** A varint field (wire type 0), or a 64-bit, length-delimited or 32-bit one (wire types 1, 2, 5) with its bytes. */
+type Field = { field: number; wire: 0; varint: bigint } | BytesField;
+interface BytesField {
   field: number;
-  wire: number;
-  varint?: bigint;
-  bytes?: Buffer;
+  wire: 1 | 2 | 5;
+  bytes: Buffer;
 }
 
 /** Decodes one protobuf message into its fields, in order. */
@@ -214,16 +216,22 @@ interface DecodedEvent {
 function decodeEvent(buf: Buffer): DecodedEvent {
   const e: DecodedEvent = {};
   for (const f of decodeMessage(buf)) {
-    if (f.field === 1 && f.wire === 1) e.wallTime = f.bytes!.readDoubleLE(0);
-    else if (f.field === 2 && f.wire === 0) e.step = BigInt.asIntN(64, f.varint!);
-    else if (f.field === 3 && f.wire === 2) e.fileVersion = f.bytes!.toString('utf8');
+    if (f.field === 1 && f.wire === 1) e.wallTime = f.bytes.readDoubleLE(0);
+    else if (f.field === 2 && f.wire === 0) e.step = BigInt.asIntN(64, f.varint);
+    else if (f.field === 3 && f.wire === 2) e.fileVersion = f.bytes.toString('utf8');
     else if (f.field === 5 && f.wire === 2) {
-      e.values = decodeMessage(f.bytes!)
-        .filter((v) => v.field === 1 && v.wire === 2)
+      e.values = decodeMessage(f.bytes)
+        .filter((v): v is BytesField => v.field === 1 && v.wire === 2)
         .map((v) => {
-          const inner = decodeMessage(v.bytes!);
-          const tag = inner.find((x) => x.field === 1 && x.wire === 2)!.bytes!.toString('utf8');
-          const simpleValue = inner.find((x) => x.field === 2 && x.wire === 5)!.bytes!.readFloatLE(0);
+          const inner = decodeMessage(v.bytes);
+          const tag = defined(
+            inner.find((x): x is BytesField => x.field === 1 && x.wire === 2),
+            'the tag of a Summary.Value',
+          ).bytes.toString('utf8');
+          const simpleValue = defined(
+            inner.find((x): x is BytesField => x.field === 2 && x.wire === 5),
+            'the simple_value of a Summary.Value',
+          ).bytes.readFloatLE(0);
           return { tag, simpleValue };
         });
     } else throw new Error(`unexpected Event field ${f.field} (wire type ${f.wire})`);
@@ -255,9 +263,11 @@ describe('SummaryWriter', () => {
     await w.flush();
     const events = readRecords(readFileSync(w.path)).map(decodeEvent);
     expect(events[0]!.fileVersion).toBe('brain.Event:2');
-    expect(Math.abs(events[0]!.wallTime! - Date.now() / 1000)).toBeLessThan(60);
-    const scalars = events.slice(1).map((e) => ({ wallTime: e.wallTime, step: e.step, ...e.values![0]! }));
-    expect(events.slice(1).every((e) => e.values!.length === 1)).toBe(true);
+    expect(Math.abs(defined(events[0]!.wallTime, 'the wall time') - Date.now() / 1000)).toBeLessThan(60);
+    const scalars = events
+      .slice(1)
+      .map((e) => ({ wallTime: e.wallTime, step: e.step, ...defined(e.values, 'a summary')[0]! }));
+    expect(events.slice(1).every((e) => e.values?.length === 1)).toBe(true);
     expect(scalars).toEqual([
       { wallTime: 1700000000.25, step: 0n, tag: 'train/loss', simpleValue: 2.5 },
       { wallTime: 1700000001.5, step: 100n, tag: 'train/loss', simpleValue: Math.fround(1.1) },
@@ -273,9 +283,9 @@ describe('SummaryWriter', () => {
     await w.flush();
     const all = readRecords(readFileSync(w.path)).map(decodeEvent);
     expect(all).toHaveLength(7);
-    expect(all[6]!.values![0]!.tag).toBe('train/loss');
+    expect(defined(all[6]!.values, 'a summary')[0]!.tag).toBe('train/loss');
     expect(all[6]!.step).toBe(200n);
-    expect(Math.abs(all[6]!.wallTime! - Date.now() / 1000)).toBeLessThan(60);
+    expect(Math.abs(defined(all[6]!.wallTime, 'the wall time') - Date.now() / 1000)).toBeLessThan(60);
     expect(code(() => w.addScalar('x', 1, 1))).toBe('ERR_RC_DISPOSED');
     expect(() => w.addScalar('x', 1, 1)).toThrow(/closed/);
   });

@@ -1,6 +1,7 @@
 // The pieces the Trainer is built from, each on its own: monitors, the epoch meter, the checkpoint
 // manager, run outputs, option parsing, evaluation helpers, the data-parallel reduction, abort.
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -20,6 +21,8 @@ import { ConfusionMatrix } from '../lib/train/metrics.js';
 import { BestMetric, EarlyStopping, defaultMode, improves } from '../lib/train/monitors.js';
 import { RunOutputs, spansDecades } from '../lib/train/run-outputs.js';
 import { parseFitOptions, parseTrainerOptions } from '../lib/train/trainer-options.js';
+import { defined } from './helpers/defined.js';
+import { stringContaining } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-train-pieces-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -71,7 +74,7 @@ describe('EpochMeter', () => {
     add(meter, 1);
     add(meter, 3);
     meter.addImages(8);
-    expect(meter.readWindow()!.loss).toBe(2);
+    expect(defined(meter.readWindow(), 'a window reading').loss).toBe(2);
     add(meter, 5);
     meter.addImages(4);
     const saved = meter.progress();
@@ -79,7 +82,7 @@ describe('EpochMeter', () => {
     const resumed = new EpochMeter(Tensor.zeros([1]), saved);
     add(resumed, 7);
     resumed.addImages(4);
-    expect(resumed.readWindow()!.loss).toBe(6);
+    expect(defined(resumed.readWindow(), 'a window reading').loss).toBe(6);
     const totals = resumed.totals();
     expect(totals.trainLoss).toBe(4);
     expect(totals.seconds).toBeGreaterThanOrEqual(saved.seconds);
@@ -108,7 +111,7 @@ describe('CheckpointManager', () => {
     const lists: string[][] = [];
     const write = async (path: string, kept: string[]) => {
       lists.push(kept);
-      writeFileSync(path, 'x');
+      await writeFile(path, 'x');
     };
     for (const step of [3, 5, 6]) await manager.save({ epoch: 0, batch: step, step }, write);
     expect(lists).toEqual([
@@ -159,7 +162,7 @@ describe('CheckpointManager', () => {
     expect(await findResumeFile(true, out)).toBeNull();
     await expect(resolveCheckpointPath(join(out, 'missing'))).rejects.toMatchObject({
       code: 'ERR_RC_CHECKPOINT',
-      message: expect.stringContaining('no such checkpoint'),
+      message: stringContaining('no such checkpoint'),
     });
     mkdirSync(out, { recursive: true });
     writeFileSync(join(out, 'latest.json'), 'null');
@@ -180,7 +183,7 @@ describe('RunOutputs', () => {
       tensorboard: true,
       plots: true,
     });
-    await worker.open();
+    worker.open();
     worker.log({ type: 'x' });
     worker.say('hello');
     await worker.writeCurves([], [[1, 2]]);
@@ -214,7 +217,7 @@ describe('RunOutputs', () => {
       tensorboard: false,
       plots: true,
     });
-    await outputs.open();
+    outputs.open();
     outputs.log({ type: 'train', loss: 1 });
     await outputs.writeCurves(
       [{ epoch: 0, step: 2, metrics: { 'val/loss': 0.5, 'val/acc1': 0.75 } }],
@@ -258,7 +261,16 @@ describe('trainer options', () => {
 
   it('fit options: loaders, monitors that will exist, and the signal', () => {
     const settings = parseTrainerOptions({ model, optimizer, earlyStopping: { monitor: 'val_ema/acc1', patience: 1 } });
-    const train = { [Symbol.asyncIterator]() {}, setEpoch() {}, length: 1 };
+    // A loader in shape only: the options are checked, nothing iterates it.
+    const train = {
+      [Symbol.asyncIterator]() {
+        // never called
+      },
+      setEpoch() {
+        // never called
+      },
+      length: 1,
+    };
     expect(isLoader(train)).toBe(true);
     expect(() => parseFitOptions({}, { epochs: 1 }, { settings, hasEma: true })).toThrow(/DataLoader for train/);
     expect(() => parseFitOptions(train, { epochs: 1 }, { settings, hasEma: true })).toThrow(/no validation data/);
@@ -308,7 +320,10 @@ describe('evaluation helpers', () => {
     const twice = {
       rank: 0,
       worldSize: 2,
-      allReduce: (t: Tensor) => (calls.push(t.numel), t.copyFromHost(t.toFloat32Array().map((v) => 2 * v))),
+      allReduce: (t: Tensor) => {
+        calls.push(t.numel);
+        t.copyFromHost(t.toFloat32Array().map((v) => 2 * v));
+      },
     };
     const summed = sumEvalCounts(twice as never, counts, 'cpu');
     expect(calls).toEqual([7]);

@@ -18,7 +18,9 @@ import {
   StepLR,
   scaleLrForBatch,
   type LrGroups,
+  type ReduceLROnPlateauState,
   type Schedule,
+  type SchedulerState,
 } from '../lib/train/schedules.js';
 import type { SGD } from '../lib/optim/sgd.js';
 
@@ -47,11 +49,10 @@ describe('warmups', () => {
   it('LinearWarmup is LinearLR: base * (start + (end - start) * min(t, total) / total)', () => {
     // torchvision's recipe: lr 0.5, lr_warmup_decay 0.01, 5 warmup epochs.
     const w = new LinearWarmup({ totalIters: 5, startFactor: 0.01 });
-    const [a, b, c, d] = values(w, 0.5, [0, 2, 5, 10]);
-    close(a!, 0.005);
-    close(b!, 0.5 * (0.01 + 0.99 * 0.4)); // 0.203
-    close(c!, 0.5);
-    close(d!, 0.5);
+    close(w.lrAt(0, 0.5), 0.005);
+    close(w.lrAt(2, 0.5), 0.5 * (0.01 + 0.99 * 0.4)); // 0.203
+    close(w.lrAt(5, 0.5), 0.5);
+    close(w.lrAt(10, 0.5), 0.5);
     // PyTorch's default start factor is 1/3.
     const dflt = new LinearWarmup({ totalIters: 4 });
     close(dflt.lrAt(0, 0.3), 0.1);
@@ -69,32 +70,29 @@ describe('warmups', () => {
 describe('decays', () => {
   it('CosineAnnealingLR: minLr + (base - minLr) * (1 + cos(pi t / tMax)) / 2, periodic past tMax as in PyTorch', () => {
     const c = new CosineAnnealingLR({ tMax: 10, minLr: 0.001 });
-    const [t0, t2, t5, t10, t15, t20] = values(c, 0.1, [0, 2, 5, 10, 15, 20]);
-    close(t0!, 0.1);
-    close(t2!, 0.0905463412215599); // cos(0.2 pi) = 0.809017
-    close(t5!, 0.0505);
-    close(t10!, 0.001);
-    close(t15!, 0.0505);
-    close(t20!, 0.1);
+    close(c.lrAt(0, 0.1), 0.1);
+    close(c.lrAt(2, 0.1), 0.0905463412215599); // cos(0.2 pi) = 0.809017
+    close(c.lrAt(5, 0.1), 0.0505);
+    close(c.lrAt(10, 0.1), 0.001);
+    close(c.lrAt(15, 0.1), 0.0505);
+    close(c.lrAt(20, 0.1), 0.1);
   });
 
   it('StepLR counted in epochs changes at the first step of each period', () => {
     const s = new StepLR({ stepSize: 30, gamma: 0.1, interval: 'epoch' });
-    const [a, b, c, d] = values(s, 0.1, [0, 2999, 3000, 6000], 100);
-    close(a!, 0.1);
-    close(b!, 0.1);
-    close(c!, 0.01);
-    close(d!, 0.001);
+    close(s.lrAt(0, 0.1, 100), 0.1);
+    close(s.lrAt(2999, 0.1, 100), 0.1);
+    close(s.lrAt(3000, 0.1, 100), 0.01);
+    close(s.lrAt(6000, 0.1, 100), 0.001);
     expect(code(() => s.lrAt(10, 0.1))).toBe('ERR_RC_INVALID_ARGUMENT'); // no stepsPerEpoch
   });
 
   it('MultiStepLR: gamma ** (milestones <= t), repeated milestones counting twice', () => {
     const m = new MultiStepLR({ milestones: [80, 30], gamma: 0.1 });
-    const [a, b, c, d] = values(m, 0.1, [29, 30, 79, 80]);
-    close(a!, 0.1);
-    close(b!, 0.01);
-    close(c!, 0.01);
-    close(d!, 0.001);
+    close(m.lrAt(29, 0.1), 0.1);
+    close(m.lrAt(30, 0.1), 0.01);
+    close(m.lrAt(79, 0.1), 0.01);
+    close(m.lrAt(80, 0.1), 0.001);
     close(new MultiStepLR({ milestones: [30, 30], gamma: 0.5 }).lrAt(30, 1), 0.25);
   });
 
@@ -154,12 +152,11 @@ describe('SequentialSchedule', () => {
       schedules: [new LinearWarmup({ totalIters: 5, startFactor: 0.1 }), new CosineAnnealingLR({ tMax: 10 })],
       milestones: [5],
     });
-    const [a, b, c, d, e] = values(s, 1, [0, 4, 5, 10, 15]);
-    close(a!, 0.1);
-    close(b!, 0.82);
-    close(c!, 1);
-    close(d!, 0.5);
-    close(e!, 0);
+    close(s.lrAt(0, 1), 0.1);
+    close(s.lrAt(4, 1), 0.82);
+    close(s.lrAt(5, 1), 1);
+    close(s.lrAt(10, 1), 0.5);
+    close(s.lrAt(15, 1), 0);
   });
 
   it('mixes a per-step warmup with a per-epoch decay, milestones in epochs', () => {
@@ -171,11 +168,10 @@ describe('SequentialSchedule', () => {
       milestones: [2],
       interval: 'epoch',
     });
-    const [a, b, c, d] = values(s, 0.3, [19, 20, 49, 50], 10);
-    close(a!, 0.3 * (1 / 3 + (2 / 3) * (19 / 20)));
-    close(b!, 0.3);
-    close(c!, 0.3);
-    close(d!, 0.03);
+    close(s.lrAt(19, 0.3, 10), 0.3 * (1 / 3 + (2 / 3) * (19 / 20)));
+    close(s.lrAt(20, 0.3, 10), 0.3);
+    close(s.lrAt(49, 0.3, 10), 0.3);
+    close(s.lrAt(50, 0.3, 10), 0.03);
     expect(s.usesEpochs()).toBe(true);
   });
 
@@ -206,7 +202,7 @@ describe('Scheduler', () => {
     close(sched.lr, (0.4 * (1 + Math.SQRT1_2)) / 2);
     close(sched.lrs[1]!, (0.04 * (1 + Math.SQRT1_2)) / 2);
 
-    const saved = JSON.parse(JSON.stringify(sched.state()));
+    const saved = JSON.parse(JSON.stringify(sched.state())) as SchedulerState;
     const opt2 = { paramGroups: [{ lr: 999 }, { lr: 999 }] };
     const resumed = new Scheduler(opt2, schedule);
     resumed.loadState(saved);
@@ -328,7 +324,7 @@ describe('ReduceLROnPlateau', () => {
     r.step(3);
     r.step(3); // reduces, cooldown starts
     r.step(4);
-    const saved = JSON.parse(JSON.stringify(r.state()));
+    const saved = JSON.parse(JSON.stringify(r.state())) as ReduceLROnPlateauState;
     const opt2 = { paramGroups: [{ lr: 0.1 }] };
     const r2 = new ReduceLROnPlateau(opt2, { patience: 1, cooldown: 3 });
     r2.loadState(saved);

@@ -32,6 +32,8 @@ import {
 } from '../lib/index.js';
 import type { Module } from '../lib/nn/module.js';
 import { Trainer, type Callback, type TrainerOptions } from '../lib/train/trainer.js';
+import { defined, lookup } from './helpers/defined.js';
+import { stringContaining } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-trainer-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -107,11 +109,12 @@ describe('Trainer', () => {
     expect(result.epochs).toBe(2);
     expect(result.steps).toBe(12);
     expect(result.history).toHaveLength(2);
-    expect(result.lastEval!.count).toBe(64);
-    expect(result.lastEval!.confusion.total).toBe(64);
-    expect(result.lastEval!.report).toContain('weighted avg');
-    expect(result.lastEvalEma!.count).toBe(64);
-    expect(result.best!.monitor).toBe('val/acc1');
+    const lastEval = defined(result.lastEval, 'an evaluation');
+    expect(lastEval.count).toBe(64);
+    expect(lastEval.confusion.total).toBe(64);
+    expect(lastEval.report).toContain('weighted avg');
+    expect(defined(result.lastEvalEma, 'an evaluation of the average').count).toBe(64);
+    expect(defined(result.best, 'a best epoch').monitor).toBe('val/acc1');
     for (const f of [
       'log.jsonl',
       'model.safetensors',
@@ -151,7 +154,7 @@ describe('Trainer', () => {
     // The weights file has torchvision-style names and the trained values.
     const weights = decodeSafetensors(readFileSync(join(out, 'model.safetensors')), 'model.safetensors');
     expect([...weights.tensors.keys()]).toContain('0.weight');
-    expect(weights.tensors.get('8.weight')!.data).toEqual(trainer.model.stateDict().get('8.weight')!.data);
+    expect(lookup(weights.tensors, '8.weight').data).toEqual(lookup(trainer.model.stateDict(), '8.weight').data);
     await trainer.dispose();
   });
 
@@ -202,7 +205,7 @@ describe('Trainer', () => {
     expect(after.map((r) => r.loss)).toEqual(expected.slice(6));
     // The resumed model ends with the uninterrupted model's weights, bit for bit.
     for (const [name, entry] of a.model.stateDict()) {
-      expect(c.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+      expect(lookup(c.model.stateDict(), name).data, name).toEqual(entry.data);
     }
     await c.dispose();
   });
@@ -214,17 +217,17 @@ describe('Trainer', () => {
     await a.dispose();
     const file = join(out, 'checkpoints', 'step-00000002.safetensors');
     const b = make(4, { outDir: out });
-    const before = b.model.stateDict().get('0.weight')!.data.slice();
+    const before = lookup(b.model.stateDict(), '0.weight').data.slice();
     await expect(b.fit(loader(32, { seed: 8 }), { epochs: 2, resume: true })).rejects.toMatchObject({
       code: 'ERR_RC_CHECKPOINT',
-      message: expect.stringContaining('seed: 7'),
+      message: stringContaining('seed: 7'),
     });
     truncateSync(file, statSync(file).size - 100);
     await expect(b.fit(loader(32), { epochs: 2, resume: file })).rejects.toMatchObject({
       code: 'ERR_RC_CHECKPOINT',
-      message: expect.stringContaining('truncated'),
+      message: stringContaining('truncated'),
     });
-    expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
+    expect(lookup(b.model.stateDict(), '0.weight').data).toEqual(before);
     await b.dispose();
   });
 
@@ -242,8 +245,8 @@ describe('Trainer', () => {
     const before = tinyNet(5, false).stateDict();
     for (const [name, entry] of big.model.stateDict()) {
       const a = entry.data as Float32Array;
-      const b = small.model.stateDict().get(name)!.data as Float32Array;
-      const start = before.get(name)!.data as Float32Array;
+      const b = lookup(small.model.stateDict(), name).data as Float32Array;
+      const start = lookup(before, name).data as Float32Array;
       let diff = 0;
       let moved = 0;
       for (let i = 0; i < a.length; i++) {
@@ -306,7 +309,7 @@ describe('Trainer', () => {
     const trainer = make(15, {
       callbacks: [
         {
-          onStepEnd: (_t, info) => void seen.push({ step: info.step, loss: info.loss, value: info.loss() }),
+          onStepEnd: (_t, info) => void seen.push({ step: info.step, loss: () => info.loss(), value: info.loss() }),
           onEpochEnd: (t) => t.requestStop(),
         },
       ],
@@ -345,17 +348,17 @@ describe('Trainer', () => {
     const a = make(17, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }) });
     await a.fit(loader(32), { epochs: 1 });
     const b = make(18, { outDir: out, ema: { decay: 0.9 } });
-    const before = b.model.stateDict().get('0.weight')!.data.slice();
+    const before = lookup(b.model.stateDict(), '0.weight').data.slice();
     await expect(b.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({
       code: 'ERR_RC_CHECKPOINT',
-      message: expect.stringContaining('follows a schedule'),
+      message: stringContaining('follows a schedule'),
     });
     const c = make(18, { outDir: out, schedule: new CosineAnnealingLR({ tMax: 10 }), ema: { decay: 0.9 } });
     await expect(c.fit(loader(32), { epochs: 2, resume: true })).rejects.toMatchObject({
       code: 'ERR_RC_CHECKPOINT',
-      message: expect.stringContaining('no moving average'),
+      message: stringContaining('no moving average'),
     });
-    expect(b.model.stateDict().get('0.weight')!.data).toEqual(before);
+    expect(lookup(b.model.stateDict(), '0.weight').data).toEqual(before);
     expect(c.stepCount).toBe(0);
   });
 
@@ -377,7 +380,7 @@ describe('Trainer', () => {
     trainer.optimizer.paramGroups[0]!.lr = 0.05;
     const result = await trainer.fit(loader(32), { epochs: 1 });
     expect(result.steps).toBe(2);
-    expect(result.history.at(-1)!.trainLoss).toBeLessThan(3);
+    expect(defined(result.history.at(-1), 'an epoch').trainLoss).toBeLessThan(3);
     const weights = trainer.model.arena().params.toFloat32Array();
     expect(Math.max(...weights.map(Math.abs))).toBeLessThan(10);
   });
@@ -393,12 +396,13 @@ describe('Trainer', () => {
     const result = await trainer.fit(loader(256, { shuffle: true }), { epochs: 40, overfitBatches: 1 });
     expect(result.steps).toBe(40);
     const first = result.history[0]!.trainLoss;
-    const last = result.history.at(-1)!.trainLoss;
+    const last = defined(result.history.at(-1), 'an epoch').trainLoss;
     expect(first).toBeGreaterThan(1);
     expect(last).toBeLessThan(0.2 * first);
     // Evaluated on the same batch, in evaluation mode.
-    expect(result.lastEval!.count).toBe(16);
-    expect(result.lastEval!.acc1).toBeGreaterThanOrEqual(0.9);
+    const lastEval = defined(result.lastEval, 'an evaluation');
+    expect(lastEval.count).toBe(16);
+    expect(lastEval.acc1).toBeGreaterThanOrEqual(0.9);
   });
 
   it('predicts the top classes with probabilities', async () => {
@@ -439,11 +443,13 @@ describe('Trainer', () => {
     const b = await ranked.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
     const arena = ranked.model.arena().size;
     expect(calls).toEqual([`average ${arena}`, `average ${arena}`, `sum ${4 * 4 + 3}`]);
-    expect(b.lastEval!.count).toBe(48);
-    expect(b.lastEval!.acc1).toBe(a.lastEval!.acc1);
-    expect(b.lastEval!.loss).toBeCloseTo(a.lastEval!.loss, 6);
+    const singleEval = defined(a.lastEval, 'an evaluation');
+    const rankedEval = defined(b.lastEval, 'an evaluation');
+    expect(rankedEval.count).toBe(48);
+    expect(rankedEval.acc1).toBe(singleEval.acc1);
+    expect(rankedEval.loss).toBeCloseTo(singleEval.loss, 6);
     for (const [name, entry] of single.model.stateDict()) {
-      expect(ranked.model.stateDict().get(name)!.data, name).toEqual(entry.data);
+      expect(lookup(ranked.model.stateDict(), name).data, name).toEqual(entry.data);
     }
   });
 
@@ -526,7 +532,13 @@ describe('Trainer runs and resumes', () => {
     const b = make(21, {
       ...options,
       outDir: broken,
-      callbacks: [{ onStepEnd: (_t, info) => void (info.step === 9 && _t.requestStop()) }],
+      callbacks: [
+        {
+          onStepEnd: (t, info) => {
+            if (info.step === 9) t.requestStop();
+          },
+        },
+      ],
     });
     await b.fit(loader(96, { shuffle: true }), { epochs: 2 });
     await b.dispose();
@@ -542,8 +554,8 @@ describe('Trainer runs and resumes', () => {
     const c = make(99, { ...options, outDir: broken });
     const resumed = await c.fit(loader(96, { shuffle: true }), { epochs: 2, resume: true });
     await c.dispose();
-    const epoch = resumed.history.at(-1)!;
-    expect(epoch.trainLoss).toBe(expected.history.at(-1)!.trainLoss);
+    const epoch = defined(resumed.history.at(-1), 'an epoch');
+    expect(epoch.trainLoss).toBe(defined(expected.history.at(-1), 'an epoch').trainLoss);
     // The whole epoch's 96 images over its whole time, which includes the time before the stop.
     expect(epoch.imagesPerSec * epoch.seconds).toBeCloseTo(96, 6);
     // After the resume, the log points (each the mean loss since the previous one) are the uninterrupted run's.
@@ -568,7 +580,7 @@ describe('Trainer runs and resumes', () => {
     const out = outDir();
     const trainer = make(22, { outDir: out, classNames: ['circle', 'square', 'triangle'] });
     const result = await trainer.fit(loader(32), { epochs: 1, val: loader(16, { dataSeed: 5 }) });
-    expect(result.lastEval!.confusion.toArray()).toHaveLength(4);
+    expect(defined(result.lastEval, 'an evaluation').confusion.toArray()).toHaveLength(4);
     for (const f of ['confusion-matrix.png', 'classification-report.txt', 'summary.json']) {
       expect(existsSync(join(out, f)), f).toBe(true);
     }
@@ -584,7 +596,7 @@ describe('Trainer runs and resumes', () => {
     const running = trainer.fit(loader(64), { epochs: 1 });
     await expect(trainer.fit(loader(64), { epochs: 1 })).rejects.toMatchObject({
       code: 'ERR_RC_INVALID_ARGUMENT',
-      message: expect.stringContaining('already running fit()'),
+      message: stringContaining('already running fit()'),
     });
     await expect(trainer.evaluate(loader(16))).rejects.toThrow(/already running fit\(\)/);
     await expect(trainer.predict(loader(16))).rejects.toThrow(/already running fit\(\)/);
@@ -597,7 +609,13 @@ describe('Trainer runs and resumes', () => {
   it('stops at a step boundary on an AbortSignal with an AbortError, and can train again', async () => {
     const controller = new AbortController();
     const trainer = make(24, {
-      callbacks: [{ onStepEnd: (_t, info) => void (info.step === 2 && controller.abort(new Error('user'))) }],
+      callbacks: [
+        {
+          onStepEnd: (_t, info) => {
+            if (info.step === 2) controller.abort(new Error('user'));
+          },
+        },
+      ],
     });
     const error = (await trainer.fit(loader(64), { epochs: 3, signal: controller.signal }).then(
       () => null,
