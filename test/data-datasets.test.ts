@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import * as path from 'node:path';
 import { gzipSync } from 'node:zlib';
 import sharp from 'sharp';
-import { afterAll, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
+import { afterAll, assert, beforeAll, describe, expect, expectTypeOf, it } from 'vitest';
 import { CIFAR10_CLASSES, CifarDataset } from '../lib/data/cifar.js';
 import { compareCodePoints } from '../lib/data/dataset.js';
 import { generateShapes } from '../lib/data/generated.js';
@@ -79,14 +79,14 @@ async function expectSameDataset(a: Dataset, b: Dataset, sampleIndices?: number[
 }
 
 async function rejectsWith(promise: Promise<unknown>, code: string, ...fragments: string[]): Promise<Error> {
-  const error = (await promise.then(
+  const error = await promise.then(
     () => undefined,
     (e: unknown) => e,
-  )) as (Error & { code?: string }) | undefined;
-  expect(error, 'expected a rejection').toBeInstanceOf(Error);
-  expect(error!.code).toBe(code);
-  for (const f of fragments) expect(error!.message).toContain(f);
-  return error!;
+  );
+  assert.instanceOf(error, Error, 'expected a rejection');
+  expect(error).toHaveProperty('code', code);
+  for (const f of fragments) expect(error.message).toContain(f);
+  return error;
 }
 
 /** A dataset of labels only, for the split tests. */
@@ -95,10 +95,11 @@ function labelsDataset(labels: number[]): Dataset {
     length: labels.length,
     classes: [...new Set(labels)].sort((a, b) => a - b).map(String),
     label: (i) => labels[i]!,
-    get: async (i) => ({
-      source: { kind: 'decoded', image: { data: new Uint8Array([i & 255]), height: 1, width: 1, channels: 1 } },
-      label: labels[i]!,
-    }),
+    get: (i) =>
+      Promise.resolve({
+        source: { kind: 'decoded', image: { data: new Uint8Array([i & 255]), height: 1, width: 1, channels: 1 } },
+        label: labels[i]!,
+      }),
     spec: () => ({ kind: 'Labels' }),
   };
 }
@@ -131,8 +132,8 @@ describe('ImageFolder', () => {
       const key = `${String(sample.label).padStart(3, '0')}/${path.basename(sample.source.path)}`;
       expect(compareCodePoints(previous, key)).toBeLessThan(0);
       previous = key;
-      const original = byPath.get(sample.source.path)!;
-      expect(original).toBeDefined();
+      const original = byPath.get(sample.source.path);
+      assert.isDefined(original, sample.source.path);
       expect(folder.classes[sample.label]).toBe(source.classes[source.label(original)]);
       expect(Buffer.from(await decodeFile(sample)).equals(Buffer.from(decoded(await source.get(original)).data))).toBe(
         true,
@@ -251,7 +252,8 @@ describe('ImageFolder', () => {
     const indexFile = path.join(root, INDEX_FILE_NAME);
     expect(first.fromCache).toBe(false);
     expect(existsSync(indexFile)).toBe(true);
-    expect(JSON.parse(readFileSync(indexFile, 'utf8')).files).toEqual(['x/1.png', 'y/1.png', 'y/deep/2.png']);
+    const index = JSON.parse(readFileSync(indexFile, 'utf8')) as { files: unknown };
+    expect(index.files).toEqual(['x/1.png', 'y/1.png', 'y/deep/2.png']);
     const second = await ImageFolder.open(root, { cache: true });
     expect(second.fromCache).toBe(true);
     expect(second.spec()).toEqual(first.spec());

@@ -3,7 +3,7 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, assert, beforeAll, describe, expect, it } from 'vitest';
 import { InputNormalize, Tensor } from '../lib/index.js';
 import { ImageFolder } from '../lib/data/image-folder.js';
 import { DataLoader, DataLoaderError, type Batch } from '../lib/data/loader.js';
@@ -49,11 +49,10 @@ const shapes = new ShapesDataset({ length: 40, size: 16, classes: 4, seed: 1 });
 const augment = () => new Compose([new RandomResizedCrop({ size: 12 }), new RandomHorizontalFlip()]);
 
 let root: string;
-let files: string[];
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'resnet-cuda-loader-test-'));
-  files = await ShapesDataset.writeImageFolder(join(root, 'images'), {
+  await ShapesDataset.writeImageFolder(join(root, 'images'), {
     count: 24,
     size: 28,
     classes: 3,
@@ -411,11 +410,13 @@ describe('DataLoader', () => {
       last = batch;
     }
     expect(flipped).toBeGreaterThan(0);
-    expect(() => last!.toTensors()).toThrow(/no longer current/);
+    assert.isDefined(last, 'the loader yielded batches');
+    expect(() => last.toTensors()).toThrow(/no longer current/);
     await eagerIterator.return?.();
     normalize.dispose();
     await loader.close();
-    expect(previous!.images.disposed).toBe(true);
+    assert.isDefined(previous, 'the loader yielded batches');
+    expect(previous.images.disposed).toBe(true);
   });
 
   it('reads one rank’s share with the distributed option', async () => {
@@ -465,10 +466,8 @@ describe('DataLoader', () => {
       spec: () => ({ kind: 'MyOwnDataset' }),
     };
     const loader = new DataLoader(custom, { batchSize: 2, transform: augment(), workers: 1 });
-    await expect(epoch(loader)).rejects.toMatchObject({
-      code: 'ERR_RC_DATASET',
-      message: expect.stringMatching(/could not rebuild.*MyOwnDataset/),
-    });
+    const namesTheDataset: unknown = expect.stringMatching(/could not rebuild.*MyOwnDataset/);
+    await expect(epoch(loader)).rejects.toMatchObject({ code: 'ERR_RC_DATASET', message: namesTheDataset });
     expect(loader.activeWorkers).toBe(0);
     // In the main thread it works.
     const inline = new DataLoader(custom, { batchSize: 2, transform: augment(), workers: 0 });

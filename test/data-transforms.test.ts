@@ -20,7 +20,7 @@ import { centerCrop, hflip, resizeOutputSize } from '../lib/data/transforms/func
 import { addon } from '../lib/binding.js';
 import type { DecodedImage, RawSample, SampleRandom } from '../lib/data/types.js';
 
-const code = (c: string) => expect.objectContaining({ code: c });
+const code = (c: string): unknown => expect.objectContaining({ code: c });
 
 /** An image whose every byte is a function of its position. */
 function patterned(
@@ -238,7 +238,7 @@ describe('Resize', () => {
     const r = await new Compose([new Resize({ size: 8 })]).run(decoded(img), sampleRandom(0, 0, 0));
     expect([r.image.height, r.image.width, r.image.channels]).toEqual([8, 26, 3]);
     // Grey stays one channel through libvips (IDX images), until the pipeline's output conversion.
-    const grey = await new Resize({ size: 8 }).apply(patterned(30, 100, 1));
+    const grey = new Resize({ size: 8 }).apply(patterned(30, 100, 1));
     expect([grey.height, grey.width, grey.channels, grey.data.length]).toEqual([8, 26, 1, 208]);
     const exact = await new Compose([new Resize({ size: [7, 9] })]).run(decoded(img), sampleRandom(0, 0, 0));
     expect([exact.image.height, exact.image.width]).toEqual([7, 9]);
@@ -364,7 +364,7 @@ describe('RandomResizedCrop', () => {
     // scale [1, 1] on a 10x100 image: every attempt is taller than 10 pixels.
     expect(RandomResizedCrop.getParams(10, 100, r, [1, 1])).toEqual({ top: 0, left: 43, height: 10, width: 13 });
     expect(RandomResizedCrop.getParams(100, 10, r, [1, 1])).toEqual({ top: 43, left: 0, height: 13, width: 10 });
-    const wide = scripted(new Array(20).fill(0.999));
+    const wide = scripted(new Array<number>(20).fill(0.999));
     expect(RandomResizedCrop.getParams(10, 10, wide, [1, 1], [0.5, 2])).toEqual({
       top: 0,
       left: 0,
@@ -459,14 +459,17 @@ describe('ColorJitter', () => {
       saturation: [0, 2.5],
       hue: [-0.1, 0.1],
     });
+    // A drawn factor in [low, high) (null, for an adjustment left out, is not).
+    const within = (factor: number | null, low: number, high: number) =>
+      factor !== null && factor >= low && factor < high;
     const orders = new Set<string>();
     for (let i = 0; i < 200; i++) {
       const p = jitter.getParams(sampleRandom(1, 0, i));
       orders.add(p.order.join(''));
       expect([...p.order].sort()).toEqual([0, 1, 2, 3]);
-      expect(p.brightness! >= 0.6 && p.brightness! < 1.4).toBe(true);
-      expect(p.saturation! >= 0 && p.saturation! < 2.5).toBe(true);
-      expect(p.hue! >= -0.1 && p.hue! < 0.1).toBe(true);
+      expect(within(p.brightness, 0.6, 1.4)).toBe(true);
+      expect(within(p.saturation, 0, 2.5)).toBe(true);
+      expect(within(p.hue, -0.1, 0.1)).toBe(true);
     }
     expect(orders.size).toBe(24);
     expect(new ColorJitter({ brightness: 0 }).brightness).toBeNull();

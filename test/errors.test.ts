@@ -3,7 +3,7 @@ import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { describe, expect, it } from 'vitest';
+import { assert, describe, expect, it } from 'vitest';
 import {
   BatchNorm2d,
   Conv2d,
@@ -22,7 +22,7 @@ import {
 } from '../lib/index.js';
 import { ERROR_CODES } from '../lib/errors.js';
 
-const code = (c: string) => expect.objectContaining({ code: c });
+const code = (c: string): unknown => expect.objectContaining({ code: c });
 
 describe('bad input gets a clear error', () => {
   it('rejects an input of the wrong channel count, rank or dtype, naming what was expected and received', () => {
@@ -88,7 +88,8 @@ describe('bad input gets a clear error', () => {
     expect(() => Tensor.zeros([2], { device: 'tpu' })).toThrow(code('ERR_RC_DEVICE'));
     expect(() => Tensor.zeros([2], { device: 'cuda:x' })).toThrow(/'cpu', 'cuda' or 'cuda:N'/);
     expect(() => memoryStats('gpu')).toThrow(code('ERR_RC_DEVICE'));
-    const cuda = listBackends().find((b) => b.name === 'cuda')!;
+    const cuda = listBackends().find((b) => b.name === 'cuda');
+    assert.isDefined(cuda, 'listBackends() lists cuda');
     if (!cuda.available) {
       expect(() => Tensor.zeros([2], { device: 'cuda' })).toThrow(code('ERR_RC_BACKEND_UNAVAILABLE'));
       expect(cuda.reason).toMatch(/CUDA/);
@@ -115,7 +116,11 @@ describe('bad input gets a clear error', () => {
   });
 
   it('says that graphs and collectives need a CUDA device', () => {
-    expect(() => CudaGraph.capture('cpu', () => {})).toThrow(/graph capture needs a CUDA device/);
+    expect(() =>
+      CudaGraph.capture('cpu', () => {
+        // Never runs: the device is refused before the capture starts.
+      }),
+    ).toThrow(/graph capture needs a CUDA device/);
     expect(() => createUniqueId('cpu')).toThrow(/NCCL collectives needs a CUDA device/);
   });
 

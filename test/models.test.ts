@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { assert, describe, expect, it } from 'vitest';
 import {
   BasicBlock,
   BatchNorm2d,
@@ -16,6 +16,13 @@ import {
   type StateDict,
 } from '../lib/index.js';
 import { ohwiToOihw } from '../lib/nn/module.js';
+
+/** The values of the f32 state-dict entry `key`. */
+function f32Values(sd: StateDict, key: string): Float32Array {
+  const data = sd.get(key)?.data;
+  if (!(data instanceof Float32Array)) throw new Error(`the state dict has no f32 entry '${key}'`);
+  return data;
+}
 
 /** Bitwise equality of two typed arrays (vitest's deep equality is slow on millions of elements). */
 function sameBits(a: ArrayBufferView | undefined, b: ArrayBufferView | undefined): boolean {
@@ -61,16 +68,16 @@ describe('ResNet family', () => {
   it('initialises as torchvision: He-normal fan_out convolutions, BN weight 1 and bias 0', () => {
     const model = ResNet50({ seed: 7 });
     const sd = model.stateDict();
-    const w = sd.get('layer3.0.conv2.weight')!.data as Float32Array; // 256 x 256 x 3 x 3
+    const w = f32Values(sd, 'layer3.0.conv2.weight'); // 256 x 256 x 3 x 3
     const mean = w.reduce((a, b) => a + b, 0) / w.length;
     const std = Math.sqrt(w.reduce((a, b) => a + (b - mean) ** 2, 0) / w.length);
     expect(std).toBeCloseTo(Math.sqrt(2 / (256 * 9)), 3);
     expect(Math.abs(mean)).toBeLessThan(1e-3);
-    expect([...(sd.get('layer3.0.bn2.weight')!.data as Float32Array)].every((v) => v === 1)).toBe(true);
-    expect([...(sd.get('layer3.0.bn2.bias')!.data as Float32Array)].every((v) => v === 0)).toBe(true);
+    expect([...f32Values(sd, 'layer3.0.bn2.weight')].every((v) => v === 1)).toBe(true);
+    expect([...f32Values(sd, 'layer3.0.bn2.bias')].every((v) => v === 0)).toBe(true);
     const zero = ResNet18({ zeroInitResidual: true, seed: 1 }).stateDict();
-    expect([...(zero.get('layer2.1.bn2.weight')!.data as Float32Array)].every((v) => v === 0)).toBe(true);
-    expect([...(zero.get('layer2.1.bn1.weight')!.data as Float32Array)].every((v) => v === 1)).toBe(true);
+    expect([...f32Values(zero, 'layer2.1.bn2.weight')].every((v) => v === 0)).toBe(true);
+    expect([...f32Values(zero, 'layer2.1.bn1.weight')].every((v) => v === 1)).toBe(true);
   });
 
   it('keeps every parameter in one arena with gradients beside them', () => {
@@ -96,8 +103,8 @@ describe('ResNet family', () => {
     const again = b.stateDict();
     expect([...again.keys()]).toEqual([...saved.keys()]);
     for (const [key, entry] of saved) {
-      expect(again.get(key)!.shape, key).toEqual(entry.shape);
-      expect(sameBits(again.get(key)!.data, entry.data), key).toBe(true);
+      expect(again.get(key)?.shape, key).toEqual(entry.shape);
+      expect(sameBits(again.get(key)?.data, entry.data), key).toBe(true);
     }
     a.eval();
     b.eval();
@@ -107,7 +114,8 @@ describe('ResNet family', () => {
   it('exports convolution weights in OIHW order', () => {
     const conv = new Conv2d({ inChannels: 3, outChannels: 2, kernelSize: [2, 3], seed: 1 });
     const internal = conv.weight.values();
-    const exported = conv.stateDict().get('weight')!;
+    const exported = conv.stateDict().get('weight');
+    assert.isDefined(exported, "the state dict's weight");
     expect(exported.shape).toEqual([2, 3, 2, 3]);
     // element [o=1, i=2, y=1, x=0] of OIHW is element [o=1, y=1, x=0, i=2] of OHWI
     expect((exported.data as Float32Array)[((1 * 3 + 2) * 2 + 1) * 3 + 0]).toBe(
@@ -130,7 +138,7 @@ describe('ResNet family', () => {
     expect(() => model.loadStateDict(unknown)).toThrow(expect.objectContaining({ code: 'ERR_RC_STATE_DICT' }));
     model.loadStateDict(unknown, { strict: false });
     const after = model.stateDict();
-    for (const [key, entry] of before) expect(sameBits(after.get(key)!.data, entry.data), key).toBe(true);
+    for (const [key, entry] of before) expect(sameBits(after.get(key)?.data, entry.data), key).toBe(true);
   });
 });
 
@@ -153,7 +161,9 @@ function directionalCheck(
   };
   model.zeroGrad();
   objective();
-  const dx = model.backward(r)!.toFloat32Array();
+  const gradInput = model.backward(r);
+  assert.isNotNull(gradInput, 'backward returns the gradient of the input');
+  const dx = gradInput.toFloat32Array();
   const arena = model.arena();
   const theta = arena.params.toFloat32Array();
   const grads = arena.grads.toFloat32Array();
@@ -268,15 +278,15 @@ describe('a plain training step', () => {
       new Linear({ inFeatures: 3, outFeatures: 3, seed: 1 }),
       new Linear({ inFeatures: 3, outFeatures: 2, seed: 2 }),
     );
-    const [first] = model.parameters();
-    first!.requiresGrad = false;
-    const before = first!.values();
+    const first = model.parameters()[0]!;
+    first.requiresGrad = false;
+    const before = first.values();
     const opt = new SGD(model, { lr: 0.5 });
     const loss = new CrossEntropyLoss();
     loss.forward(model.forward(Tensor.randn([4, 3], { seed: 3 })), [0, 1, 1, 0]);
     model.backward(loss.backward());
     opt.step();
-    expect(first!.values()).toEqual(before);
+    expect(first.values()).toEqual(before);
   });
 });
 
@@ -285,7 +295,7 @@ describe('Module.getSubmodule', () => {
     const model = ResNet18({ numClasses: 3, smallInput: true, seed: 1 });
     expect(model.getSubmodule('')).toBe(model);
     const conv = model.getSubmodule('layer2.0.conv1');
-    expect(model.namedParameters().find(([name]) => name === 'layer2.0.conv1.weight')![1]).toBe(conv.parameters()[0]);
+    expect(model.namedParameters().find(([name]) => name === 'layer2.0.conv1.weight')?.[1]).toBe(conv.parameters()[0]);
     model.getSubmodule('layer1').setRequiresGrad(false);
     const frozen = model
       .namedParameters()

@@ -4,7 +4,7 @@
  * GradScaler's skip, back-off and growth, gradient clipping, gradient accumulation, checkpoints
  * and parameter groups.
  */
-import { describe, expect, it } from 'vitest';
+import { assert, describe, expect, it } from 'vitest';
 import {
   AdamW,
   CrossEntropyLoss,
@@ -140,10 +140,12 @@ describe('AdamW', () => {
       values(model).forEach((p, i) => expectClose(p, refs[i]!.p));
     }
     expect(opt.stepCount).toBe(3);
-    const state = opt.state();
+    const { expAvg, expAvgSq } = opt.state().buffers;
+    assert.isDefined(expAvg, 'the state holds expAvg');
+    assert.isDefined(expAvgSq, 'the state holds expAvgSq');
     const weight = model.weight;
-    expectClose(state.buffers.expAvg!.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.m);
-    expectClose(state.buffers.expAvgSq!.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.v);
+    expectClose(expAvg.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.m);
+    expectClose(expAvgSq.subarray(weight.offset, weight.offset + weight.numel), refs[0]!.v);
   });
 
   it('defaults to PyTorch settings and rejects bad ones', () => {
@@ -248,7 +250,8 @@ describe('GradScaler', () => {
     const before = values(model);
     scaler.scale(loss);
     backward(model, loss);
-    setGrad(model.bias!, (g) => (g[1] = NaN));
+    assert.isNotNull(model.bias, 'the model has a bias');
+    setGrad(model.bias, (g) => (g[1] = NaN));
     scaler.step(opt);
     scaler.update();
     expect(scaler.lossScale).toBe(128);
@@ -424,9 +427,9 @@ describe('optimizer checkpoints', () => {
     optB.step();
     values(b).forEach((p, i) => expect(p).toEqual(values(a)[i]));
     expect(() => optB.loadState({ ...saved, buffers: { expAvg: new Float32Array(3) } })).toThrow(/arena's size/);
-    expect(() => optB.loadState({ ...saved, buffers: { momentum: saved.buffers.expAvg! } })).toThrow(
-      /expAvg, expAvgSq/,
-    );
+    const { expAvg } = saved.buffers;
+    assert.isDefined(expAvg, 'the state holds expAvg');
+    expect(() => optB.loadState({ ...saved, buffers: { momentum: expAvg } })).toThrow(/expAvg, expAvgSq/);
   });
 
   it('round-trips SGD momentum', () => {
@@ -461,15 +464,17 @@ describe('optimizer checkpoints', () => {
 describe('parameterGroups', () => {
   it('puts conv and linear weights in a decaying group and norms and biases in one without decay', () => {
     const model = ResNet18({ numClasses: 10, smallInput: true });
-    const [decay, noDecay] = parameterGroups(model, { weightDecay: 5e-4 });
-    expect(decay!.weightDecay).toBe(5e-4);
-    expect(noDecay!.weightDecay).toBe(0);
-    expect(decay!.params.every((p) => p.kind === 'weight')).toBe(true);
-    expect(noDecay!.params.every((p) => p.kind === 'norm' || p.kind === 'bias')).toBe(true);
-    expect(decay!.params.length + noDecay!.params.length).toBe(model.parameters().length);
+    const groups = parameterGroups(model, { weightDecay: 5e-4 });
+    const decay = groups[0]!;
+    const noDecay = groups[1]!;
+    expect(decay.weightDecay).toBe(5e-4);
+    expect(noDecay.weightDecay).toBe(0);
+    expect(decay.params.every((p) => p.kind === 'weight')).toBe(true);
+    expect(noDecay.params.every((p) => p.kind === 'norm' || p.kind === 'bias')).toBe(true);
+    expect(decay.params.length + noDecay.params.length).toBe(model.parameters().length);
     // 20 convolutions and the classifier's weight; 20 batch norms (weight and bias) and its bias.
-    expect(decay!.params.length).toBe(21);
-    expect(noDecay!.params.length).toBe(41);
+    expect(decay.params.length).toBe(21);
+    expect(noDecay.params.length).toBe(41);
     const single = parameterGroups(model, { weightDecay: 1e-4, noWeightDecayOnNormAndBias: false });
     expect(single).toHaveLength(1);
     expect(single[0]!.params).toHaveLength(62);

@@ -119,9 +119,9 @@ describe('README examples', () => {
     );
     const problems = ts
       .getPreEmitDiagnostics(program)
-      .filter((d) => d.file?.fileName.startsWith(work))
+      .filter((d): d is ts.Diagnostic & { file: ts.SourceFile } => d.file?.fileName.startsWith(work) === true)
       .map((d) => {
-        const file = d.file!;
+        const file = d.file;
         const index = Number(/typed-(\d+)\.ts$/.exec(file.fileName)?.[1] ?? -1);
         const { line } = file.getLineAndCharacterOfPosition(d.start ?? 0);
         // The written file starts with one added line.

@@ -149,9 +149,9 @@ function convBackwardWeightsCase(shape: ConvShape): OpCase {
 }
 
 /** Root mean square, at least 1e-3 so that an all-zero gradient still gets a non-zero start. */
-export function rms(v: ArrayLike<number>): number {
+export function rms(v: ArrayLike<number> & Iterable<number>): number {
   let s = 0;
-  for (let i = 0; i < v.length; ++i) s += v[i]! * v[i]!;
+  for (const x of v) s += x * x;
   return Math.max(Math.sqrt(s / Math.max(v.length, 1)), 1e-3);
 }
 

@@ -131,7 +131,7 @@ export function batchNormBackward(
   const c = o.channels;
   const rows = x.length / c;
   if (o.relu && !o.y) throw new Error('batchNormBackward: relu needs y');
-  const g = maskedGradient(dy, o);
+  const g = maskedGradient(dy, o.relu ? o.y : undefined);
   const dGamma = new Float64Array(c);
   const dBeta = new Float64Array(c);
   for (let i = 0; i < x.length; ++i) {
@@ -148,10 +148,11 @@ export function batchNormBackward(
   return { dx, dGamma, dBeta, dResidual: g };
 }
 
-// dy where the fused ReLU let the value through (torch's threshold_backward: zero where y <= 0).
-function maskedGradient(dy: ArrayLike<number>, o: { y?: ArrayLike<number> | undefined; relu?: boolean }): Float64Array {
+// dy where the fused ReLU let the value through (torch's threshold_backward: zero where y <= 0);
+// `reluOutput` is the forward's output when it fused a ReLU, undefined when it did not.
+function maskedGradient(dy: ArrayLike<number>, reluOutput: ArrayLike<number> | undefined): Float64Array {
   const g = new Float64Array(dy.length);
-  for (let i = 0; i < dy.length; ++i) g[i] = o.relu && o.y![i]! <= 0 ? 0 : dy[i]!;
+  for (let i = 0; i < dy.length; ++i) g[i] = reluOutput && reluOutput[i]! <= 0 ? 0 : dy[i]!;
   return g;
 }
 
@@ -180,7 +181,7 @@ export function batchNormInferenceBackward(
   const c = o.channels;
   const eps = o.eps ?? 1e-5;
   if (o.relu && !o.y) throw new Error('batchNormInferenceBackward: relu needs y');
-  const g = maskedGradient(dy, o);
+  const g = maskedGradient(dy, o.relu ? o.y : undefined);
   const invStd = new Float64Array(c);
   for (let k = 0; k < c; ++k) invStd[k] = 1 / Math.sqrt(o.runningVar[k]! + eps);
   const dGamma = new Float64Array(c);

@@ -3,7 +3,7 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, assert, describe, expect, it } from 'vitest';
 import {
   AdamW,
   CrossEntropyLoss,
@@ -105,10 +105,10 @@ async function expectRefused(bytes: Uint8Array, pattern?: RegExp, into = run(7, 
     () => null,
     (e: unknown) => e,
   )) as { code?: string; message?: string } | null;
-  expect(error, 'the load was refused').not.toBeNull();
-  expect(error!.code).toMatch(/^ERR_RC_(CHECKPOINT|STATE_DICT)$/);
-  expect(error!.message).toContain(path);
-  if (pattern) expect(error!.message).toMatch(pattern);
+  assert.isNotNull(error, 'the load was refused');
+  expect(error.code).toMatch(/^ERR_RC_(CHECKPOINT|STATE_DICT)$/);
+  expect(error.message).toContain(path);
+  if (pattern) expect(error.message).toMatch(pattern);
   expect(snapshot(into)).toEqual(before);
 }
 
@@ -150,11 +150,13 @@ describe('checkpoint loading refuses damaged files whole', () => {
     [
       'overlapping offsets',
       (h: Record<string, unknown>) => {
-        const [, a, b] = Object.keys(h);
-        const first = h[a!] as { data_offsets: [number, number] };
-        const second = h[b!] as { data_offsets: [number, number]; shape: number[] };
+        const keys = Object.keys(h);
+        const a = keys[1]!;
+        const b = keys[2]!;
+        const first = h[a] as { data_offsets: [number, number] };
+        const second = h[b] as { data_offsets: [number, number]; shape: number[] };
         const size = second.data_offsets[1] - second.data_offsets[0];
-        return { ...h, [b!]: { ...second, data_offsets: [first.data_offsets[0], first.data_offsets[0] + size] } };
+        return { ...h, [b]: { ...second, data_offsets: [first.data_offsets[0], first.data_offsets[0] + size] } };
       },
     ],
     [
@@ -166,14 +168,13 @@ describe('checkpoint loading refuses damaged files whole', () => {
   });
 
   it('decodeSafetensors gives the coded error for malformed headers too', () => {
+    const namesTheFile: unknown = expect.stringContaining('w.safetensors');
     expect(() =>
       decodeSafetensors(
         editHeader(saved, () => null),
         'w.safetensors',
       ),
-    ).toThrow(
-      expect.objectContaining({ code: 'ERR_RC_CHECKPOINT', message: expect.stringContaining('w.safetensors') }),
-    );
+    ).toThrow(expect.objectContaining({ code: 'ERR_RC_CHECKPOINT', message: namesTheFile }));
   });
 
   it.each([
@@ -244,7 +245,7 @@ describe('checkpoint loading refuses damaged files whole', () => {
       const before = snapshot(into);
       const error = await loadCheckpoint(path, into).then(
         () => null,
-        (e: unknown) => e as { code?: string; message?: string },
+        (e: unknown) => e as Error & { code?: string },
       );
       if (error === null) {
         // The tensors are checksummed, so a load that went through restored them exactly; a changed

@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import sharp from 'sharp';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, assert, describe, expect, it } from 'vitest';
 import { describeResult, runIsolated } from './isolated.js';
 
 const cases = Number(process.env.RESNET_FUZZ_CASES ?? 300);
@@ -162,7 +162,9 @@ describe('fuzzed JPEGs', () => {
         expect(o.message).toContain(o.path);
       }
       if (o.p !== 0) continue;
-      const kind = files.find((f) => f.path === o.path)!.kind;
+      const file = files.find((f) => f.path === o.path);
+      assert.isDefined(file, o.path);
+      const kind = file.kind;
       const t = tally.get(kind) ?? { decoded: 0, refused: 0 };
       t[o.ok ? 'decoded' : 'refused']++;
       tally.set(kind, t);

@@ -121,11 +121,9 @@ describe.skipIf(onlyCuda)('backward once per forward', () => {
     loss.forward(model.forward(x), LABELS);
     model.backward(loss.backward());
     const once = model.arena().grads.toFloat32Array();
+    const twiceForOneForward: unknown = expect.stringMatching(/twice for one forward/);
     expect(() => model.backward(loss.backward())).toThrow(
-      expect.objectContaining({
-        code: 'ERR_RC_INVALID_ARGUMENT',
-        message: expect.stringMatching(/twice for one forward/),
-      }),
+      expect.objectContaining({ code: 'ERR_RC_INVALID_ARGUMENT', message: twiceForOneForward }),
     );
     expect(model.arena().grads.toFloat32Array()).toEqual(once);
     // A new forward allows a new backward, which accumulates as in PyTorch.
@@ -148,7 +146,7 @@ describe.skipIf(onlyCuda)('backward once per forward', () => {
 });
 
 describe.skipIf(onlyCuda)('dispose', () => {
-  const disposed = expect.objectContaining({ code: 'ERR_RC_DISPOSED' });
+  const disposed: unknown = expect.objectContaining({ code: 'ERR_RC_DISPOSED' });
 
   it('frees a model at once and refuses every later use with ERR_RC_DISPOSED', () => {
     const model = smallNet(3);

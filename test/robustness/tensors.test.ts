@@ -375,7 +375,7 @@ describe('op arguments of the wrong dtype, shape or device through the public AP
       }
       expect(caught, label).toBeInstanceOf(Error);
       expect((caught as { code?: string }).code, `${label}: ${String(caught)}`).toBe('ERR_RC_INVALID_ARGUMENT');
-      expect(String((caught as Error).message), label).toMatch(names);
+      expect((caught as Error).message, label).toMatch(names);
     }
   });
 
