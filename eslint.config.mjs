@@ -58,6 +58,9 @@ export default defineConfig(
       // One-line `if (a) return b;` is the code's habit; a body on its own line gets braces (as
       // Prettier wraps a long one-liner, `--fix` adds them).
       curly: ['error', 'multi-line'],
+      // Its fix turns a getter that returns a literal into a readonly field, which would hide the
+      // getter of a subclass (Transform's flags are meant to be overridden, by users' transforms too).
+      '@typescript-eslint/class-literal-property-style': 'off',
       // A leading underscore marks a parameter or binding that is unused on purpose (a signature to
       // implement, a property taken out of a rest object).
       '@typescript-eslint/no-unused-vars': [

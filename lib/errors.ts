@@ -71,6 +71,8 @@ export function describe(value: unknown): string {
   if (ArrayBuffer.isView(value)) return `${value.constructor.name} of ${value.byteLength} bytes`;
   if (typeof value === 'function') return 'function';
   const name = value.constructor?.name;
+  // A class's own toString (a Tensor's `bf16[8,56,56,64] on cpu`) is what the message should show.
+  // eslint-disable-next-line @typescript-eslint/no-base-to-string
   return name && name !== 'Object' ? `${name} ${String(value)}` : 'object';
 }
 

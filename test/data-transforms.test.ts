@@ -673,7 +673,8 @@ describe('seeding, specs and errors', () => {
     expect(() => new RandomResizedCrop({ size: 8, interpolation: 'area' as 'nearest' })).toThrow(/interpolation/);
     expect(() => new RandomHorizontalFlip({ p: 2 })).toThrow(/p/);
     expect(() => new Resize({ size: [4, 4], maxSize: 9 })).toThrow(/maxSize/);
-    expect(() => new Compose([{} as Transform])).toThrow(/transforms\[0\]/);
+    // A plain object where a Transform belongs, as a JavaScript caller could pass.
+    expect(() => new Compose([{} as never])).toThrow(/transforms\[0\]/);
     await expect(
       new Compose([]).run(
         decoded({ data: new Uint8Array(5), height: 2, width: 2, channels: 3 }),

@@ -21,6 +21,8 @@ export * from '../../lib/index.js';
 /** The epochs `Trainer.fit` trains at most in the README test. */
 export const README_EPOCHS = 1;
 
+// The original method, called below with `to.call(this, ...)`, which the rule cannot see.
+// eslint-disable-next-line @typescript-eslint/unbound-method
 const to = Module.prototype.to;
 if (!cudaAvailable()) {
   Module.prototype.to = function (this: Module, device: string) {
