@@ -101,18 +101,16 @@ export function isArray(value: unknown): value is readonly unknown[] {
   return Array.isArray(value);
 }
 
+/** ' between 1 and 8', ' of at least 0', ' at most 3' or '': the bounds of a range, for messages. */
+function describeRange(min: number, max: number): string {
+  if (min === -Infinity) return max === Infinity ? '' : ` at most ${max}`;
+  return max === Infinity ? ` of at least ${min}` : ` between ${min} and ${max}`;
+}
+
 /** Validates an integer in [min, max]. */
 export function expectInt(name: string, value: unknown, min = -Infinity, max = Infinity): number {
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
-    const range =
-      min === -Infinity
-        ? max === Infinity
-          ? ''
-          : ` at most ${max}`
-        : max === Infinity
-          ? ` of at least ${min}`
-          : ` between ${min} and ${max}`;
-    invalid(name, `an integer${range}`, value);
+    invalid(name, `an integer${describeRange(min, max)}`, value);
   }
   return value;
 }
@@ -120,15 +118,7 @@ export function expectInt(name: string, value: unknown, min = -Infinity, max = I
 /** Validates a finite number in [min, max]. */
 export function expectNumber(name: string, value: unknown, min = -Infinity, max = Infinity): number {
   if (typeof value !== 'number' || !Number.isFinite(value) || value < min || value > max) {
-    const range =
-      min === -Infinity
-        ? max === Infinity
-          ? ''
-          : ` at most ${max}`
-        : max === Infinity
-          ? ` of at least ${min}`
-          : ` between ${min} and ${max}`;
-    invalid(name, `a finite number${range}`, value);
+    invalid(name, `a finite number${describeRange(min, max)}`, value);
   }
   return value;
 }

@@ -14,8 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { benchCommand } from '../lib/cli/bench.js';
 import { doctorCommand, type DoctorReport } from '../lib/cli/doctor.js';
 import { evalCommand } from '../lib/cli/eval.js';
-import { main } from '../lib/cli/main.js';
-import type { CliIO, Command } from '../lib/cli/options.js';
+import type { Command } from '../lib/cli/options.js';
 import { predictCommand } from '../lib/cli/predict.js';
 import { trainCommand } from '../lib/cli/train.js';
 import { ImageFiles, NO_LABEL } from '../lib/data/image-files.js';
@@ -25,6 +24,7 @@ import { ResNet18 } from '../lib/nn/resnet.js';
 import { saveWeights } from '../lib/train/checkpoint.js';
 import { defined } from './helpers/defined.js';
 import { objectContaining, stringContaining, stringMatching } from './helpers/matchers.js';
+import { runCli, type CliRun } from './helpers/cli.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-cli-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -37,12 +37,6 @@ const COMMANDS: Record<string, Command> = {
   bench: benchCommand,
   doctor: doctorCommand,
 };
-
-interface Run {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
 
 // The fields of the JSON files and outputs that the tests read (the assertions check their values).
 
@@ -73,17 +67,8 @@ interface LogRecord {
 }
 
 /** Runs the command line in this process, collecting its output. */
-async function cli(args: string[], cwd = dir): Promise<Run> {
-  let stdout = '';
-  let stderr = '';
-  const io: CliIO = {
-    stdout: { write: (s: string) => (stdout += s) },
-    stderr: { write: (s: string) => (stderr += s) },
-    env: {},
-    cwd,
-  };
-  const code = await main(args, io);
-  return { code, stdout, stderr };
+function cli(args: string[], cwd = dir): Promise<CliRun> {
+  return runCli(args, cwd);
 }
 
 /** A weights file of a fresh ResNet-18 with the small-image stem and 4 classes. */

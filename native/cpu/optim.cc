@@ -187,12 +187,18 @@ double sumSquares(const float* grads, const std::vector<ArenaSegment>& segments,
   return sum;
 }
 
+// Every group's coefficients for this step.
+std::vector<AdamCoeffs> coefficientsOf(const AdamWArgs& args) {
+  std::vector<AdamCoeffs> groups;
+  for (const AdamGroup& g : args.groups) groups.push_back(adamCoeffs(g, args.step));
+  return groups;
+}
+
 }  // namespace
 
 void adamwStep(const AdamWArgs& args) {
   if (skipped(args.foundInf)) return;
-  std::vector<AdamCoeffs> groups;
-  for (const AdamGroup& g : args.groups) groups.push_back(adamCoeffs(g, args.step));
+  const std::vector<AdamCoeffs> groups = coefficientsOf(args);
   const std::vector<Chunk> chunks = chunksOf(args.segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* p = args.params.ptr<float>();
@@ -210,8 +216,7 @@ void adamwStep(const AdamWArgs& args) {
 
 void lambStep(const LambArgs& args) {
   if (skipped(args.foundInf)) return;
-  std::vector<AdamCoeffs> groups;
-  for (const AdamGroup& g : args.groups) groups.push_back(adamCoeffs(g, args.step));
+  const std::vector<AdamCoeffs> groups = coefficientsOf(args);
   const std::vector<Chunk> chunks = chunksOf(args.segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* p = args.params.ptr<float>();

@@ -19,22 +19,17 @@ import {
 } from '../../lib/index.js';
 import type { Module } from '../../lib/nn/module.js';
 import { decodeSafetensors, loadCheckpoint, saveCheckpoint } from '../../lib/train/checkpoint.js';
+import { Rng } from '../reference/rng.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-robust-checkpoint-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 let files = 0;
 const fileName = (): string => join(dir, `case-${files++}.safetensors`);
 
-/** mulberry32: a small seeded generator, so that a failing case replays. */
+/** A seeded uniform generator, so that a failing case replays. */
 function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const rng = new Rng(seed);
+  return () => rng.uniform();
 }
 
 function net(seed: number): Module {

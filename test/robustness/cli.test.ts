@@ -8,23 +8,13 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { main } from '../../lib/cli/main.js';
-import type { CliIO } from '../../lib/cli/options.js';
+import { runCli, type CliRun } from '../helpers/cli.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-cli-misuse-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  let stdout = '';
-  let stderr = '';
-  const io: CliIO = {
-    stdout: { write: (s: string) => (stdout += s) },
-    stderr: { write: (s: string) => (stderr += s) },
-    env: {},
-    cwd: dir,
-  };
-  const code = await main(args, io);
-  return { code, stdout, stderr };
+function cli(args: string[]): Promise<CliRun> {
+  return runCli(args, dir);
 }
 
 /** [arguments, the option the message must name, what else the message must say]. */

@@ -4,7 +4,7 @@
  * loadable checkpoints or none, and `--resume` then completes the run; SIGTERM, SIGHUP and SIGINT
  * stop it after the current step with a checkpoint and exit codes 143, 129 and 130; a second
  * signal while stopping quits at once. The seed of the moments is printed with every failure and
- * can be set with RC_KILL_SEED.
+ * can be set with RESNET_KILL_SEED.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomInt } from 'node:crypto';
@@ -13,24 +13,19 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ResNet18, Trainer, loadCheckpoint } from '../../lib/index.js';
+import { Rng } from '../reference/rng.js';
 
 const entry = join(import.meta.dirname, '..', '..', 'dist', 'lib', 'cli', 'main.js');
 const dir = mkdtempSync(join(tmpdir(), 'rc-kill-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const SEED = process.env.RC_KILL_SEED !== undefined ? Number(process.env.RC_KILL_SEED) : randomInt(2 ** 31);
-const seedNote = `RC_KILL_SEED=${SEED}`;
+const SEED = process.env.RESNET_KILL_SEED !== undefined ? Number(process.env.RESNET_KILL_SEED) : randomInt(2 ** 31);
+const seedNote = `RESNET_KILL_SEED=${SEED}`;
 
-/** mulberry32: the kill moments from the seed. */
+/** A seeded uniform generator, so that a failing case replays. */
 function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
+  const rng = new Rng(seed);
+  return () => rng.uniform();
 }
 
 /** A short run: ResNet-18 with the small stem on 16 px shapes, in the main thread, quiet. */
@@ -90,6 +85,23 @@ async function checkLeftovers(out: string): Promise<number | null> {
   return info.step;
 }
 
+/** A run of `steps` steps into `out` with a checkpoint at every step: resumed, or fresh from seed 1. */
+function shortRun(out: string, steps: number, resume: boolean): string[] {
+  const start = resume ? ['--resume'] : ['--seed', '1'];
+  return [
+    ...start,
+    '--max-steps',
+    String(steps),
+    '--checkpoint-every-steps',
+    '1',
+    '--keep-last',
+    '1',
+    '--output-dir',
+    out,
+    ...RUN,
+  ];
+}
+
 describe('kill -9 during train, then --resume', () => {
   it('leaves a loadable checkpoint or nothing, and the resumed run completes', async () => {
     const out = join(dir, 'killed');
@@ -97,19 +109,7 @@ describe('kill -9 during train, then --resume', () => {
     const next = random(SEED);
     let last: number | null = null;
     for (let trial = 0; trial < 3; trial++) {
-      const resume = last !== null ? ['--resume'] : ['--seed', '1'];
-      const child = train([
-        ...resume,
-        '--max-steps',
-        String(steps),
-        '--checkpoint-every-steps',
-        '1',
-        '--keep-last',
-        '1',
-        '--output-dir',
-        out,
-        ...RUN,
-      ]);
+      const child = train(shortRun(out, steps, last !== null));
       // Start-up takes a few seconds on two cores; the moments spread over start-up, steps and checkpoint writes.
       const moment = 1000 + Math.floor(next() * 9000);
       await Promise.race([sleep(moment), child.exited]);
@@ -121,18 +121,7 @@ describe('kill -9 during train, then --resume', () => {
       ).toBe(true);
       last = await checkLeftovers(out);
     }
-    const final = train([
-      ...(last !== null ? ['--resume'] : ['--seed', '1']),
-      '--max-steps',
-      String(steps),
-      '--checkpoint-every-steps',
-      '1',
-      '--keep-last',
-      '1',
-      '--output-dir',
-      out,
-      ...RUN,
-    ]);
+    const final = train(shortRun(out, steps, last !== null));
     const ended = await final.exited;
     expect(ended.code, `${final.output().stderr} (${seedNote})`).toBe(0);
     expect(final.output().stdout).toMatch(new RegExp(`^stopped after 0 epochs \\(${steps} steps\\)`));
