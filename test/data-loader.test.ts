@@ -11,6 +11,7 @@ import { DistributedSampler, RandomSampler, SequentialSampler } from '../lib/dat
 import { ShapesDataset } from '../lib/data/shapes-dataset.js';
 import { SyntheticDataset } from '../lib/data/synthetic.js';
 import { workerExecArgv } from '../lib/data/worker-flags.js';
+import { stringMatching } from './helpers/matchers.js';
 import {
   CenterCrop,
   ColorJitter,
@@ -593,6 +594,17 @@ console.log('samples', n);`;
     expect((await epoch(new DataLoader(grey, { batchSize: 4, workers: 0 })))[0]!.shape).toEqual([4, 5, 7, 1]);
     const files = await ImageFolder.open(join(root, 'images'));
     expect(() => new DataLoader(files, { batchSize: 4 })).toThrow(/needs a transform.*different sizes/);
+  });
+
+  it('reports batch buffers too large to allocate as out of memory, with the size and what to try', async () => {
+    const large = new SyntheticDataset({ length: 4, height: 224, width: 224, channels: 3, seed: 2 });
+    const loader = new DataLoader(large, { batchSize: 100_000_000, workers: 0 });
+    const error: unknown = await epoch(loader).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(error).toMatchObject({ code: 'ERR_RC_OUT_OF_MEMORY', message: stringMatching(/GiB.*smaller batchSize/) });
+    await loader.close();
   });
 
   it('stops on an AbortSignal: the running epoch fails with its reason, the workers end, later epochs refuse to start', async () => {

@@ -594,9 +594,12 @@ export class DataLoader implements AsyncIterable<Batch> {
     const slots = this.#slotCount();
     const sampleBytes = h * w * c;
     return (this.#layout = {
-      images: new SharedArrayBuffer(slots * this.batchSize * sampleBytes),
-      labels: new SharedArrayBuffer(slots * this.batchSize * 4),
-      flips: new SharedArrayBuffer(slots * this.batchSize),
+      images: sharedBuffer(
+        slots * this.batchSize * sampleBytes,
+        `${slots} batches of ${this.batchSize} images of ${h}x${w}x${c}`,
+      ),
+      labels: sharedBuffer(slots * this.batchSize * 4, `${slots} batches of ${this.batchSize} labels`),
+      flips: sharedBuffer(slots * this.batchSize, `${slots} batches of ${this.batchSize} flip flags`),
       batchSize: this.batchSize,
       sampleShape: [h, w, c],
     });
@@ -836,5 +839,23 @@ export class DataLoader implements AsyncIterable<Batch> {
     images.set(batch.images);
     pair.images.raw.copyFromHost(images);
     return pair;
+  }
+}
+
+/**
+ * A shared batch buffer of `bytes`; when the memory cannot be had, an out-of-memory error that says
+ * how much `what` needs and what to try, instead of V8's bare "Array buffer allocation failed".
+ */
+function sharedBuffer(bytes: number, what: string): SharedArrayBuffer {
+  try {
+    return new SharedArrayBuffer(bytes);
+  } catch (error) {
+    if (!(error instanceof RangeError)) throw error;
+    const gib = (bytes / 2 ** 30).toFixed(2);
+    throw new ResnetError(
+      'ERR_RC_OUT_OF_MEMORY',
+      `The DataLoader could not allocate ${gib} GiB for ${what} (${error.message}): ` +
+        'try a smaller batchSize, fewer workers or a smaller prefetch',
+    );
   }
 }
