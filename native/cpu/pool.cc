@@ -4,7 +4,7 @@
 // backward.
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <type_traits>
 
 #include "cpu_ops.h"
 
@@ -23,50 +23,50 @@ void maxPoolForward(const Pool2dParams& p, const T* x, T* y, int32_t* argmax) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t s = 0; s < p.n; ++s) {
     for (int64_t oy = 0; oy < oh; ++oy) {
-      std::vector<float> best(c);
-      std::vector<int32_t> at(c);
       const T* plane = x + s * p.h * p.w * c;
       for (int64_t ox = 0; ox < ow; ++ox) {
         const int64_t y0 = oy * p.strideH - p.padH, x0 = ox * p.strideW - p.padW;
         const int64_t yBegin = std::max<int64_t>(y0, 0), yEnd = std::min(y0 + p.kernelH, p.h);
         const int64_t xBegin = std::max<int64_t>(x0, 0), xEnd = std::min(x0 + p.kernelW, p.w);
-        std::fill(best.begin(), best.end(), -INFINITY);
-        std::fill(at.begin(), at.end(), static_cast<int32_t>(yBegin * p.w + xBegin));
+        // The running maximum lives in the output itself: a maximum of T values is a T value.
+        T* best = y + ((s * oh + oy) * ow + ox) * c;
+        int32_t* at = argmax + ((s * oh + oy) * ow + ox) * c;
+        std::fill(best, best + c, fromF<T>(-INFINITY));
+        std::fill(at, at + c, static_cast<int32_t>(yBegin * p.w + xBegin));
         for (int64_t iy = yBegin; iy < yEnd; ++iy) {
           for (int64_t ix = xBegin; ix < xEnd; ++ix) {
             const T* px = plane + (iy * p.w + ix) * c;
             const auto index = static_cast<int32_t>(iy * p.w + ix);
             for (int64_t k = 0; k < c; ++k) {
               const float v = toF(px[k]);
-              if (v > best[k] || std::isnan(v)) {
-                best[k] = v;
+              if (v > toF(best[k]) || std::isnan(v)) {
+                best[k] = px[k];
                 at[k] = index;
               }
             }
           }
-        }
-        const int64_t out = ((s * oh + oy) * ow + ox) * c;
-        for (int64_t k = 0; k < c; ++k) {
-          y[out + k] = fromF<T>(best[k]);
-          argmax[out + k] = at[k];
         }
       }
     }
   }
 }
 
-// dx = each dy added, in f32 and in output order, to the element its window chose.
+// dx = each dy added, in f32 and in output order, to the element its window chose. `sum` holds
+// n*H*W*C floats; for f32 it is dx itself.
 template <typename T>
-void maxPoolBackward(const Pool2dParams& p, const T* dy, T* dx, const int32_t* argmax) {
+void maxPoolBackward(const Pool2dParams& p, const T* dy, T* dx, const int32_t* argmax, float* sum) {
   const int64_t plane = p.h * p.w * p.c, outPlane = p.outH() * p.outW() * p.c, c = p.c;
 #pragma omp parallel for schedule(static)
   for (int64_t s = 0; s < p.n; ++s) {
-    std::vector<float> sum(plane, 0.0f);
+    float* acc = sum + s * plane;
+    std::fill(acc, acc + plane, 0.0f);
     const T* g = dy + s * outPlane;
     const int32_t* from = argmax + s * outPlane;
-    for (int64_t o = 0; o < outPlane; ++o) sum[from[o] * c + o % c] += toF(g[o]);
-    T* d = dx + s * plane;
-    for (int64_t i = 0; i < plane; ++i) d[i] = fromF<T>(sum[i]);
+    for (int64_t o = 0; o < outPlane; ++o) acc[from[o] * c + o % c] += toF(g[o]);
+    if constexpr (!std::is_same_v<T, float>) {
+      T* d = dx + s * plane;
+      for (int64_t i = 0; i < plane; ++i) d[i] = fromF<T>(acc[i]);
+    }
   }
 }
 
@@ -105,7 +105,14 @@ class CpuPool2dPlan final : public Pool2dPlan {
   void backward(const Tensor& dy, const Tensor& dx, const Tensor& workspace) override {
     if (p_.kind == PoolKind::Max) {
       dispatchFloat(p_.dtype, "max pool backward", [&](auto t) {
-        maxPoolBackward(p_, dy.ptr<decltype(t)>(), dx.ptr<decltype(t)>(), workspace.ptr<int32_t>());
+        using T = decltype(t);
+        float* sum = nullptr;
+        if constexpr (std::is_same_v<T, float>) {
+          sum = dx.ptr<float>();
+        } else {
+          sum = static_cast<float*>(ctx_.scratch(static_cast<size_t>(dx.numel()) * sizeof(float)));
+        }
+        maxPoolBackward(p_, dy.ptr<T>(), dx.ptr<T>(), workspace.ptr<int32_t>(), sum);
       });
       return;
     }
