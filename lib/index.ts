@@ -180,3 +180,12 @@ export {
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
 export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';
+// Model summary (torchinfo's role) and pruning (torch.nn.utils.prune's and channel pruning's).
+export {
+  ModelSummary,
+  summary,
+  type SummaryDType,
+  type SummaryFormatOptions,
+  type SummaryOptions,
+  type SummaryRow,
+} from './nn/summary.js';

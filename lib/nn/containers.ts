@@ -91,6 +91,16 @@ export class Residual extends Module {
     this.#shortcut = shortcut ? this.registerModule(shortcut[0], shortcut[1]) : null;
   }
 
+  /** The main branch in execution order; its last module is the BatchNorm2d that adds the shortcut. */
+  get main(): readonly Module[] {
+    return this.#main;
+  }
+
+  /** The shortcut (torchvision's `downsample`), or null for the identity. */
+  get shortcut(): Module | null {
+    return this.#shortcut;
+  }
+
   override forward(x: Tensor): Tensor {
     this.prepare(x, this.constructor.name);
     const identity = this.#shortcut ? this.#shortcut.forward(x) : x;

@@ -8,6 +8,7 @@ import { Random } from '../random.js';
 import { Chain, Residual, Sequential } from './containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
 import type { Module } from './module.js';
+import { summary, type ModelSummary, type SummaryOptions } from './summary.js';
 
 /** Options shared by the ResNet constructors. */
 export interface ResNetOptions {
@@ -181,6 +182,14 @@ export class ResNet extends Chain {
     this.requiresInputGrad = false;
     this.#initialise(rng, zeroInit);
     this.to(o.device ?? 'cpu');
+  }
+
+  /**
+   * A torchinfo-style summary for `inputSize` images: per layer the output shape, parameters
+   * (trainable and frozen), multiply-accumulates and activation bytes, and the totals; see {@link summary}.
+   */
+  summary(options: SummaryOptions): ModelSummary {
+    return summary(this, options);
   }
 
   /** torchvision's initialisation: He-normal (fan_out) convolutions, BN weight 1 and bias 0. */
