@@ -254,6 +254,8 @@ export interface RawAddon {
   relu(args: { x: RawTensor; y: RawTensor }): void;
   reluBackward(args: { y: RawTensor; dy: RawTensor; dx: RawTensor }): void;
   add(args: { a: RawTensor; b: RawTensor; out: RawTensor }): void;
+  /** `out = a * b` element-wise (same element count and dtype); `out` may be `a` or `b`. */
+  mul(args: { a: RawTensor; b: RawTensor; out: RawTensor }): void;
   cast(args: { src: RawTensor; dst: RawTensor }): void;
   fill(args: { tensor: RawTensor; value: number }): void;
   crossEntropy(args: {

@@ -269,6 +269,8 @@ class Backend {
   virtual void relu(const Tensor& x, const Tensor& y) = 0;
   virtual void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = a * b element-wise; out may be a (in place), as the pruning masks use it.
+  virtual void mul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& t, double value) = 0;
   virtual void crossEntropy(const CrossEntropyArgs& args) = 0;

@@ -512,6 +512,12 @@ class CheckedBackend final : public Backend {
     b_->add(a, b, out);
   }
 
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    validateElementwise({&a, &b, &out}, "mul");
+    here({&a, &b, &out}, "mul");
+    b_->mul(a, b, out);
+  }
+
   void cast(const Tensor& src, const Tensor& dst) override {
     validateCast(src, dst);
     here({&src, &dst}, "cast");

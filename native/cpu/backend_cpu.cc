@@ -56,6 +56,7 @@ class CpuBackend final : public Backend {
   void relu(const Tensor& x, const Tensor& y) override { cpu::relu(x, y); }
   void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override { cpu::reluBackward(y, dy, dx); }
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override { cpu::add(a, b, out); }
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override { cpu::mul(a, b, out); }
   void cast(const Tensor& src, const Tensor& dst) override { cpu::cast(src, dst); }
   void fill(const Tensor& t, double value) override { cpu::fill(t, value); }
   void crossEntropy(const CrossEntropyArgs& a) override { cpu::crossEntropy(a); }

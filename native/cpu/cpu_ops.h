@@ -14,6 +14,8 @@ void batchNormBackward(const BatchNormBackwardArgs& args);
 void relu(const Tensor& x, const Tensor& y);
 void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
+// out = a * b; out may alias a or b.
+void mul(const Tensor& a, const Tensor& b, const Tensor& out);
 void cast(const Tensor& src, const Tensor& dst);
 void fill(const Tensor& t, double value);
 void crossEntropy(const CrossEntropyArgs& args);

@@ -35,6 +35,13 @@ RC_ALWAYS_INLINE void addImpl(const T* a, const T* b, T* out, int64_t n) {
 }
 RC_ISA_DISPATCH(addChunk, addImpl, (const T* a, const T* b, T* out, int64_t n), (a, b, out, n))
 
+// No restrict: out may be a or b (an in-place mask).
+template <typename T>
+RC_ALWAYS_INLINE void mulImpl(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = fromF<T>(toF(a[i]) * toF(b[i]));
+}
+RC_ISA_DISPATCH(mulChunk, mulImpl, (const T* a, const T* b, T* out, int64_t n), (a, b, out, n))
+
 // PyTorch's two forms of lerp, chosen once per call by the weight, so that weight 1 gives b
 // exactly.
 template <typename T>
@@ -84,6 +91,16 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out) {
     const T* pb = b.ptr<T>();
     T* po = out.ptr<T>();
     forChunks(a.numel(), [&](int64_t at, int64_t count) { addChunk<T>(pa + at, pb + at, po + at, count); });
+  });
+}
+
+void mul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  dispatchFloat(a.dtype(), "mul", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pa = a.ptr<T>();
+    const T* pb = b.ptr<T>();
+    T* po = out.ptr<T>();
+    forChunks(a.numel(), [&](int64_t at, int64_t count) { mulChunk<T>(pa + at, pb + at, po + at, count); });
   });
 }
 

@@ -15,8 +15,8 @@ namespace rc::cuda {
 namespace {
 
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
-// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments).
-constexpr int kBackendAbi = 4;
+// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul.
+constexpr int kBackendAbi = 5;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -110,6 +110,11 @@ class CudaBackend final : public Backend {
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
     DeviceGuard guard(ctx_.device());
     cuda::add(a.dtype(), a.data(), b.data(), out.data(), a.numel(), ctx_.stream());
+  }
+
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    DeviceGuard guard(ctx_.device());
+    cuda::mul(a.dtype(), a.data(), b.data(), out.data(), a.numel(), ctx_.stream());
   }
 
   void cast(const Tensor& src, const Tensor& dst) override {

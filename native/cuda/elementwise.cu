@@ -52,6 +52,20 @@ __global__ void add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* 
   }
 }
 
+// No restrict: out may be a or b (an in-place mask); each pack is read whole before it is written.
+template <typename T, int V>
+__global__ void mul_kernel(const T* a, const T* b, T* out, int64_t packs) {
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < packs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float va[V], vb[V];
+    loadPack<T, V>(a + p * V, va);
+    loadPack<T, V>(b + p * V, vb);
+#pragma unroll
+    for (int i = 0; i < V; ++i) va[i] *= vb[i];
+    storePack<T, V>(out + p * V, va);
+  }
+}
+
 template <typename S, typename D, int V>
 __global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t packs) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < packs;
@@ -263,6 +277,18 @@ void add(DType dtype, const void* a, const void* b, void* out, int64_t n, cudaSt
           static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), packs);
     });
     checkLaunch("add_kernel");
+  });
+}
+
+void mul(DType dtype, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  dispatchFloat(dtype, "mul", [&](auto tag) {
+    using T = decltype(tag);
+    launchFlat<T>(n, {a, b, out}, [&](auto pack, unsigned grid, int64_t packs) {
+      mul_kernel<T, decltype(pack)::value><<<grid, kThreads, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), packs);
+    });
+    checkLaunch("mul_kernel");
   });
 }
 

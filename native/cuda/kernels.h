@@ -40,6 +40,8 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
 void relu(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
 void reluBackward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, cudaStream_t stream);
 void add(DType dtype, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+// out = a * b; out may alias a or b.
+void mul(DType dtype, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
 // Converts between f32, bf16 and f16 (round to nearest even); same dtype copies.
 void cast(DType srcType, const void* src, DType dstType, void* dst, int64_t n, cudaStream_t stream);
 // Fills n elements of any dtype (f32, bf16, f16, i32, i64, u8) with value.

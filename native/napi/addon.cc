@@ -131,6 +131,15 @@ Napi::Value Add(const Napi::CallbackInfo& info) {
   });
 }
 
+Napi::Value Mul(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "mul");
+    Tensor a = getTensor(o, "a");
+    backendOf(a).mul(a, getTensor(o, "b"), getTensor(o, "out"));
+    return info.Env().Undefined();
+  });
+}
+
 Napi::Value Cast(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "cast");
@@ -393,6 +402,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"relu", Relu},
       {"reluBackward", ReluBackward},
       {"add", Add},
+      {"mul", Mul},
       {"cast", Cast},
       {"fill", Fill},
       {"windowOutputSize", WindowOutputSize},

@@ -1,5 +1,5 @@
 /**
- * Cases for the light ops: relu, add, lerp, cross entropy, SGD, input conversion and casts.
+ * Cases for the light ops: relu, add, mul, lerp, cross entropy, SGD, input conversion and casts.
  * @packageDocumentation
  */
 import type { DTypeName } from '../../lib/binding.js';
@@ -13,6 +13,7 @@ import {
   f32ToBf16Bits,
   f32ToF16Bits,
   lerp,
+  mul,
   relu,
   reluBackward,
   sgdStep,
@@ -29,6 +30,8 @@ function count(shape: readonly number[]): number {
 
 const RELU_SHAPE = [2, 5, 5, 8];
 const ADD_SHAPE = [3, 7, 7, 5];
+// Larger than one CPU chunk (16384) and not a multiple of any vector width.
+const MUL_SHAPE = [3, 7, 11, 97];
 
 const eltwiseCases: OpCase[] = [
   {
@@ -64,6 +67,31 @@ const eltwiseCases: OpCase[] = [
         const out = s.poisoned(ADD_SHAPE);
         s.native.add({ a: s.tensor(ADD_SHAPE, ctx.dtype, a), b: s.tensor(ADD_SHAPE, ctx.dtype, b), out });
         s.check('out', s.read(out), add(a, b), tolerance(ctx.dtype));
+      }),
+  },
+  {
+    name: `mul x${fmtShape(MUL_SHAPE)}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'mul', `x${fmtShape(MUL_SHAPE)}`, (s) => {
+        const a = s.q(s.rng.normals(count(MUL_SHAPE)));
+        const b = s.q(s.rng.normals(count(MUL_SHAPE)));
+        const out = s.poisoned(MUL_SHAPE);
+        s.native.mul({ a: s.tensor(MUL_SHAPE, ctx.dtype, a), b: s.tensor(MUL_SHAPE, ctx.dtype, b), out });
+        s.check('out', s.read(out), mul(a, b), tolerance(ctx.dtype));
+      }),
+  },
+  {
+    // The pruning masks' use: in place, with a 0/1 mask, so kept values are unchanged and pruned ones exactly 0.
+    name: `mul in place by a 0/1 mask x${fmtShape(MUL_SHAPE)}`,
+    dtypes: ['f32'],
+    run: (ctx) =>
+      session(ctx, 'mul', `in place x${fmtShape(MUL_SHAPE)}`, (s) => {
+        const a = s.q(s.rng.normals(count(MUL_SHAPE)), 'f32');
+        const mask = Float64Array.from(s.rng.normals(count(MUL_SHAPE)), (v) => (v > 0 ? 1 : 0));
+        const aT = s.tensor(MUL_SHAPE, 'f32', a);
+        s.native.mul({ a: aT, b: s.tensor(MUL_SHAPE, 'f32', mask), out: aT });
+        s.checkExact('a (masked in place)', s.read(aT), mul(a, mask));
       }),
   },
 ];

@@ -27,6 +27,13 @@ export function add(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
   return out;
 }
 
+/** a * b element-wise, torch.mul. */
+export function mul(a: ArrayLike<number>, b: ArrayLike<number>): Float64Array {
+  const out = new Float64Array(a.length);
+  for (let i = 0; i < a.length; ++i) out[i] = a[i]! * b[i]!;
+  return out;
+}
+
 /** a + weight * (b − a), torch.lerp with a scalar weight. */
 export function lerp(a: ArrayLike<number>, b: ArrayLike<number>, weight: number): Float64Array {
   const out = new Float64Array(a.length);
