@@ -51,6 +51,7 @@ export {
   BasicBlock,
   Bottleneck,
   RESNET_DEPTHS,
+  defaultBlockWidths,
   ResNet,
   ResNet18,
   ResNet34,
@@ -189,3 +190,18 @@ export {
   type SummaryOptions,
   type SummaryRow,
 } from './nn/summary.js';
+export {
+  MagnitudePruner,
+  PruningCallback,
+  gradualSparsity,
+  isPruningStep,
+  pruneChannels,
+  resolveSparsitySchedule,
+  weightSparsity,
+  type ChannelCriterion,
+  type ChannelPruningOptions,
+  type MagnitudePrunerOptions,
+  type PruningCallbackOptions,
+  type ResolvedSparsitySchedule,
+  type SparsitySchedule,
+} from './nn/prune.js';

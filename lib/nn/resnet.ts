@@ -3,7 +3,7 @@
  * containers so that no backward is written by hand. Parameter names match torchvision's.
  * @packageDocumentation
  */
-import { expectBool, expectInt, expectOneOf, expectOptions } from '../errors.js';
+import { expectBool, expectInt, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
 import { Random } from '../random.js';
 import { Chain, Residual, Sequential } from './containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
@@ -27,12 +27,28 @@ export interface ResNetOptions {
   device?: string;
   /** Seed of the initialisation; random when omitted. */
   seed?: number;
+  /**
+   * The inner widths of every block, in order (`layer1.0`, `layer1.1`, …, the last block of
+   * `layer4`): `[conv1, conv2]` output channels for a Bottleneck, `[conv1]` for a BasicBlock.
+   * Default: torchvision's (the stage's `planes`). Channel pruning ({@link pruneChannels}) makes
+   * models with fewer; the blocks' outputs (and so the shortcuts) keep their widths.
+   */
+  blockWidths?: readonly (readonly number[])[];
 }
 
 /** A block type: BasicBlock (expansion 1) or Bottleneck (expansion 4). */
 interface BlockType {
   expansion: number;
-  create(inplanes: number, planes: number, stride: number, downsample: Module | null, rng: Random): Residual;
+  /** Inner convolutions whose widths {@link ResNetOptions.blockWidths} sets. */
+  inner: number;
+  create(
+    inplanes: number,
+    planes: number,
+    stride: number,
+    downsample: Module | null,
+    rng: Random,
+    widths: readonly number[],
+  ): Residual;
 }
 
 function conv(inC: number, outC: number, kernel: number, stride: number, rng: Random): Conv2d {
@@ -46,7 +62,10 @@ function conv(inC: number, outC: number, kernel: number, stride: number, rng: Ra
   });
 }
 
-/** torchvision's BasicBlock: 3x3 → BN → ReLU → 3x3 → BN, plus the shortcut, then ReLU. */
+/**
+ * torchvision's BasicBlock: 3x3 → BN → ReLU → 3x3 → BN, plus the shortcut, then ReLU. `widths`
+ * (`[conv1 outputs]`, default `[planes]`) narrows the inner convolution.
+ */
 export class BasicBlock extends Residual {
   static readonly expansion = 1;
   constructor(
@@ -55,12 +74,14 @@ export class BasicBlock extends Residual {
     stride = 1,
     downsample: Module | null = null,
     rng: Random = new Random(),
+    widths: readonly number[] = [planes],
   ) {
+    const [w1] = widths as [number];
     super(
       [
-        ['conv1', conv(inplanes, planes, 3, stride, rng)],
-        ['bn1', new BatchNorm2d({ numFeatures: planes, relu: true })],
-        ['conv2', conv(planes, planes, 3, 1, rng)],
+        ['conv1', conv(inplanes, w1, 3, stride, rng)],
+        ['bn1', new BatchNorm2d({ numFeatures: w1, relu: true })],
+        ['conv2', conv(w1, planes, 3, 1, rng)],
         ['bn2', new BatchNorm2d({ numFeatures: planes, relu: true })],
       ],
       downsample ? ['downsample', downsample] : null,
@@ -68,7 +89,10 @@ export class BasicBlock extends Residual {
   }
 }
 
-/** torchvision's Bottleneck (v1.5): 1x1 → 3x3 (stride) → 1x1 (x4), each with BN, plus the shortcut. */
+/**
+ * torchvision's Bottleneck (v1.5): 1x1 → 3x3 (stride) → 1x1 (x4), each with BN, plus the shortcut.
+ * `widths` (`[conv1 outputs, conv2 outputs]`, default `[planes, planes]`) narrows the inner convolutions.
+ */
 export class Bottleneck extends Residual {
   static readonly expansion = 4;
   constructor(
@@ -77,14 +101,16 @@ export class Bottleneck extends Residual {
     stride = 1,
     downsample: Module | null = null,
     rng: Random = new Random(),
+    widths: readonly number[] = [planes, planes],
   ) {
+    const [w1, w2] = widths as [number, number];
     super(
       [
-        ['conv1', conv(inplanes, planes, 1, 1, rng)],
-        ['bn1', new BatchNorm2d({ numFeatures: planes, relu: true })],
-        ['conv2', conv(planes, planes, 3, stride, rng)],
-        ['bn2', new BatchNorm2d({ numFeatures: planes, relu: true })],
-        ['conv3', conv(planes, planes * 4, 1, 1, rng)],
+        ['conv1', conv(inplanes, w1, 1, 1, rng)],
+        ['bn1', new BatchNorm2d({ numFeatures: w1, relu: true })],
+        ['conv2', conv(w1, w2, 3, stride, rng)],
+        ['bn2', new BatchNorm2d({ numFeatures: w2, relu: true })],
+        ['conv3', conv(w2, planes * 4, 1, 1, rng)],
         ['bn3', new BatchNorm2d({ numFeatures: planes * 4, relu: true })],
       ],
       downsample ? ['downsample', downsample] : null,
@@ -93,8 +119,8 @@ export class Bottleneck extends Residual {
 }
 
 const BLOCKS: Record<'basic' | 'bottleneck', BlockType> = {
-  basic: { expansion: 1, create: (i, p, s, d, r) => new BasicBlock(i, p, s, d, r) },
-  bottleneck: { expansion: 4, create: (i, p, s, d, r) => new Bottleneck(i, p, s, d, r) },
+  basic: { expansion: 1, inner: 1, create: (i, p, s, d, r, w) => new BasicBlock(i, p, s, d, r, w) },
+  bottleneck: { expansion: 4, inner: 2, create: (i, p, s, d, r, w) => new Bottleneck(i, p, s, d, r, w) },
 };
 
 /** Blocks per stage for each depth, as in torchvision. */
@@ -109,6 +135,29 @@ export const RESNET_DEPTHS = {
 /** A supported depth. */
 export type ResNetDepth = keyof typeof RESNET_DEPTHS;
 
+/** torchvision's inner widths of every block of a depth (each stage's `planes`), as {@link ResNetOptions.blockWidths} lists them. */
+export function defaultBlockWidths(depth: ResNetDepth): number[][] {
+  const spec = RESNET_DEPTHS[depth];
+  const inner = BLOCKS[spec.block].inner;
+  return spec.layers.flatMap((blocks, stage) =>
+    Array.from({ length: blocks }, () => new Array<number>(inner).fill(64 * 2 ** stage)),
+  );
+}
+
+/** Checks {@link ResNetOptions.blockWidths} against a depth's blocks. */
+function expectBlockWidths(depth: ResNetDepth, value: unknown): number[][] {
+  const standard = defaultBlockWidths(depth);
+  if (value === undefined) return standard;
+  const inner = standard[0]!.length;
+  const what = `${standard.length} arrays of ${inner} positive integer${inner > 1 ? 's' : ''} (one per block of ResNet-${depth})`;
+  if (!isArray(value) || value.length !== standard.length) invalid('blockWidths', what, value);
+  return value.map((w, b) => {
+    if (!isArray(w) || w.length !== inner)
+      invalid(`blockWidths[${b}]`, `${inner} positive integer${inner > 1 ? 's' : ''}`, w);
+    return w.map((v, i) => expectInt(`blockWidths[${b}][${i}]`, v, 1, 2 ** 16));
+  });
+}
+
 /**
  * A ResNet: stem, four stages, global average pooling and a linear classifier. Input is NHWC
  * `[N, H, W, 3]`; output logits `[N, numClasses]`. Its `backward` returns null: the input image
@@ -119,6 +168,10 @@ export class ResNet extends Chain {
   readonly depth: ResNetDepth;
   /** The number of output classes. */
   readonly numClasses: number;
+  /** The inner widths of every block ({@link ResNetOptions.blockWidths}; torchvision's unless pruned). */
+  readonly blockWidths: readonly (readonly number[])[];
+  /** Whether {@link blockWidths} differ from torchvision's (a channel-pruned model). */
+  readonly pruned: boolean;
 
   constructor(depth: ResNetDepth, options: ResNetOptions = {}) {
     const o = expectOptions<ResNetOptions>('ResNet options', options, [
@@ -128,8 +181,10 @@ export class ResNet extends Chain {
       'inChannels',
       'device',
       'seed',
+      'blockWidths',
     ]);
     expectOneOf('depth', depth, [18, 34, 50, 101, 152] as const);
+    const widths = expectBlockWidths(depth, o.blockWidths);
     const numClasses = expectInt('numClasses', o.numClasses ?? 1000, 1);
     const smallInput = expectBool('smallInput', o.smallInput ?? false);
     const zeroInit = expectBool('zeroInitResidual', o.zeroInitResidual ?? false);
@@ -148,6 +203,7 @@ export class ResNet extends Chain {
     entries.push(['bn1', new BatchNorm2d({ numFeatures: 64, relu: true })]);
     if (!smallInput) entries.push(['maxpool', new MaxPool2d({ kernelSize: 3, stride: 2, padding: 1 })]);
     let inplanes = 64;
+    let index = 0;
     spec.layers.forEach((blocks, stage) => {
       const planes = 64 * 2 ** stage;
       const stride = stage === 0 ? 1 : 2;
@@ -161,7 +217,7 @@ export class ResNet extends Chain {
             new BatchNorm2d({ numFeatures: planes * block.expansion }),
           );
         }
-        layer.push(block.create(inplanes, planes, s, downsample, rng));
+        layer.push(block.create(inplanes, planes, s, downsample, rng, widths[index++]!));
         inplanes = planes * block.expansion;
       }
       entries.push([`layer${stage + 1}`, new Sequential(...layer)]);
@@ -179,6 +235,8 @@ export class ResNet extends Chain {
     super(entries);
     this.depth = depth;
     this.numClasses = numClasses;
+    this.blockWidths = Object.freeze(widths.map((w) => Object.freeze(w)));
+    this.pruned = widths.flat().join(',') !== defaultBlockWidths(depth).flat().join(',');
     this.requiresInputGrad = false;
     this.#initialise(rng, zeroInit);
     this.to(o.device ?? 'cpu');
