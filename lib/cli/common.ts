@@ -29,7 +29,7 @@ import type { Dataset } from '../data/types.js';
 import { listBackends, parseDevice } from '../device.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
 import type { StateDict } from '../nn/module.js';
-import { ResNet, type ResNetDepth } from '../nn/resnet.js';
+import { RESNET_DEPTHS, ResNet, defaultBlockWidths, type ResNetDepth } from '../nn/resnet.js';
 import { decodeSafetensors } from '../train/checkpoint.js';
 import { Trainer } from '../train/trainer.js';
 import { CliError, UsageError, requirePath, type OptionSpec } from './options.js';
@@ -495,6 +495,8 @@ export interface Architecture {
   model: ModelName;
   numClasses: number;
   smallInput: boolean;
+  /** The blocks' inner widths of a channel-pruned model (`ResNetOptions.blockWidths`); absent for torchvision's. */
+  blockWidths?: number[][];
 }
 
 /**
@@ -520,7 +522,29 @@ export function architectureOf(tensors: StateDict): Architecture | undefined {
   };
   const model = table[`${bottleneck ? 'bottleneck' : 'basic'}-${blocks}`];
   if (!model) return undefined;
-  return { model, numClasses: fc.shape[0]!, smallInput: conv1.shape[2] === 3 };
+  const arch: Architecture = { model, numClasses: fc.shape[0]!, smallInput: conv1.shape[2] === 3 };
+  const widths = blockWidthsOf(tensors, modelDepth(model));
+  if (widths) arch.blockWidths = widths;
+  return arch;
+}
+
+/**
+ * The inner widths of every block from the output channels of its `conv1` (and `conv2` in a
+ * Bottleneck), or undefined when they are torchvision's (or a block is missing: the state-dict
+ * check names it then).
+ */
+function blockWidthsOf(tensors: StateDict, depth: ResNetDepth): number[][] | undefined {
+  const spec = RESNET_DEPTHS[depth];
+  const inner = spec.block === 'bottleneck' ? [1, 2] : [1];
+  const widths: number[][] = [];
+  for (const [stage, blocks] of spec.layers.entries()) {
+    for (let b = 0; b < blocks; b++) {
+      const w = inner.map((i) => tensors.get(`layer${stage + 1}.${b}.conv${i}.weight`)?.shape[0]);
+      if (w.some((v) => v === undefined)) return undefined;
+      widths.push(w as number[]);
+    }
+  }
+  return widths.flat().join(',') === defaultBlockWidths(depth).flat().join(',') ? undefined : widths;
 }
 
 /** Reads a safetensors file's tensors, as a {@link CliError} naming the file when it cannot. */
@@ -539,6 +563,7 @@ export function buildModel(arch: Architecture, options: { device: string; seed?:
   return new ResNet(modelDepth(arch.model), {
     numClasses: arch.numClasses,
     smallInput: arch.smallInput,
+    ...(arch.blockWidths ? { blockWidths: arch.blockWidths } : {}),
     device: options.device,
     ...(options.seed !== undefined ? { seed: options.seed } : {}),
   });
@@ -552,6 +577,8 @@ export interface RunConfig {
   model: ModelName;
   numClasses: number;
   smallInput: boolean;
+  /** The blocks' inner widths of a channel-pruned model; absent for torchvision's. */
+  blockWidths?: number[][];
   classes: string[];
   dataset: DatasetName;
   seed: number;
@@ -579,6 +606,12 @@ export function partialRunConfig(value: unknown): Partial<RunConfig> {
     out.numClasses = v.numClasses;
   }
   if (typeof v.smallInput === 'boolean') out.smallInput = v.smallInput;
+  if (
+    Array.isArray(v.blockWidths) &&
+    v.blockWidths.every((w) => Array.isArray(w) && w.every((x) => Number.isInteger(x) && (x as number) > 0))
+  ) {
+    out.blockWidths = v.blockWidths as number[][];
+  }
   if (Array.isArray(v.classes) && v.classes.every((c) => typeof c === 'string')) out.classes = v.classes;
   if (typeof v.dataset === 'string' && (DATASET_NAMES as readonly string[]).includes(v.dataset)) {
     out.dataset = v.dataset as DatasetName;

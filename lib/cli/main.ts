@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `bench` and `doctor`, like
+ * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `bench`, `summary`, `prune` and `doctor`, like
  * torchvision's `references/classification/train.py` split into subcommands.
  *
  * Exit codes: 0 on success, 2 for a usage error (reported before any work starts), 1 for a
@@ -40,6 +40,14 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
     summary: 'Measure training throughput (forward, backward and SGD step) on synthetic data.',
     load: async () => (await import('./bench.js')).benchCommand,
   },
+  summary: {
+    summary: "Print a model's layers, output shapes, parameters, MACs and activation memory (torchinfo's table).",
+    load: async () => (await import('./summary.js')).summaryCommand,
+  },
+  prune: {
+    summary: 'Prune trained weights: global magnitude (sparse) or channels (a smaller dense ResNet).',
+    load: async () => (await import('./prune.js')).pruneCommand,
+  },
   doctor: {
     summary: 'Check the installation: the addon, each backend, sharp; says what to fix.',
     load: async () => (await import('./doctor.js')).doctorCommand,
@@ -64,6 +72,8 @@ function topLevelHelp(): string {
     '  resnet-cuda eval data/imagenet --checkpoint runs/x/checkpoints/best.safetensors\n' +
     '  resnet-cuda predict --weights runs/x/model.safetensors cat.jpg dog.jpg\n' +
     '  resnet-cuda bench --device cuda --amp bf16\n' +
+    '  resnet-cuda summary --model resnet50\n' +
+    '  resnet-cuda prune --checkpoint runs/x --structured --amount 0.3 --output-dir runs/x-slim\n' +
     '  resnet-cuda doctor\n'
   );
 }

@@ -65,6 +65,7 @@ import {
   type ModelName,
   type RunConfig,
 } from './common.js';
+import { PRUNE_TRAIN_OPTIONS, trainPruning } from './prune-train.js';
 import {
   CliError,
   UsageError,
@@ -198,6 +199,7 @@ const OPTIONS: OptionSpec[] = [
     help: 'Comma-separated parameter prefixes not to train, e.g. conv1,bn1,layer1.',
     section: S_MODEL,
   },
+  ...PRUNE_TRAIN_OPTIONS,
 
   option({ name: 'opt', type: 'choice', choices: OPTIMIZERS, default: 'sgd', help: 'The optimizer.', section: S_OPT }),
   option({
@@ -1031,7 +1033,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   if (a.numClasses !== undefined && a.numClasses !== numClasses) {
     throw new UsageError(`--num-classes ${a.numClasses} does not match the dataset, which has ${numClasses} classes`);
   }
-  const arch: Architecture = { model: a.model, numClasses, smallInput };
+  // A channel-pruned model's widths: from the checkpoint resumed, else from the --weights file.
+  const blockWidths =
+    resumed.blockWidths ?? (startWeights ? architectureOf(startWeights.tensors)?.blockWidths : undefined);
+  const arch: Architecture = { model: a.model, numClasses, smallInput, ...(blockWidths ? { blockWidths } : {}) };
 
   const config: RunConfig = {
     ...arch,
@@ -1098,6 +1103,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const mode = a.monitor.endsWith('loss') ? 'min' : 'max';
     // train.py's adjustment: the decay is given per image of an epoch, the average updates every few steps.
     const emaDecay = 1 - Math.min(1, (1 - a.modelEmaDecay) * ((a.batchSize * a.modelEmaSteps) / a.epochs));
+    const pruning = trainPruning(parsed.values, parsed.explicit, model, { epochs: a.epochs, stepsPerEpoch });
     const options: TrainerOptions = {
       model,
       optimizer,
@@ -1119,6 +1125,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       plots: !a.noPlots,
       classNames: data.classes,
       config: config as unknown as Record<string, unknown>,
+      ...(pruning ? { callbacks: [pruning] } : {}),
       ...(schedule ? { schedule } : {}),
       ...(a.lrScheduler === 'plateau'
         ? { plateau: { mode, factor: a.lrGamma, patience: a.lrPlateauPatience, minLr: a.lrMin, monitor: a.monitor } }
