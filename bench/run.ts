@@ -26,6 +26,7 @@ import {
   memoryStats,
   type DType,
 } from '../lib/index.js';
+import { benchPruning } from './prune.js';
 
 const { values } = parseArgs({
   options: {
@@ -237,6 +238,12 @@ for (const dtype of dtypes) {
   loss.dispose();
   x.dispose();
 }
+
+/** Pruning's rows: a small ResNet-18 dense, magnitude-pruned and channel-pruned (bench/prune.ts). */
+function pruningRows(): void {
+  results.pruning = benchPruning({ depth: 18, size: 64, batch: 16, iterations, device });
+}
+pruningRows();
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const outDir = join(root, 'bench', 'results');

@@ -49,6 +49,13 @@ function tinyNet(seed: number): Module {
   ).to('cpu');
 }
 
+/** The submodule at `path`, checked to be a `type`. */
+function layer<T extends Module>(model: Module, path: string, type: abstract new (...args: never[]) => T): T {
+  const m = model.getSubmodule(path);
+  if (!(m instanceof type)) throw new Error(`'${path}' is a ${m.constructor.name}, not a ${type.name}`);
+  return m;
+}
+
 /** The prunable weights' values, by parameter name. */
 function weightValues(model: Module): Map<string, Float32Array> {
   const out = new Map<string, Float32Array>();
@@ -66,7 +73,12 @@ function batch(seed: number, n = 8, size = 16): { x: Tensor; labels: Int32Array 
 }
 
 /** Runs `steps` real optimizer steps, applying the mask after each, and checks the masked values stay 0. */
-function trainMasked(model: Module, optimizer: { step(): void; zeroGrad(): void }, pruner: MagnitudePruner, steps: number): void {
+function trainMasked(
+  model: Module,
+  optimizer: { step(): void; zeroGrad(): void },
+  pruner: MagnitudePruner,
+  steps: number,
+): void {
   const loss = new CrossEntropyLoss();
   const masks = pruner.masks();
   const before = weightValues(model);
@@ -136,7 +148,7 @@ describe('gradual sparsity schedule (Zhu & Gupta 2017)', () => {
 describe('global magnitude pruning', () => {
   it('masks exactly the target fraction of the conv and linear weights, the smallest in magnitude across all', () => {
     const model = tinyNet(1);
-    const bnBefore = (model.getSubmodule('1') as BatchNorm2d).weight.values();
+    const bnBefore = layer(model, '1', BatchNorm2d).weight.values();
     using pruner = new MagnitudePruner(model);
     expect(pruner.targets.map(([n]) => n)).toEqual(['0.weight', '3.weight', '7.weight']);
     const total = 8 * 27 + 16 * 72 + 4 * 16;
@@ -157,8 +169,12 @@ describe('global magnitude pruning', () => {
     const keptMin = Math.min(...values.filter((_, i) => masks[i] === 1).map(Math.abs));
     expect(prunedMax).toBeLessThanOrEqual(keptMin);
     // Some weights of every tensor are pruned (global, not per tensor), and BN/bias are untouched.
-    expect((model.getSubmodule('1') as BatchNorm2d).weight.values()).toEqual(bnBefore);
-    expect((model.getSubmodule('7') as Linear).bias?.values().every((v) => v !== 0)).toBe(true);
+    expect(layer(model, '1', BatchNorm2d).weight.values()).toEqual(bnBefore);
+    expect(
+      layer(model, '7', Linear)
+        .bias?.values()
+        .every((v) => v !== 0),
+    ).toBe(true);
     // The mask only grows; a lower target keeps it.
     pruner.prune(0.1);
     expect(pruner.sparsity).toBe(k / total);
@@ -185,7 +201,11 @@ describe('global magnitude pruning', () => {
     pruner.prune(0.5);
     const optimizer = new AdamW(model, { lr: 0.01, weightDecay: 0.05 });
     trainMasked(model, optimizer, pruner, 4);
-    expect((model.getSubmodule('7') as Linear).weight.values().every((v) => v !== 0)).toBe(true);
+    expect(
+      layer(model, '7', Linear)
+        .weight.values()
+        .every((v) => v !== 0),
+    ).toBe(true);
     model.dispose();
   });
 
@@ -262,10 +282,12 @@ function prepareForChannelPruning(model: ResNet, amount: number, seed: number): 
   }
   const state = model.stateDict();
   for (const [key, entry] of state) {
-    if (key.endsWith('running_mean'))
+    if (key.endsWith('running_mean')) {
       entry.data = Float32Array.from(entry.data as Float32Array, () => rng.uniform(-0.3, 0.3));
-    if (key.endsWith('running_var'))
+    }
+    if (key.endsWith('running_var')) {
       entry.data = Float32Array.from(entry.data as Float32Array, () => rng.uniform(0.5, 2));
+    }
   }
   model.loadStateDict(state);
 }
@@ -338,7 +360,7 @@ describe('structured channel pruning', () => {
   it('keeps the largest-L1 filters and refuses bad options', () => {
     using model = ResNet18({ numClasses: 4, smallInput: true, seed: 3 });
     using pruned = pruneChannels(model, { amount: 0.75 });
-    const conv = model.getSubmodule('layer1.0.conv1') as Conv2d;
+    const conv = layer(model, 'layer1.0.conv1', Conv2d);
     const w = conv.weight.values();
     const per = w.length / 64;
     const norms = Array.from({ length: 64 }, (_, o) =>
@@ -351,7 +373,7 @@ describe('structured channel pruning', () => {
       .map(([, o]) => o)
       .sort((a, b) => a - b);
     const expected = kept.flatMap((o) => [...w.subarray(o * per, (o + 1) * per)]);
-    expect([...(pruned.getSubmodule('layer1.0.conv1') as Conv2d).weight.values()]).toEqual(expected);
+    expect([...layer(pruned, 'layer1.0.conv1', Conv2d).weight.values()]).toEqual(expected);
     expect(() => pruneChannels(model, { amount: 1 })).toThrow(/amount/);
     expect(() => pruneChannels(model, { amount: 0.5, criterion: 'l2' as never })).toThrow(/criterion/);
     expect(() => new ResNet(18, { blockWidths: [[3]] })).toThrow(/blockWidths/);

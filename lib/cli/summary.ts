@@ -4,7 +4,7 @@
  * @packageDocumentation
  */
 import type { ResNet } from '../nn/resnet.js';
-import { MODEL_NAMES, SHARED_OPTIONS, buildModel, imageSizeOption, type AmpName, type ModelName } from './common.js';
+import { SHARED_OPTIONS, buildModel, imageSizeOption, type AmpName, type ModelName } from './common.js';
 import { loadModel, modelSourceOptions } from './inference.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 

@@ -287,11 +287,18 @@ export class PruningCallback {
     if (info.step > 0) this.#pruner.maskFromZeros();
   }
 
-  /** Updates the mask at the schedule's steps, and applies it after every step. */
+  /**
+   * Updates the mask at the schedule's steps, and applies it after every step. Past the end the
+   * final sparsity is held (a run that starts past it, fine-tuning pruned weights, prunes at once;
+   * otherwise this only applies the mask).
+   */
   onStepEnd(_trainer: unknown, info: { step: number }): void {
     const pruner = (this.#pruner ??= new MagnitudePruner(this.#model, { exclude: this.#exclude }));
-    if (isPruningStep(info.step, this.schedule)) pruner.prune(gradualSparsity(info.step, this.schedule));
-    else if (pruner.sparsity > 0) pruner.apply();
+    if (isPruningStep(info.step, this.schedule) || info.step > this.schedule.endStep) {
+      pruner.prune(gradualSparsity(info.step, this.schedule));
+    } else if (pruner.sparsity > 0) {
+      pruner.apply();
+    }
   }
 
   /** Frees the mask. */
@@ -327,6 +334,18 @@ export interface ChannelPruningOptions {
    * Liu et al. 2017, arXiv:1708.06519).
    */
   criterion?: ChannelCriterion;
+}
+
+/** The submodule at `path` of `parent`, checked to be a `type`. */
+function layerOf<T extends Module>(parent: Module, path: string, type: abstract new (...args: never[]) => T): T {
+  const m = parent.getSubmodule(path);
+  if (!(m instanceof type)) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `pruneChannels: '${path}' is a ${m.constructor.name}, not a ${type.name}`,
+    );
+  }
+  return m;
 }
 
 /** The output channels of `conv` (followed by `bn`) to keep, ascending. */
@@ -395,13 +414,12 @@ export function pruneChannels(model: ResNet, options: ChannelPruningOptions): Re
   };
   for (const [name, block] of model.namedModules()) {
     if (!(block instanceof Residual)) continue;
-    const child = (n: string): Module => block.getSubmodule(n);
     const bottleneck = block.children().some(([n]) => n === 'conv3');
     const inner = bottleneck ? ['1', '2'] : ['1'];
     const kept = inner.map((i) => {
-      const conv = child(`conv${i}`) as Conv2d;
+      const conv = layerOf(block, `conv${i}`, Conv2d);
       const keep = Math.max(1, Math.round(conv.outChannels * (1 - amount)));
-      return keptChannels(conv, child(`bn${i}`) as BatchNorm2d, keep, criterion);
+      return keptChannels(conv, layerOf(block, `bn${i}`, BatchNorm2d), keep, criterion);
     });
     widths.push(kept.map((k) => k.length));
     let previous: number[] | null = null;
@@ -412,7 +430,7 @@ export function pruneChannels(model: ResNet, options: ChannelPruningOptions): Re
     });
     take(`${name}.conv${inner.length + 1}.weight`, null, previous);
   }
-  const stem = model.getSubmodule('conv1') as Conv2d;
+  const stem = layerOf(model, 'conv1', Conv2d);
   const pruned = new ResNet(model.depth, {
     numClasses: model.numClasses,
     smallInput: !model.children().some(([, m]) => m instanceof MaxPool2d),

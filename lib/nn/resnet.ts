@@ -152,8 +152,9 @@ function expectBlockWidths(depth: ResNetDepth, value: unknown): number[][] {
   const what = `${standard.length} arrays of ${inner} positive integer${inner > 1 ? 's' : ''} (one per block of ResNet-${depth})`;
   if (!isArray(value) || value.length !== standard.length) invalid('blockWidths', what, value);
   return value.map((w, b) => {
-    if (!isArray(w) || w.length !== inner)
+    if (!isArray(w) || w.length !== inner) {
       invalid(`blockWidths[${b}]`, `${inner} positive integer${inner > 1 ? 's' : ''}`, w);
+    }
     return w.map((v, i) => expectInt(`blockWidths[${b}][${i}]`, v, 1, 2 ** 16));
   });
 }

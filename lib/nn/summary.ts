@@ -126,7 +126,7 @@ export class ModelSummary {
     const [header, ...body] = table;
     return [
       rule,
-      line(header!),
+      line(header ?? []),
       rule,
       ...body.map(line),
       rule,
