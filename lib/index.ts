@@ -180,3 +180,18 @@ export {
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
 export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';
+// Bottleneck report: per-step loader, host, device and synchronisation times, the driver's GPU
+// utilisation (NVML), and the verdict of what limits a run.
+export { deviceUtilization, hostSyncStats, type DeviceUtilization, type HostSyncStats } from './device.js';
+export {
+  BOTTLENECK_THRESHOLDS,
+  combineMeasurements,
+  diagnoseBottleneck,
+  estimateDeviceMs,
+  type BottleneckContext,
+  type BottleneckKind,
+  type BottleneckReport,
+  type DeviceTimeSource,
+  type StepMeasurements,
+} from './train/bottleneck.js';
+export { readRunBottleneck, type EpochBottleneck, type RunBottleneck } from './train/bottleneck-log.js';
