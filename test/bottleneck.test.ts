@@ -133,7 +133,9 @@ describe('diagnoseBottleneck: the rules', () => {
     expect(data.summary).toMatch(/^data loading limits the run: 100 ms\/step over 20 steps; data 40% \(40\.0 ms\)/);
     expect(data.advice[0]).toContain('`--workers 4` (now 2, on 8 CPUs)');
     expect(data.advice[1]).toContain('`prefetch: 4` (now 2)');
-    expect(diagnoseBottleneck(cpu({ loader: 40 }), { ...context, workers: 0 }).advice[0]).toContain('--workers 4');
+    const inThread = diagnoseBottleneck(cpu({ loader: 40 }), { ...context, workers: 0 }).advice;
+    expect(inThread[0]).toContain('--workers 4');
+    expect(inThread.join('\n')).not.toContain('prefetch'); // nothing is prepared ahead without workers
     expect(diagnoseBottleneck(cpu({ loader: 40 }), { ...context, workers: 7 }).advice[0]).toContain(
       'already use every core',
     );

@@ -211,9 +211,12 @@ function adviceFor(kind: BottleneckKind, m: StepMeasurements, c: BottleneckConte
           `the ${c.workers} workers already use every core (${c.cpus} CPUs): decode less per image (store images near the training size) or use a machine with more cores`,
         );
       }
-      out.push(
-        `prefetch more batches to even out slow ones: DataLoader \`prefetch: ${2 * c.prefetch}\` (now ${c.prefetch})`,
-      );
+      // Without workers nothing is prepared ahead, so prefetch does not apply.
+      if (c.workers > 0) {
+        out.push(
+          `prefetch more batches to even out slow ones: DataLoader \`prefetch: ${2 * c.prefetch}\` (now ${c.prefetch})`,
+        );
+      }
       break;
     }
     case 'syncs':
