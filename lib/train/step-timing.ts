@@ -19,7 +19,7 @@
  * @packageDocumentation
  */
 import { availableParallelism } from 'node:os';
-import { deviceUtilization, hostSyncStats } from '../device.js';
+import { deviceUtilization, hostSyncStats, type DeviceUtilization } from '../device.js';
 import {
   diagnoseBottleneck,
   estimateDeviceMs,
@@ -69,6 +69,7 @@ export class StepTiming {
   #warm = false;
   #gpuSamples: number[] = [];
   #gpuReason: string | null = null;
+  #gpuOpened = false;
   #lastKind: string | null = null;
 
   /**
@@ -86,6 +87,11 @@ export class StepTiming {
     this.#context = { ...epoch.context, cpus: availableParallelism() };
     this.#epoch = zeroSums();
     this.#gpuSamples = [];
+    // The first reading opens and initialises NVML (which can take a while): here, outside any step.
+    if (this.#cuda && !this.#gpuOpened) {
+      this.#gpuOpened = true;
+      this.#checkReading(deviceUtilization(this.#device));
+    }
     this.#startStep(performance.now());
     return this.#timed(batches);
   }
@@ -143,14 +149,18 @@ export class StepTiming {
   sampleDevice(step: number): void {
     if (!this.#cuda || this.#gpuReason !== null) return;
     const reading = deviceUtilization(this.#device);
-    if (!reading.available) {
-      this.#gpuReason = reading.reason ?? 'no reading';
-      this.#outputs.log({ type: 'gpu-monitor', device: this.#device, available: false, reason: this.#gpuReason });
-      return;
-    }
+    if (!this.#checkReading(reading)) return;
     this.#gpuSamples.push(reading.gpuPercent / 100);
     this.#outputs.scalar('gpu/utilization', reading.gpuPercent, step);
     this.#outputs.scalar('gpu/memory_used', reading.memoryUsedBytes / MIB, step);
+  }
+
+  /** Whether `reading` is one; the first time it is not, logs why (once: later readings are not taken). */
+  #checkReading(reading: DeviceUtilization): boolean {
+    if (reading.available) return true;
+    this.#gpuReason = reading.reason ?? 'no reading';
+    this.#outputs.log({ type: 'gpu-monitor', device: this.#device, available: false, reason: this.#gpuReason });
+    return false;
   }
 
   /** The epoch's mean per-step measurements, or null when no step was measured. */
