@@ -305,6 +305,13 @@ async function train(
   }
 }
 
+let plain: ReturnType<typeof train> | undefined;
+/** A plain tiny run (4 steps of a convolutional network on in-memory data), trained once for the tests that read it. */
+function plainRun(): ReturnType<typeof train> {
+  const synthetic = new SyntheticDataset({ length: 16 * 4, height: 24, width: 24, classes: 4, seed: 3 });
+  return (plain ??= train('plain', synthetic, convNet()));
+}
+
 describe('the Trainer measures its steps (CPU)', () => {
   it('loader wait + host + device + syncs make the step; the steps make the epoch; a slow callback is host time', async () => {
     const busyMs = 4;
@@ -351,14 +358,13 @@ describe('the Trainer measures its steps (CPU)', () => {
     expect(slow.progress).toMatch(/bottleneck: data loading limits the run/);
     expect(slow.progress).toMatch(/--workers/);
 
-    const synthetic = new SyntheticDataset({ length: 16 * 4, height: 24, width: 24, classes: 4, seed: 3 });
-    const plain = await train('plain', synthetic, convNet());
+    const plain = await plainRun();
     expect(plain.records[0]!.kind).toBe('device');
     expect(plain.progress).toMatch(/bottleneck: device compute limits the run/);
   });
 
   it('writes the TensorBoard scalars, and doctor --run reads the verdict back', async () => {
-    const out = join(dir, 'plain');
+    const { out } = await plainRun();
     const events = readdirSync(join(out, 'tensorboard')).map((f) => readFileSync(join(out, 'tensorboard', f)));
     const all = Buffer.concat(events).toString('latin1');
     for (const tag of ['bottleneck/wall_ms', 'bottleneck/loader_ms', 'bottleneck/device_ms', 'bottleneck/sync_ms']) {
