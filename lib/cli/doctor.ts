@@ -8,7 +8,7 @@
  */
 import { availableParallelism } from 'node:os';
 import { addon as rawAddon, type BackendStatus } from '../binding.js';
-import { listBackends, nativeVersion } from '../device.js';
+import { deviceUtilization, listBackends, nativeVersion } from '../device.js';
 import { Conv2d } from '../nn/layers.js';
 import { Tensor } from '../tensor.js';
 import { readRunBottleneck, type RunBottleneck } from '../train/bottleneck-log.js';
@@ -51,6 +51,8 @@ export interface DoctorBackend extends BackendStatus {
   works?: boolean;
   /** Why it did not. */
   error?: string;
+  /** CUDA: whether the driver's utilisation reading (NVML) works, and why not when it does not. */
+  utilization?: { available: boolean; reason?: string };
 }
 
 /** What `doctor --json` prints. */
@@ -102,6 +104,22 @@ function cudaFix(status: BackendStatus): string {
     return 'Install cuDNN 9, cuBLAS and NCCL for CUDA 13 (`pip install nvidia-cudnn-cu13 nvidia-cublas nvidia-nccl-cu13`, or `scripts/setup-cuda-sdk`) and make them visible through RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH or CUDA_HOME.';
   }
   return 'Check `nvidia-smi`: the driver must see a GPU, and CUDA_VISIBLE_DEVICES must not hide them all.';
+}
+
+/** Reads the CUDA device's utilisation through NVML once; a missing reading is a note (training works without it). */
+function checkUtilization(backend: DoctorBackend, problems: DoctorProblem[]): void {
+  const reading = deviceUtilization('cuda:0');
+  backend.utilization = reading.available
+    ? { available: true }
+    : { available: false, reason: reading.reason ?? 'no reading' };
+  if (!reading.available) {
+    problems.push({
+      component: 'cuda',
+      severity: 'warning',
+      message: `GPU utilisation cannot be read (the bottleneck report infers the device time instead): ${reading.reason ?? 'no reading'}`,
+      fix: 'NVML (libnvidia-ml.so.1) comes with the NVIDIA driver; in a container, expose the driver libraries (--gpus all, NVIDIA_DRIVER_CAPABILITIES including utility).',
+    });
+  }
 }
 
 /** Gathers the report; never throws. */
@@ -174,6 +192,7 @@ export async function diagnose(): Promise<DoctorReport> {
     try {
       testConvolution(backend.name === 'cpu' ? 'cpu' : 'cuda:0');
       backend.works = true;
+      if (backend.name === 'cuda') checkUtilization(backend, problems);
     } catch (error) {
       backend.works = false;
       backend.error = message(error);
@@ -236,7 +255,8 @@ function describeBackend(b: DoctorBackend): string {
           p.nccl && `NCCL ${p.nccl}`,
         ];
   const state = b.works === true ? 'ok' : b.works === false ? 'FAILED' : 'available';
-  return `${state}: ${[b.device, ...details].filter(Boolean).join(', ')}${b.works ? '; a test convolution ran' : ''}`;
+  const nvml = b.utilization ? `; GPU utilisation ${b.utilization.available ? 'readable (NVML)' : 'not readable'}` : '';
+  return `${state}: ${[b.device, ...details].filter(Boolean).join(', ')}${b.works ? '; a test convolution ran' : ''}${nvml}`;
 }
 
 /** Reads the run's bottleneck report; a missing folder, log or record is a CLI error naming `--run`. */

@@ -52,6 +52,7 @@ import {
   parameterGroups,
   synchronize,
 } from '../../lib/index.js';
+import { diagnose } from '../../lib/cli/doctor.js';
 
 /** Where and how big a check runs, and where it reports details. */
 export interface GpuCheckContext {
@@ -446,6 +447,14 @@ export const gpuChecks: GpuCheck[] = [
       } else {
         assert((reading.reason ?? '').length > 0, 'no reading and no reason');
       }
+      // doctor reports the same, and a missing reading as a note with the reason.
+      const doctor = await diagnose();
+      const cuda = doctor.backends.find((b) => b.name === 'cuda');
+      assert(cuda?.utilization?.available === reading.available, `doctor: ${JSON.stringify(cuda?.utilization)}`);
+      assert(
+        reading.available || doctor.problems.some((p) => p.message.includes(reading.reason ?? '?')),
+        'doctor gives no note for the missing reading',
+      );
       const out = mkdtempSync(join(tmpdir(), 'resnet-cuda-gpu-bottleneck-'));
       const full = scale === 'full';
       // The small size: a two-layer network, which the emulated device gets through in seconds.
