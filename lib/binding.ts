@@ -303,6 +303,15 @@ export interface RawAddon {
   windowOutputSize(args: { size: number; kernel: number; stride: number; pad: number; dilation: number }): number;
   synchronize(args: { device: string }): void;
   memoryStats(args: { device: string }): RawMemoryStats;
+  /** The driver's utilisation reading (NVML); `reason` when `available` is false. */
+  deviceUtilization(args: { device: string }): {
+    available: boolean;
+    reason?: string;
+    gpuPercent: number;
+    memoryPercent: number;
+    memoryUsedBytes: number;
+    memoryTotalBytes: number;
+  };
   resetPeakMemory(args: { device: string }): void;
   emptyCache(args: { device: string }): void;
   listBackends(): BackendStatus[];

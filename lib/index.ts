@@ -205,3 +205,18 @@ export {
   type ResolvedSparsitySchedule,
   type SparsitySchedule,
 } from './nn/prune.js';
+// Bottleneck report: per-step loader, host, device and synchronisation times, the driver's GPU
+// utilisation (NVML), and the verdict of what limits a run.
+export { deviceUtilization, hostSyncStats, type DeviceUtilization, type HostSyncStats } from './device.js';
+export {
+  BOTTLENECK_THRESHOLDS,
+  combineMeasurements,
+  diagnoseBottleneck,
+  estimateDeviceMs,
+  type BottleneckContext,
+  type BottleneckKind,
+  type BottleneckReport,
+  type DeviceTimeSource,
+  type StepMeasurements,
+} from './train/bottleneck.js';
+export { readRunBottleneck, type EpochBottleneck, type RunBottleneck } from './train/bottleneck-log.js';

@@ -4,7 +4,7 @@
  */
 import { addon, type DTypeName, type RawTensor } from './binding.js';
 import './dispose.js';
-import { parseDevice } from './device.js';
+import { countHostSync, parseDevice } from './device.js';
 import { ResnetError, expectNumber, expectOneOf, expectShape, invalid, mismatch } from './errors.js';
 import { Random } from './random.js';
 
@@ -137,11 +137,11 @@ export class Tensor {
     }
     const target = Tensor.empty(shape, { dtype, device: options.device });
     if (hostDType === dtype) {
-      target.raw.copyFromHost(host);
+      copyToDevice(target.raw, host);
       return target;
     }
     const staging = Tensor.empty(shape, { dtype: 'f32', device: options.device });
-    staging.raw.copyFromHost(host);
+    copyToDevice(staging.raw, host);
     addon().cast({ src: staging.raw, dst: target.raw });
     staging.dispose();
     return target;
@@ -198,7 +198,7 @@ export class Tensor {
   toFloat32Array(): Float32Array {
     if (this.dtype === 'f32') {
       const out = new Float32Array(this.numel);
-      this.raw.copyToHost(out);
+      this.#readInto(out);
       return out;
     }
     if (isFloatDType(this.dtype)) {
@@ -216,22 +216,29 @@ export class Tensor {
     switch (this.dtype) {
       case 'i32': {
         const out = new Int32Array(this.numel);
-        this.raw.copyToHost(out);
+        this.#readInto(out);
         return out;
       }
       case 'u8': {
         const out = new Uint8Array(this.numel);
-        this.raw.copyToHost(out);
+        this.#readInto(out);
         return out;
       }
       case 'i64': {
         const out = new BigInt64Array(this.numel);
-        this.raw.copyToHost(out);
+        this.#readInto(out);
         return out;
       }
       default:
         return this.toFloat32Array();
     }
+  }
+
+  /** Copies the values to `out`, waiting for the device (counted by `hostSyncStats`). */
+  #readInto(out: ArrayBufferView): void {
+    const start = performance.now();
+    this.raw.copyToHost(out);
+    countHostSync(start);
   }
 
   /** The single value of a one-element tensor (this synchronises with the device). */
@@ -280,7 +287,7 @@ export class Tensor {
     if (data.byteLength !== bytes) {
       mismatch('data', `${bytes} bytes for ${this.toString()}`, `${data.byteLength} bytes`);
     }
-    this.raw.copyFromHost(data);
+    copyToDevice(this.raw, data);
   }
 
   /** Copies `src` (same shape and dtype, any device) into this tensor. */
@@ -292,6 +299,21 @@ export class Tensor {
   toString(): string {
     return `${this.dtype}[${this.shape.join(',')}] on ${this.disposed ? 'disposed' : this.device}`;
   }
+}
+
+/**
+ * Copies host data into a raw tensor. A copy to a CUDA device waits for the device's queue (the
+ * host buffer is the caller's again once it returns), so it is counted as a host synchronisation;
+ * on the CPU it is a plain copy. @internal
+ */
+export function copyToDevice(raw: RawTensor, data: ArrayBufferView): void {
+  if (raw.device === 'cpu') {
+    raw.copyFromHost(data);
+    return;
+  }
+  const start = performance.now();
+  raw.copyFromHost(data);
+  countHostSync(start);
 }
 
 /**

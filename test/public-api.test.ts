@@ -16,6 +16,9 @@ describe('the package entry point', () => {
       'writeFileAtomic',
       'crc32c',
       'writePng',
+      'countHostSync',
+      'copyToDevice',
+      'StepTiming',
     ]) {
       expect(Object.keys(api)).not.toContain(internal);
     }
@@ -34,6 +37,9 @@ describe('the package entry point', () => {
       'ERROR_CODES',
       'AbortError',
       'CosineAnnealingLR',
+      'diagnoseBottleneck',
+      'deviceUtilization',
+      'hostSyncStats',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

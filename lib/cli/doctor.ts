@@ -1,25 +1,37 @@
 /**
  * `resnet-cuda doctor`: what this installation can do and what to fix. It loads the addon, lists
  * every backend with what it was built with, runs a small convolution on each available one, and
- * checks sharp (the image decoder). Exit code 0 when the CPU backend works, 1 otherwise.
+ * checks sharp (the image decoder). Exit code 0 when the CPU backend works, 1 otherwise. With
+ * `--run DIR` it reads a training run's log instead and says what limits that run (the bottleneck
+ * report) and what to change.
  * @packageDocumentation
  */
 import { availableParallelism } from 'node:os';
 import { addon as rawAddon, type BackendStatus } from '../binding.js';
-import { listBackends, nativeVersion } from '../device.js';
+import { deviceUtilization, listBackends, nativeVersion } from '../device.js';
 import { Conv2d } from '../nn/layers.js';
 import { Tensor } from '../tensor.js';
-import { packageVersion, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
+import { readRunBottleneck, type RunBottleneck } from '../train/bottleneck-log.js';
+import { CliError, packageVersion, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const SPEC: CommandSpec = {
   name: 'doctor',
   summary: 'Check the installation.',
   description:
     'Checks the installation: Node.js, the native addon (and the libjpeg-turbo it decodes JPEGs with), every backend (CPU with oneDNN, CUDA with cuDNN, cuBLAS and NCCL) with the versions it was built with and a test convolution on each available device, and sharp with libvips. ' +
-    'Each problem comes with what to do about it. The exit code is 0 when the CPU backend works, 1 otherwise.',
+    'Each problem comes with what to do about it. The exit code is 0 when the CPU backend works, 1 otherwise.\n\n' +
+    'With --run DIR, reads the log of the training run in DIR instead and says what limits it (data loading, host overhead, device compute or host-device synchronisations), with the time per step of each and what to change.',
   positionals: [],
   // Nothing here may import sharp before the check: doctor has to run when sharp is broken.
-  options: [{ name: 'json', type: 'boolean', help: 'Print the report as JSON on stdout instead of text.' }],
+  options: [
+    { name: 'json', type: 'boolean', help: 'Print the report as JSON on stdout instead of text.' },
+    {
+      name: 'run',
+      type: 'path',
+      valueName: 'DIR',
+      help: "A training run's output folder: report what limits that run (from its log.jsonl) instead of checking the installation.",
+    },
+  ],
   config: false,
 };
 
@@ -39,6 +51,8 @@ export interface DoctorBackend extends BackendStatus {
   works?: boolean;
   /** Why it did not. */
   error?: string;
+  /** CUDA: whether the driver's utilisation reading (NVML) works, and why not when it does not. */
+  utilization?: { available: boolean; reason?: string };
 }
 
 /** What `doctor --json` prints. */
@@ -90,6 +104,22 @@ function cudaFix(status: BackendStatus): string {
     return 'Install cuDNN 9, cuBLAS and NCCL for CUDA 13 (`pip install nvidia-cudnn-cu13 nvidia-cublas nvidia-nccl-cu13`, or `scripts/setup-cuda-sdk`) and make them visible through RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH or CUDA_HOME.';
   }
   return 'Check `nvidia-smi`: the driver must see a GPU, and CUDA_VISIBLE_DEVICES must not hide them all.';
+}
+
+/** Reads the CUDA device's utilisation through NVML once; a missing reading is a note (training works without it). */
+function checkUtilization(backend: DoctorBackend, problems: DoctorProblem[]): void {
+  const reading = deviceUtilization('cuda:0');
+  backend.utilization = reading.available
+    ? { available: true }
+    : { available: false, reason: reading.reason ?? 'no reading' };
+  if (!reading.available) {
+    problems.push({
+      component: 'cuda',
+      severity: 'warning',
+      message: `GPU utilisation cannot be read (the bottleneck report infers the device time instead): ${reading.reason ?? 'no reading'}`,
+      fix: 'NVML (libnvidia-ml.so.1) comes with the NVIDIA driver; in a container, expose the driver libraries (--gpus all, NVIDIA_DRIVER_CAPABILITIES including utility).',
+    });
+  }
 }
 
 /** Gathers the report; never throws. */
@@ -162,6 +192,7 @@ export async function diagnose(): Promise<DoctorReport> {
     try {
       testConvolution(backend.name === 'cpu' ? 'cpu' : 'cuda:0');
       backend.works = true;
+      if (backend.name === 'cuda') checkUtilization(backend, problems);
     } catch (error) {
       backend.works = false;
       backend.error = message(error);
@@ -224,10 +255,41 @@ function describeBackend(b: DoctorBackend): string {
           p.nccl && `NCCL ${p.nccl}`,
         ];
   const state = b.works === true ? 'ok' : b.works === false ? 'FAILED' : 'available';
-  return `${state}: ${[b.device, ...details].filter(Boolean).join(', ')}${b.works ? '; a test convolution ran' : ''}`;
+  const nvml = b.utilization ? `; GPU utilisation ${b.utilization.available ? 'readable (NVML)' : 'not readable'}` : '';
+  return `${state}: ${[b.device, ...details].filter(Boolean).join(', ')}${b.works ? '; a test convolution ran' : ''}${nvml}`;
+}
+
+/** Reads the run's bottleneck report; a missing folder, log or record is a CLI error naming `--run`. */
+function runBottleneck(dir: string): RunBottleneck {
+  try {
+    return readRunBottleneck(dir);
+  } catch (error) {
+    throw new CliError(
+      `--run: ${message(error)}`,
+      'Give the output folder of a `resnet-cuda train` run that finished at least one epoch.',
+    );
+  }
+}
+
+/** `doctor --run DIR`: each epoch's verdict, then the run's, with what to change. */
+function printRunBottleneck(dir: string, json: boolean, io: CliIO): number {
+  const report = runBottleneck(dir);
+  if (json) {
+    io.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+    return 0;
+  }
+  io.stdout.write(`run ${report.dir}\n`);
+  for (const e of report.epochs) io.stdout.write(`  epoch ${e.epoch + 1}: ${e.kind}\n`);
+  io.stdout.write(`\n${report.overall.summary}\n`);
+  if (report.gpuMonitor !== undefined) io.stdout.write(`GPU utilisation: not available (${report.gpuMonitor})\n`);
+  io.stdout.write('\nwhat to change:\n');
+  for (const line of report.overall.advice) io.stdout.write(`  - ${line}\n`);
+  return 0;
 }
 
 async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
+  const runDir = parsed.values.run;
+  if (typeof runDir === 'string') return printRunBottleneck(runDir, parsed.values.json === true, io);
   const report = await diagnose();
   if (parsed.values.json === true) {
     io.stdout.write(`${JSON.stringify(report, null, 2)}\n`);

@@ -36,7 +36,7 @@ import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { asyncDisposeSymbol } from '../dispose.js';
 import { ResnetError, defined, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
-import { Tensor } from '../tensor.js';
+import { Tensor, copyToDevice } from '../tensor.js';
 import { expectDataset } from './dataset.js';
 import {
   BatchFiller,
@@ -821,10 +821,10 @@ export class DataLoader implements AsyncIterable<Batch> {
       };
       this.#tensors.set(key, pair);
     }
-    pair.labels.raw.copyFromHost(batch.labels);
+    copyToDevice(pair.labels.raw, batch.labels);
     if (this.#directCopy !== false) {
       try {
-        pair.images.raw.copyFromHost(batch.images);
+        copyToDevice(pair.images.raw, batch.images);
         this.#directCopy = true;
         return pair;
       } catch (error) {
@@ -837,7 +837,7 @@ export class DataLoader implements AsyncIterable<Batch> {
     this.#staging ??= new Uint8Array(defined(this.#layout, 'the slot layout').images.byteLength / this.#slotCount());
     const images = this.#staging.subarray(0, batch.images.length);
     images.set(batch.images);
-    pair.images.raw.copyFromHost(images);
+    copyToDevice(pair.images.raw, images);
     return pair;
   }
 }

@@ -7,7 +7,7 @@
  *
  * The pieces live beside it, one job each: option checks (`trainer-options.ts`), checkpoint files
  * (`checkpoint-manager.ts`), logs and charts (`run-outputs.ts`), best metric and early stopping
- * (`monitors.ts`), the epoch's loss accounting (`epoch-meter.ts`), batches (`batches.ts`),
+ * (`monitors.ts`), the epoch's loss accounting (`epoch-meter.ts`), batches (`batches.ts`), step timing and the bottleneck report (`step-timing.ts`),
  * evaluation (`evaluation.ts`) and the data-parallel reductions (`distributed.ts`).
  *
  * ```ts
@@ -52,6 +52,7 @@ import { BestMetric, EarlyStopping, defaultMode } from './monitors.js';
 import { formatDuration } from './outputs/logging.js';
 import { RunOutputs } from './run-outputs.js';
 import { ReduceLROnPlateau, Scheduler } from './schedules.js';
+import { StepTiming } from './step-timing.js';
 import {
   parseFitOptions,
   parseTrainerOptions,
@@ -130,6 +131,7 @@ export class Trainer {
   readonly #s: TrainerSettings;
   readonly #evalLoss: CrossEntropyLoss;
   readonly #outputs: RunOutputs;
+  readonly #timing: StepTiming;
   readonly #checkpoints: CheckpointManager | null;
   readonly #plateau: ReduceLROnPlateau | null;
   readonly #early: EarlyStopping | null;
@@ -177,6 +179,7 @@ export class Trainer {
       tensorboard: s.tensorboard,
       plots: s.plots,
     });
+    this.#timing = new StepTiming(this.device, this.#outputs);
     this.#checkpoints =
       this.isMain && this.#s.outDir !== null && s.checkpoint
         ? new CheckpointManager(this.#s.outDir, s.checkpoint.keepLast)
@@ -361,9 +364,11 @@ export class Trainer {
       batchSize: run.train.batchSize,
     });
     // The overfit mode (cached batches) never resumes, so it always starts at the first batch.
-    const batches = run.cached
-      ? cachedBatches(run.cached, this.device)
-      : loaderBatches(run.train, this.device, epoch, first);
+    const { batchSize, workers, prefetch } = run.train;
+    const batches = this.#timing.beginEpoch(
+      { epoch, context: { batchSize, workers, prefetch, amp: this.amp, logEvery: this.#s.logEvery } },
+      run.cached ? cachedBatches(run.cached, this.device) : loaderBatches(run.train, this.device, epoch, first),
+    );
     let lastLoss: number | undefined;
     let micro = 0;
     let stepImages = 0;
@@ -374,19 +379,25 @@ export class Trainer {
       if (!reading) return;
       lastLoss = reading.loss;
       this.#recordTrainLoss(epoch, reading.loss, windowLr, reading.imagesPerSec);
+      this.#timing.sampleDevice(this.#step);
     };
     let stopAtEnd = false;
     for await (const batch of batches) {
       if (micro === 0) await this.#beginStep(epoch, batch.index);
       const groupSize = Math.min(this.accumulate, run.batchesPerEpoch - (batch.index - micro));
+      this.#timing.computeStart();
       this.#forwardBackward(batch, groupSize, meter);
+      this.#timing.computeEnd();
       micro++;
       stepImages += batch.size;
       if (micro < groupSize) continue;
 
       const lr = this.lr;
+      this.#timing.computeStart();
       this.#optimizerStep();
+      this.#timing.computeEnd();
       this.#step++;
+      this.#timing.stepEnd();
       meter.addImages(stepImages);
       const info = this.#stepInfo(epoch, batch.index, run.batchesPerEpoch, lr, stepImages, groupSize);
       windowLr = lr;
@@ -432,6 +443,7 @@ export class Trainer {
     }
     readWindow();
     bar?.finish({ ...(lastLoss !== undefined ? { loss: lastLoss } : {}), lr: this.lr });
+    this.#timing.endEpoch(epoch, this.#step);
     return { complete: true, stopAtEnd, totals: meter.totals() };
   }
 

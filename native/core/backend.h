@@ -250,6 +250,19 @@ struct BackendInfo {
   std::vector<std::pair<std::string, std::string>> properties;  // versions, ISA, capabilities
 };
 
+// A device's utilisation and memory as the NVIDIA driver reports them (what nvidia-smi shows),
+// read through NVML: `gpuPercent` is the share of the driver's last sample period (between 1/6 s
+// and 1 s depending on the product) during which at least one kernel was running, `memoryPercent`
+// the share during which device memory was read or written, and the memory figures count every
+// process on the device. `available` is false, with the reason, where there is no such reading
+// (the CPU, a driver without NVML, a device NVML cannot identify).
+struct DeviceUtilization {
+  bool available = false;
+  std::string reason;
+  unsigned gpuPercent = 0, memoryPercent = 0;
+  uint64_t memoryUsedBytes = 0, memoryTotalBytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -302,6 +315,9 @@ class Backend {
   // Same-device copy of equal shapes and dtypes.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void synchronize() = 0;
+  // The driver's utilisation reading of this device (host-side, no device synchronisation); never
+  // throws for a missing library or an unsupported device (see DeviceUtilization).
+  virtual DeviceUtilization utilization() = 0;
 };
 
 }  // namespace rc

@@ -621,6 +621,8 @@ class CheckedBackend final : public Backend {
 
   void synchronize() override { b_->synchronize(); }
 
+  DeviceUtilization utilization() override { return b_->utilization(); }
+
  private:
   void here(std::initializer_list<const Tensor*> tensors, const char* op) const {
     checkOnDevice(tensors, device(), op);

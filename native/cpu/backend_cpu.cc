@@ -89,6 +89,12 @@ class CpuBackend final : public Backend {
 
   void synchronize() override {}
 
+  DeviceUtilization utilization() override {
+    DeviceUtilization out;
+    out.reason = "the CPU has no GPU utilisation reading (NVML reports NVIDIA GPUs only)";
+    return out;
+  }
+
  private:
   CpuContext ctx_;
 };

@@ -9,13 +9,15 @@
 #include "cuda_check.h"
 #include "cuda_ops.h"
 #include "kernels.h"
+#include "nvml_monitor.h"
 
 namespace rc::cuda {
 
 namespace {
 
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
-// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul.
+// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul
+// and the driver's utilisation reading (NVML).
 constexpr int kBackendAbi = 5;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -26,7 +28,7 @@ std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device) {}
+  explicit CudaBackend(int device) : ctx_(device), monitor_(device) {}
 
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -299,6 +301,8 @@ class CudaBackend final : public Backend {
     ctx_.checkDeferredErrors();
   }
 
+  DeviceUtilization utilization() override { return monitor_.read(); }
+
  private:
   void notCapturing(const char* op) const {
     RC_CHECK_ARG(!ctx_.capturing(), op << " waits for the device and cannot be part of a CUDA graph capture");
@@ -365,6 +369,7 @@ class CudaBackend final : public Backend {
   }
 
   CudaContext ctx_;
+  NvmlMonitor monitor_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   int64_t nextGraph_ = 1;
 };

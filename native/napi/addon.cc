@@ -295,6 +295,23 @@ Napi::Value MemoryStatsFn(const Napi::CallbackInfo& info) {
   });
 }
 
+// deviceUtilization({ device }) -> { available, reason?, gpuPercent, memoryPercent, memoryUsedBytes,
+// memoryTotalBytes }: the driver's reading (NVML) on CUDA; on the CPU, and wherever NVML is missing,
+// available is false with the reason.
+Napi::Value DeviceUtilizationFn(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    const DeviceUtilization u = backendFor(getDevice(optionsArg(info, "deviceUtilization"), "device")).utilization();
+    Napi::Object out = Napi::Object::New(info.Env());
+    out.Set("available", u.available);
+    if (!u.available) out.Set("reason", u.reason);
+    out.Set("gpuPercent", static_cast<double>(u.gpuPercent));
+    out.Set("memoryPercent", static_cast<double>(u.memoryPercent));
+    out.Set("memoryUsedBytes", static_cast<double>(u.memoryUsedBytes));
+    out.Set("memoryTotalBytes", static_cast<double>(u.memoryTotalBytes));
+    return Napi::Value(out);
+  });
+}
+
 Napi::Value ResetPeakMemory(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     backendFor(getDevice(optionsArg(info, "resetPeakMemory"), "device")).allocator().resetPeak();
@@ -408,6 +425,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"windowOutputSize", WindowOutputSize},
       {"synchronize", Synchronize},
       {"memoryStats", MemoryStatsFn},
+      {"deviceUtilization", DeviceUtilizationFn},
       {"resetPeakMemory", ResetPeakMemory},
       {"emptyCache", EmptyCache},
       {"listBackends", ListBackends},

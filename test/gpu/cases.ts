@@ -14,11 +14,21 @@
  * - with two devices, a model moved to cuda:1 trains as its twin on cuda:0;
  * - an impossible allocation fails with ERR_RC_OUT_OF_MEMORY naming the sizes;
  * - the Trainer trains a small-stem ResNet-18 on the generated shapes in bf16 and in fp16 with loss
- *   scaling, clipping and a moving average.
+ *   scaling, clipping and a moving average;
+ * - the driver's utilisation reading (NVML) is sane where the driver gives one and says why where it
+ *   does not (the emulated device), and a Trainer epoch writes its bottleneck record either way.
  * `scale: 'full'` is the GPU size (ResNet-50 at 224 px, a Trainer run to 90% accuracy); `'small'`
  * keeps every code path at sizes a CPU emulating the device gets through in seconds.
  */
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import {
+  AdaptiveAvgPool2d,
+  Conv2d,
+  Flatten,
+  ReLU,
+  Sequential,
   AdamW,
   CenterCrop,
   Compose,
@@ -36,11 +46,13 @@ import {
   SGD,
   Tensor,
   createUniqueId,
+  deviceUtilization,
   gradNorm,
   listBackends,
   parameterGroups,
   synchronize,
 } from '../../lib/index.js';
+import { diagnose } from '../../lib/cli/doctor.js';
 
 /** Where and how big a check runs, and where it reports details. */
 export interface GpuCheckContext {
@@ -418,6 +430,93 @@ export const gpuChecks: GpuCheck[] = [
         await trainer.dispose();
         await train.close();
         await val.close();
+      }
+    },
+  },
+  {
+    name: "the driver's utilisation reading (NVML), or why there is none; a Trainer epoch's bottleneck record",
+    run: async ({ device, scale, log }) => {
+      const reading = deviceUtilization(device);
+      log(JSON.stringify(reading));
+      if (reading.available) {
+        assert(reading.gpuPercent >= 0 && reading.gpuPercent <= 100, `gpuPercent ${reading.gpuPercent}`);
+        assert(
+          reading.memoryUsedBytes > 0 && reading.memoryUsedBytes <= reading.memoryTotalBytes,
+          `memory used ${reading.memoryUsedBytes} of ${reading.memoryTotalBytes}`,
+        );
+      } else {
+        assert((reading.reason ?? '').length > 0, 'no reading and no reason');
+      }
+      // doctor reports the same, and a missing reading as a note with the reason.
+      const doctor = await diagnose();
+      const cuda = doctor.backends.find((b) => b.name === 'cuda');
+      assert(cuda?.utilization?.available === reading.available, `doctor: ${JSON.stringify(cuda?.utilization)}`);
+      assert(
+        reading.available || doctor.problems.some((p) => p.message.includes(reading.reason ?? '?')),
+        'doctor gives no note for the missing reading',
+      );
+      const out = mkdtempSync(join(tmpdir(), 'resnet-cuda-gpu-bottleneck-'));
+      const full = scale === 'full';
+      // The small size: a two-layer network, which the emulated device gets through in seconds.
+      const model = full
+        ? ResNet18({ numClasses: 4, smallInput: true, seed: 1, device })
+        : new Sequential(
+            new Conv2d({ inChannels: 3, outChannels: 8, kernelSize: 3, padding: 1, seed: 1 }),
+            new ReLU(),
+            new AdaptiveAvgPool2d(1),
+            new Flatten(),
+            new Linear({ inFeatures: 8, outFeatures: 4, seed: 2 }),
+          ).to(device);
+      const trainer = new Trainer({
+        model,
+        optimizer: new SGD(model, { lr: 0.01, momentum: 0.9 }),
+        amp: 'bf16',
+        device,
+        outDir: out,
+        plots: false,
+        checkpoint: false,
+        progress: false,
+        logEvery: 1,
+      });
+      const train = new DataLoader(
+        new ShapesDataset({ length: full ? 1280 : 24, size: full ? 32 : 8, classes: 4, seed: 1 }),
+        {
+          batchSize: full ? 64 : 8,
+          transform: new Compose([new CenterCrop({ size: full ? 32 : 8 })]),
+          workers: 0,
+        },
+      );
+      try {
+        await trainer.fit(train, { epochs: 1 });
+        const records = readFileSync(join(out, 'log.jsonl'), 'utf8')
+          .trim()
+          .split('\n')
+          .map((l) => JSON.parse(l) as Record<string, unknown>);
+        const report = records.find((r) => r.type === 'bottleneck') as
+          { kind: string; summary: string; measurements: { deviceSource: string; syncsPerStep: number } } | undefined;
+        assert(report !== undefined, 'no bottleneck record in log.jsonl');
+        log(report.summary);
+        // Every step copies its batch to the device, which waits for the device's queue; the loss is read at every step.
+        assert(report.measurements.syncsPerStep >= 2, `syncs per step ${report.measurements.syncsPerStep}`);
+        const events = readdirSync(join(out, 'tensorboard'))
+          .map((f) => readFileSync(join(out, 'tensorboard', f)).toString('latin1'))
+          .join('');
+        if (reading.available) {
+          assert(report.measurements.deviceSource === 'nvml', `device time from ${report.measurements.deviceSource}`);
+          assert(events.includes('gpu/utilization') && events.includes('gpu/memory_used'), 'no gpu/* scalars');
+        } else {
+          assert(report.measurements.deviceSource === 'waits', `device time from ${report.measurements.deviceSource}`);
+          const monitor = records.find((r) => r.type === 'gpu-monitor');
+          assert(
+            monitor?.available === false && monitor.reason === reading.reason,
+            'no gpu-monitor record with the reason',
+          );
+          assert(!events.includes('gpu/utilization'), 'gpu/* scalars without a reading');
+        }
+      } finally {
+        await trainer.dispose();
+        await train.close();
+        rmSync(out, { recursive: true, force: true });
       }
     },
   },

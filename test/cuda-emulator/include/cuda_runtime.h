@@ -101,6 +101,8 @@ cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaMemGetInfo(size_t* freeBytes, size_t* totalBytes);
+// The emulated device is no PCI device: always cudaErrorNotSupported (so NVML never claims it).
+cudaError_t cudaDeviceGetPCIBusId(char* pciBusId, int len, int device);
 
 // ---- memory -----------------------------------------------------------------------------------
 cudaError_t cudaMalloc(void** ptr, size_t bytes);

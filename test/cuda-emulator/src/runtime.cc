@@ -506,6 +506,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
@@ -536,6 +537,7 @@ const char* cudaGetErrorString(cudaError_t error) {
       return text.c_str();
     }
     case cudaErrorNotPermitted: return "operation not permitted";
+    case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
@@ -611,6 +613,12 @@ cudaError_t cudaMemGetInfo(size_t* freeBytes, size_t* totalBytes) {
   *totalBytes = memoryLimit();
   *freeBytes = held < memoryLimit() ? memoryLimit() - held : 0;
   return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* pciBusId, int len, int device) {
+  if (pciBusId == nullptr || len <= 0) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= deviceCount()) return fail(cudaErrorInvalidDevice);
+  return fail(cudaErrorNotSupported);
 }
 
 // ---- memory -----------------------------------------------------------------------------------
