@@ -400,3 +400,12 @@ export function checkpointingOf(model: Module): CheckpointingState | null {
   if (!installed) return null;
   return { segments: installed.segments.map((names) => [...names]), poolBytes: installed.pool.bytes() };
 }
+
+/**
+ * Reads the command line's form of {@link CheckpointSegments}: `stage`, or a whole number N of
+ * blocks per segment. Returns null for anything else.
+ */
+export function parseCheckpointSegments(text: string): CheckpointSegments | null {
+  if (text === 'stage') return 'stage';
+  return /^[1-9]\d{0,5}$/.test(text) ? { every: Number(text) } : null;
+}
