@@ -6,8 +6,12 @@
  * 2. A whole ResNet-50 training step (forward, loss, backward, SGD) in f32 and bf16: step time,
  *    images/s, GFLOP/s, and the ratio to the conv-only time of the same step.
  * 3. Memory: resident set size and allocator statistics before and after the timed steps.
+ * 4. Gradient checkpointing: the allocator's peak and the step time of a ResNet-50 training step
+ *    without checkpointing, per stage and with every block a segment (`benchCheckpointing`).
  *
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
+ *   --checkpoint-batch 64 --checkpoint-size 224 --checkpoint-steps 2 (the checkpointing rows)
+ *   --only checkpointing (run only those rows)
  * Prints a table and writes JSON under bench/results/.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -22,11 +26,13 @@ import {
   ResNet,
   SGD,
   Tensor,
+  benchmarkTraining,
   listBackends,
   memoryStats,
   type DType,
 } from '../lib/index.js';
 import { benchPruning } from './prune.js';
+import { checkpointingOf, type CheckpointSegments } from '../lib/nn/checkpoint.js';
 
 const { values } = parseArgs({
   options: {
@@ -36,8 +42,15 @@ const { values } = parseArgs({
     iterations: { type: 'string', default: '5' },
     device: { type: 'string', default: 'cpu' },
     dtypes: { type: 'string', default: 'f32,bf16' },
+    'checkpoint-batch': { type: 'string', default: '64' },
+    'checkpoint-size': { type: 'string', default: '224' },
+    'checkpoint-steps': { type: 'string', default: '2' },
+    only: { type: 'string' },
   },
 });
+if (values.only !== undefined && values.only !== 'checkpointing') {
+  throw new Error(`--only expects 'checkpointing', got '${values.only}'`);
+}
 const batch = Number(values.batch);
 const size = Number(values.size);
 const depth = Number(values.depth) as 50;
@@ -114,7 +127,7 @@ const results: Record<string, unknown> = {
   models: [] as unknown[],
 };
 
-for (const dtype of dtypes) {
+for (const dtype of values.only === undefined ? dtypes : []) {
   const model = new ResNet(depth, { numClasses: 1000, seed: 1, device });
   const x = Tensor.randn([batch, size, size, 3], { seed: 2, device, dtype });
   const { convs, linearMacs } = convShapes(model, x);
@@ -244,6 +257,67 @@ function pruningRows(): void {
   results.pruning = benchPruning({ depth: 18, size: 64, batch: 16, iterations, device });
 }
 pruningRows();
+/**
+ * 4. Gradient checkpointing: whole ResNet-50 f32 training steps (benchmarkTraining: synthetic batch
+ * on the device, SGD) without checkpointing, per stage, and with every block a segment. The
+ * allocator's peak of live bytes during the timed steps holds the same parameters, gradients,
+ * momentum, plans and scratch memory in all three, so the differences are the activations saved.
+ * Activation buffers scale with the image area, so the saving at 224 px is the measured one times
+ * (224 / size)^2 (exactly so when 224 / size is a ratio the strides keep whole, as for 64, 112, 224).
+ */
+function benchCheckpointing(): unknown[] {
+  const cBatch = Number(values['checkpoint-batch']);
+  const cSize = Number(values['checkpoint-size']);
+  const cSteps = Number(values['checkpoint-steps']);
+  const configs: [string, CheckpointSegments | null][] = [
+    ['none', null],
+    ['stage', 'stage'],
+    ['every 1', { every: 1 }],
+  ];
+  console.log(
+    `\ngradient checkpointing: ResNet-${depth} f32 training step, batch ${cBatch}, ${cSize} px, ${cSteps} timed steps after 1 warm-up step`,
+  );
+  console.log('  config     segments  peak live MiB   saved MiB   saved at 224 px   ms/step   step time');
+  const rows: { segments: string; peakBytes: number; msPerStep: number; count: number }[] = [];
+  for (const [label, segments] of configs) {
+    const model = new ResNet(depth, { numClasses: 1000, seed: 1, device });
+    if (segments !== null) model.checkpointing({ segments });
+    const r = benchmarkTraining({
+      model,
+      device,
+      numClasses: 1000,
+      batch: cBatch,
+      size: cSize,
+      steps: cSteps,
+      warmup: 1,
+    });
+    rows.push({
+      segments: label,
+      peakBytes: r.peakMemoryBytes,
+      msPerStep: r.msPerStep,
+      count: checkpointingOf(model)?.segments.length ?? 0,
+    });
+    model.dispose();
+  }
+  const mib = (bytes: number): string => (bytes / 2 ** 20).toFixed(0);
+  const base = rows[0]!;
+  const scale = (224 / cSize) ** 2;
+  return rows.map((row) => {
+    const saved = base.peakBytes - row.peakBytes;
+    console.log(
+      `  ${row.segments.padEnd(10)} ${String(row.count).padStart(8)} ${mib(row.peakBytes).padStart(14)} ${mib(saved).padStart(11)} ${mib(saved * scale).padStart(17)} ${row.msPerStep.toFixed(0).padStart(9)} ${(row.msPerStep / base.msPerStep).toFixed(2).padStart(10)}x`,
+    );
+    return {
+      ...row,
+      batch: cBatch,
+      size: cSize,
+      savedBytes: saved,
+      savedBytesAt224: saved * scale,
+      stepTimeRatio: row.msPerStep / base.msPerStep,
+    };
+  });
+}
+results.checkpointing = benchCheckpointing();
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const outDir = join(root, 'bench', 'results');

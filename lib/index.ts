@@ -61,6 +61,14 @@ export {
   type ResNetDepth,
   type ResNetOptions,
 } from './nn/resnet.js';
+// Gradient checkpointing (also `ResNet.checkpointing(options)`).
+export {
+  checkpointingOf,
+  setCheckpointing,
+  type CheckpointSegments,
+  type CheckpointingOptions,
+  type CheckpointingState,
+} from './nn/checkpoint.js';
 export { CrossEntropyLoss, type CrossEntropyLossOptions } from './nn/loss.js';
 export { IMAGENET_MEAN, IMAGENET_STD, InputNormalize, type InputNormalizeOptions } from './nn/input.js';
 export { SGD, type SGDGroup, type SGDGroupInput, type SGDOptions } from './optim/sgd.js';

@@ -11,6 +11,7 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { DataLoader } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
 import { defined } from '../errors.js';
+import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
 import { AdamW, LAMB } from '../optim/adam.js';
@@ -200,6 +201,13 @@ const OPTIONS: OptionSpec[] = [
     section: S_MODEL,
   },
   ...PRUNE_TRAIN_OPTIONS,
+  {
+    name: 'grad-checkpoint',
+    type: 'string',
+    valueName: 'stage|N',
+    help: 'Gradient checkpointing: keep only the input and output of each stage (stage) or of every N blocks, and recompute the activations inside in backward; less memory for about one more forward of those blocks per step.',
+    section: S_MODEL,
+  },
 
   option({ name: 'opt', type: 'choice', choices: OPTIMIZERS, default: 'sgd', help: 'The optimizer.', section: S_OPT }),
   option({
@@ -550,6 +558,7 @@ interface TrainArgs {
   stem: 'auto' | 'imagenet' | 'small';
   weights: string | undefined;
   freeze: string[] | undefined;
+  gradCheckpoint: string | undefined;
   opt: OptimizerName;
   lr: number;
   lrScaleBatch: number | undefined;
@@ -707,6 +716,9 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
     throw new UsageError(
       `--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`,
     );
+  }
+  if (a.gradCheckpoint !== undefined && parseCheckpointSegments(a.gradCheckpoint) === null) {
+    throw new UsageError(`--grad-checkpoint expects stage or a number of blocks N >= 1, got '${a.gradCheckpoint}'`);
   }
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
@@ -1062,6 +1074,12 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   if (a.freeze !== undefined) {
     const frozen = freeze(model, a.freeze);
     notes.push(`froze ${a.freeze.join(', ')} (${frozen.toLocaleString('en-US')} parameters)`);
+  }
+  if (a.gradCheckpoint !== undefined) {
+    const segments = defined(parseCheckpointSegments(a.gradCheckpoint), '--grad-checkpoint');
+    notes.push(
+      `gradient checkpointing: ${setCheckpointing(model, { segments }).length} segments recomputed in backward`,
+    );
   }
   const lr = a.lrScaleBatch !== undefined ? scaleLrForBatch(a.lr, a.batchSize * a.accumulate, a.lrScaleBatch) : a.lr;
   const optimizer = buildOptimizer(a, model, lr);

@@ -9,9 +9,24 @@ import { Tensor, expectTensor } from '../tensor.js';
 import { BatchNorm2d } from './layers.js';
 import { Module, ShapeCache } from './module.js';
 
+/**
+ * Runs a chain's children in place of its own loop: gradient checkpointing's segments
+ * (`lib/nn/checkpoint.ts`), which recompute their forward in backward.
+ */
+export interface ChainRunner {
+  /** The chain's output for `x` (the chain has checked and placed it). */
+  forward(x: Tensor): Tensor;
+  /** The chain's backward; the input gradient only when `requiresInputGrad`. */
+  backward(gradOutput: Tensor, requiresInputGrad: boolean): Tensor | null;
+  /** Frees what the runner holds for the chain (called when the chain's buffers are released). */
+  release(): void;
+}
+
 /** Runs named children in order; backward runs them in reverse. */
 export class Chain extends Module {
   readonly #sequence: Module[] = [];
+  /** Runs the children instead of the plain loop when set (gradient checkpointing). @internal */
+  runner: ChainRunner | null = null;
 
   /** @param entries - `[name, module]` pairs; names become state-dict prefixes. */
   constructor(entries: readonly (readonly [string, Module])[]) {
@@ -32,6 +47,7 @@ export class Chain extends Module {
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, this.constructor.name);
+    if (this.runner) return this.runner.forward(x);
     let h = x;
     for (const m of this.#sequence) h = m.forward(h);
     return h;
@@ -42,6 +58,7 @@ export class Chain extends Module {
   }
 
   #backward(gradOutput: Tensor): Tensor | null {
+    if (this.runner) return this.runner.backward(gradOutput, this.requiresInputGrad);
     let g: Tensor | null = gradOutput;
     const n = this.#sequence.length;
     for (let i = n - 1; i >= 0; i--) {
@@ -50,6 +67,10 @@ export class Chain extends Module {
       g = m.backward(defined(g, `the input gradient of ${this.constructor.name} layer ${i + 1}`));
     }
     return n === 0 && !this.requiresInputGrad ? null : g;
+  }
+
+  protected override disposeCache(): void {
+    this.runner?.release();
   }
 }
 
@@ -133,7 +154,7 @@ export class Residual extends Module {
     if (this.#shortcut) this.#shortcut.requiresInputGrad = this.requiresInputGrad;
     const dShortcut = this.#shortcut ? this.#shortcut.backward(dIdentity) : dIdentity;
     if (!this.requiresInputGrad) return null;
-    const sum = this.#sums.get(input, () => Tensor.empty(input.shape, { dtype: input.dtype, device: input.device }));
+    const sum = this.#sums.get(input, () => this.activationBuffer(input.shape, input.dtype, input.device));
     const main = defined(g, `the main-branch input gradient of ${this.constructor.name}`);
     const shortcut = defined(dShortcut, `the shortcut input gradient of ${this.constructor.name}`);
     addon().add({ a: main.raw, b: shortcut.raw, out: sum.raw });

@@ -77,10 +77,15 @@ interface WeightedEntry<P extends WeightedPlan> {
   dispose(): void;
 }
 
-function weightedEntry<P extends WeightedPlan>(plan: P, x: Tensor, outShape: readonly number[]): WeightedEntry<P> {
+function weightedEntry<P extends WeightedPlan>(
+  layer: Module,
+  plan: P,
+  x: Tensor,
+  outShape: readonly number[],
+): WeightedEntry<P> {
   const e: WeightedEntry<P> = {
     plan,
-    y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }),
+    y: layer.activationBuffer(outShape, x.dtype, x.device),
     dx: null,
     discard: null,
     dispose: () => disposeAll(plan, e.y, e.dx, e.discard),
@@ -118,7 +123,7 @@ function weightedBackward(
     });
   }
   if (!layer.requiresInputGrad) return null;
-  e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
+  e.dx ??= layer.activationBuffer(x.shape, x.dtype, x.device);
   e.plan.backwardData({ dy: gradOutput.raw, weight: layer.weight.data.raw, dx: e.dx.raw });
   return e.dx;
 }
@@ -245,7 +250,7 @@ export class Conv2d extends Module {
         dilationW: this.dilation[1],
         bias: this.bias !== null,
       });
-      return weightedEntry(plan, x, out);
+      return weightedEntry(this, plan, x, out);
     });
     this.#input = x;
     this.#entry = entry;
@@ -309,6 +314,15 @@ export class BatchNorm2d extends Module {
   #entry: BnEntry | null = null;
   /** The mode of the last forward, which decides its backward (batch or running statistics). */
   #forwardTraining = true;
+  /** Where a recomputed training forward writes its running-average update, which is discarded. */
+  #discardedRunning: { mean: Tensor; var: Tensor } | null = null;
+  /**
+   * Set while gradient checkpointing recomputes a forward that already ran: a training-mode
+   * forward then uses the batch statistics as usual but leaves the running statistics and
+   * `num_batches_tracked` as they are, so that they are updated once per step.
+   * @internal
+   */
+  recomputing = false;
 
   constructor(options: BatchNorm2dOptions) {
     super();
@@ -354,9 +368,9 @@ export class BatchNorm2d extends Module {
     const entry = this.#cache.get(x, () => {
       const c = [this.numFeatures];
       const e: BnEntry = {
-        y: Tensor.empty(x.shape, { dtype: x.dtype, device: x.device }),
-        saveMean: Tensor.empty(c, { device: x.device }),
-        saveInvStd: Tensor.empty(c, { device: x.device }),
+        y: this.activationBuffer(x.shape, x.dtype, x.device),
+        saveMean: this.activationBuffer(c, 'f32', x.device),
+        saveInvStd: this.activationBuffer(c, 'f32', x.device),
         dx: null,
         dResidual: null,
         discardGamma: null,
@@ -365,14 +379,15 @@ export class BatchNorm2d extends Module {
       };
       return e;
     });
+    const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
     addon().batchNormForward({
       x: x.raw,
       gamma: this.weight.data.raw,
       beta: this.bias.data.raw,
       ...(residual ? { residual: residual.raw } : {}),
       y: entry.y.raw,
-      runningMean: defined(this.#runningMean.tensor, 'the BatchNorm2d running mean').raw,
-      runningVar: defined(this.#runningVar.tensor, 'the BatchNorm2d running variance').raw,
+      runningMean: (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw,
+      runningVar: (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw,
       saveMean: entry.saveMean.raw,
       saveInvStd: entry.saveInvStd.raw,
       training: this.training,
@@ -380,12 +395,19 @@ export class BatchNorm2d extends Module {
       momentum: this.momentum,
       eps: this.eps,
     });
-    if (this.training) this.bumpCounter('num_batches_tracked');
+    if (this.training && !discard) this.bumpCounter('num_batches_tracked');
     this.#forwardTraining = this.training;
     this.#input = x;
     this.#residual = residual ?? null;
     this.#entry = entry;
     return entry.y;
+  }
+
+  /** Scratch running statistics for a recomputed forward (zeros and ones, so the update stays finite). */
+  #discardRunning(device: string): { mean: Tensor; var: Tensor } {
+    const c = [this.numFeatures];
+    this.#discardedRunning ??= { mean: Tensor.zeros(c, { device }), var: Tensor.full(c, 1, { device }) };
+    return this.#discardedRunning;
   }
 
   /** The gradient with respect to the residual of the last forward, after `backward`. */
@@ -408,10 +430,8 @@ export class BatchNorm2d extends Module {
     const x = this.#input;
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
-    e.dx ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device });
-    const dResidual = this.#residual
-      ? (e.dResidual ??= Tensor.empty(x.shape, { dtype: x.dtype, device: x.device }))
-      : null;
+    e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device);
+    const dResidual = this.#residual ? (e.dResidual ??= this.activationBuffer(x.shape, x.dtype, x.device)) : null;
     const c = [this.numFeatures];
     const dGamma = this.weight.requiresGrad
       ? this.weight.grad.raw
@@ -441,6 +461,8 @@ export class BatchNorm2d extends Module {
     this.#entry = null;
     this.#input = null;
     this.#residual = null;
+    disposeAll(this.#discardedRunning?.mean, this.#discardedRunning?.var);
+    this.#discardedRunning = null;
   }
 }
 
@@ -453,12 +475,17 @@ interface UnaryEntry<P extends RawPool2dPlan | null> {
   dispose(): void;
 }
 
-function unaryEntry<P extends RawPool2dPlan | null>(x: Tensor, outShape: readonly number[], plan: P): UnaryEntry<P> {
+function unaryEntry<P extends RawPool2dPlan | null>(
+  layer: Module,
+  x: Tensor,
+  outShape: readonly number[],
+  plan: P,
+): UnaryEntry<P> {
   const bytes = plan?.workspaceBytes() ?? 0;
   const e: UnaryEntry<P> = {
-    y: Tensor.empty(outShape, { dtype: x.dtype, device: x.device }),
+    y: layer.activationBuffer(outShape, x.dtype, x.device),
     dx: null,
-    workspace: bytes > 0 ? Tensor.empty([bytes], { dtype: 'u8', device: x.device }) : null,
+    workspace: bytes > 0 ? layer.activationBuffer([bytes], 'u8', x.device) : null,
     plan,
     dispose: () => disposeAll(e.y, e.dx, e.workspace, e.plan),
   };
@@ -473,7 +500,7 @@ export class ReLU extends Module {
   override forward(x: Tensor): Tensor {
     this.prepare(x, 'ReLU');
     expectTensor('ReLU input', x, { dtype: FLOAT_DTYPES });
-    const entry = this.#cache.get(x, () => unaryEntry(x, x.shape, null));
+    const entry = this.#cache.get(x, () => unaryEntry(this, x, x.shape, null));
     addon().relu({ x: x.raw, y: entry.y.raw });
     this.#entry = entry;
     return entry.y;
@@ -488,7 +515,7 @@ export class ReLU extends Module {
     if (!e) return backwardBeforeForward('ReLU');
     expectTensor('ReLU gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
-    e.dx ??= Tensor.empty(e.y.shape, { dtype: e.y.dtype, device: e.y.device });
+    e.dx ??= this.activationBuffer(e.y.shape, e.y.dtype, e.y.device);
     addon().reluBackward({ y: e.y.raw, dy: gradOutput.raw, dx: e.dx.raw });
     return e.dx;
   }
@@ -547,7 +574,7 @@ export abstract class Pool2d extends Module {
         padH: g.padding[0],
         padW: g.padding[1],
       });
-      return unaryEntry(x, [n, oh, ow, c], plan);
+      return unaryEntry(this, x, [n, oh, ow, c], plan);
     });
     entry.plan.forward({ x: x.raw, y: entry.y.raw, ...(entry.workspace ? { workspace: entry.workspace.raw } : {}) });
     this.#entry = entry;
@@ -565,7 +592,7 @@ export abstract class Pool2d extends Module {
     if (!e) return backwardBeforeForward(name);
     expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
-    e.dx ??= Tensor.empty(this.#inputShape, { dtype: e.y.dtype, device: e.y.device });
+    e.dx ??= this.activationBuffer(this.#inputShape, e.y.dtype, e.y.device);
     e.plan.backward({ dy: gradOutput.raw, dx: e.dx.raw, ...(e.workspace ? { workspace: e.workspace.raw } : {}) });
     return e.dx;
   }
@@ -707,7 +734,7 @@ export class Linear extends Module {
         out: this.outFeatures,
         bias: this.bias !== null,
       });
-      return weightedEntry(plan, x, [n, this.outFeatures]);
+      return weightedEntry(this, plan, x, [n, this.outFeatures]);
     });
     this.#input = x;
     this.#entry = entry;

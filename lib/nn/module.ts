@@ -59,6 +59,16 @@ export function oihwToOhwi(src: Float32Array, shape: readonly number[]): Float32
   return out;
 }
 
+/**
+ * Where a module's activation buffers (outputs, saved statistics, input gradients) come from when
+ * they are not the module's own tensors: gradient checkpointing hands the modules of a segment
+ * views of one pool shared with the other segments (see `lib/nn/checkpoint.ts`).
+ */
+export interface BufferSource {
+  /** An uninitialised tensor of `shape` and `dtype` on `device`, valid until the source is reset. */
+  empty(shape: readonly number[], dtype: DType, device: string): Tensor;
+}
+
 /** Base class of all layers and containers. */
 export abstract class Module {
   /** Training mode (batch statistics in BN) or evaluation mode. */
@@ -68,6 +78,12 @@ export abstract class Module {
    * false (an image needs no gradient), and then its `backward` returns null.
    */
   requiresInputGrad = true;
+  /**
+   * Where {@link activationBuffer} takes memory from: null (the default) for tensors of the
+   * module's own; set by gradient checkpointing for the modules of a checkpointed segment.
+   * @internal
+   */
+  bufferSource: BufferSource | null = null;
   readonly #children = new Map<string, Module>();
   readonly #params = new Map<string, Parameter>();
   readonly #buffers = new Map<string, BufferSlot>();
@@ -90,6 +106,16 @@ export abstract class Module {
   /** The device the module's parameters live on, or null before placement. */
   get device(): string | null {
     return this.#device;
+  }
+
+  /**
+   * A per-shape activation buffer (an output, a saved statistic, an input gradient): a tensor of
+   * the module's own, or a view from its {@link bufferSource}. Layers allocate every such buffer
+   * through this, once per input shape.
+   * @internal
+   */
+  activationBuffer(shape: readonly number[], dtype: DType, device: string): Tensor {
+    return this.bufferSource ? this.bufferSource.empty(shape, dtype, device) : Tensor.empty(shape, { dtype, device });
   }
 
   /** Registers a child module under `name` (its parameters are named `name.*`). */

@@ -5,6 +5,7 @@
  */
 import { expectBool, expectInt, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
 import { Random } from '../random.js';
+import { setCheckpointing, type CheckpointingOptions } from './checkpoint.js';
 import { Chain, Residual, Sequential } from './containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
 import type { Module } from './module.js';
@@ -249,6 +250,18 @@ export class ResNet extends Chain {
    */
   summary(options: SummaryOptions): ModelSummary {
     return summary(this, options);
+  }
+
+  /**
+   * Gradient checkpointing (`torch.utils.checkpoint.checkpoint_sequential`'s role): per stage
+   * (`{ segments: 'stage' }`) or every k blocks (`{ segments: { every: k } }`), the activations
+   * inside a segment are not kept after forward but recomputed in backward from the segment's
+   * input, for less memory at the cost of a second forward of those blocks. Same gradients, loss
+   * and running statistics as without. `false` turns it off. See `lib/nn/checkpoint.ts`.
+   */
+  checkpointing(options: CheckpointingOptions | false): this {
+    setCheckpointing(this, options);
+    return this;
   }
 
   /** torchvision's initialisation: He-normal (fan_out) convolutions, BN weight 1 and bias 0. */
