@@ -252,6 +252,22 @@ describe('global magnitude pruning', () => {
     model.dispose();
   });
 
+  it('prunes at once when training starts past the schedule (fine-tuning), and takes a resumed mask from the zeros', () => {
+    const model = tinyNet(8);
+    const total = 8 * 27 + 16 * 72 + 4 * 16;
+    const callback = new PruningCallback(model, { finalSparsity: 0.6, startStep: 0, endStep: 0 });
+    callback.onFitBegin(null, { step: 0 });
+    callback.onStepEnd(null, { step: 1 });
+    expect(weightSparsity(model)).toBe(Math.round(0.6 * total) / total);
+    callback.onFitEnd();
+    // A resumed run (step > 0) starts from the zeros the checkpoint holds.
+    const resumed = new PruningCallback(model, { finalSparsity: 0.9, startStep: 0, endStep: 100, frequency: 50 });
+    resumed.onFitBegin(null, { step: 20 });
+    expect(resumed.pruner?.sparsity).toBe(Math.round(0.6 * total) / total);
+    resumed.onFitEnd();
+    model.dispose();
+  });
+
   it('refuses bad arguments', () => {
     const model = tinyNet(7);
     expect(() => new MagnitudePruner(model, { exclude: ['nope.weight'] })).toThrow(/exclude/);
