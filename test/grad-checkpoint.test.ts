@@ -240,6 +240,18 @@ describe.skipIf(onlyCuda)('train --grad-checkpoint', () => {
   });
 });
 
+describe.skipIf(onlyCuda)('bench --grad-checkpoint', () => {
+  it('measures a checkpointed model, and refuses a malformed value', async () => {
+    const args = ['bench', '--model', 'resnet18', '--small-input', '--size', '16', '-b', '4', '--steps', '1'];
+    const run = await runCli([...args, '--warmup', '1', '--grad-checkpoint', 'stage'], tmpdir());
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toMatch(/ms\/step, .* img\/s, peak memory .*, gradient checkpointing stage\)\n$/);
+    const bad = await runCli([...args, '--grad-checkpoint', 'blocks'], tmpdir());
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("--grad-checkpoint expects stage or a number of blocks N >= 1, got 'blocks'");
+  });
+});
+
 describe('gradient checkpointing on CUDA', () => {
   const cuda = listBackends().find((b) => b.name === 'cuda');
   it.skipIf(!cuda?.available).each([[{ every: 1 }]] as const)(

@@ -6,6 +6,7 @@
  * @packageDocumentation
  */
 import { listBackends } from '../device.js';
+import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
 import { benchmarkTraining } from '../train/benchmark.js';
 import {
   MODEL_NAMES,
@@ -55,6 +56,12 @@ const SPEC: CommandSpec = {
       help: 'Untimed steps first (algorithm selection, allocations).',
     },
     { name: 'cuda-graph', type: 'boolean', help: 'Capture one step as a CUDA graph and time its replays (CUDA only).' },
+    {
+      name: 'grad-checkpoint',
+      type: 'string',
+      valueName: 'stage|N',
+      help: 'Gradient checkpointing per stage (stage) or every N blocks, to measure its memory saving and time cost.',
+    },
     SHARED_OPTIONS.json,
   ],
   examples: [
@@ -75,6 +82,7 @@ interface BenchArgs {
   steps: number | undefined;
   warmup: number | undefined;
   cudaGraph: boolean;
+  gradCheckpoint: string | undefined;
   json: boolean;
 }
 
@@ -103,6 +111,10 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   const amp: AmpName = a.amp ?? (cuda ? 'bf16' : 'none');
   checkAmp(amp, device);
   if (a.cudaGraph && !cuda) throw new UsageError(`--cuda-graph needs a CUDA device, but --device is ${device}`);
+  const segments = a.gradCheckpoint === undefined ? null : parseCheckpointSegments(a.gradCheckpoint);
+  if (a.gradCheckpoint !== undefined && segments === null) {
+    throw new UsageError(`--grad-checkpoint expects stage or a number of blocks N >= 1, got '${a.gradCheckpoint}'`);
+  }
   const batch = a.batchSize ?? (cuda ? 256 : 16);
   const steps = a.steps ?? (cuda ? 30 : 5);
   const warmup = a.warmup ?? (cuda ? 5 : 2);
@@ -110,6 +122,7 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   const dtype = amp === 'bf16' ? 'bf16' : amp === 'fp16' ? 'f16' : 'f32';
 
   const model = buildModel({ model: a.model, numClasses: a.numClasses, smallInput: a.smallInput }, { device, seed: 1 });
+  if (segments !== null) setCheckpointing(model, { segments });
   const say = (text: string) => {
     if (!a.json) io.stderr.write(`${text}\n`);
   };
@@ -153,7 +166,7 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   } else {
     io.stdout.write(
       `${ms.toFixed(1)} ms/step, ${result.imagesPerSecond.toFixed(1)} img/s, peak memory ${(result.peakMemoryBytes / 2 ** 30).toFixed(2)} GiB` +
-        ` (${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device}${a.cudaGraph ? ', CUDA graph' : ''})\n`,
+        ` (${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device}${a.cudaGraph ? ', CUDA graph' : ''}${a.gradCheckpoint !== undefined ? `, gradient checkpointing ${a.gradCheckpoint}` : ''})\n`,
     );
   }
   return 0;
