@@ -34,7 +34,7 @@ import { clipGradNorm } from '../optim/clip.js';
 import { GradScaler } from '../optim/grad-scaler.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import { Tensor } from '../tensor.js';
-import { checkSignal, throwIfAborted } from './abort.js';
+import { AbortError, checkSignal, throwIfAborted } from './abort.js';
 import { cacheBatches, cachedBatches, isLoader, loaderBatches, type DeviceBatch, type HostBatch } from './batches.js';
 import { loadCheckpoint, saveCheckpoint, saveWeights, type CheckpointParts, type Stateful } from './checkpoint.js';
 import {
@@ -50,6 +50,7 @@ import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.
 import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Predictions } from './evaluation.js';
 import { BestMetric, EarlyStopping, defaultMode } from './monitors.js';
 import { formatDuration } from './outputs/logging.js';
+import { trainingParams } from './outputs/mlflow-tracking.js';
 import { RunOutputs } from './run-outputs.js';
 import { ReduceLROnPlateau, Scheduler } from './schedules.js';
 import {
@@ -176,6 +177,7 @@ export class Trainer {
       jsonLog: s.jsonLog,
       tensorboard: s.tensorboard,
       plots: s.plots,
+      mlflow: s.mlflow,
     });
     this.#checkpoints =
       this.isMain && this.#s.outDir !== null && s.checkpoint
@@ -287,6 +289,15 @@ export class Trainer {
         { model: this.model, ema: this.ema, lastEval, lastEvalEma, classNames: run.classNames },
         { epochs: this.#epoch, steps: this.#step, best, history: this.#history, config: this.#s.config },
       );
+      this.#outputs.endTracking(this.#stopRequested ? 'KILLED' : 'FINISHED');
+    } catch (error) {
+      // The run's own error is the one to report, not a failure to record its status.
+      try {
+        this.#outputs.endTracking(error instanceof AbortError ? 'KILLED' : 'FAILED');
+      } catch {
+        // The MLflow run stays RUNNING, as a crashed run's does.
+      }
+      throw error;
     } finally {
       await this.#outputs.flush();
     }
@@ -335,7 +346,7 @@ export class Trainer {
     const resumed = file ? await this.#resume(file, train) : null;
     if (this.#outputs.writes) {
       await this.#checkpoints?.prepare();
-      this.#outputs.open();
+      this.#outputs.open({ resumed: resumed !== null, params: this.#trackingParams() });
     }
     if (resumed) {
       const { run, config } = resumed;
@@ -804,6 +815,26 @@ export class Trainer {
       this.optimizer.zeroGrad();
       throw error;
     }
+  }
+
+  /** The parameters an MLflow run records of this Trainer. */
+  #trackingParams(): Record<string, string> {
+    const s = this.#s;
+    return trainingParams({
+      model: this.model,
+      optimizer: this.optimizer,
+      settings: {
+        device: this.device,
+        amp: s.amp,
+        accumulate: s.accumulate,
+        label_smoothing: s.labelSmoothing,
+        ...(s.clip !== null ? { clip_grad_norm: s.clip } : {}),
+        ...(s.ema ? { ema: s.ema } : {}),
+        ...(s.schedule ? { schedule: s.schedule.constructor.name } : {}),
+        ...(s.communicator ? { world_size: s.communicator.worldSize } : {}),
+      },
+      config: s.config,
+    });
   }
 
   /** The parts a checkpoint holds. */
