@@ -13,19 +13,33 @@ import { runCli } from './helpers/cli.js';
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-cli-lrf-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-/** A sweep small enough for the CPU: ResNet-18, 16 px, batch 4. */
-const SMALL = ['--train-crop-size', '16', '-b', '4', '-j', '0', '--seed', '1'];
+/** Runs small enough for the CPU: ResNet-18, 16 px. */
+const SMALL = ['--train-crop-size', '16', '-j', '0', '--seed', '1'];
 
 describe('resnet-cuda lr-find', () => {
   it('sweeps on the built-in dataset, prints the suggestion and writes the plot and the data', async () => {
     const run = await runCli(
-      ['lr-find', ...SMALL, '--num-iter', '18', '--start-lr', '1e-4', '--end-lr', '1', '--output-dir', 'lrf', '-q'],
+      [
+        'lr-find',
+        ...SMALL,
+        '-b',
+        '8',
+        '--num-iter',
+        '20',
+        '--start-lr',
+        '1e-4',
+        '--end-lr',
+        '1',
+        '--output-dir',
+        'lrf',
+        '-q',
+      ],
       dir,
     );
     expect(run.code, run.stderr).toBe(0);
     const data = JSON.parse(readFileSync(join(dir, 'lrf', 'lr-find.json'), 'utf8')) as LrFinderResult;
     expect(data.lrs[0]).toBeCloseTo(1e-4, 18);
-    expect(data.settings).toMatchObject({ startLr: 1e-4, endLr: 1, numIter: 18, mode: 'exp', beta: 0.98 });
+    expect(data.settings).toMatchObject({ startLr: 1e-4, endLr: 1, numIter: 20, mode: 'exp', beta: 0.98 });
     const suggestion = data.suggestion?.lr;
     expect(suggestion).toBeDefined();
     expect(run.stdout).toContain(
@@ -44,7 +58,7 @@ describe('resnet-cuda lr-find', () => {
 
   it('prints JSON with --json', async () => {
     const run = await runCli(
-      ['lr-find', ...SMALL, '--num-iter', '3', '--opt', 'adamw', '--output-dir', 'lrf-json', '--json'],
+      ['lr-find', ...SMALL, '-b', '4', '--num-iter', '3', '--opt', 'adamw', '--output-dir', 'lrf-json', '--json'],
       dir,
     );
     expect(run.code, run.stderr).toBe(0);
@@ -83,6 +97,8 @@ describe('resnet-cuda train --mlflow', () => {
       [
         'train',
         ...SMALL,
+        '-b',
+        '4',
         '--max-steps',
         '2',
         '--output-dir',
