@@ -180,3 +180,16 @@ export {
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
 export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';
+// Learning-rate range test (Trainer.findLr) and MLflow tracking (the Trainer's mlflow option).
+export {
+  plotLrFinder,
+  smoothLosses,
+  suggestLr,
+  sweepLr,
+  writeLrFinder,
+  type LrFinderOptions,
+  type LrFinderResult,
+  type LrFinderSettings,
+  type LrSuggestion,
+} from './train/lr-finder.js';
+export { MlflowRun, type MlflowRunOptions, type MlflowRunStatus } from './train/outputs/mlflow.js';

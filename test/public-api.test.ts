@@ -34,6 +34,8 @@ describe('the package entry point', () => {
       'ERROR_CODES',
       'AbortError',
       'CosineAnnealingLR',
+      'writeLrFinder',
+      'MlflowRun',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
