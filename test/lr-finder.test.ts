@@ -16,6 +16,7 @@ import {
   SGD,
   Sequential,
   ShapesDataset,
+  type Tensor,
 } from '../lib/index.js';
 import type { Module, StateDict } from '../lib/nn/module.js';
 import type { OptimizerState } from '../lib/optim/optimizer.js';
@@ -240,6 +241,28 @@ describe('Trainer.findLr', () => {
     expect(json.lrs).toEqual(result.lrs);
     expect(json.suggestion).toEqual(result.suggestion);
     await t.dispose();
+  });
+
+  it('averages the loss over the ranks in data-parallel training, so that every rank stops at the same step', async () => {
+    // Two ranks with identical data (gradients averaged unchanged); the other rank's loss is twice this one's.
+    const reduced: number[] = [];
+    const communicator = {
+      rank: 0,
+      worldSize: 2,
+      allReduce(tensor: Tensor, options: { average?: boolean } = {}) {
+        if (tensor.numel !== 1) return;
+        reduced.push(tensor.item());
+        if (options.average) tensor.copyFromHost(tensor.toFloat32Array().map((v) => (v + 2 * v) / 2));
+      },
+    };
+    const single = await make().findLr(loader(), { startLr: 1e-3, endLr: 1e-1, numIter: 5 });
+    const ranked = await make({ distributed: { communicator: communicator as never } }).findLr(loader(), {
+      startLr: 1e-3,
+      endLr: 1e-1,
+      numIter: 5,
+    });
+    expect(reduced).toEqual(single.losses);
+    expect(ranked.losses).toEqual(single.losses.map((v) => Math.fround(1.5 * v)));
   });
 
   it('refuses a non-loader and runs one call at a time', async () => {

@@ -44,7 +44,7 @@ import {
   type CheckpointInfo,
   type RunState,
 } from './checkpoint-manager.js';
-import { averageGradients, sumEvalCounts } from './distributed.js';
+import { averageGradients, isDistributed, sumEvalCounts } from './distributed.js';
 import { ModelEma } from './ema.js';
 import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.js';
 import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Predictions } from './evaluation.js';
@@ -777,13 +777,18 @@ export class Trainer {
     });
   }
 
-  /** One step of the range test: `accumulate` micro-batches and the update; resolves to the mean loss. */
+  /**
+   * One step of the range test: `accumulate` micro-batches and the update; resolves to the mean
+   * loss, averaged over the ranks in data-parallel training, so that every rank stops at the same step.
+   */
   async #rangeTestStep(next: () => Promise<DeviceBatch>): Promise<number> {
     const stepLoss = defined(this.#stepLoss, 'the step loss');
     addon().fill({ tensor: stepLoss.raw, value: 0 });
     try {
       for (let i = 0; i < this.accumulate; i++) this.#forwardBackward(await next(), this.accumulate, null);
       this.#update();
+      const communicator = this.#s.communicator;
+      if (isDistributed(communicator)) communicator.allReduce(stepLoss, { average: true });
     } catch (error) {
       this.scaler.abandonStep();
       this.optimizer.zeroGrad();
