@@ -228,3 +228,16 @@ export {
   type StepMeasurements,
 } from './train/bottleneck.js';
 export { readRunBottleneck, type EpochBottleneck, type RunBottleneck } from './train/bottleneck-log.js';
+// Learning-rate range test (Trainer.findLr) and MLflow tracking (the Trainer's mlflow option).
+export {
+  plotLrFinder,
+  smoothLosses,
+  suggestLr,
+  sweepLr,
+  writeLrFinder,
+  type LrFinderOptions,
+  type LrFinderResult,
+  type LrFinderSettings,
+  type LrSuggestion,
+} from './train/lr-finder.js';
+export { MlflowRun, type MlflowRunOptions, type MlflowRunStatus } from './train/outputs/mlflow.js';

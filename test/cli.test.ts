@@ -14,6 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { benchCommand } from '../lib/cli/bench.js';
 import { doctorCommand, type DoctorReport } from '../lib/cli/doctor.js';
 import { evalCommand } from '../lib/cli/eval.js';
+import { lrFindCommand } from '../lib/cli/lr-find.js';
 import type { Command } from '../lib/cli/options.js';
 import { predictCommand } from '../lib/cli/predict.js';
 import { trainCommand } from '../lib/cli/train.js';
@@ -34,6 +35,7 @@ const COMMANDS: Record<string, Command> = {
   train: trainCommand,
   eval: evalCommand,
   predict: predictCommand,
+  'lr-find': lrFindCommand,
   bench: benchCommand,
   doctor: doctorCommand,
 };

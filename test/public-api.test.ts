@@ -40,6 +40,8 @@ describe('the package entry point', () => {
       'diagnoseBottleneck',
       'deviceUtilization',
       'hostSyncStats',
+      'writeLrFinder',
+      'MlflowRun',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `bench`, `summary`, `prune` and `doctor`, like
+ * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `lr-find`, `bench`, `summary`, `prune` and `doctor`, like
  * torchvision's `references/classification/train.py` split into subcommands.
  *
  * Exit codes: 0 on success, 2 for a usage error (reported before any work starts), 1 for a
@@ -35,6 +35,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
   predict: {
     summary: 'Classify image files and print the top-k classes with their probabilities.',
     load: async () => (await import('./predict.js')).predictCommand,
+  },
+  'lr-find': {
+    summary: 'Find a learning rate: the range test (fastai lr_find, pytorch-lr-finder), with a plot.',
+    load: async () => (await import('./lr-find.js')).lrFindCommand,
   },
   bench: {
     summary: 'Measure training throughput (forward, backward and SGD step) on synthetic data.',
@@ -71,6 +75,7 @@ function topLevelHelp(): string {
     '  resnet-cuda train data/imagenet --model resnet50 --device cuda --amp bf16 -b 256 --lr 0.1\n' +
     '  resnet-cuda eval data/imagenet --checkpoint runs/x/checkpoints/best.safetensors\n' +
     '  resnet-cuda predict --weights runs/x/model.safetensors cat.jpg dog.jpg\n' +
+    '  resnet-cuda lr-find --model resnet50 --device cuda --amp bf16 -b 256\n' +
     '  resnet-cuda bench --device cuda --amp bf16\n' +
     '  resnet-cuda summary --model resnet50\n' +
     '  resnet-cuda prune --checkpoint runs/x --structured --amount 0.3 --output-dir runs/x-slim\n' +

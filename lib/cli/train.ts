@@ -89,7 +89,8 @@ const SCHEDULERS = [
   'constant',
 ] as const;
 type SchedulerName = (typeof SCHEDULERS)[number];
-const OPTIMIZERS = ['sgd', 'sgd-nesterov', 'adamw', 'lamb'] as const;
+/** The `--opt` values. */
+export const OPTIMIZERS = ['sgd', 'sgd-nesterov', 'adamw', 'lamb'] as const;
 type OptimizerName = (typeof OPTIMIZERS)[number];
 const MONITORS = [
   'val/acc1',
@@ -509,6 +510,22 @@ const OPTIONS: OptionSpec[] = [
     section: S_OUT,
   },
   { name: 'no-tensorboard', type: 'boolean', help: 'Write no TensorBoard event files.', section: S_OUT },
+  {
+    name: 'mlflow',
+    type: 'path',
+    valueName: 'DIR',
+    valueWhenBare: 'mlruns',
+    help: 'Also track the run in an MLflow file store (mlflow ui --backend-store-uri DIR): parameters, metrics, weights and charts as artifacts. The flag alone means ./mlruns; put it after DATA, or write --mlflow=DIR.',
+    section: S_OUT,
+  },
+  {
+    name: 'mlflow-experiment',
+    type: 'string',
+    valueName: 'NAME',
+    default: 'Default',
+    help: 'The MLflow experiment (created when the store has none of that name); the run is named after the output folder.',
+    section: S_OUT,
+  },
   { name: 'no-plots', type: 'boolean', help: 'Write no PNG charts.', section: S_OUT },
   {
     name: 'quiet',
@@ -596,6 +613,8 @@ interface TrainArgs {
   checkpointEverySteps: number | undefined;
   printFreq: number;
   noTensorboard: boolean;
+  mlflow: string | undefined;
+  mlflowExperiment: string;
   noPlots: boolean;
   quiet: boolean;
 }
@@ -643,6 +662,11 @@ const DEPENDENT_OPTIONS: readonly {
     keys: ['earlyStoppingMinDelta'],
     applies: (a) => a.earlyStoppingPatience !== undefined,
     refusal: () => '--early-stopping-min-delta needs --early-stopping-patience',
+  },
+  {
+    keys: ['mlflowExperiment'],
+    applies: (a) => a.mlflow !== undefined,
+    refusal: () => '--mlflow-experiment needs --mlflow',
   },
   {
     keys: ['checkpointEverySteps', 'keepLast'],
@@ -825,7 +849,12 @@ function buildSchedule(a: TrainArgs, stepsPerEpoch: number): Schedule | undefine
   return new SequentialSchedule({ schedules: [warmup, main], milestones: [warmupSteps] });
 }
 
-function buildOptimizer(a: TrainArgs, model: ResNet, lr: number): Optimizer<{ lr: number }> {
+/** The optimizer `--opt`, `--momentum`, `--weight-decay` and `--norm-weight-decay` describe, at `lr` (`lr-find` builds its own so). */
+export function buildOptimizer(
+  a: Pick<TrainArgs, 'opt' | 'momentum' | 'weightDecay' | 'normWeightDecay'>,
+  model: ResNet,
+  lr: number,
+): Optimizer<{ lr: number }> {
   const params =
     a.normWeightDecay === 0
       ? parameterGroups(model, { weightDecay: a.weightDecay, noWeightDecayOnNormAndBias: true })
@@ -1141,6 +1170,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       progress: a.quiet ? false : io.stderr,
       tensorboard: !a.noTensorboard,
       plots: !a.noPlots,
+      ...(a.mlflow !== undefined ? { mlflow: { trackingDir: a.mlflow, experimentName: a.mlflowExperiment } } : {}),
       classNames: data.classes,
       config: config as unknown as Record<string, unknown>,
       ...(pruning ? { callbacks: [pruning] } : {}),

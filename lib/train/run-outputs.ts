@@ -1,10 +1,12 @@
 /**
  * What a training run writes besides checkpoints: the JSON-lines log, TensorBoard scalars, the
  * progress bar and epoch lines, the PNG charts, and at the end the weights, the classification
- * report and `summary.json`. Only the main process (rank 0) writes; elsewhere every call does nothing.
+ * report and `summary.json`; with MLflow tracking, the same scalars, parameters and files in an
+ * MLflow run. Only the main process (rank 0) writes; elsewhere every call does nothing.
  * @packageDocumentation
  */
-import { join } from 'node:path';
+import { existsSync } from 'node:fs';
+import { basename, join } from 'node:path';
 import type { Module } from '../nn/module.js';
 import { saveWeights, writeFileAtomic } from './checkpoint.js';
 import type { ModelEma } from './ema.js';
@@ -12,6 +14,8 @@ import { type EvalResult, namesFor } from './evaluation.js';
 import { JsonLinesLogger, ProgressBar, type ProgressBarOptions, type ProgressStream } from './outputs/logging.js';
 import { plotConfusionMatrix, plotCurves, writePng, type Series } from './outputs/plots.js';
 import { SummaryWriter } from './outputs/tensorboard.js';
+import { MlflowTracking } from './outputs/mlflow-tracking.js';
+import type { MlflowRunOptions, MlflowRunStatus } from './outputs/mlflow.js';
 
 /** Which outputs a run writes, and where. */
 export interface RunOutputSettings {
@@ -23,6 +27,8 @@ export interface RunOutputSettings {
   jsonLog: boolean;
   tensorboard: boolean;
   plots: boolean;
+  /** Track the run in an MLflow file store, or null. */
+  mlflow?: MlflowRunOptions | null;
 }
 
 /** One point of an epoch's history that the charts draw. */
@@ -42,11 +48,25 @@ export function spansDecades(values: readonly number[]): boolean {
   return Math.max(...finite) / Math.min(...finite) > LOG_AXIS_RATIO;
 }
 
+/** The files of a run folder that an MLflow run keeps as artifacts, when they exist. */
+const ARTIFACTS = [
+  'model.safetensors',
+  'model-best.safetensors',
+  'model-ema.safetensors',
+  'curves-loss.png',
+  'curves-accuracy.png',
+  'confusion-matrix.png',
+  'classification-report.txt',
+  'summary.json',
+  'config.json',
+];
+
 /** The run's logs, scalars, progress lines and charts; see the module documentation. */
 export class RunOutputs {
   readonly #s: RunOutputSettings;
   #logger: JsonLinesLogger | null = null;
   #writer: SummaryWriter | null = null;
+  #mlflow: MlflowTracking | null = null;
 
   constructor(settings: RunOutputSettings) {
     this.#s = settings;
@@ -62,12 +82,24 @@ export class RunOutputs {
     return this.#s.isMain ? this.#s.outDir : null;
   }
 
-  /** Opens the log and the TensorBoard writer (once; later fits append to them). */
-  open(): void {
+  /**
+   * Opens the log and the TensorBoard writer (once; later fits append to them), and the MLflow run
+   * with its parameters (`resumed`: continue the run this folder was tracked in).
+   */
+  open(tracking: { resumed: boolean; params: Record<string, string> } = { resumed: false, params: {} }): void {
     const out = this.#writeDir();
     if (out === null) return;
     if (this.#s.jsonLog && !this.#logger) this.#logger = new JsonLinesLogger(join(out, 'log.jsonl'));
     if (this.#s.tensorboard && !this.#writer) this.#writer = new SummaryWriter(join(out, 'tensorboard'));
+    if (this.#s.mlflow) {
+      this.#mlflow ??= new MlflowTracking(out, { runName: basename(out), ...this.#s.mlflow });
+      this.#mlflow.begin(tracking.resumed, tracking.params);
+    }
+  }
+
+  /** Ends the MLflow run with `status` (after {@link RunOutputs.writeFinal} has given it the artifacts). */
+  endTracking(status: Exclude<MlflowRunStatus, 'RUNNING'>): void {
+    this.#mlflow?.end(status);
   }
 
   /** Appends a record, stamped with the time, to `log.jsonl`. */
@@ -77,7 +109,10 @@ export class RunOutputs {
 
   /** Writes a TensorBoard scalar (finite values only). */
   scalar(tag: string, value: number, step: number): void {
-    if (this.#s.isMain && Number.isFinite(value)) this.#writer?.addScalar(tag, value, step);
+    if (this.#s.isMain && Number.isFinite(value)) {
+      this.#writer?.addScalar(tag, value, step);
+      this.#mlflow?.metric(tag, value, step);
+    }
   }
 
   /** Prints a line on the progress stream. */
@@ -158,6 +193,9 @@ export class RunOutputs {
       await writeFileAtomic(join(out, 'classification-report.txt'), text + '\n');
     }
     await writeFileAtomic(join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+    if (this.#mlflow) {
+      for (const name of ARTIFACTS) if (existsSync(join(out, name))) this.#mlflow.artifact(join(out, name));
+    }
   }
 
   /** Flushes the TensorBoard events written so far. */
@@ -169,6 +207,7 @@ export class RunOutputs {
   async close(): Promise<void> {
     this.#logger?.close();
     this.#logger = null;
+    this.#mlflow?.close();
     const writer = this.#writer;
     this.#writer = null;
     await writer?.close();

@@ -14,6 +14,7 @@ import { isLoader } from './batches.js';
 import type { ModelEmaOptions } from './ema.js';
 import { defaultMode, type EarlyStoppingSettings, type MetricMode } from './monitors.js';
 import type { ProgressStream } from './outputs/logging.js';
+import type { MlflowRunOptions } from './outputs/mlflow.js';
 import { Schedule, type ReduceLROnPlateauOptions } from './schedules.js';
 import type { Callback } from './trainer-types.js';
 
@@ -95,6 +96,13 @@ export interface TrainerOptions {
   jsonLog?: boolean;
   /** Write PNG charts of the curves and the confusion matrix; default true. */
   plots?: boolean;
+  /**
+   * Also track the run in an MLflow file store (`mlruns/<experiment>/<run>/`: parameters, every
+   * scalar as a metric, the weights and charts as artifacts, the status at the end); `true` for
+   * `mlruns` in the working folder, the "Default" experiment and the output folder's name as the
+   * run's. Needs `outDir`; default false.
+   */
+  mlflow?: boolean | MlflowRunOptions;
   /** Class names for reports; default the dataset's. */
   classNames?: readonly string[];
   /** Data-parallel training: gradients are averaged over the communicator's ranks; rank 0 writes the outputs. */
@@ -165,6 +173,7 @@ export interface TrainerSettings {
   tensorboard: boolean;
   jsonLog: boolean;
   plots: boolean;
+  mlflow: MlflowRunOptions | null;
   classNames: readonly string[] | null;
   communicator: Communicator | null;
   config: Record<string, unknown>;
@@ -182,6 +191,7 @@ export interface FitSettings {
 }
 
 const CHECKPOINT_KEYS = ['everyEpochs', 'everySteps', 'keepLast', 'monitor', 'mode'];
+const MLFLOW_KEYS = ['trackingDir', 'experimentName', 'runName', 'tags'];
 const EARLY_KEYS = ['monitor', 'patience', 'minDelta', 'mode'];
 const OPTION_KEYS = [
   'model',
@@ -205,6 +215,7 @@ const OPTION_KEYS = [
   'tensorboard',
   'jsonLog',
   'plots',
+  'mlflow',
   'classNames',
   'distributed',
   'config',
@@ -291,6 +302,7 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     tensorboard: expectBool('tensorboard', o.tensorboard ?? true),
     jsonLog: expectBool('jsonLog', o.jsonLog ?? true),
     plots: expectBool('plots', o.plots ?? true),
+    mlflow: parseMlflow(o.mlflow, outDir),
     classNames,
     communicator: parseCommunicator(o.distributed),
     config: parseConfig(o.config),
@@ -301,6 +313,23 @@ function parseOutDir(outDir: unknown): string | null {
   if (outDir === undefined) return null;
   if (typeof outDir !== 'string' || outDir.length === 0) invalid('outDir', 'a folder path', outDir);
   return outDir;
+}
+
+function parseMlflow(mlflow: TrainerOptions['mlflow'], outDir: string | null): MlflowRunOptions | null {
+  if (mlflow === undefined || mlflow === false) return null;
+  const m = mlflow === true ? {} : expectOptions<MlflowRunOptions>('mlflow', mlflow, MLFLOW_KEYS);
+  if (outDir === null) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      "Trainer options: mlflow needs outDir (the run's weights and charts are its artifacts)",
+    );
+  }
+  for (const key of ['trackingDir', 'experimentName', 'runName'] as const) {
+    if (m[key] !== undefined && (typeof m[key] !== 'string' || m[key].length === 0)) {
+      invalid(`mlflow.${key}`, 'a non-empty string', m[key]);
+    }
+  }
+  return m;
 }
 
 function parsePlateau(plateau: TrainerOptions['plateau']): TrainerSettings['plateau'] {

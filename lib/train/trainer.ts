@@ -34,7 +34,7 @@ import { clipGradNorm } from '../optim/clip.js';
 import { GradScaler } from '../optim/grad-scaler.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import { Tensor } from '../tensor.js';
-import { checkSignal, throwIfAborted } from './abort.js';
+import { AbortError, checkSignal, throwIfAborted } from './abort.js';
 import { cacheBatches, cachedBatches, isLoader, loaderBatches, type DeviceBatch, type HostBatch } from './batches.js';
 import { loadCheckpoint, saveCheckpoint, saveWeights, type CheckpointParts, type Stateful } from './checkpoint.js';
 import {
@@ -44,12 +44,14 @@ import {
   type CheckpointInfo,
   type RunState,
 } from './checkpoint-manager.js';
-import { averageGradients, sumEvalCounts } from './distributed.js';
+import { averageGradients, isDistributed, sumEvalCounts } from './distributed.js';
 import { ModelEma } from './ema.js';
 import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.js';
 import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Predictions } from './evaluation.js';
+import { parseLrFinderOptions, rangeTest, type LrFinderOptions, type LrFinderResult } from './lr-finder.js';
 import { BestMetric, EarlyStopping, defaultMode } from './monitors.js';
 import { formatDuration } from './outputs/logging.js';
+import { trainingParams } from './outputs/mlflow-tracking.js';
 import { RunOutputs } from './run-outputs.js';
 import { ReduceLROnPlateau, Scheduler } from './schedules.js';
 import { StepTiming } from './step-timing.js';
@@ -145,7 +147,7 @@ export class Trainer {
   #stopRequested = false;
   #history: EpochRecord[] = [];
   #trainLossPoints: [number, number][] = [];
-  #running: 'fit' | 'evaluate' | 'predict' | null = null;
+  #running: 'fit' | 'evaluate' | 'predict' | 'findLr' | null = null;
   #disposed = false;
 
   constructor(options: TrainerOptions) {
@@ -178,6 +180,7 @@ export class Trainer {
       jsonLog: s.jsonLog,
       tensorboard: s.tensorboard,
       plots: s.plots,
+      mlflow: s.mlflow,
     });
     this.#timing = new StepTiming(this.device, this.#outputs);
     this.#checkpoints =
@@ -290,6 +293,15 @@ export class Trainer {
         { model: this.model, ema: this.ema, lastEval, lastEvalEma, classNames: run.classNames },
         { epochs: this.#epoch, steps: this.#step, best, history: this.#history, config: this.#s.config },
       );
+      this.#outputs.endTracking(this.#stopRequested ? 'KILLED' : 'FINISHED');
+    } catch (error) {
+      // The run's own error is the one to report, not a failure to record its status.
+      try {
+        this.#outputs.endTracking(error instanceof AbortError ? 'KILLED' : 'FAILED');
+      } catch {
+        // The MLflow run stays RUNNING, as a crashed run's does.
+      }
+      throw error;
     } finally {
       await this.#outputs.flush();
     }
@@ -338,7 +350,7 @@ export class Trainer {
     const resumed = file ? await this.#resume(file, train) : null;
     if (this.#outputs.writes) {
       await this.#checkpoints?.prepare();
-      this.#outputs.open();
+      this.#outputs.open({ resumed: resumed !== null, params: this.#trackingParams() });
     }
     if (resumed) {
       const { run, config } = resumed;
@@ -454,11 +466,11 @@ export class Trainer {
   }
 
   /** One micro-batch: forward, loss (summed on the device), backward with the loss scaled by `scale / groupSize`. */
-  #forwardBackward(batch: DeviceBatch, groupSize: number, meter: EpochMeter): void {
+  #forwardBackward(batch: DeviceBatch, groupSize: number, meter: EpochMeter | null): void {
     this.scaler.scale(this.loss, 1 / groupSize);
     const logits = this.model.forward(this.#normalizer().forward(batch.images, batch.flips));
     const value = this.loss.forward(logits, batch.labels);
-    meter.addLoss(value);
+    meter?.addLoss(value);
     const stepLoss = defined(this.#stepLoss, 'the step loss');
     addon().add({ a: stepLoss.raw, b: value.raw, out: stepLoss.raw });
     this.model.backward(this.loss.backward());
@@ -738,6 +750,65 @@ export class Trainer {
     return { chunks, numClasses };
   }
 
+  /**
+   * The learning-rate range test (fastai's `lr_find`, pytorch-lr-finder's `range_test`): trains
+   * `numIter` optimizer steps on `train` (cycling through its epochs) with this Trainer's step
+   * (mixed precision, loss scaling, accumulation, clipping, data-parallel averaging) while the
+   * learning rate sweeps from `startLr` to `endLr`, stops when the smoothed loss diverges, then
+   * restores the model, its buffers, the optimizer, the GradScaler and the loader's epoch exactly.
+   * The schedule, the moving average and the step count are not touched. See `lr-finder.ts` for the
+   * rules; {@link writeLrFinder} draws the result.
+   */
+  async findLr(train: DataLoader, options?: LrFinderOptions): Promise<LrFinderResult> {
+    this.#checkAlive();
+    if (!isLoader(train)) invalid('train', 'a DataLoader', train);
+    const settings = parseLrFinderOptions(options);
+    return this.#exclusive('findLr', async () => {
+      throwIfAborted(settings.signal, 'Trainer.findLr');
+      this.#ensureNormalize(train);
+      const bar = this.#outputs.progressBar({ total: settings.numIter, label: 'lr-find', batchSize: train.batchSize });
+      try {
+        return await rangeTest(
+          {
+            model: this.model,
+            optimizer: this.optimizer,
+            scaler: this.scaler,
+            loader: train,
+            device: this.device,
+            begin: () => {
+              this.#beginTraining();
+            },
+            step: (next) => this.#rangeTestStep(next),
+            progress: (done, lr, loss) => bar?.update(done, { lr, loss }),
+          },
+          settings,
+        );
+      } finally {
+        bar?.finish();
+      }
+    });
+  }
+
+  /**
+   * One step of the range test: `accumulate` micro-batches and the update; resolves to the mean
+   * loss, averaged over the ranks in data-parallel training, so that every rank stops at the same step.
+   */
+  async #rangeTestStep(next: () => Promise<DeviceBatch>): Promise<number> {
+    const stepLoss = defined(this.#stepLoss, 'the step loss');
+    addon().fill({ tensor: stepLoss.raw, value: 0 });
+    try {
+      for (let i = 0; i < this.accumulate; i++) this.#forwardBackward(await next(), this.accumulate, null);
+      this.#update();
+      const communicator = this.#s.communicator;
+      if (isDistributed(communicator)) communicator.allReduce(stepLoss, { average: true });
+    } catch (error) {
+      this.scaler.abandonStep();
+      this.optimizer.zeroGrad();
+      throw error;
+    }
+    return stepLoss.item() / this.accumulate;
+  }
+
   /** Closes the log files and frees the trainer's device state (the model and optimizer stay). */
   async dispose(): Promise<void> {
     if (this.#disposed) return;
@@ -755,9 +826,9 @@ export class Trainer {
   }
 
   /** Runs `call` as this Trainer's only running call; a nested evaluate or predict from a callback of `fit` is allowed. */
-  async #exclusive<T>(name: 'fit' | 'evaluate' | 'predict', call: () => Promise<T>): Promise<T> {
+  async #exclusive<T>(name: 'fit' | 'evaluate' | 'predict' | 'findLr', call: () => Promise<T>): Promise<T> {
     if (this.#running !== null) {
-      if (name !== 'fit' && runningIn.getStore() === this) return call();
+      if (name !== 'fit' && name !== 'findLr' && runningIn.getStore() === this) return call();
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         `Trainer.${name}: this Trainer is already running ${this.#running}(); wait for it to finish (one call at a time shares the model, its buffers and the optimizer)`,
@@ -797,14 +868,7 @@ export class Trainer {
   /** Averages gradients over ranks, unscales, clips, steps, updates the scaler, zeroes, schedules, averages weights. */
   #optimizerStep(): void {
     try {
-      averageGradients(this.#s.communicator, this.optimizer);
-      if (this.#s.clip !== null) {
-        this.scaler.unscale(this.optimizer);
-        clipGradNorm(this.model, this.#s.clip);
-      }
-      this.scaler.step(this.optimizer);
-      this.scaler.update();
-      this.optimizer.zeroGrad();
+      this.#update();
       this.#scheduler?.step();
       if (this.ema) {
         this.ema.update();
@@ -816,6 +880,38 @@ export class Trainer {
       this.optimizer.zeroGrad();
       throw error;
     }
+  }
+
+  /** The update of a step: gradients averaged over ranks, unscaled and clipped; the optimizer steps, the scaler updates, gradients are zeroed. */
+  #update(): void {
+    averageGradients(this.#s.communicator, this.optimizer);
+    if (this.#s.clip !== null) {
+      this.scaler.unscale(this.optimizer);
+      clipGradNorm(this.model, this.#s.clip);
+    }
+    this.scaler.step(this.optimizer);
+    this.scaler.update();
+    this.optimizer.zeroGrad();
+  }
+
+  /** The parameters an MLflow run records of this Trainer. */
+  #trackingParams(): Record<string, string> {
+    const s = this.#s;
+    return trainingParams({
+      model: this.model,
+      optimizer: this.optimizer,
+      settings: {
+        device: this.device,
+        amp: s.amp,
+        accumulate: s.accumulate,
+        label_smoothing: s.labelSmoothing,
+        ...(s.clip !== null ? { clip_grad_norm: s.clip } : {}),
+        ...(s.ema ? { ema: s.ema } : {}),
+        ...(s.schedule ? { schedule: s.schedule.constructor.name } : {}),
+        ...(s.communicator ? { world_size: s.communicator.worldSize } : {}),
+      },
+      config: s.config,
+    });
   }
 
   /** The parts a checkpoint holds. */

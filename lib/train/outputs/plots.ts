@@ -279,6 +279,8 @@ export interface PlotOptions {
   height?: number;
   /** Use a logarithmic y axis (for a learning rate or a loss over orders of magnitude); default false. */
   logY?: boolean;
+  /** Use a logarithmic x axis (a learning-rate sweep); default false. Points with x <= 0 are left out. */
+  logX?: boolean;
 }
 
 /** Series with at most this many points get a marker at every point. */
@@ -299,10 +301,12 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
     'width',
     'height',
     'logY',
+    'logX',
   ]);
   const width = expectInt('plotCurves options.width', o.width ?? 800, 160, 10000);
   const height = expectInt('plotCurves options.height', o.height ?? 500, 120, 10000);
   const logY = o.logY ?? false;
+  const logX = o.logX ?? false;
   for (const key of ['title', 'xLabel', 'yLabel'] as const) {
     if (o[key] !== undefined && typeof o[key] !== 'string') invalid(`plotCurves options.${key}`, 'a string', o[key]);
   }
@@ -324,14 +328,20 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
   const scale = width >= 640 && height >= 400 ? 2 : 1;
   const lineH = 7 * scale;
   const ty = (y: number): number => (logY ? (y > 0 ? Math.log10(y) : NaN) : y);
+  const tx = (x: number): number => (logX ? (x > 0 ? Math.log10(x) : NaN) : x);
 
-  const xs = series.flatMap((s) => s.points.map((p) => p[0]));
+  const xs = series.flatMap((s) => s.points.map((p) => tx(p[0])));
   const ys = series.flatMap((s) => s.points.map((p) => ty(p[1])));
   const [xLo, xHi] = extent(xs);
   const [yLo, yHi] = extent(ys);
   const top = lineH * 2 + 8;
   const bottom = height - (lineH * 2 + 8 + (o.xLabel ? lineH + 6 : 0));
-  const xTicks = niceTicks(xLo, xHi, Math.max(2, Math.floor(width / (60 * scale))));
+  const xTarget = Math.max(2, Math.floor(width / (60 * scale)));
+  const xTicks = logX ? niceTicks(Math.floor(xLo), Math.ceil(xHi), xTarget) : niceTicks(xLo, xHi, xTarget);
+  // A log axis ticks whole decades only.
+  if (logX && xTicks.step < 1) {
+    Object.assign(xTicks, niceTicks(Math.floor(xLo), Math.ceil(xHi), Math.max(1, Math.ceil(xHi) - Math.floor(xLo))));
+  }
   const yTicks = logY
     ? niceTicks(Math.floor(yLo), Math.ceil(yHi), Math.max(2, Math.floor((bottom - top) / (25 * scale))))
     : niceTicks(yLo, yHi, Math.max(2, Math.floor((bottom - top) / (25 * scale))));
@@ -354,7 +364,7 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
     const x = px(v);
     canvas.rect(x, top, 1, bottom - top, GRID);
     canvas.rect(x, bottom, 1, 5, AXIS);
-    const label = tickLabel(v, xTicks.step, xMaxAbs);
+    const label = logX ? `1E${Math.round(v)}` : tickLabel(v, xTicks.step, xMaxAbs);
     canvas.text(
       label,
       Math.min(width - textWidth(label, scale) - 1, Math.max(0, x - textWidth(label, scale) / 2)),
@@ -397,7 +407,8 @@ export async function plotCurves(series: readonly Series[], options?: PlotOption
     const mark = (p: [number, number] | null): void => {
       if (p) canvas.rect(p[0] - 2, p[1] - 2, 5, 5, colour);
     };
-    for (const [x, yRaw] of s.points) {
+    for (const [xRaw, yRaw] of s.points) {
+      const x = tx(xRaw);
       const y = ty(yRaw);
       if (!Number.isFinite(x) || !Number.isFinite(y)) {
         if (run === 1) mark(prev);
