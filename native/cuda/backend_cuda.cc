@@ -9,14 +9,16 @@
 #include "cuda_check.h"
 #include "cuda_ops.h"
 #include "kernels.h"
+#include "profile_timeline.h"
 
 namespace rc::cuda {
 
 namespace {
 
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
-// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments).
-constexpr int kBackendAbi = 4;
+// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 the
+// profiler's timing marks.
+constexpr int kBackendAbi = 5;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -26,7 +28,7 @@ std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device) {}
+  explicit CudaBackend(int device) : ctx_(device), timeline_(ctx_) {}
 
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -266,6 +268,18 @@ class CudaBackend final : public Backend {
     return createNcclCommunicator(ctx_, uniqueId, rank, worldSize, timeoutSeconds);
   }
 
+  int64_t profileMark(const ProfileMarkArgs& args) override {
+    notCapturing("a profiler mark");
+    DeviceGuard guard(ctx_.device());
+    return timeline_.mark(args);
+  }
+
+  std::vector<double> profileRead() override {
+    notCapturing("reading the profiler marks");
+    DeviceGuard guard(ctx_.device());
+    return timeline_.read();
+  }
+
   // Host copies wait for the device: the host buffer belongs to the caller once this returns.
   void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
     notCapturing("copy from host");
@@ -360,6 +374,7 @@ class CudaBackend final : public Backend {
   }
 
   CudaContext ctx_;
+  ProfileTimeline timeline_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   int64_t nextGraph_ = 1;
 };
