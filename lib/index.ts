@@ -180,3 +180,25 @@ export {
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
 export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';
+// Profiler: per-op timing of training steps (CPU host times, CUDA events), tables and Chrome traces.
+export {
+  Profiler,
+  type ProfileResult,
+  type ProfiledOp,
+  type ProfiledStep,
+  type ProfilerOptions,
+} from './profile/profiler.js';
+export {
+  formatProfileTable,
+  summarizeProfile,
+  type ProfileRow,
+  type ProfileSummary,
+  type ProfileTableOptions,
+} from './profile/report.js';
+export { chromeTrace, writeChromeTrace, type ChromeTrace, type ChromeTraceEvent } from './profile/chrome-trace.js';
+export {
+  ProfileStepsCallback,
+  parseStepRange,
+  type ProfileStepsOptions,
+  type StepRange,
+} from './profile/trainer-callback.js';

@@ -16,6 +16,8 @@ describe('the package entry point', () => {
       'writeFileAtomic',
       'crc32c',
       'writePng',
+      'opRecorder',
+      'setOpRecorder',
     ]) {
       expect(Object.keys(api)).not.toContain(internal);
     }
@@ -34,6 +36,7 @@ describe('the package entry point', () => {
       'ERROR_CODES',
       'AbortError',
       'CosineAnnealingLR',
+      'Profiler',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

@@ -10,12 +10,13 @@ import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { DataLoader } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
-import { defined } from '../errors.js';
+import { ResnetError, defined } from '../errors.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
 import { AdamW, LAMB } from '../optim/adam.js';
 import { parameterGroups, type Optimizer } from '../optim/optimizer.js';
 import { SGD } from '../optim/sgd.js';
+import { ProfileStepsCallback, parseStepRange } from '../profile/trainer-callback.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
 import { formatDuration } from '../train/outputs/logging.js';
 import {
@@ -455,6 +456,13 @@ const OPTIONS: OptionSpec[] = [
     help: 'Debugging: train and evaluate on the first N batches only, every epoch (a model that cannot overfit them has a bug); no checkpoints.',
     section: S_TRAIN,
   },
+  {
+    name: 'profile-steps',
+    type: 'string',
+    valueName: 'A:B',
+    help: 'Profile optimizer steps A to B (or step A): per-op times by op type and layer, printed, and a Chrome trace written to trace.json in the output folder.',
+    section: S_OUT,
+  },
 
   {
     name: 'output-dir',
@@ -579,6 +587,7 @@ interface TrainArgs {
   monitor: (typeof MONITORS)[number];
   maxSteps: number | undefined;
   dryRun: number | undefined;
+  profileSteps: string | undefined;
   outputDir: string | undefined;
   resume: string | undefined;
   keepLast: number;
@@ -706,6 +715,7 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
       `--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`,
     );
   }
+  if (a.profileSteps !== undefined) profileRange(a.profileSteps);
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
   return { args: { ...a, device }, files };
@@ -899,8 +909,18 @@ function loadStartWeights(tensors: StateDict, model: ResNet, numClasses: number,
   return `loaded ${file} without its classifier (${fc.shape[0]} classes; this run has ${numClasses})`;
 }
 
+/** `--profile-steps`, read, or a usage error saying what is wrong with it. */
+function profileRange(text: string): { first: number; last: number } {
+  try {
+    return parseStepRange(text, '--profile-steps');
+  } catch (error) {
+    if (error instanceof ResnetError) throw new UsageError(error.message);
+    throw error;
+  }
+}
+
 /** Options that say where and how verbosely this invocation works, not what the run is. */
-const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet'];
+const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet', 'profileSteps'];
 
 /**
  * The options file written into the run folder: every option the run uses, resolved (defaults,
@@ -1140,6 +1160,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
           }
         : {}),
     };
+    if (a.profileSteps !== undefined) {
+      const report = (text: string) => io.stdout.write(text);
+      options.callbacks = [new ProfileStepsCallback({ steps: profileRange(a.profileSteps), outDir, report })];
+    }
     trainer = new Trainer(options);
 
     mkdirSync(outDir, { recursive: true });
