@@ -42,7 +42,7 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'cuda-emulator-cases',
-          include: ['test/ema.test.ts', 'test/robustness/numerics.test.ts'],
+          include: ['test/ema.test.ts', 'test/robustness/numerics.test.ts', 'test/profiler.test.ts'],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },
       },
