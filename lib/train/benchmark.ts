@@ -7,7 +7,7 @@
  */
 import { memoryStats, resetPeakMemory, synchronize } from '../device.js';
 import { CudaGraph } from '../cuda.js';
-import { expectBool, expectInt, expectOneOf, expectOptions, invalid } from '../errors.js';
+import { ResnetError, expectBool, expectInt, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { InputNormalize } from '../nn/input.js';
 import { CrossEntropyLoss } from '../nn/loss.js';
 import { Module } from '../nn/module.js';
@@ -88,7 +88,10 @@ export function benchmarkTraining(options: BenchmarkTrainingOptions): TrainingBe
   const profiler = o.profiler;
   if (profiler !== undefined && !(profiler instanceof Profiler)) invalid('profiler', 'a Profiler', profiler);
   if (profiler && useGraph) {
-    invalid('profiler', 'no profiler with cudaGraph (a replayed graph runs no op call that could be timed)', profiler);
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      'benchmarkTraining: profiler and cudaGraph exclude each other (a replayed graph runs no op calls to time); profile eager steps',
+    );
   }
 
   const normalize = new InputNormalize({ dtype });
