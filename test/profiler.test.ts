@@ -5,9 +5,11 @@
  * `bench --profile` on the command line; and on the emulated CUDA device, the events it records
  * around each op and reads after the window.
  */
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -15,6 +17,7 @@ import {
   BatchNorm2d,
   Conv2d,
   CrossEntropyLoss,
+  CudaGraph,
   Flatten,
   InputNormalize,
   Linear,
@@ -36,6 +39,7 @@ import { parseStepRange } from '../lib/profile/trainer-callback.js';
 import type { ChromeTrace } from '../lib/profile/chrome-trace.js';
 import { runCli } from './helpers/cli.js';
 
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const dir = mkdtempSync(join(tmpdir(), 'rc-profiler-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -394,7 +398,42 @@ describe('Profiler on CUDA', () => {
       run();
       expect(again.stop().ops).toHaveLength(result.ops.length / 2);
       expect(addon().profileRead({ device: 'cuda:0' })).toHaveLength(0);
+      // Ops cannot be timed inside a graph capture: refused with the reason, nothing half-recorded.
+      const capturing = new Profiler({ model: net }).start();
+      expect(() => CudaGraph.capture('cuda', run)).toThrow(
+        /the profiler cannot time ops during a CUDA graph capture on cuda:0; stop it before capturing/,
+      );
+      expect(capturing.stop().ops).toHaveLength(0);
       net.dispose();
+    },
+  );
+
+  it.skipIf(!cuda?.available)(
+    `opens an NVTX range named after each op while it runs, and none otherwise${cuda?.available ? '' : ` (skipped: ${cuda?.reason ?? 'no CUDA backend'})`}`,
+    () => {
+      // The emulator prints its NVTX ranges (RESNET_CUDA_EMU_NVTX=trace) on stderr, so the program
+      // runs in a child process, from the compiled package.
+      const script = `
+        import { Conv2d, Profiler, ReLU, Sequential, Tensor } from ${JSON.stringify(join(root, 'dist/lib/index.js'))};
+        const net = new Sequential(new Conv2d({ inChannels: 3, outChannels: 2, kernelSize: 1, seed: 1 }), new ReLU()).to('cuda');
+        const x = Tensor.randn([1, 2, 2, 3], { seed: 1, device: 'cuda' });
+        net.forward(x);
+        const prof = new Profiler({ model: net }).start();
+        net.forward(x);
+        prof.stop();
+        net.forward(x).toFloat32Array();
+      `;
+      const child = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+        env: { ...process.env, RESNET_CUDA_EMU_NVTX: 'trace' },
+        encoding: 'utf8',
+      });
+      expect(child.status, child.stderr).toBe(0);
+      expect(child.stderr.split('\n').filter((line) => line.includes('nvtx'))).toEqual([
+        'CUDA emulator: nvtx push conv2d.forward 0',
+        'CUDA emulator: nvtx pop conv2d.forward 0',
+        'CUDA emulator: nvtx push relu.forward 1',
+        'CUDA emulator: nvtx pop relu.forward 1',
+      ]);
     },
   );
 });

@@ -211,19 +211,20 @@ export class Profiler implements OpRecorder {
   begin(op: string, layer: Module | string, device: string): number {
     if (this.#open >= 0) this.#closeOpen();
     const name = typeof layer === 'string' ? layer : this.#nameOf(layer);
+    let mark = -1;
+    if (device !== 'cpu') {
+      // First, so that a refused mark (during graph capture) leaves no half-recorded op.
+      if (!this.#windows.has(device)) this.#openWindow(device);
+      mark = addon().profileMark({ device, push: `${op} ${name}` });
+    }
     const index = this.#ops.length;
     this.#ops.push(op);
     this.#layers.push(name);
     this.#devices.push(device);
     this.#stepOf.push(this.#step);
     this.#hostEnd.push(NaN);
+    this.#markBegin.push(mark);
     this.#markEnd.push(-1);
-    if (device === 'cpu') {
-      this.#markBegin.push(-1);
-    } else {
-      if (!this.#windows.has(device)) this.#openWindow(device);
-      this.#markBegin.push(addon().profileMark({ device, push: `${op} ${name}` }));
-    }
     this.#open = index;
     this.#hostStart.push(performance.now() - this.#origin);
     return index;

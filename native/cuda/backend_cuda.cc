@@ -269,7 +269,9 @@ class CudaBackend final : public Backend {
   }
 
   int64_t profileMark(const ProfileMarkArgs& args) override {
-    notCapturing("a profiler mark");
+    // A mark captured into a graph would be recorded again by every replay, and its time read by no one.
+    RC_CHECK_ARG(!ctx_.capturing(), "the profiler cannot time ops during a CUDA graph capture on cuda:"
+                                        << ctx_.device() << "; stop it before capturing and profile eager steps");
     DeviceGuard guard(ctx_.device());
     return timeline_.mark(args);
   }
