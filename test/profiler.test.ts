@@ -35,7 +35,7 @@ import {
 import { addon } from '../lib/binding.js';
 import { opRecorder } from '../lib/profile/hooks.js';
 import { Profiler, type ProfileResult } from '../lib/profile/profiler.js';
-import { parseStepRange } from '../lib/profile/trainer-callback.js';
+import { ProfileStepsCallback, parseStepRange } from '../lib/profile/trainer-callback.js';
 import type { ChromeTrace } from '../lib/profile/chrome-trace.js';
 import { runCli } from './helpers/cli.js';
 
@@ -286,6 +286,19 @@ describe.skipIf(onlyCuda)('--profile-steps and bench --profile', () => {
     expect(() => benchmarkTraining({ ...options, cudaGraph: false, profiler: {} as never })).toThrow(
       /Expected a Profiler for profiler/,
     );
+  });
+
+  it('a run that fails inside the range leaves no profiler running', () => {
+    const model = ResNet18({ numClasses: 2, smallInput: true, seed: 1 });
+    const reports: string[] = [];
+    const callback = new ProfileStepsCallback({ steps: { first: 1, last: 3 }, report: (text) => reports.push(text) });
+    callback.onStepBegin({ model } as never, { step: 1 });
+    expect(opRecorder).not.toBeNull();
+    callback.abandon();
+    expect(opRecorder).toBeNull();
+    expect(callback.profiler).toBeNull();
+    expect(reports).toEqual([]);
+    expect(() => new ProfileStepsCallback({ steps: { first: 3, last: 2 } })).toThrow(/steps/);
   });
 
   it('train --profile-steps A:B prints the table and writes trace.json into the run folder', async () => {

@@ -1099,6 +1099,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     device,
   });
   let trainer: Trainer | undefined;
+  let profiling: ProfileStepsCallback | undefined;
   // SIGINT (Ctrl-C), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP (the
   // terminal closed) stop the run after the current step, with a checkpoint; a second signal
   // while stopping quits at once, as a second Ctrl-C does in most tools.
@@ -1162,7 +1163,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     };
     if (a.profileSteps !== undefined) {
       const report = (text: string) => io.stdout.write(text);
-      options.callbacks = [new ProfileStepsCallback({ steps: profileRange(a.profileSteps), outDir, report })];
+      profiling = new ProfileStepsCallback({ steps: profileRange(a.profileSteps), outDir, report });
+      options.callbacks = [profiling];
     }
     trainer = new Trainer(options);
 
@@ -1218,6 +1220,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     return stoppedBy !== undefined ? STOP_SIGNALS[stoppedBy]! : 0;
   } finally {
     for (const signal of Object.keys(STOP_SIGNALS)) process.removeListener(signal, onSignal);
+    profiling?.abandon();
     await trainer?.dispose();
     await trainLoader.close();
     await valLoader.close();

@@ -163,9 +163,10 @@ export class Profiler implements OpRecorder {
    */
   stop(): ProfileResult {
     this.#expectRunning('stop');
-    this.#closeOpen();
+    // Uninstalled first, so that a device error while closing leaves no recorder behind.
     setOpRecorder(null);
     this.#state = 'stopped';
+    this.#closeOpen();
     const now = performance.now() - this.#origin;
     const times = new Map<string, Float64Array>();
     for (const device of this.#windows.keys()) times.set(device, addon().profileRead({ device }));

@@ -101,6 +101,20 @@ export class ProfileStepsCallback implements Callback {
     else profiler.step();
   }
 
+  /**
+   * Stops a profiler that a failed run left recording (a run that fails calls no `onFitEnd`),
+   * without reporting; nothing happens otherwise.
+   */
+  abandon(): void {
+    const profiler = this.#profiler;
+    this.#profiler = null;
+    try {
+      profiler?.stop();
+    } catch {
+      // The run's own error says what went wrong.
+    }
+  }
+
   /** A run that ends inside the range reports the steps it profiled. */
   onFitEnd(): void {
     if (this.#profiler) this.#finish(this.#profiler);
