@@ -42,7 +42,12 @@ export default defineConfig({
         extends: true,
         test: {
           name: 'cuda-emulator-cases',
-          include: ['test/ema.test.ts', 'test/robustness/numerics.test.ts', 'test/grad-checkpoint.test.ts'],
+          include: [
+            'test/ema.test.ts',
+            'test/robustness/numerics.test.ts',
+            'test/grad-checkpoint.test.ts',
+            'test/profiler.test.ts',
+          ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },
       },

@@ -8,6 +8,7 @@
  * 3. Memory: resident set size and allocator statistics before and after the timed steps.
  * 4. Gradient checkpointing: the allocator's peak and the step time of a ResNet-50 training step
  *    without checkpointing, per stage and with every block a segment (`benchCheckpointing`).
+ * 5. The profiler's overhead: the step with and without per-op profiling (first dtype only).
  *
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 --checkpoint-steps 2 (the checkpointing rows)
@@ -23,12 +24,14 @@ import {
   Conv2d,
   CrossEntropyLoss,
   Linear,
+  Profiler,
   ResNet,
   SGD,
   Tensor,
   benchmarkTraining,
   listBackends,
   memoryStats,
+  synchronize,
   type DType,
 } from '../lib/index.js';
 import { benchPruning } from './prune.js';
@@ -108,6 +111,82 @@ function convShapes(model: ResNet, x: Tensor): { convs: ConvShape[]; linearMacs:
 
 function rssMiB(): number {
   return process.memoryUsage().rss / 2 ** 20;
+}
+
+/** The middle value (the mean of the two middle ones for an even count). */
+function median(values: readonly number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+}
+
+/** What {@link profilerOverhead} measured. */
+interface ProfilerOverhead {
+  rounds: number;
+  /** Median step time without a profiler. */
+  plainMs: number;
+  /** Median step time with every op recorded. */
+  profiledMs: number;
+  /** `profiledMs / plainMs - 1`, in percent. */
+  overheadPercent: number;
+  /** The recorded ops' time as a share of the profiled step's wall time (median). */
+  opsCoverPercent: number;
+  /** Ops recorded per step. */
+  opsPerStep: number;
+  /** The recording's own cost per op (one begin and end on the host, without the op), in microseconds. */
+  perOpMicros: number;
+  /** `opsPerStep * perOpMicros` as a share of the plain step: the overhead without the machine's noise. */
+  bookkeepingPercent: number;
+}
+
+/** The profiler's cost of recording one op on the CPU, in microseconds: begin and end without an op between. */
+function recordingMicros(count: number): number {
+  const profiler = new Profiler().start();
+  const started = performance.now();
+  for (let i = 0; i < count; i++) profiler.end(profiler.begin('conv2d.forward', 'layer1.0.conv1', 'cpu'));
+  const micros = ((performance.now() - started) * 1000) / count;
+  profiler.stop();
+  return micros;
+}
+
+/**
+ * The profiler's cost per step: `rounds` pairs of one plain step and one profiled step (a window
+ * of its own, whose start and stop are outside the timing), alternated so that a busy machine's
+ * drift falls on both alike; medians, each step timed to the device's completion.
+ */
+function profilerOverhead(model: ResNet, step: () => unknown, rounds: number): ProfilerOverhead {
+  const plain: number[] = [];
+  const profiled: number[] = [];
+  const cover: number[] = [];
+  let opsPerStep = 0;
+  const timed = (): number => {
+    const started = performance.now();
+    step();
+    synchronize(device);
+    return performance.now() - started;
+  };
+  for (let i = 0; i < rounds; i++) {
+    plain.push(timed());
+    const profiler = new Profiler({ model }).start();
+    const ms = timed();
+    profiled.push(ms);
+    const { ops } = profiler.stop();
+    opsPerStep = ops.length;
+    cover.push((100 * ops.reduce((sum, op) => sum + op.duration, 0)) / ms);
+  }
+  const plainMs = median(plain);
+  const profiledMs = median(profiled);
+  const perOpMicros = recordingMicros(100_000);
+  return {
+    rounds,
+    plainMs,
+    profiledMs,
+    overheadPercent: 100 * (profiledMs / plainMs - 1),
+    opsCoverPercent: median(cover),
+    opsPerStep,
+    perOpMicros,
+    bookkeepingPercent: (100 * opsPerStep * perOpMicros) / 1000 / plainMs,
+  };
 }
 
 const cpu = listBackends().find((b) => b.name === 'cpu');
@@ -246,6 +325,18 @@ for (const dtype of values.only === undefined ? dtypes : []) {
     allocator: allocAfter,
     newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,
   });
+
+  // 4. The profiler's overhead.
+  if (dtype === dtypes[0]) {
+    const overhead = profilerOverhead(model, step, Math.max(3, iterations));
+    console.log(
+      `  profiler: ${overhead.plainMs.toFixed(1)} ms per step without, ${overhead.profiledMs.toFixed(1)} ms with per-op profiling (${overhead.overheadPercent >= 0 ? '+' : ''}${overhead.overheadPercent.toFixed(2)}%, medians of ${overhead.rounds} alternated steps); the ops account for ${overhead.opsCoverPercent.toFixed(1)}% of the profiled step`,
+    );
+    console.log(
+      `  profiler bookkeeping: ${overhead.perOpMicros.toFixed(2)} us per op x ${overhead.opsPerStep} ops = ${overhead.bookkeepingPercent.toFixed(3)}% of the plain step`,
+    );
+    results.profiler = { dtype, ...overhead };
+  }
   model.releaseBuffers();
   optimizer.dispose();
   loss.dispose();

@@ -302,6 +302,14 @@ export interface RawAddon {
    */
   windowOutputSize(args: { size: number; kernel: number; stride: number; pad: number; dilation: number }): number;
   synchronize(args: { device: string }): void;
+  /**
+   * Records a profiler mark (a timing event) on a CUDA device's stream without waiting, first
+   * opening an NVTX range named `push`, or afterwards closing the innermost one (`pop`); returns
+   * the mark's index in the current window. Throws on the CPU, whose ops are timed on the host.
+   */
+  profileMark(args: { device: string; push?: string; pop?: boolean }): number;
+  /** Waits once for the window's last mark; each mark's time in ms after the first. Starts a new window. */
+  profileRead(args: { device: string }): Float64Array;
   memoryStats(args: { device: string }): RawMemoryStats;
   /** The driver's utilisation reading (NVML); `reason` when `available` is false. */
   deviceUtilization(args: { device: string }): {

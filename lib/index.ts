@@ -241,3 +241,25 @@ export {
   type LrSuggestion,
 } from './train/lr-finder.js';
 export { MlflowRun, type MlflowRunOptions, type MlflowRunStatus } from './train/outputs/mlflow.js';
+// Profiler: per-op timing of training steps (CPU host times, CUDA events), tables and Chrome traces.
+export {
+  Profiler,
+  type ProfileResult,
+  type ProfiledOp,
+  type ProfiledStep,
+  type ProfilerOptions,
+} from './profile/profiler.js';
+export {
+  formatProfileTable,
+  summarizeProfile,
+  type ProfileRow,
+  type ProfileSummary,
+  type ProfileTableOptions,
+} from './profile/report.js';
+export { chromeTrace, writeChromeTrace, type ChromeTrace, type ChromeTraceEvent } from './profile/chrome-trace.js';
+export {
+  ProfileStepsCallback,
+  parseStepRange,
+  type ProfileStepsOptions,
+  type StepRange,
+} from './profile/trainer-callback.js';

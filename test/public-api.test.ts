@@ -19,6 +19,8 @@ describe('the package entry point', () => {
       'countHostSync',
       'copyToDevice',
       'StepTiming',
+      'opRecorder',
+      'setOpRecorder',
     ]) {
       expect(Object.keys(api)).not.toContain(internal);
     }
@@ -42,6 +44,7 @@ describe('the package entry point', () => {
       'hostSyncStats',
       'writeLrFinder',
       'MlflowRun',
+      'Profiler',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

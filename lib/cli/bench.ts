@@ -5,8 +5,11 @@
  * or replayed as one CUDA graph.
  * @packageDocumentation
  */
+import { resolve } from 'node:path';
 import { listBackends } from '../device.js';
 import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
+import { Profiler } from '../profile/profiler.js';
+import type { ProfileSummary } from '../profile/report.js';
 import { benchmarkTraining } from '../train/benchmark.js';
 import {
   MODEL_NAMES,
@@ -61,6 +64,16 @@ const SPEC: CommandSpec = {
       type: 'string',
       valueName: 'stage|N',
       help: 'Gradient checkpointing per stage (stage) or every N blocks, to measure its memory saving and time cost.',
+      name: 'profile',
+      type: 'boolean',
+      help: 'Profile the timed steps: per-op times by op type and layer, printed, and a Chrome trace (see --profile-trace).',
+    },
+    {
+      name: 'profile-trace',
+      type: 'string',
+      valueName: 'FILE',
+      default: 'trace.json',
+      help: 'Where --profile writes the Chrome trace (open it in Perfetto or chrome://tracing).',
     },
     SHARED_OPTIONS.json,
   ],
@@ -68,6 +81,7 @@ const SPEC: CommandSpec = {
     'resnet-cuda bench --device cuda --amp bf16 -b 256',
     'resnet-cuda bench --model resnet18 --size 64 -b 8 --steps 3',
     'resnet-cuda bench --device cuda --cuda-graph --json',
+    'resnet-cuda bench --model resnet18 --size 32 --small-input -b 8 --steps 3 --profile',
   ],
 };
 
@@ -83,6 +97,8 @@ interface BenchArgs {
   warmup: number | undefined;
   cudaGraph: boolean;
   gradCheckpoint: string | undefined;
+  profile: boolean;
+  profileTrace: string;
   json: boolean;
 }
 
@@ -101,6 +117,10 @@ export interface BenchResult {
   imagesPerSecond: number;
   peakMemoryBytes: number;
   loss: number;
+  /** With --profile: the per-op totals (their times include the profiler's cost in the step time). */
+  profile?: ProfileSummary;
+  /** With --profile: the trace file written. */
+  trace?: string;
 }
 
 // The benchmark runs synchronously; the command's `run` still reports a failure as a rejection.
@@ -114,6 +134,9 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   const segments = a.gradCheckpoint === undefined ? null : parseCheckpointSegments(a.gradCheckpoint);
   if (a.gradCheckpoint !== undefined && segments === null) {
     throw new UsageError(`--grad-checkpoint expects stage or a number of blocks N >= 1, got '${a.gradCheckpoint}'`);
+  }
+  if (a.profile && a.cudaGraph) {
+    throw new UsageError('--profile times the ops of eager steps; a replayed --cuda-graph runs none: leave one out');
   }
   const batch = a.batchSize ?? (cuda ? 256 : 16);
   const steps = a.steps ?? (cuda ? 30 : 5);
@@ -134,6 +157,7 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
     `resnet-cuda bench: ${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device} (${[backend?.device, ...detail].filter(Boolean).join(', ')})`,
   );
   say(`warm-up: ${warmup} step${warmup === 1 ? '' : 's'}, then ${steps} timed step${steps === 1 ? '' : 's'}`);
+  const profiler = a.profile ? new Profiler({ model }) : null;
   const measured = benchmarkTraining({
     model,
     device,
@@ -144,6 +168,7 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
     steps,
     warmup,
     cudaGraph: a.cudaGraph,
+    ...(profiler ? { profiler } : {}),
   });
   const ms = measured.msPerStep;
   const result: BenchResult = {
@@ -161,6 +186,14 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
     peakMemoryBytes: measured.peakMemoryBytes,
     loss: measured.loss,
   };
+  let profileText = '';
+  if (profiler) {
+    const trace = resolve(io.cwd, a.profileTrace);
+    profiler.writeChromeTrace(trace);
+    result.profile = profiler.summary();
+    result.trace = trace;
+    profileText = `\n${profiler.table()}trace: ${trace} (open it in https://ui.perfetto.dev or chrome://tracing)\n`;
+  }
   if (a.json) {
     io.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
   } else {
@@ -169,6 +202,7 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
         ` (${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device}${a.cudaGraph ? ', CUDA graph' : ''}${a.gradCheckpoint !== undefined ? `, gradient checkpointing ${a.gradCheckpoint}` : ''})\n`,
     );
   }
+  if (!a.json) io.stdout.write(profileText);
   return 0;
 }
 

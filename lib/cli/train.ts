@@ -10,13 +10,14 @@ import { existsSync, mkdirSync, readdirSync } from 'node:fs';
 import { basename, dirname, join, resolve } from 'node:path';
 import { DataLoader } from '../data/loader.js';
 import type { Interpolation } from '../data/transforms.js';
-import { defined } from '../errors.js';
+import { ResnetError, defined } from '../errors.js';
 import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
 import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
 import { AdamW, LAMB } from '../optim/adam.js';
 import { parameterGroups, type Optimizer } from '../optim/optimizer.js';
 import { SGD } from '../optim/sgd.js';
+import { ProfileStepsCallback, parseStepRange } from '../profile/trainer-callback.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
 import { formatDuration } from '../train/outputs/logging.js';
 import {
@@ -466,6 +467,13 @@ const OPTIONS: OptionSpec[] = [
     help: 'Debugging: train and evaluate on the first N batches only, every epoch (a model that cannot overfit them has a bug); no checkpoints.',
     section: S_TRAIN,
   },
+  {
+    name: 'profile-steps',
+    type: 'string',
+    valueName: 'A:B',
+    help: 'Profile optimizer steps A to B (or step A): per-op times by op type and layer, printed, and a Chrome trace written to trace.json in the output folder.',
+    section: S_OUT,
+  },
 
   {
     name: 'output-dir',
@@ -607,6 +615,7 @@ interface TrainArgs {
   monitor: (typeof MONITORS)[number];
   maxSteps: number | undefined;
   dryRun: number | undefined;
+  profileSteps: string | undefined;
   outputDir: string | undefined;
   resume: string | undefined;
   keepLast: number;
@@ -744,6 +753,7 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
   if (a.gradCheckpoint !== undefined && parseCheckpointSegments(a.gradCheckpoint) === null) {
     throw new UsageError(`--grad-checkpoint expects stage or a number of blocks N >= 1, got '${a.gradCheckpoint}'`);
   }
+  if (a.profileSteps !== undefined) profileRange(a.profileSteps);
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
   return { args: { ...a, device }, files };
@@ -942,8 +952,18 @@ function loadStartWeights(tensors: StateDict, model: ResNet, numClasses: number,
   return `loaded ${file} without its classifier (${fc.shape[0]} classes; this run has ${numClasses})`;
 }
 
+/** `--profile-steps`, read, or a usage error saying what is wrong with it. */
+function profileRange(text: string): { first: number; last: number } {
+  try {
+    return parseStepRange(text, '--profile-steps');
+  } catch (error) {
+    if (error instanceof ResnetError) throw new UsageError(error.message);
+    throw error;
+  }
+}
+
 /** Options that say where and how verbosely this invocation works, not what the run is. */
-const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet'];
+const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet', 'profileSteps'];
 
 /**
  * The options file written into the run folder: every option the run uses, resolved (defaults,
@@ -1131,6 +1151,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     device,
   });
   let trainer: Trainer | undefined;
+  let profiling: ProfileStepsCallback | undefined;
   // SIGINT (Ctrl-C), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP (the
   // terminal closed) stop the run after the current step, with a checkpoint; a second signal
   // while stopping quits at once, as a second Ctrl-C does in most tools.
@@ -1195,6 +1216,11 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
           }
         : {}),
     };
+    if (a.profileSteps !== undefined) {
+      const report = (text: string) => io.stdout.write(text);
+      profiling = new ProfileStepsCallback({ steps: profileRange(a.profileSteps), outDir, report });
+      options.callbacks = [profiling];
+    }
     trainer = new Trainer(options);
 
     mkdirSync(outDir, { recursive: true });
@@ -1249,6 +1275,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     return stoppedBy !== undefined ? STOP_SIGNALS[stoppedBy]! : 0;
   } finally {
     for (const signal of Object.keys(STOP_SIGNALS)) process.removeListener(signal, onSignal);
+    profiling?.abandon();
     await trainer?.dispose();
     await trainLoader.close();
     await valLoader.close();

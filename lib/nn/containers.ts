@@ -5,6 +5,7 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, defined, invalid, isArray } from '../errors.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { BatchNorm2d } from './layers.js';
 import { Module, ShapeCache } from './module.js';
@@ -157,7 +158,10 @@ export class Residual extends Module {
     const sum = this.#sums.get(input, () => this.activationBuffer(input.shape, input.dtype, input.device));
     const main = defined(g, `the main-branch input gradient of ${this.constructor.name}`);
     const shortcut = defined(dShortcut, `the shortcut input gradient of ${this.constructor.name}`);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('add', this, sum.device) : 0;
     addon().add({ a: main.raw, b: shortcut.raw, out: sum.raw });
+    recorder?.end(token);
     return sum;
   }
 

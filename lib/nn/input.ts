@@ -4,6 +4,7 @@
  */
 import { addon } from '../binding.js';
 import { expectNumber, expectOneOf, expectOptions, invalid, mismatch } from '../errors.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor, type DType } from '../tensor.js';
 import { ShapeCache } from './module.js';
 
@@ -56,6 +57,8 @@ export class InputNormalize {
     }
     const out = this.#out.get(images, () => Tensor.empty(images.shape, { dtype: this.dtype, device: images.device }));
     let flipTensor: Tensor | undefined;
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('convert_input', 'input', images.device) : 0;
     if (flip !== undefined) {
       if (!(flip instanceof Uint8Array) || flip.length !== images.shape[0]) {
         mismatch(
@@ -78,6 +81,7 @@ export class InputNormalize {
       std: this.std,
       ...(flipTensor ? { flip: flipTensor.raw } : {}),
     });
+    recorder?.end(token);
     return out;
   }
 

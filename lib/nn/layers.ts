@@ -15,6 +15,7 @@ import {
   invalid,
   mismatch,
 } from '../errors.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Random } from '../random.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { FLOAT_DTYPES, Module, ShapeCache, disposeAll } from './module.js';
@@ -67,6 +68,25 @@ interface WeightedPlan {
   dispose(): void;
 }
 
+/** The names the profiler gives the three ops of a convolution or linear layer. */
+interface WeightedOps {
+  forward: string;
+  backwardData: string;
+  backwardWeights: string;
+}
+
+const CONV2D_OPS: WeightedOps = {
+  forward: 'conv2d.forward',
+  backwardData: 'conv2d.backward_data',
+  backwardWeights: 'conv2d.backward_weights',
+};
+
+const LINEAR_OPS: WeightedOps = {
+  forward: 'linear.forward',
+  backwardData: 'linear.backward_data',
+  backwardWeights: 'linear.backward_weights',
+};
+
 /** A layer's plan and buffers for one input shape. */
 interface WeightedEntry<P extends WeightedPlan> {
   plan: P;
@@ -93,8 +113,17 @@ function weightedEntry<P extends WeightedPlan>(
   return e;
 }
 
-function weightedForward(e: WeightedEntry<WeightedPlan>, x: Tensor, weight: Parameter, bias: Parameter | null): Tensor {
+function weightedForward(
+  layer: Module & { weight: Parameter; bias: Parameter | null },
+  ops: WeightedOps,
+  e: WeightedEntry<WeightedPlan>,
+  x: Tensor,
+): Tensor {
+  const { weight, bias } = layer;
+  const recorder = opRecorder;
+  const token = recorder ? recorder.begin(ops.forward, layer, x.device) : 0;
   e.plan.forward({ x: x.raw, weight: weight.data.raw, ...(bias ? { bias: bias.data.raw } : {}), y: e.y.raw });
+  recorder?.end(token);
   return e.y;
 }
 
@@ -102,6 +131,7 @@ function weightedForward(e: WeightedEntry<WeightedPlan>, x: Tensor, weight: Para
 // is); the input gradient only when asked for.
 function weightedBackward(
   layer: Module & { weight: Parameter; bias: Parameter | null },
+  ops: WeightedOps,
   e: WeightedEntry<WeightedPlan> | null,
   x: Tensor | null,
   gradOutput: Tensor,
@@ -110,21 +140,26 @@ function weightedBackward(
   if (!e || !x) return backwardBeforeForward(name);
   expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
   const bias = layer.bias?.requiresGrad ? layer.bias : null;
+  const recorder = opRecorder;
   if (layer.weight.requiresGrad || bias) {
     // The plan always computes the weight gradient: a frozen weight's goes to a scratch tensor.
     const dWeight = layer.weight.requiresGrad
       ? layer.weight.grad
       : (e.discard ??= Tensor.zeros(layer.weight.shape, { device: x.device }));
+    const token = recorder ? recorder.begin(ops.backwardWeights, layer, x.device) : 0;
     e.plan.backwardWeights({
       x: x.raw,
       dy: gradOutput.raw,
       dWeight: dWeight.raw,
       ...(bias ? { dBias: bias.grad.raw } : {}),
     });
+    recorder?.end(token);
   }
   if (!layer.requiresInputGrad) return null;
   e.dx ??= layer.activationBuffer(x.shape, x.dtype, x.device);
+  const token = recorder ? recorder.begin(ops.backwardData, layer, x.device) : 0;
   e.plan.backwardData({ dy: gradOutput.raw, weight: layer.weight.data.raw, dx: e.dx.raw });
+  recorder?.end(token);
   return e.dx;
 }
 
@@ -254,11 +289,13 @@ export class Conv2d extends Module {
     });
     this.#input = x;
     this.#entry = entry;
-    return weightedForward(entry, x, this.weight, this.bias);
+    return weightedForward(this, CONV2D_OPS, entry, x);
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    return this.backwardOnce(this.constructor.name, () => weightedBackward(this, this.#entry, this.#input, gradOutput));
+    return this.backwardOnce(this.constructor.name, () =>
+      weightedBackward(this, CONV2D_OPS, this.#entry, this.#input, gradOutput),
+    );
   }
 
   /** The implementation oneDNN/cuDNN chose for the last input shape (for logs and benchmarks). */
@@ -380,6 +417,8 @@ export class BatchNorm2d extends Module {
       return e;
     });
     const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
     addon().batchNormForward({
       x: x.raw,
       gamma: this.weight.data.raw,
@@ -395,6 +434,7 @@ export class BatchNorm2d extends Module {
       momentum: this.momentum,
       eps: this.eps,
     });
+    recorder?.end(token);
     if (this.training && !discard) this.bumpCounter('num_batches_tracked');
     this.#forwardTraining = this.training;
     this.#input = x;
@@ -439,6 +479,8 @@ export class BatchNorm2d extends Module {
     const dBeta = this.bias.requiresGrad
       ? this.bias.grad.raw
       : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
     addon().batchNormBackward({
       x: x.raw,
       y: e.y.raw,
@@ -453,6 +495,7 @@ export class BatchNorm2d extends Module {
       training: this.#forwardTraining,
       ...(dResidual ? { dResidual: dResidual.raw } : {}),
     });
+    recorder?.end(token);
     return e.dx;
   }
 
@@ -501,7 +544,10 @@ export class ReLU extends Module {
     this.prepare(x, 'ReLU');
     expectTensor('ReLU input', x, { dtype: FLOAT_DTYPES });
     const entry = this.#cache.get(x, () => unaryEntry(this, x, x.shape, null));
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('relu.forward', this, x.device) : 0;
     addon().relu({ x: x.raw, y: entry.y.raw });
+    recorder?.end(token);
     this.#entry = entry;
     return entry.y;
   }
@@ -516,7 +562,10 @@ export class ReLU extends Module {
     expectTensor('ReLU gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
     e.dx ??= this.activationBuffer(e.y.shape, e.y.dtype, e.y.device);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('relu.backward', this, e.y.device) : 0;
     addon().reluBackward({ y: e.y.raw, dy: gradOutput.raw, dx: e.dx.raw });
+    recorder?.end(token);
     return e.dx;
   }
 
@@ -526,11 +575,18 @@ export class ReLU extends Module {
   }
 }
 
+/** The names the profiler gives the pooling ops. */
+const POOL_OPS = {
+  max: { forward: 'max_pool2d.forward', backward: 'max_pool2d.backward' },
+  avg: { forward: 'avg_pool2d.forward', backward: 'avg_pool2d.backward' },
+} as const;
+
 /** Shared forward/backward of the pooling layers. */
 export abstract class Pool2d extends Module {
   readonly #cache = new ShapeCache<UnaryEntry<RawPool2dPlan>>();
   #entry: UnaryEntry<RawPool2dPlan> | null = null;
   #inputShape: readonly number[] = [];
+  #kind: 'max' | 'avg' = 'max';
 
   protected abstract geometry(x: Tensor): {
     kind: 'max' | 'avg';
@@ -576,7 +632,11 @@ export abstract class Pool2d extends Module {
       });
       return unaryEntry(this, x, [n, oh, ow, c], plan);
     });
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin(POOL_OPS[g.kind].forward, this, x.device) : 0;
     entry.plan.forward({ x: x.raw, y: entry.y.raw, ...(entry.workspace ? { workspace: entry.workspace.raw } : {}) });
+    recorder?.end(token);
+    this.#kind = g.kind;
     this.#entry = entry;
     this.#inputShape = x.shape;
     return entry.y;
@@ -593,7 +653,10 @@ export abstract class Pool2d extends Module {
     expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
     e.dx ??= this.activationBuffer(this.#inputShape, e.y.dtype, e.y.device);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin(POOL_OPS[this.#kind].backward, this, e.y.device) : 0;
     e.plan.backward({ dy: gradOutput.raw, dx: e.dx.raw, ...(e.workspace ? { workspace: e.workspace.raw } : {}) });
+    recorder?.end(token);
     return e.dx;
   }
 
@@ -738,11 +801,13 @@ export class Linear extends Module {
     });
     this.#input = x;
     this.#entry = entry;
-    return weightedForward(entry, x, this.weight, this.bias);
+    return weightedForward(this, LINEAR_OPS, entry, x);
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    return this.backwardOnce(this.constructor.name, () => weightedBackward(this, this.#entry, this.#input, gradOutput));
+    return this.backwardOnce(this.constructor.name, () =>
+      weightedBackward(this, LINEAR_OPS, this.#entry, this.#input, gradOutput),
+    );
   }
 
   protected override disposeCache(): void {

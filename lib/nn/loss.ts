@@ -4,6 +4,7 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, expectNumber, expectOptions, invalid, isArray, mismatch } from '../errors.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { FLOAT_DTYPES, disposeAll } from './module.js';
 
@@ -76,6 +77,8 @@ export class CrossEntropyLoss {
       this.#grad = Tensor.empty(logits.shape, { dtype: logits.dtype, device: logits.device });
     }
     expectNumber('gradScale', this.gradScale, 0);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('cross_entropy', 'loss', logits.device) : 0;
     addon().crossEntropy({
       logits: logits.raw,
       labels: labelTensor.raw,
@@ -84,6 +87,7 @@ export class CrossEntropyLoss {
       labelSmoothing: this.labelSmoothing,
       gradScale: this.gradScale,
     });
+    recorder?.end(token);
     this.#ready = true;
     return this.#loss;
   }

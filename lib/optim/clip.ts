@@ -7,6 +7,7 @@ import { addon } from '../binding.js';
 import { expectNumber, invalid } from '../errors.js';
 import { Module } from '../nn/module.js';
 import { ParameterArena, type Parameter } from '../nn/parameter.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Tensor } from '../tensor.js';
 
 /** What the gradient norm is taken over: a model's parameters, or every parameter of an arena. */
@@ -45,9 +46,12 @@ function normTensor(arena: ParameterArena): Tensor {
 
 function computeNorm(arena: ParameterArena, segments: Int32Array): Tensor {
   const out = normTensor(arena);
+  const recorder = opRecorder;
+  const token = recorder ? recorder.begin('grad_norm', 'optimizer', arena.device) : 0;
   // An empty table would mean "the whole arena" to the native op; no gradients means norm 0.
   if (segments.length === 0) addon().fill({ tensor: out.raw, value: 0 });
   else addon().gradNorm({ grads: arena.grads.raw, out: out.raw, segments });
+  recorder?.end(token);
   return out;
 }
 
@@ -71,6 +75,11 @@ export function clipGradNorm(target: GradTarget, maxNorm: number): Tensor {
   const max = expectNumber('maxNorm', maxNorm, 0);
   const { arena, segments } = resolve(target);
   const norm = computeNorm(arena, segments);
-  if (segments.length > 0) addon().clipGradNorm({ grads: arena.grads.raw, norm: norm.raw, maxNorm: max, segments });
+  if (segments.length > 0) {
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('clip_grad_norm', 'optimizer', arena.device) : 0;
+    addon().clipGradNorm({ grads: arena.grads.raw, norm: norm.raw, maxNorm: max, segments });
+    recorder?.end(token);
+  }
   return norm;
 }

@@ -7,6 +7,7 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, defined, expectBool, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Tensor } from '../tensor.js';
 import type { ParameterArena } from '../nn/parameter.js';
 import type { OptimizerStepOptions } from './optimizer.js';
@@ -156,6 +157,8 @@ export class GradScaler {
     }
     const arena = optimizer.arena();
     const dev = this.#ensureDevice(arena.device);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('amp.unscale', 'grad_scaler', arena.device) : 0;
     // The flag is cleared once per step, by the first unscale after update().
     if (this.#unscaled.size === 0) addon().fill({ tensor: dev.foundInfView.raw, value: 0 });
     addon().unscaleAndCheck({
@@ -164,6 +167,7 @@ export class GradScaler {
       foundInf: dev.foundInfView.raw,
       segments: optimizer.segmentTable(),
     });
+    recorder?.end(token);
     this.#unscaled.add(optimizer);
   }
 
@@ -201,6 +205,8 @@ export class GradScaler {
       );
     }
     const dev = this.#unscaledState();
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('amp.update_scale', 'grad_scaler', dev.scaleView.device) : 0;
     if (newScale !== undefined) {
       addon().fill({ tensor: dev.scaleView.raw, value: positive('newScale', newScale) });
     } else {
@@ -214,6 +220,7 @@ export class GradScaler {
       });
     }
     const flags = dev.flags.toFloat32Array();
+    recorder?.end(token);
     this.#scale = flags[0]!;
     this.#skipped = flags[1]! !== 0;
     if (this.#skipped) for (const optimizer of this.#stepped) optimizer.stepSkipped();

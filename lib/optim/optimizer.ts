@@ -8,6 +8,7 @@ import { addon } from '../binding.js';
 import { ResnetError, expectInt, expectNumber, invalid } from '../errors.js';
 import { Module } from '../nn/module.js';
 import { Parameter, type ParameterArena } from '../nn/parameter.js';
+import { opRecorder } from '../profile/hooks.js';
 import '../dispose.js';
 import { Tensor } from '../tensor.js';
 
@@ -66,6 +67,8 @@ export abstract class Optimizer<O extends object> {
   /** The parameter groups; change `lr` (or any setting) here between steps. */
   readonly paramGroups: Group<O>[];
   readonly #name: string;
+  /** The profiler's name of the step op (`sgd.step`). */
+  readonly #stepOp: string;
   readonly #check: (where: string, group: Partial<O>, defaults: Partial<O>) => Required<O>;
   readonly #buffers = new Map<string, Tensor>();
   #steps = 0;
@@ -85,6 +88,7 @@ export abstract class Optimizer<O extends object> {
     check: (where: string, group: Partial<O>, defaults: Partial<O>) => Required<O>,
   ) {
     this.#name = name;
+    this.#stepOp = `${name.toLowerCase()}.step`;
     this.#check = check;
     let groups: GroupInput<O>[];
     if (params instanceof Module) groups = [{ params: params.parameters() } as GroupInput<O>];
@@ -138,7 +142,10 @@ export abstract class Optimizer<O extends object> {
     }
     const gradScaleInv = expectNumber('gradScaleInv', options.gradScaleInv ?? 1);
     const groups = this.paramGroups.map((g, i) => this.#check(`paramGroups[${i}]`, g as Partial<O>, g as Partial<O>));
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin(this.#stepOp, 'optimizer', arena.device) : 0;
     this.applyStep({ arena, segments: this.segmentTable(), groups, step: this.#steps + 1, foundInf, gradScaleInv });
+    recorder?.end(token);
     this.#steps++;
   }
 
@@ -181,12 +188,12 @@ export abstract class Optimizer<O extends object> {
   /** Sets the gradients of this optimizer's parameters to zero. */
   zeroGrad(): void {
     const arena = this.arena();
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('zero_grad', 'optimizer', arena.device) : 0;
     const all = this.paramGroups.reduce((n, g) => n + g.params.length, 0);
-    if (all === arena.entries.length) {
-      arena.zeroGrad();
-      return;
-    }
-    for (const g of this.paramGroups) for (const p of g.params) addon().fill({ tensor: p.grad.raw, value: 0 });
+    if (all === arena.entries.length) arena.zeroGrad();
+    else for (const g of this.paramGroups) for (const p of g.params) addon().fill({ tensor: p.grad.raw, value: 0 });
+    recorder?.end(token);
   }
 
   /** The arena all parameters of this optimizer live in (throws if they are not in one). */

@@ -7,11 +7,12 @@
  */
 import { memoryStats, resetPeakMemory, synchronize } from '../device.js';
 import { CudaGraph } from '../cuda.js';
-import { expectBool, expectInt, expectOneOf, expectOptions, invalid } from '../errors.js';
+import { ResnetError, expectBool, expectInt, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { InputNormalize } from '../nn/input.js';
 import { CrossEntropyLoss } from '../nn/loss.js';
 import { Module } from '../nn/module.js';
 import { SGD } from '../optim/sgd.js';
+import { Profiler } from '../profile/profiler.js';
 import { Tensor } from '../tensor.js';
 
 /** Options of {@link benchmarkTraining}. */
@@ -34,6 +35,11 @@ export interface BenchmarkTrainingOptions {
   warmup?: number;
   /** Capture one step as a CUDA graph and time its replays; default false. */
   cudaGraph?: boolean;
+  /**
+   * A profiler (not started) that records the timed steps, one profiled step each; stopped when
+   * they are done. The step time then includes the profiler's own cost. Not with `cudaGraph`.
+   */
+  profiler?: Profiler;
 }
 
 /** What {@link benchmarkTraining} measured. */
@@ -66,6 +72,7 @@ export function benchmarkTraining(options: BenchmarkTrainingOptions): TrainingBe
     'steps',
     'warmup',
     'cudaGraph',
+    'profiler',
   ]);
   if (!(o.model instanceof Module)) invalid('model', 'a Module', o.model);
   if (typeof o.device !== 'string') invalid('device', "a device name such as 'cuda:0'", o.device);
@@ -78,6 +85,14 @@ export function benchmarkTraining(options: BenchmarkTrainingOptions): TrainingBe
   const steps = expectInt('steps', o.steps ?? 30, 1);
   const warmup = expectInt('warmup', o.warmup ?? 5, 0);
   const useGraph = expectBool('cudaGraph', o.cudaGraph ?? false);
+  const profiler = o.profiler;
+  if (profiler !== undefined && !(profiler instanceof Profiler)) invalid('profiler', 'a Profiler', profiler);
+  if (profiler && useGraph) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      'benchmarkTraining: profiler and cudaGraph exclude each other (a replayed graph runs no op calls to time); profile eager steps',
+    );
+  }
 
   const normalize = new InputNormalize({ dtype });
   const loss = new CrossEntropyLoss({ labelSmoothing: 0.1 });
@@ -109,13 +124,16 @@ export function benchmarkTraining(options: BenchmarkTrainingOptions): TrainingBe
       synchronize(device);
     }
     resetPeakMemory(device);
+    profiler?.start();
     const started = performance.now();
     for (let i = 0; i < steps; i++) {
       if (graph) graph.replay();
       else step();
+      profiler?.step();
     }
     synchronize(device);
     const msPerStep = (performance.now() - started) / steps;
+    profiler?.stop();
     const stats = memoryStats(device);
     return {
       msPerStep,

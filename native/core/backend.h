@@ -244,6 +244,12 @@ class Communicator {
   virtual void synchronize(double timeoutSeconds) = 0;
 };
 
+// A profiler's mark on the device's timeline (see Backend::profileMark).
+struct ProfileMarkArgs {
+  std::string push;  // non-empty: open an NVTX range of this name before the mark (an op begins)
+  bool pop = false;  // close the innermost NVTX range after the mark (an op ends)
+};
+
 struct BackendInfo {
   std::string name;                                             // "cpu", "cuda"
   std::string device;                                           // "Intel(R) Xeon(R) ...", "NVIDIA H200"
@@ -309,6 +315,16 @@ class Backend {
   virtual std::string createUniqueId() = 0;
   virtual std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
                                                            double timeoutSeconds) = 0;
+
+  // Per-op timing for the profiler, on the device's own clock and without host synchronisation:
+  // profileMark records a mark (a CUDA event) on the stream after the work enqueued so far, and
+  // opens or closes an NVTX range named after the op so that Nsight Systems shows it; it returns
+  // the mark's index in the current window. profileRead waits once for the window's last mark and
+  // returns each mark's time in milliseconds after the first one, then starts a new window (the
+  // events are kept and reused). Neither may run during graph capture. Backends whose ops run
+  // synchronously on the host (the CPU) have no device timeline and throw: time them on the host.
+  virtual int64_t profileMark(const ProfileMarkArgs& args) = 0;
+  virtual std::vector<double> profileRead() = 0;
 
   virtual void copyFromHost(const void* src, size_t bytes, const Tensor& dst) = 0;
   virtual void copyToHost(const Tensor& src, void* dst, size_t bytes) = 0;

@@ -601,6 +601,9 @@ class CheckedBackend final : public Backend {
     return b_->createCommunicator(uniqueId, rank, worldSize, timeoutSeconds);
   }
 
+  int64_t profileMark(const ProfileMarkArgs& args) override { return b_->profileMark(args); }
+  std::vector<double> profileRead() override { return b_->profileRead(); }
+
   void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
     validateHostCopy(dst, bytes, "copy from host");
     here({&dst}, "copy from host");

@@ -78,6 +78,8 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Communicator> createCommunicator(const std::string&, int, int, double) override {
     unsupported("NCCL collectives");
   }
+  int64_t profileMark(const ProfileMarkArgs&) override { unsupported("device timing marks"); }
+  std::vector<double> profileRead() override { unsupported("device timing marks"); }
 
   void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override { std::memcpy(dst.data(), src, bytes); }
 

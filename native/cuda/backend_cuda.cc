@@ -10,14 +10,15 @@
 #include "cuda_ops.h"
 #include "kernels.h"
 #include "nvml_monitor.h"
+#include "profile_timeline.h"
 
 namespace rc::cuda {
 
 namespace {
 
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
-// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul
-// and the driver's utilisation reading (NVML).
+// moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul,
+// the driver's utilisation reading (NVML) and the profiler's timing marks.
 constexpr int kBackendAbi = 5;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -28,7 +29,7 @@ std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device), monitor_(device) {}
+  explicit CudaBackend(int device) : ctx_(device), monitor_(device), timeline_(ctx_) {}
 
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -273,6 +274,20 @@ class CudaBackend final : public Backend {
     return createNcclCommunicator(ctx_, uniqueId, rank, worldSize, timeoutSeconds);
   }
 
+  int64_t profileMark(const ProfileMarkArgs& args) override {
+    // A mark captured into a graph would be recorded again by every replay, and its time read by no one.
+    RC_CHECK_ARG(!ctx_.capturing(), "the profiler cannot time ops during a CUDA graph capture on cuda:"
+                                        << ctx_.device() << "; stop it before capturing and profile eager steps");
+    DeviceGuard guard(ctx_.device());
+    return timeline_.mark(args);
+  }
+
+  std::vector<double> profileRead() override {
+    notCapturing("reading the profiler marks");
+    DeviceGuard guard(ctx_.device());
+    return timeline_.read();
+  }
+
   // Host copies wait for the device: the host buffer belongs to the caller once this returns.
   void copyFromHost(const void* src, size_t bytes, const Tensor& dst) override {
     notCapturing("copy from host");
@@ -370,6 +385,7 @@ class CudaBackend final : public Backend {
 
   CudaContext ctx_;
   NvmlMonitor monitor_;
+  ProfileTimeline timeline_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   int64_t nextGraph_ = 1;
 };

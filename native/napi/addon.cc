@@ -363,6 +363,28 @@ Napi::Value CreateUniqueId(const Napi::CallbackInfo& info) {
   });
 }
 
+// profileMark({ device, push?: name, pop?: boolean }) -> the mark's index in the window.
+Napi::Value ProfileMark(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "profileMark");
+    ProfileMarkArgs a;
+    if (has(o, "push")) a.push = getString(o, "push");
+    a.pop = getBool(o, "pop", false);
+    const int64_t index = backendFor(getDevice(o, "device")).profileMark(a);
+    return Napi::Value(Napi::Number::New(info.Env(), static_cast<double>(index)));
+  });
+}
+
+// profileRead({ device }) -> Float64Array: each mark's time in ms after the window's first mark.
+Napi::Value ProfileRead(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    const std::vector<double> times = backendFor(getDevice(optionsArg(info, "profileRead"), "device")).profileRead();
+    Napi::Float64Array out = Napi::Float64Array::New(info.Env(), times.size());
+    for (size_t i = 0; i < times.size(); ++i) out[i] = times[i];
+    return Napi::Value(out);
+  });
+}
+
 Napi::Value ListBackends(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Env env = info.Env();
@@ -434,6 +456,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"replayGraph", ReplayGraph},
       {"destroyGraph", DestroyGraph},
       {"createUniqueId", CreateUniqueId},
+      {"profileMark", ProfileMark},
+      {"profileRead", ProfileRead},
   };
   for (const auto& [name, fn] : functions) {
     exports.Set(name, Napi::Function::New(env, fn, name, const_cast<char*>(name)));

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -270,11 +271,21 @@ std::set<Stream*>& gStreams = *new std::set<Stream*>();
 
 struct Event {
   int device = 0;  // the device current when it was created
+  unsigned flags = 0;
   Stream* stream = nullptr;
   uint64_t sequence = 0;
   Graph* capturedIn = nullptr;
+  // Timing (events without cudaEventDisableTiming): the emulated device's clock is the host's
+  // steady clock when the stream's work reaches the record, so times follow the order the work
+  // ran in. `generation` (unique over all records) tells this record's timestamp from one of an
+  // earlier record, or of a destroyed event at the same address, still queued.
+  bool recorded = false;
+  bool timed = false;
+  uint64_t generation = 0;
+  std::chrono::steady_clock::time_point time;
 };
 std::set<Event*>& gEvents = *new std::set<Event*>();
+uint64_t gEventRecords = 0;
 
 Stream* toStream(cudaStream_t s) {
   if (s == nullptr) return &gLegacyStream;
@@ -957,6 +968,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   }
   auto* e = new Event();
   e->device = tDevice;
+  e->flags = flags;
   gEvents.insert(e);
   *event = reinterpret_cast<cudaEvent_t>(e);
   return cudaSuccess;
@@ -990,14 +1002,45 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
              std::to_string(stream->device));
     return fail(cudaErrorInvalidResourceHandle);
   }
+  const uint64_t generation = e->generation = ++gEventRecords;
+  e->timed = false;
   if (stream->capture != nullptr) {
     e->capturedIn = stream->capture;
     e->stream = nullptr;
+    e->recorded = false;
     return cudaSuccess;
   }
   e->capturedIn = nullptr;
+  e->recorded = true;
+  if ((e->flags & cudaEventDisableTiming) == 0) {
+    const cudaError_t queued = enqueue(
+        s,
+        [e, generation] {
+          if (gEvents.count(e) == 0 || e->generation != generation) return;
+          e->time = std::chrono::steady_clock::now();
+          e->timed = true;
+        },
+        "cudaEventRecord");
+    if (queued != cudaSuccess) return fail(queued);
+  }
   e->stream = stream;
   e->sequence = stream->submitted;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  Lock lock(mutex());
+  if (ms == nullptr) return fail(cudaErrorInvalidValue);
+  Event* a = toEvent(start);
+  Event* b = toEvent(end);
+  if (a == nullptr || b == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  // As documented: events without timing, or never recorded (outside a capture), have no time.
+  if (((a->flags | b->flags) & cudaEventDisableTiming) != 0) return fail(cudaErrorInvalidResourceHandle);
+  if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+  if (gFaulted) return cudaErrorLaunchFailure;
+  // Recorded, but the stream has not reached the record yet: the host did not wait for it.
+  if (!a->timed || !b->timed) return cudaErrorNotReady;
+  *ms = std::chrono::duration<float, std::milli>(b->time - a->time).count();
   return cudaSuccess;
 }
 
