@@ -64,6 +64,8 @@ const SPEC: CommandSpec = {
       type: 'string',
       valueName: 'stage|N',
       help: 'Gradient checkpointing per stage (stage) or every N blocks, to measure its memory saving and time cost.',
+    },
+    {
       name: 'profile',
       type: 'boolean',
       help: 'Profile the timed steps: per-op times by op type and layer, printed, and a Chrome trace (see --profile-trace).',
