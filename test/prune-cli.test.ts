@@ -3,7 +3,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ResNet18, saveWeights } from '../lib/index.js';
-import type { PruneResult } from '../lib/cli/prune.js';
+import { pruneCommand, type PruneResult } from '../lib/cli/prune.js';
+import { summaryCommand } from '../lib/cli/summary.js';
 import { runCli } from './helpers/cli.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-prune-cli-'));
@@ -114,6 +115,19 @@ describe('resnet-cuda summary and prune', () => {
     const s = JSON.parse(sparse.stdout) as PruneResult;
     expect(s.after.params).toBe(result.after.params);
     expect(s.after.nonzeroParams).toBeLessThan(s.before.nonzeroParams * 0.35);
+  });
+
+  it('--help lists every option with its default', async () => {
+    for (const command of [summaryCommand, pruneCommand]) {
+      const run = await runCli([command.spec.name, '--help'], dir);
+      expect(run.code).toBe(0);
+      const text = run.stdout.replace(/\s+/g, ' ');
+      for (const option of command.spec.options) {
+        expect(text, `--${option.name}`).toContain(`--${option.name}`);
+        const shown = option.defaultText ?? (option.default === undefined ? undefined : String(option.default));
+        if (shown !== undefined && option.default !== false) expect(text).toContain(`(default: ${shown}`);
+      }
+    }
   });
 
   it('refuses bad options with a usage error naming them', async () => {
