@@ -3,11 +3,12 @@
  * containers so that no backward is written by hand. Parameter names match torchvision's.
  * @packageDocumentation
  */
-import { expectBool, expectInt, expectOneOf, expectOptions } from '../errors.js';
+import { ResnetError, expectBool, expectInt, expectOneOf, expectOptions } from '../errors.js';
 import { Random } from '../random.js';
 import { Chain, Residual, Sequential } from './containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
 import type { Module } from './module.js';
+import type { Tensor } from '../tensor.js';
 
 /** Options shared by the ResNet constructors. */
 export interface ResNetOptions {
@@ -118,6 +119,10 @@ export class ResNet extends Chain {
   readonly depth: ResNetDepth;
   /** The number of output classes. */
   readonly numClasses: number;
+  /** The width of the pooled features that `fc` reads: 512 (ResNet-18/34) or 2048 (ResNet-50/101/152). */
+  readonly featureDim: number;
+  /** Whether the last forward pass stopped at the pooled features (which has no backward). */
+  #featuresOnly = false;
 
   constructor(depth: ResNetDepth, options: ResNetOptions = {}) {
     const o = expectOptions<ResNetOptions>('ResNet options', options, [
@@ -178,9 +183,41 @@ export class ResNet extends Chain {
     super(entries);
     this.depth = depth;
     this.numClasses = numClasses;
+    this.featureDim = 512 * block.expansion;
     this.requiresInputGrad = false;
     this.#initialise(rng, zeroInit);
     this.to(o.device ?? 'cpu');
+  }
+
+  override forward(x: Tensor): Tensor {
+    const logits = super.forward(x);
+    this.#featuresOnly = false;
+    return logits;
+  }
+
+  /**
+   * The pooled features of `x`: the output of the global average pooling, flattened, that `fc`
+   * reads (`[N, featureDim]`, in `x`'s dtype), as torchvision's `forward` computes them before its
+   * last line. Owned by the model and reused by the next forward, like any output (copy it to keep
+   * it). A forward that stops here has no backward: `backward` after it is refused.
+   */
+  forwardFeatures(x: Tensor): Tensor {
+    this.prepare(x, 'ResNet.forwardFeatures');
+    const fc = this.getSubmodule('fc');
+    let h = x;
+    for (const m of this.modules) if (m !== fc) h = m.forward(h);
+    this.#featuresOnly = true;
+    return h;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    if (this.#featuresOnly) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'ResNet.backward() follows forwardFeatures(), which stops before fc and has no backward; run forward() for a training step',
+      );
+    }
+    return super.backward(gradOutput);
   }
 
   /** torchvision's initialisation: He-normal (fan_out) convolutions, BN weight 1 and bias 0. */
