@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `bench` and `doctor`, like
+ * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `embed`, `bench` and `doctor`, like
  * torchvision's `references/classification/train.py` split into subcommands.
  *
  * Exit codes: 0 on success, 2 for a usage error (reported before any work starts), 1 for a
@@ -36,6 +36,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
     summary: 'Classify image files and print the top-k classes with their probabilities.',
     load: async () => (await import('./predict.js')).predictCommand,
   },
+  embed: {
+    summary: 'Extract the pooled features of a dataset to .npy files and draw their t-SNE as a PNG.',
+    load: async () => (await import('./embed.js')).embedCommand,
+  },
   bench: {
     summary: 'Measure training throughput (forward, backward and SGD step) on synthetic data.',
     load: async () => (await import('./bench.js')).benchCommand,
@@ -63,6 +67,7 @@ function topLevelHelp(): string {
     '  resnet-cuda train data/imagenet --model resnet50 --device cuda --amp bf16 -b 256 --lr 0.1\n' +
     '  resnet-cuda eval data/imagenet --checkpoint runs/x/checkpoints/best.safetensors\n' +
     '  resnet-cuda predict --weights runs/x/model.safetensors cat.jpg dog.jpg\n' +
+    '  resnet-cuda embed --checkpoint runs/x --output-dir runs/x/embed\n' +
     '  resnet-cuda bench --device cuda --amp bf16\n' +
     '  resnet-cuda doctor\n'
   );
