@@ -180,3 +180,14 @@ export {
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
 export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';
+// Embeddings: a dataset's pooled features to .npy/safetensors files, Barnes-Hut t-SNE, its scatter plot.
+export {
+  extractFeatures,
+  saveFeatures,
+  type ExtractFeaturesOptions,
+  type ExtractedFeatures,
+  type SaveFeaturesOptions,
+} from './analysis/features.js';
+export { encodeNpy, type NpyArray } from './analysis/npy.js';
+export { tsne, type TsneOptions, type TsneReport, type TsneResult } from './analysis/tsne.js';
+export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';

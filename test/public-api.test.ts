@@ -34,6 +34,11 @@ describe('the package entry point', () => {
       'ERROR_CODES',
       'AbortError',
       'CosineAnnealingLR',
+      'extractFeatures',
+      'saveFeatures',
+      'encodeNpy',
+      'tsne',
+      'plotScatter',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
