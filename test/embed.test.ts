@@ -24,6 +24,7 @@ import {
 import { decodeSafetensors, saveWeights } from '../lib/train/checkpoint.js';
 import { runCli } from './helpers/cli.js';
 import { objectContaining, stringMatching } from './helpers/matchers.js';
+import { defined, lookup } from './helpers/defined.js';
 import { readNpy } from './helpers/npy.js';
 import { knnAccuracy } from './helpers/tsne-reference.js';
 
@@ -110,8 +111,8 @@ describe('extractFeatures', () => {
     expect(scale).toBeGreaterThan(0);
     for (let i = 0; i < direct.length; i++) expect(Math.abs(out.features[i]! - direct[i]!)).toBeLessThan(1e-5 * scale);
     const state = model.stateDict();
-    const w = state.get('fc.weight')!.data as Float32Array;
-    const b = state.get('fc.bias')!.data as Float32Array;
+    const w = lookup(state, 'fc.weight').data as Float32Array;
+    const b = lookup(state, 'fc.bias').data as Float32Array;
     for (let s = 0; s < 20; s++) {
       for (let c = 0; c < 4; c++) {
         let v = b[c]!;
@@ -155,12 +156,12 @@ describe('extractFeatures', () => {
       }
     }
     const folder = await ImageFolder.open(root);
-    const [part] = randomSplit(folder, [4, 2], { seed: 1 });
-    const loader = new DataLoader(part!, { batchSize: 3, transform, workers: 0 });
+    const part = defined(randomSplit(folder, [4, 2], { seed: 1 })[0], 'the first subset');
+    const loader = new DataLoader(part, { batchSize: 3, transform, workers: 0 });
     const model = ResNet18({ numClasses: 2, smallInput: true, seed: 4 });
     const out = await extractFeatures(model, loader);
-    expect(out.files).toEqual(Array.from(out.indices, (i) => folder.path(part!.indices[i]!)));
-    expect(out.files!.every((f) => f.startsWith(root) && f.endsWith('.png'))).toBe(true);
+    expect(out.files).toEqual(Array.from(out.indices, (i) => folder.path(part.indices[i]!)));
+    expect(defined(out.files, 'the files').every((f) => f.startsWith(root) && f.endsWith('.png'))).toBe(true);
     await loader.close();
     model.dispose();
 
@@ -175,10 +176,10 @@ describe('extractFeatures', () => {
     const labels = readNpy(readFileSync(join(dir, 'labels.npy')));
     expect(Array.from(labels.data as BigInt64Array)).toEqual(Array.from(out.labels, (v) => BigInt(v)));
     const safe = decodeSafetensors(readFileSync(join(dir, 'features.safetensors')), 'features.safetensors');
-    expect(safe.tensors.get('features')!.shape).toEqual([4, 512]);
-    expect(Array.from(safe.tensors.get('features')!.data as Float32Array)).toEqual(Array.from(out.features));
-    expect(JSON.parse(safe.metadata.classes!)).toEqual(['blue', 'red']);
-    expect(JSON.parse(safe.metadata.files!)).toEqual(out.files);
+    expect(lookup(safe.tensors, 'features').shape).toEqual([4, 512]);
+    expect(Array.from(lookup(safe.tensors, 'features').data as Float32Array)).toEqual(Array.from(out.features));
+    expect(JSON.parse(defined(safe.metadata.classes, 'classes'))).toEqual(['blue', 'red']);
+    expect(JSON.parse(defined(safe.metadata.files, 'files'))).toEqual(out.files);
     expect(readFileSync(join(dir, 'files.txt'), 'utf8').trim().split('\n')).toEqual(out.files);
   });
 
@@ -268,7 +269,7 @@ describe('resnet-cuda embed', () => {
     expect(safetensorsOnly.code).toBe(0);
     expect(safetensorsOnly.stdout.trim().split('\n')).toEqual(['out2/features.safetensors', 'out2/classes.txt']);
     const safe = decodeSafetensors(readFileSync(join(dir, 'out2', 'features.safetensors')), 'features.safetensors');
-    expect(Array.from(safe.tensors.get('features')!.data as Float32Array)).toEqual(
+    expect(Array.from(lookup(safe.tensors, 'features').data as Float32Array)).toEqual(
       Array.from(features.data as Float32Array),
     );
   });
