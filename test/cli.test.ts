@@ -13,6 +13,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { benchCommand } from '../lib/cli/bench.js';
 import { doctorCommand, type DoctorReport } from '../lib/cli/doctor.js';
+import { embedCommand } from '../lib/cli/embed.js';
 import { evalCommand } from '../lib/cli/eval.js';
 import type { Command } from '../lib/cli/options.js';
 import { predictCommand } from '../lib/cli/predict.js';
@@ -34,6 +35,7 @@ const COMMANDS: Record<string, Command> = {
   train: trainCommand,
   eval: evalCommand,
   predict: predictCommand,
+  embed: embedCommand,
   bench: benchCommand,
   doctor: doctorCommand,
 };
