@@ -210,8 +210,9 @@ describe('extractFeatures', () => {
     const inFeatureSpace = knnAccuracy(out.features, out.dims, out.labels, 5);
     const result = tsne(out.features, out.dims, { perplexity: 20, iterations: 500, seed: 0 });
     const inEmbedding = knnAccuracy(result.embedding, 2, out.labels, 5);
-    // Chance is 0.25. The embedding keeps the neighbourhoods of the 512-d features.
-    expect(inEmbedding).toBeGreaterThanOrEqual(0.8);
+    // Chance is 0.25; the untrained model's features gave 0.37 (0.365 in feature space), and these
+    // 0.865 (0.855) when this was written. The embedding keeps the neighbourhoods of the 512-d features.
+    expect(inEmbedding).toBeGreaterThanOrEqual(0.7);
     expect(inEmbedding).toBeGreaterThanOrEqual(inFeatureSpace - 0.1);
   });
 });

@@ -61,7 +61,7 @@ const SPEC: CommandSpec = {
     "Runs trained weights in evaluation mode over a dataset split and writes the pooled features (the global average pool's output that fc reads: 512 values per image for ResNet-18/34, 2048 for ResNet-50/101/152) " +
     'as features.npy (float32 [N, D]) with labels.npy and indices.npy (int64 [N]), classes.txt and, for image files, files.txt; then embeds them in 2-D with Barnes-Hut t-SNE ' +
     '(van der Maaten, JMLR 15:3221, 2014) and writes tsne.png (a scatter coloured by class), tsne.npy (float64 [N, 2]) and tsne.json. ' +
-    'DATA is read as eval reads it; without DATA, the run’s own data, else the built-in dataset. ' +
+    "DATA is read as eval reads it; without DATA, the run's own data, else the built-in dataset. " +
     't-SNE finds nearest neighbours exactly (time N² × D): use --max-samples beyond about 10,000 images.',
   positionals: [
     {
