@@ -90,7 +90,9 @@ export interface SparseP {
   n: number;
   /** Row `i`'s entries are `cols[rowStart[i]] .. cols[rowStart[i + 1] - 1]`. */
   rowStart: Int32Array;
+  /** The column of each entry, increasing within a row. */
   cols: Int32Array;
+  /** The entries' probabilities `p_ij`; all of them sum to 1. */
   values: Float64Array;
 }
 
@@ -266,6 +268,7 @@ export function symmetrize(indices: Int32Array, conditional: Float64Array, n: nu
 
 /** Scratch buffers of {@link gradient}, allocated once per run. */
 export interface GradientWork {
+  /** The quadtree, rebuilt at every call. */
   tree: QuadTree;
   /** Unnormalised repulsive forces, `[n, 2]`. */
   repulsion: Float64Array;
