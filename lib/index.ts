@@ -263,3 +263,14 @@ export {
   type ProfileStepsOptions,
   type StepRange,
 } from './profile/trainer-callback.js';
+// Embeddings: a dataset's pooled features to .npy/safetensors files, Barnes-Hut t-SNE, its scatter plot.
+export {
+  extractFeatures,
+  saveFeatures,
+  type ExtractFeaturesOptions,
+  type ExtractedFeatures,
+  type SaveFeaturesOptions,
+} from './analysis/features.js';
+export { encodeNpy, type NpyArray } from './analysis/npy.js';
+export { tsne, type TsneOptions, type TsneReport, type TsneResult } from './analysis/tsne.js';
+export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';

@@ -45,6 +45,11 @@ describe('the package entry point', () => {
       'writeLrFinder',
       'MlflowRun',
       'Profiler',
+      'extractFeatures',
+      'saveFeatures',
+      'encodeNpy',
+      'tsne',
+      'plotScatter',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
- * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `lr-find`, `bench`, `summary`, `prune` and `doctor`, like
- * torchvision's `references/classification/train.py` split into subcommands.
+ * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `lr-find`, `embed`, `bench`, `summary`, `prune` and
+ * `doctor`, like torchvision's `references/classification/train.py` split into subcommands.
  *
  * Exit codes: 0 on success, 2 for a usage error (reported before any work starts), 1 for a
  * failure while working. Errors are one line, `resnet-cuda <command>: <message>`, and a hint;
@@ -40,6 +40,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
     summary: 'Find a learning rate: the range test (fastai lr_find, pytorch-lr-finder), with a plot.',
     load: async () => (await import('./lr-find.js')).lrFindCommand,
   },
+  embed: {
+    summary: 'Extract the pooled features of a dataset to .npy files and draw their t-SNE as a PNG.',
+    load: async () => (await import('./embed.js')).embedCommand,
+  },
   bench: {
     summary: 'Measure training throughput (forward, backward and SGD step) on synthetic data.',
     load: async () => (await import('./bench.js')).benchCommand,
@@ -76,6 +80,7 @@ function topLevelHelp(): string {
     '  resnet-cuda eval data/imagenet --checkpoint runs/x/checkpoints/best.safetensors\n' +
     '  resnet-cuda predict --weights runs/x/model.safetensors cat.jpg dog.jpg\n' +
     '  resnet-cuda lr-find --model resnet50 --device cuda --amp bf16 -b 256\n' +
+    '  resnet-cuda embed --checkpoint runs/x --output-dir runs/x/embed\n' +
     '  resnet-cuda bench --device cuda --amp bf16\n' +
     '  resnet-cuda summary --model resnet50\n' +
     '  resnet-cuda prune --checkpoint runs/x --structured --amount 0.3 --output-dir runs/x-slim\n' +

@@ -3,13 +3,14 @@
  * containers so that no backward is written by hand. Parameter names match torchvision's.
  * @packageDocumentation
  */
-import { expectBool, expectInt, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
+import { ResnetError, expectBool, expectInt, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
 import { Random } from '../random.js';
 import { setCheckpointing, type CheckpointingOptions } from './checkpoint.js';
 import { Chain, Residual, Sequential } from './containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
 import type { Module } from './module.js';
 import { summary, type ModelSummary, type SummaryOptions } from './summary.js';
+import type { Tensor } from '../tensor.js';
 
 /** Options shared by the ResNet constructors. */
 export interface ResNetOptions {
@@ -174,6 +175,10 @@ export class ResNet extends Chain {
   readonly blockWidths: readonly (readonly number[])[];
   /** Whether {@link blockWidths} differ from torchvision's (a channel-pruned model). */
   readonly pruned: boolean;
+  /** The width of the pooled features that `fc` reads: 512 (ResNet-18/34) or 2048 (ResNet-50/101/152). */
+  readonly featureDim: number;
+  /** Whether the last forward pass stopped at the pooled features (which has no backward). */
+  #featuresOnly = false;
 
   constructor(depth: ResNetDepth, options: ResNetOptions = {}) {
     const o = expectOptions<ResNetOptions>('ResNet options', options, [
@@ -239,6 +244,7 @@ export class ResNet extends Chain {
     this.numClasses = numClasses;
     this.blockWidths = Object.freeze(widths.map((w) => Object.freeze(w)));
     this.pruned = widths.flat().join(',') !== defaultBlockWidths(depth).flat().join(',');
+    this.featureDim = 512 * block.expansion;
     this.requiresInputGrad = false;
     this.#initialise(rng, zeroInit);
     this.to(o.device ?? 'cpu');
@@ -262,6 +268,37 @@ export class ResNet extends Chain {
   checkpointing(options: CheckpointingOptions | false): this {
     setCheckpointing(this, options);
     return this;
+  }
+
+  override forward(x: Tensor): Tensor {
+    const logits = super.forward(x);
+    this.#featuresOnly = false;
+    return logits;
+  }
+
+  /**
+   * The pooled features of `x`: the output of the global average pooling, flattened, that `fc`
+   * reads (`[N, featureDim]`, in `x`'s dtype), as torchvision's `forward` computes them before its
+   * last line. Owned by the model and reused by the next forward, like any output (copy it to keep
+   * it). A forward that stops here has no backward: `backward` after it is refused.
+   */
+  forwardFeatures(x: Tensor): Tensor {
+    this.prepare(x, 'ResNet.forwardFeatures');
+    const fc = this.getSubmodule('fc');
+    let h = x;
+    for (const m of this.modules) if (m !== fc) h = m.forward(h);
+    this.#featuresOnly = true;
+    return h;
+  }
+
+  override backward(gradOutput: Tensor): Tensor | null {
+    if (this.#featuresOnly) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'ResNet.backward() follows forwardFeatures(), which stops before fc and has no backward; run forward() for a training step',
+      );
+    }
+    return super.backward(gradOutput);
   }
 
   /** torchvision's initialisation: He-normal (fan_out) convolutions, BN weight 1 and bias 0. */

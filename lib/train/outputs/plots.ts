@@ -584,3 +584,203 @@ export async function writePng(path: string, buffer: Uint8Array): Promise<void> 
     throw e;
   }
 }
+
+/** Options of {@link plotScatter}. */
+export interface ScatterOptions {
+  /** One name per class, for the legend; default the class indices. */
+  classNames?: readonly string[];
+  /** Drawn above the chart. */
+  title?: string;
+  /** Image width in pixels; default 900. */
+  width?: number;
+  /** Image height in pixels; default 700. */
+  height?: number;
+  /** Marker radius in pixels; default 3 up to 2,000 points, else 2. */
+  pointRadius?: number;
+}
+
+/** The light halves of matplotlib's `tab20` pairs, for classes 10 to 19. */
+const LIGHT_PALETTE: readonly RGB[] = [
+  [174, 199, 232],
+  [255, 187, 120],
+  [152, 223, 138],
+  [255, 152, 150],
+  [197, 176, 213],
+  [196, 156, 148],
+  [247, 182, 210],
+  [199, 199, 199],
+  [219, 219, 141],
+  [158, 218, 229],
+];
+
+/**
+ * The colour of class `c`: matplotlib's `tab10` for the first ten, the light `tab20` colours for
+ * the next ten, then hues a golden angle apart; grey for a negative label (no class).
+ */
+function classColour(c: number): RGB {
+  if (c < 0) return [150, 150, 150];
+  const listed = c < 10 ? PALETTE[c] : LIGHT_PALETTE[c - 10];
+  if (listed) return listed;
+  const hue = ((c * 137.508) % 360) / 60;
+  const x = 1 - Math.abs((hue % 2) - 1);
+  const [r, g, b] =
+    hue < 1
+      ? [1, x, 0]
+      : hue < 2
+        ? [x, 1, 0]
+        : hue < 3
+          ? [0, 1, x]
+          : hue < 4
+            ? [0, x, 1]
+            : hue < 5
+              ? [x, 0, 1]
+              : [1, 0, x];
+  // Saturation 0.7 and value 0.8: readable on white.
+  const tone = (v: number): number => Math.round(255 * 0.8 * (1 - 0.7 + 0.7 * v));
+  return [tone(r), tone(g), tone(b)];
+}
+
+/**
+ * Draws labelled 2-D points (a t-SNE embedding) as a scatter plot, one colour per class, with the
+ * same scale on both axes (distances read the same in every direction) and a legend of the class
+ * names beside the plot, and encodes it as a PNG. Points are drawn in their order.
+ * @param points - `[x0, y0, x1, y1, ...]`.
+ * @param labels - one class index per point (negative: no class, drawn grey).
+ * @param options - see {@link ScatterOptions}.
+ * @returns the PNG file's bytes.
+ */
+export async function plotScatter(
+  points: ArrayLike<number>,
+  labels: ArrayLike<number>,
+  options?: ScatterOptions,
+): Promise<Buffer> {
+  const o = expectOptions<ScatterOptions>('plotScatter options', options, [
+    'classNames',
+    'title',
+    'width',
+    'height',
+    'pointRadius',
+  ]);
+  const isNumbers = (v: unknown): v is ArrayLike<number> =>
+    (ArrayBuffer.isView(v) && !(v instanceof DataView)) || Array.isArray(v);
+  if (!isNumbers(points) || points.length % 2 !== 0) invalid('points', 'an array of x, y pairs', points);
+  const n = points.length / 2;
+  if (!isNumbers(labels) || labels.length !== n) invalid('labels', `${n} class indices (one per point)`, labels);
+  const width = expectInt('plotScatter options.width', o.width ?? 900, 200, 10000);
+  const height = expectInt('plotScatter options.height', o.height ?? 700, 160, 10000);
+  const radius = expectInt('plotScatter options.pointRadius', o.pointRadius ?? (n <= 2000 ? 3 : 2), 1, 20);
+  if (o.title !== undefined && typeof o.title !== 'string') invalid('plotScatter options.title', 'a string', o.title);
+  let classes = 0;
+  for (let i = 0; i < n; i++) {
+    const c = Number(labels[i]);
+    if (!Number.isInteger(c)) invalid('labels', 'integer class indices', labels[i]);
+    classes = Math.max(classes, c + 1);
+  }
+  const names = o.classNames ?? Array.from({ length: classes }, (_, i) => String(i));
+  if (!isArray(names) || names.some((s) => typeof s !== 'string') || names.length < classes) {
+    invalid('plotScatter options.classNames', `at least ${classes} strings (one per class)`, o.classNames);
+  }
+
+  const canvas = new Canvas(width, height);
+  const scale = width >= 640 && height >= 400 ? 2 : 1;
+  const lineH = 7 * scale;
+  // The legend: one row per class that has points, on the right.
+  const present = new Set<number>();
+  for (let i = 0; i < n; i++) present.add(Number(labels[i]));
+  const entries = [...present].filter((c) => c >= 0).sort((a, b) => a - b);
+  if ([...present].some((c) => c < 0)) entries.push(-1);
+  const legendNames = entries.map((c) => fit(c < 0 ? 'no class' : names[c]!, width / 4, scale));
+  const legendW = entries.length > 0 ? Math.max(...legendNames.map((s) => textWidth(s, scale))) + 16 + 4 * radius : 0;
+  const top = lineH * 2 + 8;
+  const bottom = height - (lineH + 16);
+  const right = width - 20 - (legendW > 0 ? legendW + 16 : 0);
+
+  const xs: number[] = [];
+  const ys: number[] = [];
+  for (let i = 0; i < n; i++) {
+    xs.push(Number(points[2 * i]));
+    ys.push(Number(points[2 * i + 1]));
+  }
+  let [xLo, xHi] = extent(xs);
+  let [yLo, yHi] = extent(ys);
+  // A margin of 5% around the points, then one scale for both axes.
+  const pad = 0.05 * Math.max(xHi - xLo, yHi - yLo);
+  [xLo, xHi, yLo, yHi] = [xLo - pad, xHi + pad, yLo - pad, yHi + pad];
+  const yTicksFirst = niceTicks(yLo, yHi, Math.max(2, Math.floor((bottom - top) / (40 * scale))));
+  const yLabelW = Math.max(
+    ...yTicksFirst.ticks.map((v) =>
+      textWidth(tickLabel(v, yTicksFirst.step, Math.max(Math.abs(yLo), Math.abs(yHi))), scale),
+    ),
+  );
+  const left = 10 + yLabelW + 8;
+  if (right - left < 40 || bottom - top < 40) {
+    invalid('plotScatter options.width/height', 'a size that leaves room for the plot area', `${width}x${height}`);
+  }
+  const unit = Math.min((right - left) / (xHi - xLo), (bottom - top) / (yHi - yLo));
+  // Centre the points' box in the plot area; the axes cover what is visible.
+  const xMid = (xLo + xHi) / 2;
+  const yMid = (yLo + yHi) / 2;
+  const visX: [number, number] = [xMid - (right - left) / unit / 2, xMid + (right - left) / unit / 2];
+  const visY: [number, number] = [yMid - (bottom - top) / unit / 2, yMid + (bottom - top) / unit / 2];
+  const px = (x: number): number => left + (x - visX[0]) * unit;
+  const py = (y: number): number => bottom - (y - visY[0]) * unit;
+
+  const xTicks = niceTicks(visX[0], visX[1], Math.max(2, Math.floor((right - left) / (70 * scale))));
+  const yTicks = niceTicks(visY[0], visY[1], Math.max(2, Math.floor((bottom - top) / (40 * scale))));
+  const xMaxAbs = Math.max(Math.abs(visX[0]), Math.abs(visX[1]));
+  const yMaxAbs = Math.max(Math.abs(visY[0]), Math.abs(visY[1]));
+  for (const v of xTicks.ticks) {
+    if (v < visX[0] || v > visX[1]) continue;
+    const x = px(v);
+    canvas.rect(x, top, 1, bottom - top, GRID);
+    canvas.rect(x, bottom, 1, 5, AXIS);
+    const label = tickLabel(v, xTicks.step, xMaxAbs);
+    canvas.text(label, x - textWidth(label, scale) / 2, bottom + 8, BLACK, scale);
+  }
+  for (const v of yTicks.ticks) {
+    if (v < visY[0] || v > visY[1]) continue;
+    const y = py(v);
+    canvas.rect(left, y, right - left, 1, GRID);
+    canvas.rect(left - 5, y, 5, 1, AXIS);
+    const label = tickLabel(v, yTicks.step, yMaxAbs);
+    canvas.text(label, left - 8 - textWidth(label, scale), y - lineH / 2, BLACK, scale);
+  }
+  canvas.frame(left, top, right - left + 1, bottom - top + 1, AXIS);
+  if (o.title) {
+    const t = fit(o.title, width - 20, scale);
+    canvas.text(t, (width - textWidth(t, scale)) / 2, 6, BLACK, scale);
+  }
+
+  const disc = (cx: number, cy: number, colour: RGB): void => {
+    for (let dy = -radius; dy <= radius; dy++) {
+      for (let dx = -radius; dx <= radius; dx++) {
+        if (dx * dx + dy * dy <= radius * radius + radius) canvas.pixel(cx + dx, cy + dy, colour);
+      }
+    }
+  };
+  canvas.clip(left + 1, top + 1, right, bottom);
+  for (let i = 0; i < n; i++) {
+    if (!Number.isFinite(xs[i]) || !Number.isFinite(ys[i])) continue;
+    disc(px(xs[i]!), py(ys[i]!), classColour(Number(labels[i])));
+  }
+  canvas.clip();
+
+  if (entries.length > 0) {
+    const rowH = Math.max(lineH, 2 * radius + 1) + 6;
+    const fits = Math.max(1, Math.floor((bottom - top - 8) / rowH));
+    const shown = entries.length > fits ? fits - 1 : entries.length;
+    const bx = right + 16;
+    const by = top;
+    const rows = shown + (shown < entries.length ? 1 : 0);
+    canvas.frame(bx, by, legendW, rows * rowH + 8, AXIS);
+    for (let r = 0; r < shown; r++) {
+      const y = by + 6 + r * rowH;
+      disc(bx + 6 + radius * 2, y + lineH / 2, classColour(entries[r]!));
+      canvas.text(legendNames[r]!, bx + 12 + 4 * radius, y, BLACK, scale);
+    }
+    if (shown < entries.length) {
+      canvas.text(`+${entries.length - shown} more`, bx + 6, by + 6 + shown * rowH, BLACK, scale);
+    }
+  }
+  return encode(canvas);
+}
