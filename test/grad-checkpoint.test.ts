@@ -16,6 +16,7 @@ import {
   ResNet,
   SGD,
   Tensor,
+  benchmarkTraining,
   listBackends,
   memoryStats,
   resetPeakMemory,
@@ -260,6 +261,26 @@ describe('gradient checkpointing on CUDA', () => {
       const plain = train(18, null, 'cuda', 3, 4);
       const checkpointed = train(18, segments, 'cuda', 3, 4);
       expectIdentical(plain, checkpointed);
+    },
+  );
+
+  it.skipIf(!cuda?.available)(
+    `on CUDA: a checkpointed step captured as a CUDA graph trains as the plain one${cuda?.available ? '' : ' (skipped)'}`,
+    () => {
+      // Warm-up step, capture, one replay, two timed replays: the loss of the last one.
+      const lossAfterReplays = (segments: CheckpointSegments | null): number => {
+        const model = new ResNet(18, { numClasses: 4, smallInput: true, seed: 1, device: 'cuda' });
+        if (segments !== null) model.checkpointing({ segments });
+        try {
+          const options = { model, device: 'cuda', numClasses: 4, batch: 2, size: 4, steps: 2, warmup: 1 };
+          return benchmarkTraining({ ...options, cudaGraph: true }).loss;
+        } finally {
+          model.dispose();
+        }
+      };
+      const plain = lossAfterReplays(null);
+      expect(Number.isFinite(plain)).toBe(true);
+      expect(lossAfterReplays({ every: 1 })).toBe(plain);
     },
   );
 });
