@@ -248,9 +248,9 @@ interface LrFindArgs {
   quiet: boolean;
 }
 
-/** How a learning rate is printed: three significant digits. */
+/** How a learning rate is printed: three significant digits, in exponent form below 0.001 (`7.02e-5`). */
 function lrText(lr: number): string {
-  return lr.toPrecision(3).replace(/\.?0+e/, 'e');
+  return lr >= 1e-3 && lr < 1e4 ? String(Number(lr.toPrecision(3))) : lr.toExponential(2);
 }
 
 async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
@@ -367,7 +367,7 @@ function report(result: LrFinderResult): string {
   }
   if (result.minimum) {
     lines.push(
-      `minimum/10 rule: ${lrText(result.minimum.lrOverTen)} (lowest smoothed loss ${result.bestLoss.toFixed(4)} at lr ${lrText(result.minimum.lr)})`,
+      `minimum/10 rule: ${lrText(result.minimum.lrOverTen)} (lowest smoothed loss in the same window ${(result.smoothedLosses[result.minimum.index] ?? NaN).toFixed(4)} at lr ${lrText(result.minimum.lr)})`,
     );
   }
   const last = result.lrs.at(-1) ?? result.settings.startLr;
