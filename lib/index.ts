@@ -180,3 +180,6 @@ export {
 } from './train/trainer.js';
 export { ModelEma, type ModelEmaOptions, type ModelEmaState } from './train/ema.js';
 export { benchmarkTraining, type BenchmarkTrainingOptions, type TrainingBenchmark } from './train/benchmark.js';
+// Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
+export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
+export { Distillation, type DistillationOptions } from './train/distillation.js';
