@@ -4,8 +4,8 @@
  * and distilled from the teacher, from the same initialisation and the same batches. Prints the
  * validation top-1 of each run, per seed and on average, and a JSON line with every number.
  *
- *   node dist/examples/distillation.js [--teacher-model resnet18|resnet34|resnet50] [--teacher-steps 400]
- *     [--student-steps 40] [--seeds 1,2,3] [--temperature 4] [--alpha 0.9] [--size 16] [--batch 32]
+ *   node dist/examples/distillation.js [--teacher-model resnet18|resnet34|resnet50] [--teacher-steps 200]
+ *     [--student-steps 40] [--seeds 1,2,3,4,5,6] [--temperature 2] [--alpha 0.5] [--size 16] [--batch 16]
  *     [--train 1600] [--lr 0.02] [--device cpu] [--amp bf16] [--teacher-file FILE]
  *
  * With --teacher-file, the teacher's weights are read from FILE when it exists (its training is
@@ -31,14 +31,14 @@ import {
 
 const { values } = parseArgs({
   options: {
-    'teacher-model': { type: 'string', default: 'resnet34' },
-    'teacher-steps': { type: 'string', default: '400' },
+    'teacher-model': { type: 'string', default: 'resnet18' },
+    'teacher-steps': { type: 'string', default: '200' },
     'student-steps': { type: 'string', default: '40' },
-    seeds: { type: 'string', default: '1,2,3' },
-    temperature: { type: 'string', default: '4' },
-    alpha: { type: 'string', default: '0.9' },
+    seeds: { type: 'string', default: '1,2,3,4,5,6' },
+    temperature: { type: 'string', default: '2' },
+    alpha: { type: 'string', default: '0.5' },
     size: { type: 'string', default: '16' },
-    batch: { type: 'string', default: '32' },
+    batch: { type: 'string', default: '16' },
     train: { type: 'string', default: '1600' },
     lr: { type: 'string', default: '0.02' },
     device: { type: 'string', default: 'cpu' },
