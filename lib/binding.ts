@@ -266,6 +266,21 @@ export interface RawAddon {
     labelSmoothing?: number;
     gradScale?: number;
   }): void;
+  /**
+   * Knowledge distillation's loss, `alpha * T² * KL(softmax(t/T) ‖ softmax(s/T)) + (1 - alpha) * CE`,
+   * averaged over the batch, and its gradient with respect to the student's logits (times `gradScale`).
+   */
+  distillationLoss(args: {
+    logits: RawTensor;
+    teacherLogits: RawTensor;
+    labels: RawTensor;
+    loss: RawTensor;
+    dLogits?: RawTensor;
+    temperature: number;
+    alpha: number;
+    labelSmoothing?: number;
+    gradScale?: number;
+  }): void;
   sgdStep(args: {
     params: RawTensor;
     grads: RawTensor;

@@ -274,3 +274,6 @@ export {
 export { encodeNpy, type NpyArray } from './analysis/npy.js';
 export { tsne, type TsneOptions, type TsneReport, type TsneResult } from './analysis/tsne.js';
 export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
+// Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
+export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
+export { Distillation, type DistillationOptions } from './train/distillation.js';

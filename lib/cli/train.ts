@@ -79,6 +79,7 @@ import {
   type OptionValue,
   type ParsedCommand,
 } from './options.js';
+import { TEACHER_DEPENDENT, TEACHER_OPTIONS, loadTeacher, type LoadedTeacher, type TeacherArgs } from './teacher.js';
 
 const SCHEDULERS = [
   'cosineannealinglr',
@@ -210,6 +211,7 @@ const OPTIONS: OptionSpec[] = [
     help: 'Gradient checkpointing: keep only the input and output of each stage (stage) or of every N blocks, and recompute the activations inside in backward; less memory for about one more forward of those blocks per step.',
     section: S_MODEL,
   },
+  ...TEACHER_OPTIONS,
 
   option({ name: 'opt', type: 'choice', choices: OPTIMIZERS, default: 'sgd', help: 'The optimizer.', section: S_OPT }),
   option({
@@ -566,11 +568,12 @@ const SPEC: CommandSpec = {
     'resnet-cuda train data/cifar-10-batches-bin --dataset cifar10 --epochs 30 --lr-scheduler onecyclelr --opt sgd-nesterov',
     'resnet-cuda train data/pets --weights resnet50.safetensors --freeze conv1,bn1,layer1 --lr 0.01 --epochs 10',
     'resnet-cuda train --resume --output-dir runs/r50    # continue where it stopped',
+    'resnet-cuda train data/imagenet --model resnet50 --teacher runs/r152 --kd-temperature 4 --kd-alpha 0.9 --device cuda',
   ],
 };
 
 /** The options of `train` after defaults and presets, by camelCase name. */
-interface TrainArgs {
+interface TrainArgs extends TeacherArgs {
   dataset: DatasetName;
   data: string | undefined;
   workers: number;
@@ -682,6 +685,7 @@ const DEPENDENT_OPTIONS: readonly {
     applies: (a) => a.dryRun === undefined,
     refusal: () => '--dry-run writes no checkpoints: drop --checkpoint-every-steps and --keep-last',
   },
+  TEACHER_DEPENDENT,
 ];
 
 /**
@@ -1130,6 +1134,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       `gradient checkpointing: ${setCheckpointing(model, { segments }).length} segments recomputed in backward`,
     );
   }
+  let teacher: LoadedTeacher | undefined;
   const lr = a.lrScaleBatch !== undefined ? scaleLrForBatch(a.lr, a.batchSize * a.accumulate, a.lrScaleBatch) : a.lr;
   const optimizer = buildOptimizer(a, model, lr);
 
@@ -1165,6 +1170,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     trainer.requestStop();
   };
   try {
+    teacher = await loadTeacher(a, { device, numClasses }, io.cwd);
+    if (teacher) notes.push(teacher.note);
     const batches = a.dryRun !== undefined ? Math.min(a.dryRun, trainLoader.length) : trainLoader.length;
     const stepsPerEpoch = Math.ceil(batches / a.accumulate);
     const schedule = buildSchedule(a, stepsPerEpoch);
@@ -1200,6 +1207,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
         ? { plateau: { mode, factor: a.lrGamma, patience: a.lrPlateauPatience, minLr: a.lrMin, monitor: a.monitor } }
         : {}),
       ...(a.clipGradNorm !== undefined ? { clipGradNorm: a.clipGradNorm } : {}),
+      ...(teacher ? { distillation: { teacher: teacher.model, temperature: a.kdTemperature, alpha: a.kdAlpha } } : {}),
       ...(a.modelEma
         ? {
             ema: { decay: emaDecay, every: a.modelEmaSteps, warmupSteps: Math.round(a.lrWarmupEpochs * stepsPerEpoch) },
@@ -1277,6 +1285,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     for (const signal of Object.keys(STOP_SIGNALS)) process.removeListener(signal, onSignal);
     profiling?.abandon();
     await trainer?.dispose();
+    teacher?.model.dispose();
     await trainLoader.close();
     await valLoader.close();
   }

@@ -40,48 +40,16 @@ export class CrossEntropyLoss {
    */
   forward(logits: Tensor, labels: Tensor | Int32Array | readonly number[]): Tensor {
     expectTensor('logits', logits, { rank: 2, dtype: FLOAT_DTYPES });
-    const [n, k] = logits.shape as [number, number];
-    let labelTensor: Tensor;
-    if (labels instanceof Tensor) {
-      labelTensor = expectTensor('labels', labels, { rank: 1, dtype: 'i32', device: logits.device });
-      if (labels.shape[0] !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.shape[0]} labels`);
-    } else {
-      if (!isArray(labels) && !(labels instanceof Int32Array)) {
-        invalid('labels', 'an i32 Tensor, an Int32Array or an array of integers', labels);
-      }
-      if (labels.length !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.length} labels`);
-      for (let i = 0; i < labels.length; i++) {
-        const v = labels[i]!;
-        if (!Number.isInteger(v) || v < 0 || v >= k) {
-          mismatch(`labels[${i}]`, `an integer class index in [0, ${k})`, String(v));
-        }
-      }
-      if (!this.#labels || this.#labels.shape[0] !== n || this.#labels.device !== logits.device) {
-        this.#labels?.dispose();
-        this.#labels = Tensor.empty([n], { dtype: 'i32', device: logits.device });
-      }
-      this.#labels.raw.copyFromHost(labels instanceof Int32Array ? labels : Int32Array.from(labels));
-      labelTensor = this.#labels;
-    }
-    if (!this.#loss || this.#loss.device !== logits.device) {
-      this.#loss?.dispose();
-      this.#loss = Tensor.zeros([1], { device: logits.device });
-    }
-    if (
-      !this.#grad ||
-      this.#grad.dtype !== logits.dtype ||
-      this.#grad.device !== logits.device ||
-      this.#grad.shape.some((d, i) => d !== logits.shape[i])
-    ) {
-      this.#grad?.dispose();
-      this.#grad = Tensor.empty(logits.shape, { dtype: logits.dtype, device: logits.device });
-    }
+    const resolved = labelsOnDevice(labels, logits, this.#labels);
+    this.#labels = resolved.cache;
+    this.#loss = lossBuffer(logits, this.#loss);
+    this.#grad = gradBuffer(logits, this.#grad);
     expectNumber('gradScale', this.gradScale, 0);
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('cross_entropy', 'loss', logits.device) : 0;
     addon().crossEntropy({
       logits: logits.raw,
-      labels: labelTensor.raw,
+      labels: resolved.labels.raw,
       loss: this.#loss.raw,
       dLogits: this.#grad.raw,
       labelSmoothing: this.labelSmoothing,
@@ -106,4 +74,61 @@ export class CrossEntropyLoss {
     this.#loss = this.#grad = this.#labels = null;
     this.#ready = false;
   }
+}
+
+/**
+ * The labels of a batch of logits `[N, K]` as an i32 tensor on the logits' device: `labels` itself
+ * when it is such a tensor (checked), else host integers (checked to lie in `[0, K)`) copied into
+ * `cache`, which is reused when it fits and replaced otherwise. Returns the label tensor and the
+ * cache to keep.
+ */
+export function labelsOnDevice(
+  labels: Tensor | Int32Array | readonly number[],
+  logits: Tensor,
+  cache: Tensor | null,
+): { labels: Tensor; cache: Tensor | null } {
+  const [n, k] = logits.shape as [number, number];
+  if (labels instanceof Tensor) {
+    expectTensor('labels', labels, { rank: 1, dtype: 'i32', device: logits.device });
+    if (labels.shape[0] !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.shape[0]} labels`);
+    return { labels, cache };
+  }
+  if (!isArray(labels) && !(labels instanceof Int32Array)) {
+    invalid('labels', 'an i32 Tensor, an Int32Array or an array of integers', labels);
+  }
+  if (labels.length !== n) mismatch('labels', `${n} labels (one per row of logits)`, `${labels.length} labels`);
+  for (let i = 0; i < labels.length; i++) {
+    const v = labels[i]!;
+    if (!Number.isInteger(v) || v < 0 || v >= k) {
+      mismatch(`labels[${i}]`, `an integer class index in [0, ${k})`, String(v));
+    }
+  }
+  let out = cache;
+  if (out?.shape[0] !== n || out.device !== logits.device) {
+    out?.dispose();
+    out = Tensor.empty([n], { dtype: 'i32', device: logits.device });
+  }
+  out.raw.copyFromHost(labels instanceof Int32Array ? labels : Int32Array.from(labels));
+  return { labels: out, cache: out };
+}
+
+/** A one-element f32 loss tensor on the logits' device: `cache` when it is there, else a new one. */
+export function lossBuffer(logits: Tensor, cache: Tensor | null): Tensor {
+  if (cache?.device === logits.device) return cache;
+  cache?.dispose();
+  return Tensor.zeros([1], { device: logits.device });
+}
+
+/** A gradient tensor of the logits' shape, dtype and device: `cache` when it fits, else a new one. */
+export function gradBuffer(logits: Tensor, cache: Tensor | null): Tensor {
+  if (
+    cache?.dtype === logits.dtype &&
+    cache.device === logits.device &&
+    cache.shape.length === logits.shape.length &&
+    cache.shape.every((d, i) => d === logits.shape[i])
+  ) {
+    return cache;
+  }
+  cache?.dispose();
+  return Tensor.empty(logits.shape, { dtype: logits.dtype, device: logits.device });
 }

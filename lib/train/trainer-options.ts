@@ -11,6 +11,7 @@ import type { GradScalerOptions } from '../optim/grad-scaler.js';
 import { Optimizer } from '../optim/optimizer.js';
 import { checkSignal } from './abort.js';
 import { isLoader } from './batches.js';
+import { parseDistillation, type DistillationOptions, type DistillationSpec } from './distillation.js';
 import type { ModelEmaOptions } from './ema.js';
 import { defaultMode, type EarlyStoppingSettings, type MetricMode } from './monitors.js';
 import type { ProgressStream } from './outputs/logging.js';
@@ -66,6 +67,8 @@ export interface TrainerOptions {
   plateau?: ReduceLROnPlateauOptions & { monitor?: string };
   /** Label smoothing of the cross-entropy loss; default 0. */
   labelSmoothing?: number;
+  /** Knowledge distillation from a teacher model: the student trains on {@link DistillationLoss}; evaluation stays plain. */
+  distillation?: DistillationOptions;
   /** Mixed precision: activations in bf16 or fp16 over fp32 master weights; default false (fp32). fp16 needs CUDA. */
   amp?: 'bf16' | 'fp16' | false;
   /** Loss scaling; on by default with `amp: 'fp16'` only. `{ enabled: true }` turns it on for bf16 too. */
@@ -157,6 +160,7 @@ export interface TrainerSettings {
   amp: 'bf16' | 'fp16' | false;
   accumulate: number;
   labelSmoothing: number;
+  distillation: DistillationSpec | null;
   gradScaler: GradScalerOptions;
   schedule: Schedule | null;
   plateau: (ReduceLROnPlateauOptions & { monitor: string }) | null;
@@ -200,6 +204,7 @@ const OPTION_KEYS = [
   'schedule',
   'plateau',
   'labelSmoothing',
+  'distillation',
   'amp',
   'gradScaler',
   'clipGradNorm',
@@ -281,6 +286,7 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     amp,
     accumulate: expectInt('accumulate', o.accumulate ?? 1, 1),
     labelSmoothing: expectNumber('labelSmoothing', o.labelSmoothing ?? 0, 0, 1),
+    distillation: parseDistillation(o.distillation, o.model),
     gradScaler,
     schedule: o.schedule ?? null,
     plateau: parsePlateau(o.plateau),

@@ -45,6 +45,7 @@ import {
   type RunState,
 } from './checkpoint-manager.js';
 import { averageGradients, isDistributed, sumEvalCounts } from './distributed.js';
+import { Distillation } from './distillation.js';
 import { ModelEma } from './ema.js';
 import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.js';
 import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Predictions } from './evaluation.js';
@@ -66,6 +67,7 @@ import {
 import type { EpochRecord, FitResult, StepInfo } from './trainer-types.js';
 
 export type { CheckpointInfo, RunState } from './checkpoint-manager.js';
+export type { DistillationOptions } from './distillation.js';
 export type { EvalResult, Predictions } from './evaluation.js';
 export type {
   CheckpointPolicy,
@@ -121,6 +123,8 @@ export class Trainer {
   readonly device: string;
   /** The training loss (its `gradScale` is set every step). */
   readonly loss: CrossEntropyLoss;
+  /** The teacher and the loss of knowledge distillation, which replaces `loss` in training when set. */
+  readonly distillation: Distillation | null;
   /** Loss scaling (disabled unless fp16 or asked for). */
   readonly scaler: GradScaler;
   /** The moving average of the weights, when enabled. */
@@ -168,6 +172,9 @@ export class Trainer {
     this.device = s.device;
     this.loss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
     this.#evalLoss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
+    this.distillation = s.distillation
+      ? new Distillation(s.distillation, { device: s.device, labelSmoothing: s.labelSmoothing })
+      : null;
     const { monitor: _monitor, ...plateau } = s.plateau ?? { monitor: '' };
     this.#plateau = s.plateau ? new ReduceLROnPlateau(this.optimizer, plateau) : null;
     if (s.normalize) this.#normalize = this.#makeNormalize(s.normalize);
@@ -465,15 +472,23 @@ export class Trainer {
     addon().fill({ tensor: defined(this.#stepLoss, 'the step loss').raw, value: 0 });
   }
 
-  /** One micro-batch: forward, loss (summed on the device), backward with the loss scaled by `scale / groupSize`. */
+  /**
+   * One micro-batch: forward, loss (summed on the device), backward with the loss scaled by
+   * `scale / groupSize`. The training loss is the cross-entropy, or with distillation the
+   * distillation loss after the teacher's forward on the same input.
+   */
   #forwardBackward(batch: DeviceBatch, groupSize: number, meter: EpochMeter | null): void {
-    this.scaler.scale(this.loss, 1 / groupSize);
-    const logits = this.model.forward(this.#normalizer().forward(batch.images, batch.flips));
-    const value = this.loss.forward(logits, batch.labels);
+    const loss = this.distillation?.loss ?? this.loss;
+    this.scaler.scale(loss, 1 / groupSize);
+    const input = this.#normalizer().forward(batch.images, batch.flips);
+    const logits = this.model.forward(input);
+    const value = this.distillation
+      ? this.distillation.forward(input, logits, batch.labels)
+      : this.loss.forward(logits, batch.labels);
     meter?.addLoss(value);
     const stepLoss = defined(this.#stepLoss, 'the step loss');
     addon().add({ a: stepLoss.raw, b: value.raw, out: stepLoss.raw });
-    this.model.backward(this.loss.backward());
+    this.model.backward(loss.backward());
   }
 
   /** The `onStepEnd` information of the step just taken, whose `loss()` may be read until `end()`. */
@@ -814,6 +829,7 @@ export class Trainer {
     if (this.#disposed) return;
     this.#disposed = true;
     this.loss.dispose();
+    this.distillation?.dispose();
     this.#evalLoss.dispose();
     this.scaler.dispose();
     this.ema?.dispose();

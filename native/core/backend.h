@@ -122,6 +122,25 @@ struct CrossEntropyArgs {
   float gradScale = 1.0f;  // dLogits = gradScale * dLoss/dLogits (loss scaling, accumulation)
 };
 
+// Knowledge distillation (Hinton et al. 2015, arXiv:1503.02531): per row, with ps = softmax(s/T),
+// pt = softmax(t/T) and CE the smoothed cross-entropy above,
+//   loss_i = alpha * T^2 * KL(pt || ps) + (1 - alpha) * CE(s, label),
+// and the loss is the mean over the N rows (torch's KLDivLoss reduction='batchmean'). A class of
+// pt = 0 adds nothing to the KL sum (torch's xlogy). The gradient with respect to s:
+//   dLogits = gradScale / N * (alpha * T * (ps - pt) + (1 - alpha) * (softmax(s) - q)).
+// The teacher's logits t are constants (they get no gradient).
+struct DistillationArgs {
+  Tensor logits;             // student [N, K] f32/bf16/f16
+  Tensor teacherLogits;      // teacher, same shape and dtype
+  Tensor labels;             // i32[N]
+  Tensor loss;               // f32[1]
+  Tensor dLogits;            // same shape/dtype as logits, overwritten; may be undefined
+  float temperature = 1.0f;  // > 0
+  float alpha = 0.5f;        // in [0, 1]
+  float labelSmoothing = 0.0f;
+  float gradScale = 1.0f;
+};
+
 struct SgdGroup {
   float lr = 0.1f, momentum = 0.0f, dampening = 0.0f, weightDecay = 0.0f;
   bool nesterov = false;
@@ -293,6 +312,7 @@ class Backend {
   virtual void cast(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& t, double value) = 0;
   virtual void crossEntropy(const CrossEntropyArgs& args) = 0;
+  virtual void distillationLoss(const DistillationArgs& args) = 0;
   virtual void sgdStep(const SgdArgs& args) = 0;
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).

@@ -125,6 +125,28 @@ void validateCrossEntropy(const CrossEntropyArgs& a) {
                op << ": labelSmoothing must be in [0, 1], got " << a.labelSmoothing);
 }
 
+void validateDistillation(const DistillationArgs& a) {
+  const char* op = "distillation loss";
+  checkDefined(a.logits, op, "logits");
+  RC_CHECK_ARG(a.logits.rank() == 2 && isFloating(a.logits.dtype()),
+               op << ": logits must be a floating [N, K] tensor, got " << a.logits.describe());
+  checkDefined(a.teacherLogits, op, "teacherLogits");
+  checkSameDevice(a.logits, a.teacherLogits, op);
+  RC_CHECK_ARG(a.teacherLogits.shape() == a.logits.shape() && a.teacherLogits.dtype() == a.logits.dtype(),
+               op << ": teacherLogits must match the student's logits in shape and dtype, got "
+                  << a.teacherLogits.describe() << " and " << a.logits.describe());
+  checkDType(a.labels, DType::I32, op, "labels");
+  checkShape(a.labels, Shape{a.logits.dim(0)}, op, "labels");
+  checkDType(a.loss, DType::F32, op, "loss");
+  checkShape(a.loss, Shape{1}, op, "loss");
+  if (a.dLogits.defined()) validateSameLayout(a.logits, a.dLogits, op);
+  RC_CHECK_ARG(std::isfinite(a.temperature) && a.temperature > 0.0f,
+               op << ": temperature must be a finite number > 0, got " << a.temperature);
+  RC_CHECK_ARG(a.alpha >= 0.0f && a.alpha <= 1.0f, op << ": alpha must be in [0, 1], got " << a.alpha);
+  RC_CHECK_ARG(a.labelSmoothing >= 0.0f && a.labelSmoothing <= 1.0f,
+               op << ": labelSmoothing must be in [0, 1], got " << a.labelSmoothing);
+}
+
 // Segments must lie inside an arena of `numel` elements and not overlap (each parameter appears
 // once); `groups` < 0 means the op has no groups and ignores the group field.
 void validateSegments(const std::vector<ArenaSegment>& segments, int64_t numel, int64_t groups, const char* op) {
@@ -534,6 +556,12 @@ class CheckedBackend final : public Backend {
     validateCrossEntropy(a);
     here({&a.logits, &a.labels, &a.loss, &a.dLogits}, "cross entropy");
     b_->crossEntropy(a);
+  }
+
+  void distillationLoss(const DistillationArgs& a) override {
+    validateDistillation(a);
+    here({&a.logits, &a.teacherLogits, &a.labels, &a.loss, &a.dLogits}, "distillation loss");
+    b_->distillationLoss(a);
   }
 
   void sgdStep(const SgdArgs& a) override {

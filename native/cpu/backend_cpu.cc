@@ -60,6 +60,7 @@ class CpuBackend final : public Backend {
   void cast(const Tensor& src, const Tensor& dst) override { cpu::cast(src, dst); }
   void fill(const Tensor& t, double value) override { cpu::fill(t, value); }
   void crossEntropy(const CrossEntropyArgs& a) override { cpu::crossEntropy(a); }
+  void distillationLoss(const DistillationArgs& a) override { cpu::distillationLoss(a); }
   void sgdStep(const SgdArgs& a) override { cpu::sgdStep(a); }
   void convertInput(const ConvertInputArgs& a) override { cpu::convertInput(a); }
   void adamwStep(const AdamWArgs& a) override { cpu::adamwStep(a); }

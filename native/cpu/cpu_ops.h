@@ -19,6 +19,7 @@ void mul(const Tensor& a, const Tensor& b, const Tensor& out);
 void cast(const Tensor& src, const Tensor& dst);
 void fill(const Tensor& t, double value);
 void crossEntropy(const CrossEntropyArgs& args);
+void distillationLoss(const DistillationArgs& args);
 void sgdStep(const SgdArgs& args);
 void convertInput(const ConvertInputArgs& args);
 void adamwStep(const AdamWArgs& args);

@@ -18,7 +18,7 @@ namespace {
 
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
 // moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul,
-// the driver's utilisation reading (NVML) and the profiler's timing marks.
+// the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss.
 constexpr int kBackendAbi = 5;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -144,6 +144,15 @@ class CudaBackend final : public Backend {
     cuda::crossEntropy(a.logits.dtype(), a.logits.data(), a.labels.ptr<int32_t>(), a.loss.ptr<float>(),
                        a.dLogits.defined() ? a.dLogits.data() : nullptr, n, k, a.labelSmoothing, a.gradScale,
                        ctx_.invalidLabelFlag(), partial(n, 1), ctx_.stream());
+  }
+
+  void distillationLoss(const DistillationArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t n = a.logits.dim(0), k = a.logits.dim(1);
+    cuda::distillationLoss(a.logits.dtype(), a.logits.data(), a.teacherLogits.data(), a.labels.ptr<int32_t>(),
+                           a.loss.ptr<float>(), a.dLogits.defined() ? a.dLogits.data() : nullptr, n, k,
+                           {a.temperature, a.alpha, a.labelSmoothing, a.gradScale}, ctx_.invalidLabelFlag(),
+                           partial(n, 1), ctx_.stream());
   }
 
   void sgdStep(const SgdArgs& a) override {

@@ -84,6 +84,15 @@ void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float*
                   int64_t k, float labelSmoothing, float gradScale, int32_t* invalidLabel, float* partial,
                   cudaStream_t stream);
 
+// Knowledge distillation's loss and gradient (semantics in core/backend.h, DistillationArgs), with
+// the same grid, label flag and partial buffer as crossEntropy.
+struct DistillationParams {
+  float temperature, alpha, labelSmoothing, gradScale;
+};
+void distillationLoss(DType dtype, const void* logits, const void* teacherLogits, const int32_t* labels, float* loss,
+                      void* dLogits, int64_t n, int64_t k, DistillationParams params, int32_t* invalidLabel,
+                      float* partial, cudaStream_t stream);
+
 // ---- sgd.cu ------------------------------------------------------------------------------------
 struct SgdGroupParams {
   float lr, momentum, dampening, weightDecay;

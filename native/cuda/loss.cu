@@ -1,7 +1,7 @@
-// Softmax cross-entropy with label smoothing: one block per row (blocks stride over the rows when
-// there are more than kCrossEntropyBlocks), an online max/sum-exp pass, then the gradient pass.
-// The batch mean is deterministic: each block adds its rows' losses in row order into one partial,
-// and a single block adds the partials in a fixed tree.
+// Softmax cross-entropy with label smoothing, and knowledge distillation's loss: one block per
+// row (blocks stride over the rows when there are more than kCrossEntropyBlocks), an online
+// max/sum-exp pass, then the gradient pass. The batch mean is deterministic: each block adds its
+// rows' losses in row order into one partial, and a single block adds the partials in a fixed tree.
 #include "device_utils.cuh"
 #include "kernels.h"
 
@@ -127,6 +127,79 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *loss = sSum[0] / static_cast<float>(n);
 }
 
+// The running (max, sum exp) state of one element, NaN for an infinite one as in cross_entropy_kernel.
+__device__ __forceinline__ SoftmaxState elementState(float v) { return SoftmaxState{v, isfinite(v) ? 1.0f : NAN}; }
+
+// Knowledge distillation, per row: loss_i = alpha T^2 KL(pt || ps) + (1 - alpha) CE_i with
+// ps = softmax(s/T), pt = softmax(t/T); dz = gradScale / n * (alpha T (ps - pt) + (1 - alpha) (softmax(s) - q)).
+// One pass for the three log-sum-exps and the sum of the logits, a second for the KL sum and the
+// gradient. Labels are handled as in cross_entropy_kernel.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    distillation_kernel(const T* __restrict__ logits, const T* __restrict__ teacher, const int32_t* __restrict__ labels,
+                        T* __restrict__ dLogits, int64_t n, int64_t k, DistillationParams p,
+                        int32_t* __restrict__ invalidLabel, float* __restrict__ partial) {
+  __shared__ SoftmaxState sState[kMaxWarps + 1];
+  __shared__ float sSum[kMaxWarps + 1];
+  const float scale = p.gradScale / static_cast<float>(n);
+  const float offLabel = p.labelSmoothing / static_cast<float>(k);
+  const float inv = 1.0f / p.temperature;
+  const float kdWeight = p.alpha > 0.0f ? p.alpha * p.temperature * p.temperature : 0.0f;
+  const float ceWeight = 1.0f - p.alpha;
+  float blockLoss = 0.0f;  // meaningful in thread 0 only
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const T* s = logits + row * k;
+    const T* t = teacher + row * k;
+    const int32_t label = labels[row];
+    if (!(label >= 0 && label < k)) {
+      if (threadIdx.x == 0 && invalidLabel) *invalidLabel = 1;
+      if (dLogits) {
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) dLogits[row * k + j] = fromFloat<T>(0.0f);
+      }
+      continue;
+    }
+    SoftmaxState plain{-INFINITY, 0.0f}, soft{-INFINITY, 0.0f}, soft_t{-INFINITY, 0.0f};
+    float sumZ = 0.0f, unused = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+      const float v = toFloat(s[j]);
+      plain = mergeSoftmax(plain, elementState(v));
+      soft = mergeSoftmax(soft, elementState(v * inv));
+      soft_t = mergeSoftmax(soft_t, elementState(toFloat(t[j]) * inv));
+      sumZ += v;
+    }
+    blockReduce(plain, sumZ, sState, sSum);
+    blockReduce(soft, unused, sState, sSum);
+    blockReduce(soft_t, unused, sState, sSum);
+    const float lsePlain = plain.m + logf(plain.s);
+    const float lseSoft = soft.m + logf(soft.s);
+    const float lseTeacher = soft_t.m + logf(soft_t.s);
+    float kl = 0.0f;
+    for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
+      const float v = toFloat(s[j]);
+      const float logPt = toFloat(t[j]) * inv - lseTeacher;
+      const float pt = expf(logPt);
+      const float logPs = v * inv - lseSoft;
+      // A class of teacher probability 0 adds nothing (torch's xlogy).
+      if (pt != 0.0f) kl += pt * (logPt - logPs);
+      if (dLogits) {
+        const float q = (j == label ? 1.0f - p.labelSmoothing : 0.0f) + offLabel;
+        const float d = p.alpha * p.temperature * (expf(logPs) - pt) + ceWeight * (expf(v - lsePlain) - q);
+        dLogits[row * k + j] = fromFloat<T>(d * scale);
+      }
+    }
+    SoftmaxState none{-INFINITY, 0.0f};
+    blockReduce(none, kl, sState, sSum);
+    if (threadIdx.x == 0) {
+      const float sm = p.labelSmoothing;
+      const float hard = sm < 1.0f ? (1.0f - sm) * (lsePlain - toFloat(s[label])) : 0.0f;
+      const float smooth = sm > 0.0f ? sm * lsePlain - offLabel * sumZ : 0.0f;
+      // Terms of weight 0 are left out: alpha = 0 is the plain cross-entropy, alpha = 1 ignores labels.
+      blockLoss += (kdWeight > 0.0f ? kdWeight * kl : 0.0f) + (ceWeight > 0.0f ? ceWeight * (hard + smooth) : 0.0f);
+    }
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = blockLoss;
+}
+
 }  // namespace
 
 // partial: min(n, kCrossEntropyBlocks) floats (<= batchNormScratchFloats(n, 1)). *invalidLabel is
@@ -144,6 +217,24 @@ void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float*
         static_cast<const T*>(logits), labels, static_cast<T*>(dLogits), n, k, labelSmoothing, gradScale, invalidLabel,
         partial);
     checkLaunch("cross_entropy_kernel");
+  });
+  cross_entropy_mean_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, n, loss);
+  checkLaunch("cross_entropy_mean_kernel");
+}
+
+void distillationLoss(DType dtype, const void* logits, const void* teacherLogits, const int32_t* labels, float* loss,
+                      void* dLogits, int64_t n, int64_t k, DistillationParams params, int32_t* invalidLabel,
+                      float* partial, cudaStream_t stream) {
+  RC_CHECK_ARG(n > 0 && k > 0,
+               "distillation loss: needs at least one row and one class, got [" << n << ", " << k << "]");
+  const int64_t blocks = std::min(n, kCrossEntropyBlocks);
+  const int threads = static_cast<int>(std::clamp<int64_t>(ceilDiv(ceilDiv(k, 4), 32) * 32, 32, kThreads));
+  dispatchFloat(dtype, "distillation loss", [&](auto tag) {
+    using T = decltype(tag);
+    distillation_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        static_cast<const T*>(logits), static_cast<const T*>(teacherLogits), labels, static_cast<T*>(dLogits), n, k,
+        params, invalidLabel, partial);
+    checkLaunch("distillation_kernel");
   });
   cross_entropy_mean_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, n, loss);
   checkLaunch("cross_entropy_mean_kernel");

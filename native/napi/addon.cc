@@ -167,6 +167,20 @@ void parseCrossEntropy(const Napi::Object& o, CrossEntropyArgs& a) {
   a.gradScale = getFloat(o, "gradScale", 1.0);
 }
 
+// distillationLoss({ logits, teacherLogits, labels, loss, dLogits?, temperature, alpha,
+//                    labelSmoothing?, gradScale? })
+void parseDistillation(const Napi::Object& o, DistillationArgs& a) {
+  a.logits = getTensor(o, "logits");
+  a.teacherLogits = getTensor(o, "teacherLogits");
+  a.labels = getTensor(o, "labels");
+  a.loss = getTensor(o, "loss");
+  a.dLogits = getTensor(o, "dLogits", false);
+  a.temperature = getFloat(o, "temperature");
+  a.alpha = getFloat(o, "alpha");
+  a.labelSmoothing = getFloat(o, "labelSmoothing", 0.0);
+  a.gradScale = getFloat(o, "gradScale", 1.0);
+}
+
 SgdGroup parseSgdGroup(const Napi::Object& g) {
   SgdGroup group;
   group.lr = getFloat(g, "lr");
@@ -429,6 +443,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
        StructOp<BatchNormBackwardArgs, parseBatchNormBackward, &BatchNormBackwardArgs::x, &Backend::batchNormBackward>},
       {"crossEntropy",
        StructOp<CrossEntropyArgs, parseCrossEntropy, &CrossEntropyArgs::logits, &Backend::crossEntropy>},
+      {"distillationLoss",
+       StructOp<DistillationArgs, parseDistillation, &DistillationArgs::logits, &Backend::distillationLoss>},
       {"sgdStep", StructOp<SgdArgs, parseSgd, &SgdArgs::params, &Backend::sgdStep>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},

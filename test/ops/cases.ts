@@ -7,14 +7,15 @@
 import { badInputCases } from './bad-input-cases.js';
 import { batchNormCases } from './batchnorm-cases.js';
 import { convCases } from './conv-cases.js';
-import type { OpCase } from './harness.js';
+import { distillationBadInputCases, distillationCases, distillationGradientChecks } from './distillation-cases.js';
+import { gradientChecks as referenceGradientChecks } from './gradient-checks.js';
+import type { GradientCheck, OpCase } from './harness.js';
 import { miscCases } from './misc-cases.js';
 import { optimBadInputCases, optimCases } from './optim-cases.js';
 import { poolCases } from './pool-cases.js';
 import { specialValueCases } from './special-values-cases.js';
 
 export { badInputCases } from './bad-input-cases.js';
-export { gradientChecks } from './gradient-checks.js';
 export { suiteSeed, TOLERANCE, type CaseContext, type GradientCheck, type OpCase } from './harness.js';
 
 /** Every op case compared against the reference. */
@@ -23,12 +24,16 @@ export const opCases: OpCase[] = [
   ...poolCases,
   ...batchNormCases,
   ...miscCases,
+  ...distillationCases,
   ...optimCases,
   ...specialValueCases,
 ];
 
 /** The whole table: op cases, then the inputs that must be rejected. */
-export const cases: OpCase[] = [...opCases, ...badInputCases, ...optimBadInputCases];
+export const cases: OpCase[] = [...opCases, ...badInputCases, ...optimBadInputCases, ...distillationBadInputCases];
+
+/** Every reference backward against finite differences. */
+export const gradientChecks: GradientCheck[] = [...referenceGradientChecks, ...distillationGradientChecks];
 
 {
   const seen = new Set<string>();

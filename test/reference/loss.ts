@@ -42,3 +42,53 @@ export function crossEntropy(
   }
   return { loss: total / o.n, dLogits };
 }
+
+/** Options of {@link distillationLoss}. */
+export interface DistillationOptions extends CrossEntropyOptions {
+  temperature: number;
+  alpha: number;
+}
+
+/** log Σ_j exp(scale · z_j) over one row, shifted by the row's maximum. */
+function rowLogSumExp(z: ArrayLike<number>, row: number, k: number, scale: number): number {
+  let max = -Infinity;
+  for (let j = 0; j < k; ++j) max = Math.max(max, scale * z[row + j]!);
+  let sum = 0;
+  for (let j = 0; j < k; ++j) sum += Math.exp(scale * z[row + j]! - max);
+  return max + Math.log(sum);
+}
+
+/**
+ * Knowledge distillation (Hinton et al. 2015, arXiv:1503.02531), written from its definition:
+ * loss = mean_i[α·T²·Σ_j pt_ij (log pt_ij − log ps_ij) + (1−α)·CE_i] with ps = softmax(s/T),
+ * pt = softmax(t/T) and CE_i the smoothed cross-entropy of {@link crossEntropy} (PyTorch's
+ * `F.kl_div(log_softmax(s/T), softmax(t/T), reduction='batchmean') * T*T`, mixed with
+ * `F.cross_entropy(s, y, label_smoothing=ε)`). A class of pt = 0 adds nothing (xlogy).
+ * dLogits = gradScale · (α·T·(ps − pt) + (1−α)·(softmax(s) − q)) / N.
+ */
+export function distillationLoss(
+  logits: ArrayLike<number>,
+  teacher: ArrayLike<number>,
+  labels: ArrayLike<number>,
+  o: DistillationOptions,
+): { loss: number; dLogits: Float64Array } {
+  const { temperature: T, alpha } = o;
+  const ce = crossEntropy(logits, labels, { n: o.n, k: o.k, labelSmoothing: o.labelSmoothing ?? 0, gradScale: 1 });
+  const scale = (o.gradScale ?? 1) / o.n;
+  const dLogits = new Float64Array(o.n * o.k);
+  let kl = 0;
+  for (let i = 0; i < o.n; ++i) {
+    const row = i * o.k;
+    const lseS = rowLogSumExp(logits, row, o.k, 1 / T);
+    const lseT = rowLogSumExp(teacher, row, o.k, 1 / T);
+    for (let j = 0; j < o.k; ++j) {
+      const logPs = logits[row + j]! / T - lseS;
+      const logPt = teacher[row + j]! / T - lseT;
+      const pt = Math.exp(logPt);
+      if (pt !== 0) kl += pt * (logPt - logPs);
+      // ce.dLogits holds (softmax(s) − q) / N.
+      dLogits[row + j] = scale * (alpha * T * (Math.exp(logPs) - pt) + (1 - alpha) * ce.dLogits[row + j]! * o.n);
+    }
+  }
+  return { loss: (alpha * T * T * kl) / o.n + (1 - alpha) * ce.loss, dLogits };
+}
