@@ -6,7 +6,7 @@
  */
 import type { Module } from '../nn/module.js';
 import { PruningCallback } from '../nn/prune.js';
-import { UsageError, type OptionSpec, type OptionValue } from './options.js';
+import { UsageError, type OptionSpec } from './options.js';
 
 const SECTION = 'Pruning';
 
@@ -50,31 +50,40 @@ export const PRUNE_TRAIN_OPTIONS: readonly OptionSpec[] = [
   },
 ];
 
+/** The values of {@link PRUNE_TRAIN_OPTIONS}, by camelCase name. */
+export interface PruneArgs {
+  pruneSparsity: number | undefined;
+  pruneStartEpoch: number;
+  pruneEndEpoch: number | undefined;
+  pruneEvery: number | undefined;
+}
+
+/** The options that only a run with `--prune-sparsity` reads, for `train`'s table of dependent options. */
+export const PRUNE_DEPENDENT = {
+  keys: ['pruneStartEpoch', 'pruneEndEpoch', 'pruneEvery'],
+  applies: (a: { pruneSparsity: number | undefined }): boolean => a.pruneSparsity !== undefined,
+  refusal: (_: unknown, flag: string): string => `${flag} needs --prune-sparsity`,
+} as const;
+
 /**
- * The pruning callback the options ask for, or undefined without `--prune-sparsity`.
- * @throws {@link UsageError} for pruning options without `--prune-sparsity`, or an end before the start.
+ * The pruning callback the options ask for, or undefined without `--prune-sparsity` (the options
+ * that need it are refused by `train`'s table of dependent options, {@link PRUNE_DEPENDENT}).
+ * @throws {@link UsageError} for an end before the start.
  */
 export function trainPruning(
-  values: Record<string, OptionValue | undefined>,
-  explicit: ReadonlySet<string>,
+  a: PruneArgs,
   model: Module,
   run: { epochs: number; stepsPerEpoch: number },
 ): PruningCallback | undefined {
-  const sparsity = values.pruneSparsity as number | undefined;
-  if (sparsity === undefined) {
-    const stray = ['pruneStartEpoch', 'pruneEndEpoch', 'pruneEvery'].find((k) => explicit.has(k));
-    if (stray !== undefined) {
-      throw new UsageError(`--${stray.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} needs --prune-sparsity`);
-    }
-    return undefined;
-  }
-  const startEpoch = values.pruneStartEpoch as number;
-  const endEpoch = (values.pruneEndEpoch as number | undefined) ?? Math.max(startEpoch, 0.75 * run.epochs);
+  const sparsity = a.pruneSparsity;
+  if (sparsity === undefined) return undefined;
+  const startEpoch = a.pruneStartEpoch;
+  const endEpoch = a.pruneEndEpoch ?? Math.max(startEpoch, 0.75 * run.epochs);
   if (endEpoch < startEpoch) {
     throw new UsageError(`--prune-end-epoch ${endEpoch} is before --prune-start-epoch ${startEpoch}`);
   }
   const startStep = Math.round(startEpoch * run.stepsPerEpoch);
   const endStep = Math.round(endEpoch * run.stepsPerEpoch);
-  const frequency = (values.pruneEvery as number | undefined) ?? Math.max(1, Math.round((endStep - startStep) / 10));
+  const frequency = a.pruneEvery ?? Math.max(1, Math.round((endStep - startStep) / 10));
   return new PruningCallback(model, { finalSparsity: sparsity, startStep, endStep, frequency });
 }

@@ -67,7 +67,7 @@ import {
   type ModelName,
   type RunConfig,
 } from './common.js';
-import { PRUNE_TRAIN_OPTIONS, trainPruning } from './prune-train.js';
+import { PRUNE_DEPENDENT, PRUNE_TRAIN_OPTIONS, trainPruning, type PruneArgs } from './prune-train.js';
 import {
   CliError,
   UsageError,
@@ -573,7 +573,7 @@ const SPEC: CommandSpec = {
 };
 
 /** The options of `train` after defaults and presets, by camelCase name. */
-interface TrainArgs extends TeacherArgs {
+interface TrainArgs extends TeacherArgs, PruneArgs {
   dataset: DatasetName;
   data: string | undefined;
   workers: number;
@@ -686,6 +686,7 @@ const DEPENDENT_OPTIONS: readonly {
     refusal: () => '--dry-run writes no checkpoints: drop --checkpoint-every-steps and --keep-last',
   },
   TEACHER_DEPENDENT,
+  PRUNE_DEPENDENT,
 ];
 
 /**
@@ -1178,7 +1179,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const mode = a.monitor.endsWith('loss') ? 'min' : 'max';
     // train.py's adjustment: the decay is given per image of an epoch, the average updates every few steps.
     const emaDecay = 1 - Math.min(1, (1 - a.modelEmaDecay) * ((a.batchSize * a.modelEmaSteps) / a.epochs));
-    const pruning = trainPruning(parsed.values, parsed.explicit, model, { epochs: a.epochs, stepsPerEpoch });
+    const pruning = trainPruning(a, model, { epochs: a.epochs, stepsPerEpoch });
     const options: TrainerOptions = {
       model,
       optimizer,

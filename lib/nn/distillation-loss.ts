@@ -7,6 +7,7 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, expectNumber, expectOptions, invalid, mismatch } from '../errors.js';
+import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { gradBuffer, labelsOnDevice, lossBuffer } from './loss.js';
 import { FLOAT_DTYPES, disposeAll } from './module.js';
@@ -97,6 +98,8 @@ export class DistillationLoss {
     this.#loss = lossBuffer(logits, this.#loss);
     this.#grad = gradBuffer(logits, this.#grad);
     expectNumber('gradScale', this.gradScale, 0);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('distillation_loss', 'loss', logits.device) : 0;
     addon().distillationLoss({
       logits: logits.raw,
       teacherLogits: teacherLogits.raw,
@@ -108,6 +111,7 @@ export class DistillationLoss {
       labelSmoothing: this.labelSmoothing,
       gradScale: this.gradScale,
     });
+    recorder?.end(token);
     this.#ready = true;
     return this.#loss;
   }
