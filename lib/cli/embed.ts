@@ -17,11 +17,8 @@ import { Random } from '../random.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
 import { plotScatter, writePng } from '../train/outputs/plots.js';
 import {
-  DATASET_NAMES,
   SHARED_OPTIONS,
-  checkBatchMemory,
   checkDevice,
-  datasetDefaults,
   displayPath,
   locateData,
   openEvalData,
@@ -34,23 +31,9 @@ import {
   type DatasetName,
   type ModelName,
 } from './common.js';
-import {
-  checkModelSource,
-  inferencePrecision,
-  inputOptions,
-  inputSettings,
-  loadModel,
-  modelSourceOptions,
-} from './inference.js';
+import { checkModelSource, inferencePrecision, inputOptions, loadModel, modelSourceOptions } from './inference.js';
+import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES, resolveEvalData } from './eval-data.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
-
-const INPUT_NAMES = {
-  resize: 'val-resize-size',
-  crop: 'val-crop-size',
-  resizeDefault: "the run's, else 256 for imagefolder and the crop size for the small datasets",
-  cropDefault: "the run's, else 224 for imagefolder, 32 for CIFAR and the built-in dataset, 28 for MNIST",
-  batchSize: 64,
-};
 
 const S_TSNE = 't-SNE';
 
@@ -63,24 +46,10 @@ const SPEC: CommandSpec = {
     '(van der Maaten, JMLR 15:3221, 2014) and writes tsne.png (a scatter coloured by class), tsne.npy (float64 [N, 2]) and tsne.json. ' +
     "DATA is read as eval reads it; without DATA, the run's own data, else the built-in dataset. " +
     't-SNE finds nearest neighbours exactly (time N² × D): use --max-samples beyond about 10,000 images.',
-  positionals: [
-    {
-      name: 'DATA',
-      help: 'The dataset folder: an image folder (DATA/val/<class>/<image>, or DATA/<class>/<image>), or with --dataset the CIFAR or MNIST files.',
-      configKey: 'data',
-    },
-  ],
+  positionals: [EVAL_DATA_POSITIONAL],
   options: [
     ...modelSourceOptions('Model'),
-    {
-      name: 'dataset',
-      type: 'choice',
-      choices: DATASET_NAMES,
-      valueName: 'KIND',
-      defaultText: "the run's, else imagefolder with DATA and shapes without",
-      help: 'What DATA holds.',
-      section: 'Data',
-    },
+    EVAL_DATASET_OPTION,
     {
       name: 'split',
       type: 'choice',
@@ -98,7 +67,7 @@ const SPEC: CommandSpec = {
       help: 'Embed a seeded random subset of N images of the split (kept in dataset order).',
       section: 'Data',
     },
-    ...inputOptions(INPUT_NAMES, 'Data', 'Run'),
+    ...inputOptions(EVAL_INPUT_NAMES, 'Data', 'Run'),
     { ...SHARED_OPTIONS.workers, section: 'Data' },
     {
       name: 'perplexity',
@@ -231,37 +200,13 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const loaded = await loadModel(a, device, io.cwd);
   const { config } = loaded;
   const precision = inferencePrecision(a.amp, config.amp, device);
-  // The data, as `eval` chooses it: as given; else the run's own; else the built-in dataset.
-  const fileKinds: DatasetName[] = ['imagefolder', 'cifar10', 'cifar100', 'mnist', 'fashion-mnist'];
-  const runData = typeof config.options?.data === 'string' ? config.options.data : undefined;
-  const runKind = config.dataset;
-  const dataset: DatasetName =
-    a.dataset ??
-    (given !== undefined
-      ? runKind !== undefined && fileKinds.includes(runKind)
-        ? runKind
-        : 'imagefolder'
-      : (runKind ?? 'shapes'));
-  const data = given ?? (fileKinds.includes(dataset) && runKind === dataset ? runData : undefined);
-  const files = locateData(dataset, data, a.split === 'val' ? 'eval' : 'train');
-  const defaults = datasetDefaults(dataset);
-  const sameData = config.dataset === dataset;
-  const settings = inputSettings(
-    { resize: a.valResizeSize, crop: a.valCropSize, interpolation: a.interpolation },
-    sameData ? config : { ...(config.interpolation !== undefined ? { interpolation: config.interpolation } : {}) },
-    { resize: defaults.valResizeSize, crop: defaults.valCropSize, mean: defaults.mean, std: defaults.std },
-    INPUT_NAMES,
+  // The data, as `eval` chooses it.
+  const { dataset, data, files, settings, generated } = resolveEvalData(
+    a,
+    given,
+    loaded,
+    a.split === 'val' ? 'eval' : 'train',
   );
-  checkBatchMemory(a.batchSize, settings.valCropSize);
-  const generated = {
-    seed: sameData ? (config.seed ?? 0) : 0,
-    size: (sameData ? config.trainCropSize : undefined) ?? settings.valCropSize,
-    numClasses:
-      (dataset === 'shapes' && loaded.arch.numClasses >= 2 && loaded.arch.numClasses <= 6) || dataset === 'synthetic'
-        ? loaded.arch.numClasses
-        : 4,
-    batchSize: a.batchSize,
-  };
   const split =
     a.split === 'val' ? await openEvalData(files, generated) : (await openTrainData(files, generated)).train;
   const chosen = sampleSubset(split, a.maxSamples, a.seed);

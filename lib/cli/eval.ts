@@ -10,11 +10,8 @@ import type { Interpolation } from '../data/transforms.js';
 import { writeFileAtomic } from '../train/checkpoint.js';
 import { plotConfusionMatrix, writePng } from '../train/outputs/plots.js';
 import {
-  DATASET_NAMES,
   SHARED_OPTIONS,
-  checkBatchMemory,
   checkDevice,
-  datasetDefaults,
   displayPath,
   locateData,
   openEvalData,
@@ -31,19 +28,11 @@ import {
   inferencePrecision,
   inferenceTrainer,
   inputOptions,
-  inputSettings,
   loadModel,
   modelSourceOptions,
 } from './inference.js';
+import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES, resolveEvalData } from './eval-data.js';
 import { CliError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
-
-const INPUT_NAMES = {
-  resize: 'val-resize-size',
-  crop: 'val-crop-size',
-  resizeDefault: "the run's, else 256 for imagefolder and the crop size for the small datasets",
-  cropDefault: "the run's, else 224 for imagefolder, 32 for CIFAR and the built-in dataset, 28 for MNIST",
-  batchSize: 64,
-};
 
 const SPEC: CommandSpec = {
   name: 'eval',
@@ -52,25 +41,11 @@ const SPEC: CommandSpec = {
     "Evaluates trained weights on a validation set and prints the loss, Acc@1, Acc@5 and a per-class report (precision, recall, F1), like train.py's --test-only. " +
     'DATA is read as train reads it: for an image folder DATA/val (or, with train/ alone, the 10% train held out; or DATA itself when it holds the class folders); for CIFAR and MNIST their test files. ' +
     "Without DATA, the run's own validation data is used when the checkpoint or the weights' run folder records it, else the built-in dataset's validation images.",
-  positionals: [
-    {
-      name: 'DATA',
-      help: 'The dataset folder: an image folder (DATA/val/<class>/<image>, or DATA/<class>/<image>), or with --dataset the CIFAR or MNIST files.',
-      configKey: 'data',
-    },
-  ],
+  positionals: [EVAL_DATA_POSITIONAL],
   options: [
     ...modelSourceOptions('Model'),
-    {
-      name: 'dataset',
-      type: 'choice',
-      choices: DATASET_NAMES,
-      valueName: 'KIND',
-      defaultText: "the run's, else imagefolder with DATA and shapes without",
-      help: 'What DATA holds.',
-      section: 'Data',
-    },
-    ...inputOptions(INPUT_NAMES, 'Data', 'Run'),
+    EVAL_DATASET_OPTION,
+    ...inputOptions(EVAL_INPUT_NAMES, 'Data', 'Run'),
     { ...SHARED_OPTIONS.workers, section: 'Data' },
     {
       name: 'output-dir',
@@ -118,40 +93,8 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const loaded = await loadModel(a, device, io.cwd);
   const { config } = loaded;
   const precision = inferencePrecision(a.amp, config.amp, device);
-  // The data: as given; else the run's own (its DATA folder, or its generated data); else the built-in dataset.
-  const fileKinds: DatasetName[] = ['imagefolder', 'cifar10', 'cifar100', 'mnist', 'fashion-mnist'];
-  const runData = typeof config.options?.data === 'string' ? config.options.data : undefined;
-  const runKind = config.dataset;
-  const dataset: DatasetName =
-    a.dataset ??
-    (given !== undefined
-      ? runKind !== undefined && fileKinds.includes(runKind)
-        ? runKind
-        : 'imagefolder'
-      : (runKind ?? 'shapes'));
-  const data = given ?? (fileKinds.includes(dataset) && runKind === dataset ? runData : undefined);
-  const files = locateData(dataset, data, 'eval');
-  const defaults = datasetDefaults(dataset);
-  const sameData = config.dataset === dataset;
-  // The run's sizes and normalisation apply to its own kind of data only; its resampling to any.
-  const settings = inputSettings(
-    { resize: a.valResizeSize, crop: a.valCropSize, interpolation: a.interpolation },
-    sameData ? config : { ...(config.interpolation !== undefined ? { interpolation: config.interpolation } : {}) },
-    { resize: defaults.valResizeSize, crop: defaults.valCropSize, mean: defaults.mean, std: defaults.std },
-    INPUT_NAMES,
-  );
-  checkBatchMemory(a.batchSize, settings.valCropSize);
-  const evalData = await openEvalData(files, {
-    seed: sameData ? (config.seed ?? 0) : 0,
-    size: (sameData ? config.trainCropSize : undefined) ?? settings.valCropSize,
-    numClasses:
-      loaded.arch.numClasses >= 2 && loaded.arch.numClasses <= 6 && dataset === 'shapes'
-        ? loaded.arch.numClasses
-        : dataset === 'synthetic'
-          ? loaded.arch.numClasses
-          : 4,
-    batchSize: a.batchSize,
-  });
+  const { dataset, data, files, settings, generated } = resolveEvalData(a, given, loaded, 'eval');
+  const evalData = await openEvalData(files, generated);
   if (evalData.classes.length > loaded.arch.numClasses) {
     throw new CliError(
       `the data has ${evalData.classes.length} classes but the model only ${loaded.arch.numClasses}`,
