@@ -69,7 +69,13 @@ export {
   type CheckpointingOptions,
   type CheckpointingState,
 } from './nn/checkpoint.js';
-export { CrossEntropyLoss, type CrossEntropyLossOptions } from './nn/loss.js';
+export {
+  CrossEntropyLoss,
+  LogitsLoss,
+  type CrossEntropyLossOptions,
+  type LossLabels,
+  type LossOutputs,
+} from './nn/loss.js';
 export { IMAGENET_MEAN, IMAGENET_STD, InputNormalize, type InputNormalizeOptions } from './nn/input.js';
 export { SGD, type SGDGroup, type SGDGroupInput, type SGDOptions } from './optim/sgd.js';
 export {

@@ -6,11 +6,9 @@
  * @packageDocumentation
  */
 import { addon } from '../binding.js';
-import { ResnetError, expectNumber, expectOptions, invalid, mismatch } from '../errors.js';
-import { opRecorder } from '../profile/hooks.js';
-import { Tensor, expectTensor } from '../tensor.js';
-import { gradBuffer, labelsOnDevice, lossBuffer } from './loss.js';
-import { FLOAT_DTYPES, disposeAll } from './module.js';
+import { expectNumber, expectOptions, invalid, mismatch } from '../errors.js';
+import { expectTensor, type Tensor } from '../tensor.js';
+import { LogitsLoss, type LossLabels } from './loss.js';
 
 /** Options of {@link DistillationLoss}. */
 export interface DistillationLossOptions {
@@ -52,21 +50,17 @@ export function checkDistillationSettings(
  * with respect to the student's logits (times `gradScale`), which `backward` returns; the teacher
  * gets none. With `alpha = 0` it is exactly {@link CrossEntropyLoss}.
  */
-export class DistillationLoss {
+export class DistillationLoss extends LogitsLoss {
   /** The softmax temperature of the KL term. */
   readonly temperature: number;
   /** The weight of the KL term; the cross-entropy's is `1 - alpha`. */
   readonly alpha: number;
   /** The label smoothing of the cross-entropy term. */
   readonly labelSmoothing: number;
-  /** Multiplies the gradient (loss scaling for fp16, 1/k for accumulation over k steps). */
-  gradScale = 1;
-  #loss: Tensor | null = null;
-  #grad: Tensor | null = null;
-  #labels: Tensor | null = null;
-  #ready = false;
+  protected readonly lossName = 'DistillationLoss';
 
   constructor(options: DistillationLossOptions = {}) {
+    super();
     const o = expectOptions<DistillationLossOptions>('DistillationLoss options', options, [
       'temperature',
       'alpha',
@@ -83,8 +77,8 @@ export class DistillationLoss {
    * `teacherLogits` must have the student's shape, dtype and device; `labels` is an i32 tensor
    * `[N]` on that device, or host integers.
    */
-  forward(logits: Tensor, teacherLogits: Tensor, labels: Tensor | Int32Array | readonly number[]): Tensor {
-    expectTensor('logits', logits, { rank: 2, dtype: FLOAT_DTYPES });
+  forward(logits: Tensor, teacherLogits: Tensor, labels: LossLabels): Tensor {
+    LogitsLoss.checkLogits(logits);
     expectTensor('teacherLogits', teacherLogits, { rank: 2, dtype: [logits.dtype], device: logits.device });
     if (teacherLogits.shape[0] !== logits.shape[0] || teacherLogits.shape[1] !== logits.shape[1]) {
       mismatch(
@@ -93,41 +87,18 @@ export class DistillationLoss {
         `[${teacherLogits.shape.join(', ')}]`,
       );
     }
-    const resolved = labelsOnDevice(labels, logits, this.#labels);
-    this.#labels = resolved.cache;
-    this.#loss = lossBuffer(logits, this.#loss);
-    this.#grad = gradBuffer(logits, this.#grad);
-    expectNumber('gradScale', this.gradScale, 0);
-    const recorder = opRecorder;
-    const token = recorder ? recorder.begin('distillation_loss', 'loss', logits.device) : 0;
-    addon().distillationLoss({
-      logits: logits.raw,
-      teacherLogits: teacherLogits.raw,
-      labels: resolved.labels.raw,
-      loss: this.#loss.raw,
-      dLogits: this.#grad.raw,
-      temperature: this.temperature,
-      alpha: this.alpha,
-      labelSmoothing: this.labelSmoothing,
-      gradScale: this.gradScale,
+    return this.compute(logits, labels, 'distillation_loss', (out) => {
+      addon().distillationLoss({
+        logits: logits.raw,
+        teacherLogits: teacherLogits.raw,
+        labels: out.labels.raw,
+        loss: out.loss.raw,
+        dLogits: out.dLogits.raw,
+        temperature: this.temperature,
+        alpha: this.alpha,
+        labelSmoothing: this.labelSmoothing,
+        gradScale: this.gradScale,
+      });
     });
-    recorder?.end(token);
-    this.#ready = true;
-    return this.#loss;
-  }
-
-  /** The gradient with respect to the student's logits of the last `forward` (times `gradScale`). */
-  backward(): Tensor {
-    if (!this.#ready || !this.#grad) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'DistillationLoss.backward() was called before forward()');
-    }
-    return this.#grad;
-  }
-
-  /** Frees the loss's buffers. */
-  dispose(): void {
-    disposeAll(this.#loss, this.#grad, this.#labels);
-    this.#loss = this.#grad = this.#labels = null;
-    this.#ready = false;
   }
 }

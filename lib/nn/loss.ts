@@ -14,14 +14,21 @@ export interface CrossEntropyLossOptions {
   labelSmoothing?: number;
 }
 
+/** The labels a loss takes: an i32 tensor `[N]` on the logits' device, or host integers. */
+export type LossLabels = Tensor | Int32Array | readonly number[];
+
+/** The buffers a fused loss op writes: the labels on the device, the loss, and the logits' gradient. */
+export interface LossOutputs {
+  labels: Tensor;
+  loss: Tensor;
+  dLogits: Tensor;
+}
+
 /**
- * Mean softmax cross-entropy over a batch of logits `[N, K]` and integer labels. `forward` also
- * computes the gradient of the loss (times `gradScale`) with respect to the logits, which
- * `backward` returns; both tensors are owned by the loss and reused.
+ * What the losses computed by one fused native op over logits `[N, K]` share: the loss, gradient
+ * and label buffers, owned and reused across calls, the gradient scale, `backward` and `dispose`.
  */
-export class CrossEntropyLoss {
-  /** The label smoothing factor. */
-  readonly labelSmoothing: number;
+export abstract class LogitsLoss {
   /** Multiplies the gradient (loss scaling for fp16, 1/k for accumulation over k steps). */
   gradScale = 1;
   #loss: Tensor | null = null;
@@ -29,41 +36,36 @@ export class CrossEntropyLoss {
   #labels: Tensor | null = null;
   #ready = false;
 
-  constructor(options: CrossEntropyLossOptions = {}) {
-    const o = expectOptions<CrossEntropyLossOptions>('CrossEntropyLoss options', options, ['labelSmoothing']);
-    this.labelSmoothing = expectNumber('labelSmoothing', o.labelSmoothing ?? 0, 0, 1);
+  /** The class's name, for messages. */
+  protected abstract readonly lossName: string;
+
+  /** Checks that `logits` is a `[N, K]` tensor of a floating-point dtype. */
+  protected static checkLogits(logits: Tensor): void {
+    expectTensor('logits', logits, { rank: 2, dtype: FLOAT_DTYPES });
   }
 
   /**
-   * The mean loss as a one-element f32 tensor on the logits' device (read it with `item()`, which
-   * waits for the device). `labels` is an i32 tensor `[N]` on the same device, or host integers.
+   * Checks `labels` against `logits` (already checked), sizes the buffers, and runs the op `run`
+   * into them, timed as `op` by a running profiler. Returns the loss.
    */
-  forward(logits: Tensor, labels: Tensor | Int32Array | readonly number[]): Tensor {
-    expectTensor('logits', logits, { rank: 2, dtype: FLOAT_DTYPES });
+  protected compute(logits: Tensor, labels: LossLabels, op: string, run: (outputs: LossOutputs) => void): Tensor {
     const resolved = labelsOnDevice(labels, logits, this.#labels);
     this.#labels = resolved.cache;
-    this.#loss = lossBuffer(logits, this.#loss);
-    this.#grad = gradBuffer(logits, this.#grad);
+    const loss = (this.#loss = lossBuffer(logits, this.#loss));
+    const dLogits = (this.#grad = gradBuffer(logits, this.#grad));
     expectNumber('gradScale', this.gradScale, 0);
     const recorder = opRecorder;
-    const token = recorder ? recorder.begin('cross_entropy', 'loss', logits.device) : 0;
-    addon().crossEntropy({
-      logits: logits.raw,
-      labels: resolved.labels.raw,
-      loss: this.#loss.raw,
-      dLogits: this.#grad.raw,
-      labelSmoothing: this.labelSmoothing,
-      gradScale: this.gradScale,
-    });
+    const token = recorder ? recorder.begin(op, 'loss', logits.device) : 0;
+    run({ labels: resolved.labels, loss, dLogits });
     recorder?.end(token);
     this.#ready = true;
-    return this.#loss;
+    return loss;
   }
 
   /** The gradient with respect to the logits of the last `forward` (times `gradScale`). */
   backward(): Tensor {
     if (!this.#ready || !this.#grad) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'CrossEntropyLoss.backward() was called before forward()');
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.lossName}.backward() was called before forward()`);
     }
     return this.#grad;
   }
@@ -77,12 +79,47 @@ export class CrossEntropyLoss {
 }
 
 /**
+ * Mean softmax cross-entropy over a batch of logits `[N, K]` and integer labels. `forward` also
+ * computes the gradient of the loss (times `gradScale`) with respect to the logits, which
+ * `backward` returns; both tensors are owned by the loss and reused.
+ */
+export class CrossEntropyLoss extends LogitsLoss {
+  /** The label smoothing factor. */
+  readonly labelSmoothing: number;
+  protected readonly lossName = 'CrossEntropyLoss';
+
+  constructor(options: CrossEntropyLossOptions = {}) {
+    super();
+    const o = expectOptions<CrossEntropyLossOptions>('CrossEntropyLoss options', options, ['labelSmoothing']);
+    this.labelSmoothing = expectNumber('labelSmoothing', o.labelSmoothing ?? 0, 0, 1);
+  }
+
+  /**
+   * The mean loss as a one-element f32 tensor on the logits' device (read it with `item()`, which
+   * waits for the device). `labels` is an i32 tensor `[N]` on the same device, or host integers.
+   */
+  forward(logits: Tensor, labels: LossLabels): Tensor {
+    LogitsLoss.checkLogits(logits);
+    return this.compute(logits, labels, 'cross_entropy', (out) => {
+      addon().crossEntropy({
+        logits: logits.raw,
+        labels: out.labels.raw,
+        loss: out.loss.raw,
+        dLogits: out.dLogits.raw,
+        labelSmoothing: this.labelSmoothing,
+        gradScale: this.gradScale,
+      });
+    });
+  }
+}
+
+/**
  * The labels of a batch of logits `[N, K]` as an i32 tensor on the logits' device: `labels` itself
  * when it is such a tensor (checked), else host integers (checked to lie in `[0, K)`) copied into
  * `cache`, which is reused when it fits and replaced otherwise. Returns the label tensor and the
  * cache to keep.
  */
-export function labelsOnDevice(
+function labelsOnDevice(
   labels: Tensor | Int32Array | readonly number[],
   logits: Tensor,
   cache: Tensor | null,
@@ -113,14 +150,14 @@ export function labelsOnDevice(
 }
 
 /** A one-element f32 loss tensor on the logits' device: `cache` when it is there, else a new one. */
-export function lossBuffer(logits: Tensor, cache: Tensor | null): Tensor {
+function lossBuffer(logits: Tensor, cache: Tensor | null): Tensor {
   if (cache?.device === logits.device) return cache;
   cache?.dispose();
   return Tensor.zeros([1], { device: logits.device });
 }
 
 /** A gradient tensor of the logits' shape, dtype and device: `cache` when it fits, else a new one. */
-export function gradBuffer(logits: Tensor, cache: Tensor | null): Tensor {
+function gradBuffer(logits: Tensor, cache: Tensor | null): Tensor {
   if (
     cache?.dtype === logits.dtype &&
     cache.device === logits.device &&
