@@ -306,10 +306,14 @@ async function train(
 }
 
 let plain: ReturnType<typeof train> | undefined;
-/** A plain tiny run (4 steps of a convolutional network on in-memory data), trained once for the tests that read it. */
+/**
+ * A plain small run (9 steps of a convolutional network on generated data), trained once for the
+ * tests that read it. The network is wide enough that a step's compute (tens of milliseconds) dwarfs
+ * the loader's work on the training thread, even when other processes hold the cores.
+ */
 function plainRun(): ReturnType<typeof train> {
-  const synthetic = new SyntheticDataset({ length: 16 * 4, height: 24, width: 24, classes: 4, seed: 3 });
-  return (plain ??= train('plain', synthetic, convNet()));
+  const synthetic = new SyntheticDataset({ length: 16 * 9, height: 24, width: 24, classes: 4, seed: 3 });
+  return (plain ??= train('plain', synthetic, convNet(96)));
 }
 
 describe('the Trainer measures its steps (CPU)', () => {
@@ -378,7 +382,7 @@ describe('the Trainer measures its steps (CPU)', () => {
     const text = await runCli(['doctor', '--run', out], dir);
     expect(text.code).toBe(0);
     expect(text.stdout).toContain('epoch 1: device');
-    expect(text.stdout).toMatch(/device compute limits the run: [\d.]+ ms\/step over 3 steps/);
+    expect(text.stdout).toMatch(/device compute limits the run: [\d.]+ ms\/step over 8 steps/);
     expect(text.stdout).toMatch(/what to change:\n {2}- `--amp bf16`/);
     const json = await runCli(['doctor', '--run', out, '--json'], dir);
     expect((JSON.parse(json.stdout) as { overall: { kind: string } }).overall.kind).toBe('device');
