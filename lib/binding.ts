@@ -94,6 +94,49 @@ export interface RawPool2dPlan {
   dispose(): void;
 }
 
+/** One node of an inference plan: lib/inference/graph.ts's nodes, flattened (see native/core/inference_plan.h). */
+export interface RawInferenceNode {
+  op: 'conv' | 'maxpool' | 'globalavgpool' | 'linear';
+  input: number;
+  residual?: number;
+  relu?: boolean;
+  inChannels?: number;
+  outChannels?: number;
+  kernelH?: number;
+  kernelW?: number;
+  strideH?: number;
+  strideW?: number;
+  padH?: number;
+  padW?: number;
+  dilationH?: number;
+  dilationW?: number;
+  weight?: Float32Array;
+  bias?: Float32Array;
+  inputScale?: number;
+  inputUnsigned?: boolean;
+  weightScales?: Float32Array;
+}
+
+export interface RawInferenceOptions {
+  device: string;
+  /** The floating-point compute dtype. */
+  dtype: 'f32' | 'bf16' | 'f16';
+  /** Nodes with `weightScales` run in INT8. */
+  int8?: boolean;
+  n: number;
+  h: number;
+  w: number;
+  c: number;
+  nodes: RawInferenceNode[];
+}
+
+export interface RawInferencePlan {
+  /** `y` `[n, classes]` f32 from `x` `[n, h, w, c]` f32, both on the plan's device. */
+  run(args: { x: RawTensor; y: RawTensor }): void;
+  implementation(): string;
+  dispose(): void;
+}
+
 export interface RawSgdGroup {
   lr: number;
   momentum?: number;
@@ -209,6 +252,7 @@ export interface RawAddon {
   Conv2dPlan: new (options: RawConv2dOptions) => RawConv2dPlan;
   LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
   Pool2dPlan: new (options: RawPool2dOptions) => RawPool2dPlan;
+  InferencePlan: new (options: RawInferenceOptions) => RawInferencePlan;
   Communicator: new (options: {
     device: string;
     uniqueId: string;

@@ -171,8 +171,9 @@ function lowerSequence(
     const full = prefix + name;
     if (m instanceof Conv2d) {
       if (cur.flat) unsupported(`${full}: a Conv2d after global pooling`);
-      if (m.inChannels !== cur.channels)
+      if (m.inChannels !== cur.channels) {
         unsupported(`${full}: a Conv2d of ${m.inChannels} inputs on ${cur.channels} channels`);
+      }
       const next = children[i + 1]?.[1];
       const bn = next instanceof BatchNorm2d ? next : null;
       if (bn) i++;
@@ -182,8 +183,9 @@ function lowerSequence(
       cur = { value: nodes.length, channels: node.outChannels, flat: false };
     } else if (m instanceof ReLU) {
       const last = nodes[nodes.length - 1];
-      if (last?.op !== 'conv' || cur.value !== nodes.length || last.relu)
+      if (last?.op !== 'conv' || cur.value !== nodes.length || last.relu) {
         unsupported(`${full}: a ReLU not right after a convolution`);
+      }
       last.relu = true;
     } else if (m instanceof MaxPool2d) {
       if (cur.flat) unsupported(`${full}: a MaxPool2d after global pooling`);
@@ -203,8 +205,9 @@ function lowerSequence(
       if (!cur.flat) unsupported(`${full}: a Flatten before global pooling`);
     } else if (m instanceof Linear) {
       if (!cur.flat) unsupported(`${full}: a Linear before global pooling`);
-      if (m.inFeatures !== cur.channels)
+      if (m.inFeatures !== cur.channels) {
         unsupported(`${full}: a Linear of ${m.inFeatures} inputs on ${cur.channels} features`);
+      }
       nodes.push({
         op: 'linear',
         name: full,
@@ -230,16 +233,20 @@ function lowerSequence(
 
 /** A residual block: the shortcut first (its value is the residual), then the main branch, whose last convolution adds it. */
 function lowerResidual(block: Residual, prefix: string, at: Cursor, nodes: InferenceNode[]): Cursor {
-  const named = new Map(block.children().map(([n, m]) => [m, n] as const));
+  const children = block.children();
+  const nameOf = (m: Module): string =>
+    children.find(([, c]) => c === m)?.[0] ?? unsupported(`${prefix}: an unnamed child`);
   let identity = at;
-  if (block.shortcut) identity = lowerSequence([[named.get(block.shortcut)!, block.shortcut]], prefix, at, nodes, null);
-  const main = block.main.map((m) => [named.get(m)!, m] as const);
+  if (block.shortcut) identity = lowerSequence([[nameOf(block.shortcut), block.shortcut]], prefix, at, nodes, null);
+  const main = block.main.map((m) => [nameOf(m), m] as const);
   const out = lowerSequence(main, prefix, at, nodes, identity.value);
   const last = nodes[nodes.length - 1];
-  if (last?.op !== 'conv' || last.residual !== identity.value)
+  if (last?.op !== 'conv' || last.residual !== identity.value) {
     unsupported(`${prefix.slice(0, -1)}: a residual block whose main branch does not end in Conv2d + BatchNorm2d`);
-  if (out.channels !== identity.channels)
+  }
+  if (out.channels !== identity.channels) {
     unsupported(`${prefix.slice(0, -1)}: a shortcut of ${identity.channels} channels added to ${out.channels}`);
+  }
   return out;
 }
 
@@ -252,10 +259,27 @@ export function lowerForInference(model: Module, options: { inChannels?: number 
   if (!(model instanceof Chain)) invalid('model', 'a Chain (a ResNet or a Sequential)', model);
   const first = [...model.namedModules()].find(([, m]) => m instanceof Conv2d)?.[1] as Conv2d | undefined;
   const inChannels = options.inChannels ?? first?.inChannels;
-  if (inChannels === undefined)
+  if (inChannels === undefined) {
     invalid('options.inChannels', 'the input channels (the model has no convolution)', inChannels);
+  }
   const nodes: InferenceNode[] = [];
   const out = lowerSequence(model.children(), '', { value: 0, channels: inChannels, flat: false }, nodes, null);
   if (!out.flat) unsupported('a network that does not end in global pooling (and a Linear)');
   return { inChannels, nodes };
+}
+
+/** The channels (features after global pooling) of every value of a graph; index 0 is the input. */
+export function graphValueChannels(graph: InferenceGraph): number[] {
+  const channels = [graph.inChannels];
+  for (const node of graph.nodes) {
+    if (node.op === 'conv') channels.push(node.outChannels);
+    else if (node.op === 'linear') channels.push(node.outFeatures);
+    else channels.push(channels[node.input]!);
+  }
+  return channels;
+}
+
+/** The features of a graph's output (the classes of a classifier). */
+export function graphOutputFeatures(graph: InferenceGraph): number {
+  return graphValueChannels(graph)[graph.nodes.length]!;
 }

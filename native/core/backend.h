@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocator.h"
+#include "inference_plan.h"
 #include "tensor.h"
 
 namespace rc {
@@ -301,6 +302,8 @@ class Backend {
   virtual std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& params) = 0;
   virtual std::unique_ptr<LinearPlan> createLinear(const LinearParams& params) = 0;
   virtual std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& params) = 0;
+  // A whole network for inference (see inference_plan.h); the weights are laid out once, here.
+  virtual std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& params) = 0;
 
   virtual void batchNormForward(const BatchNormForwardArgs& args) = 0;
   virtual void batchNormBackward(const BatchNormBackwardArgs& args) = 0;

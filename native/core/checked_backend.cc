@@ -478,6 +478,28 @@ class CheckedPool2dPlan final : public Pool2dPlan {
   Device device_;
 };
 
+// An inference plan: f32 input and output of the shapes its parameters give, on its device.
+class CheckedInferencePlan final : public InferencePlan {
+ public:
+  CheckedInferencePlan(std::unique_ptr<InferencePlan> plan, const std::vector<Shape>& shapes, Device device)
+      : plan_(std::move(plan)), x_(shapes.front()), y_(shapes.back()), device_(device) {}
+
+  void run(const Tensor& x, const Tensor& y) override {
+    const PlanTensors t{"inference run", DType::F32};
+    t.activation(x, x_, "x");
+    t.activation(y, y_, "y");
+    checkOnDevice({&x, &y}, device_, "inference run");
+    plan_->run(x, y);
+  }
+
+  std::string implementation() const override { return plan_->implementation(); }
+
+ private:
+  std::unique_ptr<InferencePlan> plan_;
+  Shape x_, y_;
+  Device device_;
+};
+
 class CheckedBackend final : public Backend {
  public:
   explicit CheckedBackend(std::unique_ptr<Backend> backend) : b_(std::move(backend)) {}
@@ -495,6 +517,15 @@ class CheckedBackend final : public Backend {
   std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override {
     validateLinearParams(p);
     return std::make_unique<CheckedLinearPlan>(b_->createLinear(p), shapesOf(p), device(), "linear");
+  }
+
+  std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& p) override {
+    const std::vector<Shape> shapes = inferenceValueShapes(p);
+    RC_CHECK_ARG(p.dtype == DType::F32 || p.dtype == DType::BF16 || p.dtype == DType::F16,
+                 "inference plan: dtype must be f32, bf16 or f16, got " << dtypeName(p.dtype));
+    RC_CHECK_ARG(b_->supports(p.dtype),
+                 "inference plan: " << device().str() << " does not support " << dtypeName(p.dtype));
+    return std::make_unique<CheckedInferencePlan>(b_->createInferencePlan(p), shapes, device());
   }
 
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override {

@@ -50,6 +50,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override { return createConv2dPlan(ctx_, p); }
   std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
+  std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& p) override {
+    return buildInferencePlan(ctx_, p);
+  }
 
   void batchNormForward(const BatchNormForwardArgs& a) override { cpu::batchNormForward(a); }
   void batchNormBackward(const BatchNormBackwardArgs& a) override { cpu::batchNormBackward(a); }

@@ -8,6 +8,7 @@ namespace rc::cpu {
 std::unique_ptr<Conv2dPlan> createConv2dPlan(CpuContext& ctx, const Conv2dParams& params);
 std::unique_ptr<LinearPlan> createLinearPlan(CpuContext& ctx, const LinearParams& params);
 std::unique_ptr<Pool2dPlan> createPool2dPlan(CpuContext& ctx, const Pool2dParams& params);
+std::unique_ptr<InferencePlan> buildInferencePlan(CpuContext& ctx, const InferencePlanParams& params);
 
 void batchNormForward(const BatchNormForwardArgs& args);
 void batchNormBackward(const BatchNormBackwardArgs& args);

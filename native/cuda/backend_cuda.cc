@@ -18,8 +18,9 @@ namespace {
 
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
 // moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul,
-// the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss.
-constexpr int kBackendAbi = 5;
+// the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss, 6 the
+// inference plan.
+constexpr int kBackendAbi = 6;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -72,6 +73,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override { return createConv2dPlan(ctx_, p); }
   std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
+  std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& p) override {
+    return buildInferencePlan(ctx_, p);
+  }
 
   void batchNormForward(const BatchNormForwardArgs& a) override {
     DeviceGuard guard(ctx_.device());

@@ -6,6 +6,7 @@
 #include "addon_data.h"
 #include "convert.h"
 #include "image.h"
+#include "inference_plan.h"
 #include "plans.h"
 #include "registry.h"
 #include "tensor_wrap.h"
@@ -435,6 +436,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Conv2dPlan", Conv2dPlanWrap::Init(env));
   exports.Set("LinearPlan", LinearPlanWrap::Init(env));
   exports.Set("Pool2dPlan", Pool2dPlanWrap::Init(env));
+  exports.Set("InferencePlan", InferencePlanWrap::Init(env));
   exports.Set("Communicator", CommunicatorWrap::Init(env));
   const std::pair<const char*, Fn> functions[] = {
       {"batchNormForward",

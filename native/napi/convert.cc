@@ -129,6 +129,15 @@ std::vector<float> getFloats(const Napi::Object& o, const char* key) {
   return out;
 }
 
+std::vector<float> getFloat32Array(const Napi::Object& o, const char* key, bool isRequired) {
+  if (!isRequired && !has(o, key)) return {};
+  Napi::Value v = required(o, key);
+  RC_CHECK_ARG(v.IsTypedArray() && v.As<Napi::TypedArray>().TypedArrayType() == napi_float32_array,
+               "option '" << key << "' must be a Float32Array, got " << typeName(v));
+  Napi::Float32Array a = v.As<Napi::Float32Array>();
+  return std::vector<float>(a.Data(), a.Data() + a.ElementLength());
+}
+
 Tensor getTensor(const Napi::Object& o, const char* key, bool isRequired) {
   if (!isRequired && !has(o, key)) return Tensor();
   Napi::Value v = required(o, key);

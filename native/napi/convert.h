@@ -38,6 +38,8 @@ DType getDType(const Napi::Object& o, const char* key);
 Device getDevice(const Napi::Object& o, const char* key);
 Shape getShape(const Napi::Object& o, const char* key);
 std::vector<float> getFloats(const Napi::Object& o, const char* key);
+// A Float32Array option, copied; `required` false returns an empty vector when the key is absent/null.
+std::vector<float> getFloat32Array(const Napi::Object& o, const char* key, bool required = true);
 // A tensor argument; `required` false returns an undefined Tensor when the key is absent/null.
 Tensor getTensor(const Napi::Object& o, const char* key, bool required = true);
 Napi::Array shapeToJs(Napi::Env env, const Shape& shape);
