@@ -11,80 +11,28 @@ import { describe, expect, it } from 'vitest';
 import { ResNet18, ResNet50, Tensor, listBackends, type Module } from '../lib/index.js';
 import { lowerForInference } from '../lib/inference/graph.js';
 import { Predictor, type PredictorDType } from '../lib/inference/predictor.js';
-import { BatchNorm2d } from '../lib/nn/layers.js';
-import { Random } from '../lib/random.js';
-import { defined } from './helpers/defined.js';
+import {
+  INFERENCE_TOLERANCE,
+  evalForward,
+  hostBatch,
+  maxRelativeError,
+  predictOn,
+  randomizeBatchNorms,
+  type HostBatch,
+} from './gpu/inference.js';
 
 const cuda = listBackends().find((b) => b.name === 'cuda');
 const reason = cuda?.available ? undefined : (cuda?.reason ?? 'no CUDA backend');
 
-/** Gives every batch norm random affine parameters and running statistics, so that folding them matters. */
-function randomizeBatchNorms(model: Module, seed: number): void {
-  const rng = new Random(seed);
-  const state = model.stateDict();
-  for (const [name, m] of model.namedModules()) {
-    if (!(m instanceof BatchNorm2d)) continue;
-    const set = (key: string, f: () => number): void => {
-      const entry = defined(state.get(`${name}.${key}`), `${name}.${key}`);
-      const data = entry.data as Float32Array;
-      for (let i = 0; i < data.length; i++) data[i] = f();
-    };
-    set('weight', () => 0.5 + rng.next());
-    set('bias', () => rng.next() - 0.5);
-    set('running_mean', () => 0.4 * (rng.next() - 0.5));
-    set('running_var', () => 0.5 + rng.next());
-  }
-  model.loadStateDict(state);
-}
-
-/** An NHWC batch of values in [-1, 1). */
-function batch(n: number, size: number, seed: number): { data: Float32Array; shape: number[] } {
-  const rng = new Random(seed);
-  const data = new Float32Array(n * size * size * 3);
-  for (let i = 0; i < data.length; i++) data[i] = 2 * rng.next() - 1;
-  return { data, shape: [n, size, size, 3] };
-}
-
-/** The training modules' eval forward on the CPU. */
-function evalForward(model: Module, x: { data: Float32Array; shape: number[] }): Float32Array {
-  model.eval();
-  const input = Tensor.from(x.data, x.shape);
-  const y = model.forward(input);
-  const out = y.toFloat32Array();
-  input.dispose();
-  y.dispose();
-  return out;
-}
-
-/** The predictor's logits for the batch, on the CUDA device. */
-function predictOnCuda(model: Module, dtype: PredictorDType, x: { data: Float32Array; shape: number[] }): Float32Array {
+/** The predictor's logits for the batch on the CUDA device. */
+function predictOnCuda(model: Module, dtype: PredictorDType, x: HostBatch): Float32Array {
   const predictor = new Predictor(model, { device: 'cuda', dtype });
-  const input = Tensor.from(x.data, x.shape, { device: 'cuda' });
   try {
-    const y = predictor.predict(input);
-    const out = y.toFloat32Array();
-    y.dispose();
-    return out;
+    return predictOn(predictor, x);
   } finally {
-    input.dispose();
     predictor.dispose();
   }
 }
-
-/** The largest difference relative to the reference's largest magnitude (the logits' scale). */
-function relativeError(actual: Float32Array, expected: Float32Array): number {
-  expect(actual.length).toBe(expected.length);
-  let diff = 0;
-  let scale = 0;
-  for (let i = 0; i < expected.length; i++) {
-    diff = Math.max(diff, Math.abs((actual[i] ?? NaN) - (expected[i] ?? NaN)));
-    scale = Math.max(scale, Math.abs(expected[i] ?? NaN));
-  }
-  expect(scale).toBeGreaterThan(0);
-  return diff / scale;
-}
-
-const tolerance: Record<'f32' | 'bf16' | 'f16', number> = { f32: 1e-5, bf16: 1e-2, f16: 1e-2 };
 
 describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipped: ${reason})` : ''}`, () => {
   // Small-input ResNet-18 at 16 px: 3x3 stem, BasicBlocks, stride-2 blocks with 1x1 downsample
@@ -92,12 +40,12 @@ describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipp
   it('ResNet-18 (small input, 16 px, batch 2) equals the eval forward in f32, bf16 and f16', () => {
     const model = ResNet18({ numClasses: 10, smallInput: true, seed: 11 });
     randomizeBatchNorms(model, 12);
-    const x = batch(2, 16, 13);
+    const x = hostBatch(2, 16, 13);
     const expected = evalForward(model, x);
     for (const dtype of ['f32', 'bf16', 'f16'] as const) {
-      const error = relativeError(predictOnCuda(model, dtype, x), expected);
+      const error = maxRelativeError(predictOnCuda(model, dtype, x), expected);
       expect(error, `${dtype}: max |difference| / max |logit| = ${error.toExponential(2)}`).toBeLessThanOrEqual(
-        tolerance[dtype],
+        INFERENCE_TOLERANCE[dtype],
       );
     }
     model.dispose();
@@ -108,12 +56,12 @@ describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipp
   it('a narrow ResNet-50 (224 px stem with max pooling, 32 px, batch 2) equals the eval forward in f32 and bf16', () => {
     const model = ResNet50({ numClasses: 7, seed: 21, blockWidths: Array.from({ length: 16 }, () => [4, 4]) });
     randomizeBatchNorms(model, 22);
-    const x = batch(2, 32, 23);
+    const x = hostBatch(2, 32, 23);
     const expected = evalForward(model, x);
     for (const dtype of ['f32', 'bf16'] as const) {
-      const error = relativeError(predictOnCuda(model, dtype, x), expected);
+      const error = maxRelativeError(predictOnCuda(model, dtype, x), expected);
       expect(error, `${dtype}: max |difference| / max |logit| = ${error.toExponential(2)}`).toBeLessThanOrEqual(
-        tolerance[dtype],
+        INFERENCE_TOLERANCE[dtype],
       );
     }
     model.dispose();
@@ -127,7 +75,7 @@ describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipp
     // The shortcut convolutions have no ReLU: cuDNN runs the identity only with PRECOMP_GEMM.
     expect(impl).toMatch(/implicit_precomp_gemmx\d+/);
     expect(impl).toMatch(/ bf16 tensor-op /);
-    const x = Tensor.from(batch(1, 8, 32).data, [1, 8, 8, 3], { device: 'cuda' });
+    const x = Tensor.from(hostBatch(1, 8, 32).data, [1, 8, 8, 3], { device: 'cuda' });
     const a = predictor.predict(x);
     const b = predictor.predict(x);
     expect(b.toFloat32Array()).toEqual(a.toFloat32Array());
@@ -146,14 +94,14 @@ describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipp
       }
     }
     const int8 = new Predictor(graph, { device: 'cuda', dtype: 'int8' });
-    const x = Tensor.from(batch(1, 8, 42).data, [1, 8, 8, 3], { device: 'cuda' });
+    const x = Tensor.from(hostBatch(1, 8, 42).data, [1, 8, 8, 3], { device: 'cuda' });
     expect(() => int8.predict(x)).toThrow(/INT8 plans run on the CPU backend/);
     int8.dispose();
 
     const predictor = new Predictor(model, { device: 'cuda' });
     const wrongChannels = Tensor.from(new Float32Array(64), [1, 8, 8, 1], { device: 'cuda' });
     expect(() => predictor.predict(wrongChannels)).toThrow(/x/);
-    const onCpu = Tensor.from(batch(1, 8, 43).data, [1, 8, 8, 3]);
+    const onCpu = Tensor.from(hostBatch(1, 8, 43).data, [1, 8, 8, 3]);
     expect(() => predictor.predict(onCpu)).toThrow(/cuda/);
     for (const t of [x, wrongChannels, onCpu]) t.dispose();
     predictor.dispose();
