@@ -8,7 +8,8 @@ import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ResNet18, ResNet50, Tensor, listBackends, type Module } from '../lib/index.js';
+import { CudaGraph, ResNet18, ResNet50, Tensor, listBackends, type Module } from '../lib/index.js';
+import { addon, type RawInferenceNode } from '../lib/binding.js';
 import { lowerForInference } from '../lib/inference/graph.js';
 import { Predictor, type PredictorDType } from '../lib/inference/predictor.js';
 import {
@@ -81,6 +82,81 @@ describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipp
     expect(b.toFloat32Array()).toEqual(a.toFloat32Array());
     for (const t of [x, a, b]) t.dispose();
     predictor.dispose();
+    model.dispose();
+  });
+
+  // The plan's run() enqueues only (no allocation, host wait or descriptor work), so it can be
+  // captured. The native plan is used directly with an output allocated before the capture: the
+  // emulated cuBLAS and cuDNN check their pointers when called, and memory a capture allocates
+  // exists only while the graph runs.
+  it('runs inside a captured CUDA graph: replays on new input give the eager logits', () => {
+    const model = ResNet18({ numClasses: 5, smallInput: true, seed: 61 });
+    randomizeBatchNorms(model, 62);
+    const graph = lowerForInference(model);
+    const nodes: RawInferenceNode[] = graph.nodes.map((node) => {
+      switch (node.op) {
+        case 'conv':
+          return {
+            op: 'conv',
+            input: node.input,
+            residual: node.residual ?? -1,
+            relu: node.relu,
+            inChannels: node.inChannels,
+            outChannels: node.outChannels,
+            kernelH: node.kernel[0],
+            kernelW: node.kernel[1],
+            strideH: node.stride[0],
+            strideW: node.stride[1],
+            padH: node.padding[0],
+            padW: node.padding[1],
+            dilationH: node.dilation[0],
+            dilationW: node.dilation[1],
+            weight: node.weight,
+            bias: node.bias,
+          };
+        case 'linear':
+          return {
+            op: 'linear',
+            input: node.input,
+            inChannels: node.inFeatures,
+            outChannels: node.outFeatures,
+            weight: node.weight,
+            bias: node.bias,
+          };
+        case 'globalavgpool':
+          return { op: 'globalavgpool', input: node.input };
+        case 'maxpool':
+          throw new Error('the small-input ResNet-18 has no max pooling');
+      }
+    });
+    const plan = new (addon().InferencePlan)({
+      device: 'cuda',
+      dtype: 'f32',
+      int8: false,
+      n: 2,
+      h: 8,
+      w: 8,
+      c: 3,
+      nodes,
+    });
+    const first = hostBatch(2, 8, 63);
+    const second = hostBatch(2, 8, 64);
+    const x = Tensor.from(first.data, first.shape, { device: 'cuda' });
+    const y = Tensor.empty([2, 5], { dtype: 'f32', device: 'cuda' });
+    const cudaGraph = CudaGraph.capture('cuda', () => plan.run({ x: x.raw, y: y.raw }));
+    x.raw.copyFromHost(second.data);
+    cudaGraph.replay();
+    const replayed = y.toFloat32Array();
+    plan.run({ x: x.raw, y: y.raw });
+    expect(replayed).toEqual(y.toFloat32Array());
+    x.raw.copyFromHost(first.data);
+    cudaGraph.replay();
+    expect(maxRelativeError(y.toFloat32Array(), evalForward(model, first))).toBeLessThanOrEqual(
+      INFERENCE_TOLERANCE.f32,
+    );
+    cudaGraph.dispose();
+    plan.dispose();
+    for (const t of [x, y]) t.dispose();
     model.dispose();
   });
 
