@@ -137,6 +137,7 @@ const SPEC: CommandSpec = {
       type: 'choice',
       choices: ONNX_OPSETS.map(String),
       default: String(DEFAULT_ONNX_OPSET),
+      valueName: 'N',
       help: 'The ONNX operator set version.',
       section: 'ONNX',
     },
