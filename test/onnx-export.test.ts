@@ -220,6 +220,8 @@ describe('ONNX export options', () => {
       [{ batch: 'auto' }, /options\.batch/],
       [{ layout: 'chw' }, /options\.layout/],
       [{ dtype: 'bf16' }, /options\.dtype/],
+      [{ qdq: 'tensorrt' }, /no QDQ flavour for a graph without INT8 quantization.*options\.qdq/],
+      [{ qdq: 'tvm' }, /options\.qdq/],
       [{ inputSize: [32] }, /options\.inputSize/],
       [{ inputSize: 0 }, /options\.inputSize/],
       [{ inputName: '' }, /options\.inputName/],

@@ -12,7 +12,7 @@
 import { ResnetError } from '../errors.js';
 import type { ConvNode, InferenceGraph, LinearNode, NodeQuantization } from '../inference/graph.js';
 import { toFloat16 } from './float16.js';
-import { biasScales, quantizeBias, quantizeWeights } from './onnx-qdq.js';
+import { biasScales, inputQuantization, quantizeBias, quantizeWeights, type QdqFlavour } from './onnx-qdq.js';
 import {
   ONNX_ATTRIBUTE_TYPE,
   ONNX_DTYPE,
@@ -30,6 +30,8 @@ export interface OnnxGraphSettings {
   batch: 'dynamic' | number;
   layout: 'nchw' | 'nhwc';
   dtype: 'f32' | 'f16';
+  /** The layout of the QDQ nodes of a quantized graph. */
+  qdq: QdqFlavour;
   inputSize: [number, number] | null;
   inputName: string;
   outputName: string;
@@ -95,6 +97,7 @@ class GraphWriter {
   constructor(
     reserved: readonly string[],
     readonly dtype: 'f32' | 'f16',
+    readonly qdq: QdqFlavour,
   ) {
     for (const name of reserved) this.#names.add(name);
   }
@@ -136,11 +139,12 @@ class GraphWriter {
 
   /** `value` through QuantizeLinear and DequantizeLinear at the input quantization of `q` (shared per value and scale). */
   quantizeInput(value: string, q: NodeQuantization, owner: string): string {
-    const key = `${value}\u0000${q.inputScale}\u0000${q.inputUnsigned}`;
+    const { scale: inputScale, unsigned } = inputQuantization(q, this.qdq);
+    const key = `${value}\u0000${inputScale}\u0000${unsigned}`;
     const known = this.#qdq.get(key);
     if (known !== undefined) return known;
-    const scale = this.tensor(`${owner}.input_scale`, [], ONNX_DTYPE.FLOAT, bytesOf(new Float32Array([q.inputScale])));
-    const zero = q.inputUnsigned
+    const scale = this.tensor(`${owner}.input_scale`, [], ONNX_DTYPE.FLOAT, bytesOf(new Float32Array([inputScale])));
+    const zero = unsigned
       ? this.tensor(`${owner}.input_zero_point`, [], ONNX_DTYPE.UINT8, new Uint8Array(1))
       : this.tensor(`${owner}.input_zero_point`, [], ONNX_DTYPE.INT8, new Uint8Array(1));
     const quantized = this.node('QuantizeLinear', `${owner}.input_quantized`, [value, scale, zero]);
@@ -156,16 +160,19 @@ class GraphWriter {
       `${owner}.weight_quantized`,
       dims,
       ONNX_DTYPE.INT8,
-      bytesOf(quantizeWeights(values, q.weightScales)),
+      bytesOf(quantizeWeights(values, q.weightScales, this.qdq === 'tensorrt' ? -127 : -128)),
     );
     const scale = this.tensor(`${owner}.weight_scale`, [rows], ONNX_DTYPE.FLOAT, bytesOf(q.weightScales));
     const zero = this.tensor(`${owner}.weight_zero_point`, [rows], ONNX_DTYPE.INT8, new Uint8Array(rows));
     return this.node('DequantizeLinear', `${owner}.weight_dequantized`, [w, scale, zero], [attr.int('axis', 0)]);
   }
 
-  /** The bias as s32 through DequantizeLinear when it is representable, else in floating point. */
+  /**
+   * The bias as s32 through DequantizeLinear (ONNX Runtime's QLinearConv takes it so) when it is
+   * representable, else, and always for TensorRT, in floating point.
+   */
   quantizedBias(owner: string, values: Float32Array, q: NodeQuantization): string {
-    const ints = quantizeBias(values, q);
+    const ints = this.qdq === 'onnxruntime' ? quantizeBias(values, q) : null;
     if (ints === null) return this.float(`${owner}.bias`, [values.length], values);
     const b = this.tensor(`${owner}.bias_quantized`, [values.length], ONNX_DTYPE.INT32, bytesOf(ints));
     const scale = this.tensor(`${owner}.bias_scale`, [values.length], ONNX_DTYPE.FLOAT, bytesOf(biasScales(q)));
@@ -244,7 +251,7 @@ export function outputFeatures(graph: InferenceGraph): number {
  * @throws `ERR_RC_INVALID_ARGUMENT` when an input or output name is also a weight's name.
  */
 export function buildOnnxModel(graph: InferenceGraph, s: OnnxGraphSettings): OnnxModel {
-  const g = new GraphWriter([s.inputName, s.outputName], s.dtype);
+  const g = new GraphWriter([s.inputName, s.outputName], s.dtype, s.qdq);
   let x = s.inputName;
   if (s.dtype === 'f16') x = g.node('Cast', 'input.f16', [x], [attr.int('to', ONNX_DTYPE.FLOAT16)]);
   if (s.layout === 'nhwc') x = g.node('Transpose', 'input.nchw', [x], [attr.ints('perm', [0, 3, 1, 2])]);

@@ -17,9 +17,10 @@ export function roundHalfEven(x: number): number {
 
 /**
  * Weights `[rows, ...]` (row `k` is output channel `k`) as s8 values of `scales[k]`:
- * `clamp(round(w / scale), -128, 127)`; a channel of scale 0 (all its weights zero) is all zeros.
+ * `clamp(round(w / scale), min, 127)` (`min` -128, or -127 for a symmetric range); a channel of
+ * scale 0 (all its weights zero) is all zeros.
  */
-export function quantizeWeights(weight: Float32Array, scales: Float32Array): Int8Array {
+export function quantizeWeights(weight: Float32Array, scales: Float32Array, min = -128): Int8Array {
   const rows = scales.length;
   const per = weight.length / rows;
   const out = new Int8Array(weight.length);
@@ -27,10 +28,24 @@ export function quantizeWeights(weight: Float32Array, scales: Float32Array): Int
     const scale = scales[k]!;
     if (scale === 0) continue;
     for (let i = k * per; i < (k + 1) * per; i++) {
-      out[i] = Math.max(-128, Math.min(127, roundHalfEven(weight[i]! / scale)));
+      out[i] = Math.max(min, Math.min(127, roundHalfEven(weight[i]! / scale)));
     }
   }
   return out;
+}
+
+/** How the QDQ nodes are laid out: for ONNX Runtime's fusions, or for TensorRT's explicit quantization. */
+export type QdqFlavour = 'onnxruntime' | 'tensorrt';
+
+/**
+ * The quantization of a node's input in a flavour: as the graph says for ONNX Runtime; for
+ * TensorRT, which takes only s8 (zero point 0), an unsigned input keeps its range [0, 255 * scale]
+ * on the s8 grid of that range (scale `255 / 127` times larger).
+ */
+export function inputQuantization(q: NodeQuantization, flavour: QdqFlavour): { scale: number; unsigned: boolean } {
+  if (flavour === 'tensorrt' && q.inputUnsigned)
+    {return { scale: Math.fround((q.inputScale * 255) / 127), unsigned: false };}
+  return { scale: q.inputScale, unsigned: q.inputUnsigned };
 }
 
 /** The scales of an s32 bias: the input scale times each output channel's weight scale. */

@@ -39,6 +39,14 @@ export interface OnnxExportOptions {
    * output still f32 (a Cast at each end), so that callers feed and read the same arrays.
    */
   dtype?: 'f32' | 'f16';
+  /**
+   * The layout of the QDQ nodes when the graph is INT8-quantized: `'onnxruntime'` (default: u8
+   * activations after a ReLU as the graph says, s32 biases; what ONNX Runtime fuses into
+   * QLinearConv) or `'tensorrt'` (what TensorRT's explicit quantization takes: s8 activations only,
+   * an unsigned activation keeping its range on the s8 grid at half the resolution; weights within
+   * [-127, 127]; biases in f32).
+   */
+  qdq?: 'onnxruntime' | 'tensorrt';
   /** A fixed input height and width (a number for a square); default symbolic `height` and `width`. */
   inputSize?: number | [number, number];
   /** The input's name; default `'input'`. */
@@ -72,6 +80,7 @@ const OPTION_KEYS = [
   'batch',
   'layout',
   'dtype',
+  'qdq',
   'inputSize',
   'inputName',
   'outputName',
@@ -146,6 +155,7 @@ export function exportOnnxBytes(model: Module | InferenceGraph, options: OnnxExp
   const batch = o.batch === undefined || o.batch === 'dynamic' ? 'dynamic' : expectInt('options.batch', o.batch, 1);
   const layout = expectOneOf('options.layout', o.layout ?? 'nchw', ['nchw', 'nhwc'] as const);
   const dtype = expectOneOf('options.dtype', o.dtype ?? 'f32', ['f32', 'f16'] as const);
+  const qdq = expectOneOf('options.qdq', o.qdq ?? 'onnxruntime', ['onnxruntime', 'tensorrt'] as const);
   const inputSize = o.inputSize === undefined ? null : expectPair('options.inputSize', o.inputSize, 1);
   const inputName = expectName('options.inputName', o.inputName, 'input');
   const outputName = expectName('options.outputName', o.outputName, 'logits');
@@ -162,11 +172,15 @@ export function exportOnnxBytes(model: Module | InferenceGraph, options: OnnxExp
   if (quantized && dtype === 'f16') {
     invalid('options.dtype', "'f32' for an INT8-quantized graph (its QDQ scales are f32)", dtype);
   }
+  if (!quantized && o.qdq !== undefined) {
+    invalid('options.qdq', 'no QDQ flavour for a graph without INT8 quantization (its nodes carry no quant)', o.qdq);
+  }
   const settings: OnnxGraphSettings = {
     opset,
     batch,
     layout,
     dtype,
+    qdq,
     inputSize,
     inputName,
     outputName,

@@ -35,9 +35,15 @@ function quantizeInput(x: Activation, q: NodeQuantization): Activation {
 }
 
 /** Weights `[rows, ...]` on each row's s8 grid and the bias on the s32 grid of input times weight scale. */
-function quantizeParams(weight: Float32Array, bias: Float32Array, q: NodeQuantization): [Float64Array, Float64Array] {
+function quantizeParams(
+  weight: Float32Array,
+  bias: Float32Array,
+  q: NodeQuantization,
+  floatBias: boolean,
+): [Float64Array, Float64Array] {
   const per = weight.length / q.weightScales.length;
   const w = Float64Array.from(weight, (v, i) => fakeQuant(v, q.weightScales[Math.floor(i / per)]!, -128, 127));
+  if (floatBias) return [w, Float64Array.from(bias)];
   const b = Float64Array.from(bias, (v, k) =>
     fakeQuant(v, Math.fround(q.inputScale * q.weightScales[k]!), -(2 ** 31), 2 ** 31 - 1),
   );
@@ -146,6 +152,8 @@ function linear(
 export interface EvaluateOptions {
   /** Simulate the quantization the nodes carry (default: ignore it). */
   quantized?: boolean;
+  /** With `quantized`: keep biases in floating point (default: on the s32 grid). */
+  floatBias?: boolean;
   /** Called with each convolution or linear node's index and its (unquantized) input values. */
   observe?: (node: number, input: Float64Array) => void;
 }
@@ -164,7 +172,9 @@ export function evaluateGraph(
       options.observe?.(index, input.data);
       const q = options.quantized ? node.quant : undefined;
       if (q) input = quantizeInput(input, q);
-      const [wq, bq] = q ? quantizeParams(node.weight, node.bias, q) : [node.weight, node.bias];
+      const [wq, bq] = q
+        ? quantizeParams(node.weight, node.bias, q, options.floatBias ?? false)
+        : [node.weight, node.bias];
       values.push(
         node.op === 'conv'
           ? conv(input, node, wq, bq, node.residual === null ? null : values[node.residual]!)
