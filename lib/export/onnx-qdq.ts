@@ -43,8 +43,9 @@ export type QdqFlavour = 'onnxruntime' | 'tensorrt';
  * on the s8 grid of that range (scale `255 / 127` times larger).
  */
 export function inputQuantization(q: NodeQuantization, flavour: QdqFlavour): { scale: number; unsigned: boolean } {
-  if (flavour === 'tensorrt' && q.inputUnsigned)
-    {return { scale: Math.fround((q.inputScale * 255) / 127), unsigned: false };}
+  if (flavour === 'tensorrt' && q.inputUnsigned) {
+    return { scale: Math.fround((q.inputScale * 255) / 127), unsigned: false };
+  }
   return { scale: q.inputScale, unsigned: q.inputUnsigned };
 }
 
