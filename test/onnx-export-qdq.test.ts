@@ -171,8 +171,19 @@ describe('QDQ (INT8) ONNX export of ResNet-18', () => {
     expect(relativeError(nchw, nhwc)).toBeLessThan(1e-5);
   });
 
-  it('refuses f16 for a quantized graph', () => {
+  it('refuses f16 for a quantized graph, and a malformed quantization naming its node', () => {
     expect(() => exportOnnxBytes(graph, { dtype: 'f16' })).toThrow(/options\.dtype/);
+    const stem = graph.nodes[0]!;
+    if (stem.op !== 'conv' || !stem.quant) throw new Error('the stem is not a quantized convolution');
+    const bad = (quant: object) =>
+      ({ ...graph, nodes: [{ ...stem, quant }, ...graph.nodes.slice(1)] }) as InferenceGraph;
+    expect(() => exportOnnxBytes(bad({ ...stem.quant, inputScale: 0 }))).toThrow(/'conv1': inputScale/);
+    expect(() => exportOnnxBytes(bad({ ...stem.quant, weightScales: new Float32Array(3) }))).toThrow(
+      /64 scales.*'conv1': weightScales/,
+    );
+    expect(() => exportOnnxBytes(bad({ ...stem.quant, weightScales: new Float32Array(64).fill(NaN) }))).toThrow(
+      /weightScales\[0\]/,
+    );
   });
 
   it('a shallow network equals the simulated quantization within 1e-4 in both flavours (no layers for rounding flips to grow through)', async () => {

@@ -117,6 +117,24 @@ function graphOf(source: Module | InferenceGraph): { graph: InferenceGraph; titl
   return { graph: source, title: 'network' };
 }
 
+/** Checks the INT8 quantization a graph's nodes carry; returns whether any does. */
+function checkQuantization(graph: InferenceGraph): boolean {
+  let quantized = false;
+  for (const node of graph.nodes) {
+    if ((node.op !== 'conv' && node.op !== 'linear') || node.quant === undefined) continue;
+    quantized = true;
+    const q = node.quant;
+    const where = `the quantization of '${node.name}'`;
+    const rows = node.op === 'conv' ? node.outChannels : node.outFeatures;
+    expectNumber(`${where}: inputScale`, q.inputScale, Number.MIN_VALUE);
+    if (!(q.weightScales instanceof Float32Array) || q.weightScales.length !== rows) {
+      invalid(`${where}: weightScales`, `a Float32Array of ${rows} scales (one per output channel)`, q.weightScales);
+    }
+    q.weightScales.forEach((v, k) => expectNumber(`${where}: weightScales[${k}]`, v, 0));
+  }
+  return quantized;
+}
+
 /** The metadata entries: the preprocessing and the class names a consumer needs. */
 function metadataOf(
   o: Partial<OnnxExportOptions>,
@@ -168,7 +186,7 @@ export function exportOnnxBytes(model: Module | InferenceGraph, options: OnnxExp
 
   const { graph, title } = graphOf(model);
   const classes = outputFeatures(graph);
-  const quantized = graph.nodes.some((n) => (n.op === 'conv' || n.op === 'linear') && n.quant !== undefined);
+  const quantized = checkQuantization(graph);
   if (quantized && dtype === 'f16') {
     invalid('options.dtype', "'f32' for an INT8-quantized graph (its QDQ scales are f32)", dtype);
   }
