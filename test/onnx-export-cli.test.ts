@@ -3,7 +3,7 @@
  * with the model's logits (within 1e-4, relative to the largest logit), the options reach the file,
  * and bad options are usage errors naming the option.
  */
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
@@ -78,6 +78,35 @@ describe('resnet-cuda export --format onnx', () => {
     const m = decodeOnnxModel(readFileSync(out));
     expect([m.irVersion, m.opsetImport[0]?.version]).toEqual([7, 13]);
     expect(m.graph.initializer.find((t) => t.name === 'conv1.weight')?.dataType).toBe(10);
+  });
+
+  it("takes the class names, the normalisation and the image size from the weights' run", async () => {
+    const run = join(dir, 'run');
+    mkdirSync(run);
+    await saveWeights(join(run, 'model.safetensors'), model);
+    const config = {
+      model: 'resnet18',
+      numClasses: 4,
+      smallInput: true,
+      classes: ['square', 'circle', 'triangle', 'cross'],
+      valResizeSize: 20,
+      valCropSize: 16,
+      mean: [0.5, 0.5, 0.5],
+      std: [0.25, 0.25, 0.25],
+    };
+    writeFileSync(join(run, 'summary.json'), JSON.stringify({ config }));
+    const out = join(run, 'model.onnx');
+    const result = await runCli(['export', '--weights', join(run, 'model.safetensors'), '-o', out, '--json'], dir);
+    expect(result.code, result.stderr).toBe(0);
+    expect((JSON.parse(result.stdout) as ExportResult).details).toMatchObject({
+      input: { shape: ['batch', 3, 16, 16] },
+    });
+    const meta = new Map(
+      decodeOnnxModel(readFileSync(out)).metadataProps.map((p) => [p.key, JSON.parse(p.value) as unknown]),
+    );
+    expect(meta.get('class_names')).toEqual(config.classes);
+    expect(meta.get('mean')).toEqual(config.mean);
+    expect(meta.get('std')).toEqual(config.std);
   });
 
   it('refuses bad options with usage errors that name them', async () => {
