@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ExportResult } from '../lib/cli/export.js';
+import { exportCommand, type ExportResult } from '../lib/cli/export.js';
 import { decodeOnnxModel } from '../lib/export/onnx-schema.js';
 import { ResNet18, saveWeights, type ResNet } from '../lib/index.js';
 import { runCli } from './helpers/cli.js';
@@ -126,11 +126,14 @@ describe('resnet-cuda export --format onnx', () => {
     }
   });
 
-  it('lists its options in --help and is a command of the top-level help', async () => {
+  it('lists every option with its default in --help and is a command of the top-level help', async () => {
     const help = await runCli(['export', '--help'], dir);
     expect(help.code).toBe(0);
-    for (const flag of ['--format', '--output', '--opset', '--batch', '--layout', '--dtype', '--image-size']) {
-      expect(help.stdout).toContain(flag);
+    const text = help.stdout.replace(/\s+/g, ' ');
+    for (const option of exportCommand.spec.options) {
+      expect(text, `--${option.name}`).toContain(`--${option.name}`);
+      const shown = option.defaultText ?? (option.default === undefined ? undefined : String(option.default));
+      if (shown !== undefined) expect(text, `default of --${option.name}`).toContain(`(default: ${shown}`);
     }
     expect((await runCli(['--help'], dir)).stdout).toMatch(/\n {2}export +Export trained weights/);
   });
