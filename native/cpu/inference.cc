@@ -2,8 +2,9 @@
 // buffer is made when the plan is created, and `run` only binds the caller's input and output and
 // executes the primitives in order.
 //
-// - Convolutions are created with `format_tag::any` weights and outputs, so oneDNN picks its
-//   blocked layouts (nChw16c and the like); each reads its input in the layout its producer wrote.
+// - Convolutions are created with `format_tag::any` weights, so oneDNN lays them out for its
+//   kernel; f32 outputs are channel-blocked (nChw16c with AVX-512), bf16 outputs in the layout
+//   oneDNN picks. Each convolution reads its input in the layout its producer wrote.
 //   Bias, the residual add (a `sum` post-op) and the ReLU (an `eltwise_relu` post-op after it) run
 //   inside the convolution.
 // - The weights (OHWI f32 with batch norm folded in) are reordered once into the layout, and the
@@ -106,6 +107,7 @@ class CpuInferencePlan final : public InferencePlan {
                  "inference plan: dtype must be f32, bf16 or f16, got " << dtypeName(p.dtype));
     shapes_ = inferenceValueShapes(p);
     act_ = toDnnl(p.dtype);
+    chooseBlockedLayout();
     try {
       build();
     } catch (const dnnl::error& e) {
@@ -129,6 +131,23 @@ class CpuInferencePlan final : public InferencePlan {
   std::string implementation() const override { return implementation_; }
 
  private:
+  // f32 convolutions write channel-blocked outputs (nChw16c with AVX-512, nChw8c with AVX2), where
+  // oneDNN's direct kernels run: left to choose (`any`), oneDNN 2.6 takes its NHWC brgemm kernels,
+  // which measured 1.1-1.5x slower on ResNet-50 at batch 1 and 16 (bench/RESULTS.md). bf16 keeps
+  // `any`: its AMX kernels want NHWC.
+  void chooseBlockedLayout() {
+    if (p_.dtype != DType::F32) return;
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
+        isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx) {
+      blockedTag_ = tag::nChw16c;
+      blockedWidth_ = 16;
+    } else if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) {
+      blockedTag_ = tag::nChw8c;
+      blockedWidth_ = 8;
+    }
+  }
+
   // The layout a value was written in, the slot holding it and the node reading it last.
   struct Value {
     memory::desc desc;
@@ -280,7 +299,9 @@ class CpuInferencePlan final : public InferencePlan {
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     attr.set_post_ops(ops);
 
-    const memory::desc anySrc(srcDims, act_, tag::any), anyDst(dstDims, act_, tag::any);
+    const memory::desc anySrc(srcDims, act_, tag::any);
+    const bool blocked = blockedTag_ != tag::any && node.outChannels % blockedWidth_ == 0;
+    const memory::desc anyDst(dstDims, act_, blocked ? blockedTag_ : tag::any);
     // Read the input where it is (its producer's layout and dtype) unless oneDNN has only its
     // reference kernel for that; the network's input is always converted.
     const bool internal = node.input > 0;
@@ -421,6 +442,8 @@ class CpuInferencePlan final : public InferencePlan {
   InferencePlanParams p_;
   std::vector<Shape> shapes_;
   dt act_ = dt::f32;
+  tag blockedTag_ = tag::any;  // the f32 convolutions' output layout, or any
+  int64_t blockedWidth_ = 1;
   std::vector<Value> values_;
   std::set<size_t> takenOver_;
   SlotPlanner slots_;
