@@ -439,7 +439,9 @@ class CpuInferencePlan final : public InferencePlan {
   }
 
   CpuContext& ctx_;
-  InferencePlanParams p_;
+  // The parameters, read only while the constructor builds the plan (they hold host copies of all
+  // the weights, which the plan does not keep).
+  const InferencePlanParams& p_;
   std::vector<Shape> shapes_;
   dt act_ = dt::f32;
   tag blockedTag_ = tag::any;  // the f32 convolutions' output layout, or any
