@@ -292,3 +292,6 @@ export {
   type OnnxExport,
   type OnnxExportOptions,
 } from './export/onnx.js';
+// The fast inference path: a network lowered once (batch norm folded, ReLU and residual add fused
+// into the convolutions) and run by a native plan per input shape.
+export { PREDICTOR_DTYPES, Predictor, type PredictorDType, type PredictorOptions } from './inference/predictor.js';
