@@ -185,6 +185,7 @@ describe('usage errors: exit code 2 and one line naming the option, before any w
     [['train', '--norm-weight-decay', '0.1'], /--norm-weight-decay expects a number from 0 to 0, got 0.1/],
     [['train', '--model-ema-decay', '0.999'], /--model-ema-steps and --model-ema-decay need --model-ema/],
     [['train', '--qat-freeze-observers', '100'], /--qat-freeze-observers needs --qat/],
+    [['train', '--qat', '--model-ema'], /--qat cannot be combined with --model-ema/],
     [
       ['train', '--qat', '--qat-freeze-observers=-1'],
       /--qat-freeze-observers expects an integer of at least 0, got -1/,

@@ -310,6 +310,36 @@ describe.skipIf(onlyCuda)('quantization-aware training', () => {
     copy.dispose();
   });
 
+  it('trains in bf16 mixed precision: the losses stay finite and fall, and the model converts', () => {
+    const data = generateShapes({ count: 8 * BATCH, size: SIZE, classes: CLASSES, seed: 8 });
+    const model = prepareQat(smallResNet(2, 4).to('cpu'));
+    const normalize = new InputNormalize({ ...NORMALIZE, dtype: 'bf16' });
+    const loss = new CrossEntropyLoss();
+    const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9 });
+    const bytes = SIZE * SIZE * 3;
+    const losses: number[] = [];
+    for (let s = 0; s < 8; s++) {
+      const images = Tensor.from(
+        data.images.subarray(s * BATCH * bytes, (s + 1) * BATCH * bytes),
+        [BATCH, SIZE, SIZE, 3],
+        {
+          dtype: 'u8',
+        },
+      );
+      losses.push(
+        loss.forward(model.forward(normalize.forward(images)), data.labels.subarray(s * BATCH, (s + 1) * BATCH)).item(),
+      );
+      model.backward(loss.backward());
+      optimizer.step();
+      optimizer.zeroGrad();
+      images.dispose();
+    }
+    expect(losses.every(Number.isFinite)).toBe(true);
+    expect(losses.slice(-3).reduce((a, b) => a + b)).toBeLessThan(losses.slice(0, 3).reduce((a, b) => a + b));
+    expect(quantizedGraph(model).nodes.filter((n) => 'quant' in n && n.quant)).toHaveLength(7);
+    model.dispose();
+  });
+
   it('refuses what it cannot do, naming the parameter', () => {
     const model = smallResNet(1, 4).to('cpu');
     expect(() => quantizedGraph(model)).toThrow(/prepared with prepareQat/);
@@ -325,6 +355,7 @@ describe.skipIf(onlyCuda)('quantization-aware training', () => {
     expect(() => new Trainer({ model, optimizer, progress: false, qat: { freezeObserversAfter: 1.5 } })).toThrow(
       /qat\.freezeObserversAfter/,
     );
+    expect(() => new Trainer({ model, optimizer, progress: false, qat: true, ema: {} })).toThrow(/either qat or ema/);
     model.dispose();
   });
 });

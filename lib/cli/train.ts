@@ -771,6 +771,7 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
     throw new UsageError(`--lr-warmup-epochs ${a.lrWarmupEpochs} must be less than --epochs ${a.epochs}`);
   }
   if (a.monitor.startsWith('val_ema') && !a.modelEma) throw new UsageError(`--monitor ${a.monitor} needs --model-ema`);
+  if (a.qat && a.modelEma) throw new UsageError('--qat cannot be combined with --model-ema');
   if (a.stem === 'small' && a.trainCropSize > 128) {
     throw new UsageError(
       `--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`,

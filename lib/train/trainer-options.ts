@@ -288,6 +288,12 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
   const gradScaler = o.gradScaler ?? {};
   if (gradScaler === null || typeof gradScaler !== 'object') invalid('gradScaler', 'GradScaler options', gradScaler);
   const outDir = parseOutDir(o.outDir);
+  if (ema && o.qat !== undefined && o.qat !== false) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      "Trainer options: give either qat or ema, not both (the moving average would average the observers' running ranges, which start infinite)",
+    );
+  }
   return {
     model: o.model,
     optimizer: o.optimizer,
