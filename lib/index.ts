@@ -286,3 +286,12 @@ export { FakeQuantizer, type FakeQuantizerOptions } from './nn/fake-quant.js';
 export { isQatPrepared, prepareQat, quantizedGraph, setQatObservers, type QatOptions } from './train/qat.js';
 export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
 export { Distillation, type DistillationOptions } from './train/distillation.js';
+// ONNX export: the inference graph (batch norm folded; INT8 as QDQ) as an .onnx file.
+export {
+  DEFAULT_ONNX_OPSET,
+  ONNX_OPSETS,
+  exportOnnx,
+  exportOnnxBytes,
+  type OnnxExport,
+  type OnnxExportOptions,
+} from './export/onnx.js';

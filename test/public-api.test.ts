@@ -52,6 +52,7 @@ describe('the package entry point', () => {
       'plotScatter',
       'prepareQat',
       'quantizedGraph',
+      'exportOnnx',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
