@@ -7,6 +7,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import * as ort from 'onnxruntime-node';
 import { afterAll, describe, expect, it } from 'vitest';
 import {
   AdaptiveAvgPool2d,
@@ -35,10 +36,12 @@ import {
   setQatObservers,
   type Module,
 } from '../lib/index.js';
+import { exportOnnxBytes } from '../lib/export/onnx.js';
 import { Conv2d } from '../lib/nn/layers.js';
 import { Trainer } from '../lib/train/trainer.js';
 import { defined } from './helpers/defined.js';
 import { runInt8Graph } from './helpers/int8-graph-reference.js';
+import { relativeError, runOnnx } from './helpers/onnx.js';
 import { fakeQuantize, fakeQuantizeBackward, observeMinMax } from './reference/fake-quant.js';
 import { Rng } from './reference/rng.js';
 
@@ -220,7 +223,7 @@ describe.skipIf(onlyCuda)('FakeQuantizer', () => {
 });
 
 describe.skipIf(onlyCuda)('quantization-aware training', () => {
-  it('fine-tunes a float model with fake quantization to within 3 points of its accuracy, and its INT8 graph agrees with the fake-quantized forward', () => {
+  it('fine-tunes a float model with fake quantization to within 3 points of its accuracy; its INT8 graph and QDQ ONNX export agree with the fake-quantized forward', async () => {
     const data = generateShapes({ count: 110 * BATCH, size: SIZE, classes: CLASSES, seed: 21 });
     const val = generateShapes({ count: 128, size: SIZE, classes: CLASSES, seed: 1021 });
     const model = smallResNet(3, 8);
@@ -263,6 +266,17 @@ describe.skipIf(onlyCuda)('quantization-aware training', () => {
     );
     expect(relative).toBeLessThan(1e-2);
     expect(topOne(int8, n)).toEqual(fakeTop.slice(0, n));
+    // The QDQ ONNX file of the same graph, run by ONNX Runtime (which also rounds the bias to the
+    // s32 grid of inputScale * weightScale): the same classes on all validation images.
+    const session = await ort.InferenceSession.create(exportOnnxBytes(graph, { layout: 'nhwc' }).bytes);
+    const onnx = await runOnnx(session, float.input, [128, SIZE, SIZE, 3]);
+    await session.release();
+    const onnxAgreement = topOne(onnx, 128).filter((k, i) => k === fakeTop[i]).length / 128;
+    console.log(
+      `QAT: ONNX Runtime (QDQ) vs fake-quantized: ${relativeError(onnx, fake.logits).toExponential(2)} relative, top-1 agreement ${onnxAgreement}`,
+    );
+    expect(relativeError(onnx, fake.logits)).toBeLessThan(2e-2);
+    expect(onnxAgreement).toBeGreaterThanOrEqual(0.98);
     model.dispose();
   });
 
