@@ -6,8 +6,10 @@
  * as `torch.fake_quantize_per_tensor_affine` / `_per_channel_affine` and ONNX's QuantizeLinear do,
  * and their gradients pass straight through inside the representable range (zero outside), as
  * PyTorch's FakeQuantize defines
- * (https://pytorch.org/docs/stable/generated/torch.fake_quantize_per_tensor_affine.html). Scales and
- * observer state stay on the device: nothing here reads back to the host during a step.
+ * (https://pytorch.org/docs/stable/generated/torch.fake_quantize_per_tensor_affine.html,
+ * https://pytorch.org/docs/stable/generated/torch.fake_quantize_per_channel_affine.html; the
+ * observer: https://pytorch.org/docs/stable/generated/torch.ao.quantization.observer.MovingAverageMinMaxObserver.html).
+ * Scales and observer state stay on the device: nothing here reads back to the host during a step.
  * @packageDocumentation
  */
 import { addon } from '../binding.js';
