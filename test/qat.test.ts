@@ -27,6 +27,7 @@ import {
   ShapesDataset,
   Tensor,
   generateShapes,
+  hasQatState,
   hostSyncStats,
   isQatPrepared,
   listBackends,
@@ -312,6 +313,8 @@ describe.skipIf(onlyCuda)('quantization-aware training', () => {
       Float32Array.from([stem.observerState().min, stem.observerState().max]),
     );
     const graph = quantizedGraph(model);
+    expect(hasQatState(model.stateDict())).toBe(true);
+    expect(hasQatState(smallResNet(1, 8).to('cpu').stateDict())).toBe(false);
     // The weights file holds the observers: a fresh model prepared and loaded converts to the same graph.
     const copy = prepareQat(smallResNet(99, 8).to('cpu'));
     await loadWeights(join(outDir, 'model.safetensors'), copy);

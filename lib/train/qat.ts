@@ -88,6 +88,15 @@ function unsignedInputs(graph: InferenceGraph): Map<string, boolean> {
   return out;
 }
 
+/**
+ * Whether a state dict holds the observers of a model prepared with {@link prepareQat} (the
+ * weights of a quantization-aware run): such weights load into a prepared model only.
+ */
+export function hasQatState(state: ReadonlyMap<string, unknown>): boolean {
+  for (const key of state.keys()) if (key.endsWith(`.${FAKE_QUANT_CHILD}.min_max`)) return true;
+  return false;
+}
+
 /** Whether {@link prepareQat} was applied to `model`. */
 export function isQatPrepared(model: Module): boolean {
   return quantizableLayers(model).some(([, m]) => m.quantizer !== null);
