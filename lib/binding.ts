@@ -357,6 +357,35 @@ export interface RawAddon {
    */
   lerp(args: { a: RawTensor; b: RawTensor; weight: number }): void;
   /**
+   * Fake quantization with zero point 0 (torch.fake_quantize_per_tensor_affine, or
+   * _per_channel_affine along dim 0): `y = clamp(rint(x / s), qmin, qmax) * s`, rounding half to
+   * even. `scale` is f32 `[1]` or `[x.shape[0]]`, on the device; `y` may be `x`.
+   */
+  fakeQuantize(args: { x: RawTensor; scale: RawTensor; y: RawTensor; qmin: number; qmax: number }): void;
+  /** The straight-through gradient: `dx = dy` where `qmin <= rint(x / s) <= qmax`, else 0. */
+  fakeQuantizeBackward(args: {
+    x: RawTensor;
+    scale: RawTensor;
+    dy: RawTensor;
+    dx: RawTensor;
+    qmin: number;
+    qmax: number;
+  }): void;
+  /** `scale[k] = max(max |x[k, ...]| / qmax, eps)` per slice of dim 0 (`scale` f32 `[x.shape[0]]`) or over all of `x` (`[1]`). */
+  absMaxScale(args: { x: RawTensor; scale: RawTensor; qmax: number }): void;
+  /**
+   * PyTorch's MovingAverageMinMaxObserver on the device: `minMax` (f32 `[2]`, starting as
+   * `[+inf, -inf]`) takes the first batch's min and max, then moves by `averagingConstant` towards
+   * each batch's; `scale` (f32 `[1]`) = `max(max(-min, max, 0) / qmax, eps)`.
+   */
+  observeMinMax(args: {
+    x: RawTensor;
+    minMax: RawTensor;
+    scale: RawTensor;
+    averagingConstant: number;
+    qmax: number;
+  }): void;
+  /**
    * The output size of a convolution or pooling window along one axis (PyTorch's formula, floored;
    * 0 or less when the window does not fit the padded input), as the plans compute it.
    */

@@ -281,6 +281,16 @@ export { encodeNpy, type NpyArray } from './analysis/npy.js';
 export { tsne, type TsneOptions, type TsneReport, type TsneResult } from './analysis/tsne.js';
 export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
 // Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
+// Quantization-aware training: fake quantization in training, then the INT8 inference graph.
+export { FakeQuantizer, type FakeQuantizerOptions } from './nn/fake-quant.js';
+export {
+  hasQatState,
+  isQatPrepared,
+  prepareQat,
+  quantizedGraph,
+  setQatObservers,
+  type QatOptions,
+} from './train/qat.js';
 export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
 export { Distillation, type DistillationOptions } from './train/distillation.js';
 // ONNX export: the inference graph (batch norm folded; INT8 as QDQ) as an .onnx file.

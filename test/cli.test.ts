@@ -184,6 +184,12 @@ describe('usage errors: exit code 2 and one line naming the option, before any w
     [['train', '--device', 'gpu'], /--device expects cpu, cuda or cuda:N, got 'gpu'/],
     [['train', '--norm-weight-decay', '0.1'], /--norm-weight-decay expects a number from 0 to 0, got 0.1/],
     [['train', '--model-ema-decay', '0.999'], /--model-ema-steps and --model-ema-decay need --model-ema/],
+    [['train', '--qat-freeze-observers', '100'], /--qat-freeze-observers needs --qat/],
+    [['train', '--qat', '--model-ema'], /--qat cannot be combined with --model-ema/],
+    [
+      ['train', '--qat', '--qat-freeze-observers=-1'],
+      /--qat-freeze-observers expects an integer of at least 0, got -1/,
+    ],
     [['train', '--momentum', '0.8', '--opt', 'adamw'], /--momentum applies to --opt sgd and sgd-nesterov, not adamw/],
     [['train', 'no-such-folder'], /DATA folder '.*no-such-folder' does not exist/],
     [['train', '--dataset', 'cifar10'], /--dataset cifar10 needs DATA/],

@@ -50,6 +50,8 @@ describe('the package entry point', () => {
       'encodeNpy',
       'tsne',
       'plotScatter',
+      'prepareQat',
+      'quantizedGraph',
       'exportOnnx',
     ]) {
       expect(Object.keys(api)).toContain(name);

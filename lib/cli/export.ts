@@ -8,6 +8,7 @@ import { mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { DEFAULT_ONNX_OPSET, ONNX_OPSETS, exportOnnx, type OnnxExport } from '../export/onnx.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
+import { isQatPrepared, quantizedGraph } from '../train/qat.js';
 import { displayPath, MAX_IMAGE_SIZE, SHARED_OPTIONS, type ModelName } from './common.js';
 import { checkModelSource, loadModel, modelSourceOptions, type LoadedModel } from './inference.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
@@ -74,7 +75,9 @@ async function writeOnnx(
   cwd: string,
 ): Promise<{ result: ExportResult; line: string }> {
   const size = parseImageSize(a.imageSize, loaded);
-  const result: OnnxExport = await exportOnnx(loaded.model, file, {
+  // A quantization-aware run's model exports as its INT8 graph (QDQ).
+  const source = isQatPrepared(loaded.model) ? quantizedGraph(loaded.model) : loaded.model;
+  const result: OnnxExport = await exportOnnx(source, file, {
     opset: Number(a.opset),
     batch: parseBatch(a.batch),
     layout: a.layout,

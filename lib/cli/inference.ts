@@ -13,6 +13,7 @@ import type { StateDict } from '../nn/module.js';
 import type { ResNet } from '../nn/resnet.js';
 import { SGD } from '../optim/sgd.js';
 import { Trainer } from '../train/trainer.js';
+import { hasQatState, prepareQat } from '../train/qat.js';
 import {
   MODEL_NAMES,
   SHARED_OPTIONS,
@@ -152,6 +153,8 @@ export async function loadModel(
   }
   if (classes !== undefined && classes.length !== found.numClasses) classes = undefined;
   const model = buildModel(found, { device });
+  // The weights of a quantization-aware run: the model computes as it was trained, fake-quantized.
+  if (hasQatState(tensors)) prepareQat(model);
   model.loadStateDict(tensors);
   model.eval();
   return { model, arch: found, config, classes, source: what };

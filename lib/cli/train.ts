@@ -419,6 +419,20 @@ const OPTIONS: OptionSpec[] = [
     section: S_TRAIN,
   },
   {
+    name: 'qat',
+    type: 'boolean',
+    help: 'Quantization-aware training: fake-quantized INT8 weights (per channel) and inputs (per tensor, observed) in every convolution and the fc; start from a trained model with --weights and a low lr.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'qat-freeze-observers',
+    type: 'int',
+    min: 0,
+    valueName: 'STEPS',
+    help: 'With --qat: freeze the activation observers after this many optimizer steps.',
+    section: S_TRAIN,
+  },
+  {
     name: 'seed',
     type: 'int',
     min: 0,
@@ -612,6 +626,8 @@ interface TrainArgs extends TeacherArgs, PruneArgs {
   modelEma: boolean;
   modelEmaSteps: number;
   modelEmaDecay: number;
+  qat: boolean;
+  qatFreezeObservers: number | undefined;
   seed: number | undefined;
   earlyStoppingPatience: number | undefined;
   earlyStoppingMinDelta: number;
@@ -669,6 +685,11 @@ const DEPENDENT_OPTIONS: readonly {
     keys: ['modelEmaSteps', 'modelEmaDecay'],
     applies: (a) => a.modelEma,
     refusal: () => '--model-ema-steps and --model-ema-decay need --model-ema',
+  },
+  {
+    keys: ['qatFreezeObservers'],
+    applies: (a) => a.qat,
+    refusal: () => '--qat-freeze-observers needs --qat',
   },
   {
     keys: ['earlyStoppingMinDelta'],
@@ -750,6 +771,7 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
     throw new UsageError(`--lr-warmup-epochs ${a.lrWarmupEpochs} must be less than --epochs ${a.epochs}`);
   }
   if (a.monitor.startsWith('val_ema') && !a.modelEma) throw new UsageError(`--monitor ${a.monitor} needs --model-ema`);
+  if (a.qat && a.modelEma) throw new UsageError('--qat cannot be combined with --model-ema');
   if (a.stem === 'small' && a.trainCropSize > 128) {
     throw new UsageError(
       `--stem small keeps full resolution through the first stage; it is meant for crops up to 64 px, not --train-crop-size ${a.trainCropSize}`,
@@ -1129,6 +1151,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const frozen = freeze(model, a.freeze);
     notes.push(`froze ${a.freeze.join(', ')} (${frozen.toLocaleString('en-US')} parameters)`);
   }
+  if (a.qat) {
+    const freeze = a.qatFreezeObservers === undefined ? '' : `, observers frozen after ${a.qatFreezeObservers} steps`;
+    notes.push(`quantization-aware training: INT8 fake quantization of every convolution and fc${freeze}`);
+  }
   if (a.gradCheckpoint !== undefined) {
     const segments = defined(parseCheckpointSegments(a.gradCheckpoint), '--grad-checkpoint');
     notes.push(
@@ -1213,6 +1239,9 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
         ? {
             ema: { decay: emaDecay, every: a.modelEmaSteps, warmupSteps: Math.round(a.lrWarmupEpochs * stepsPerEpoch) },
           }
+        : {}),
+      ...(a.qat
+        ? { qat: a.qatFreezeObservers !== undefined ? { freezeObserversAfter: a.qatFreezeObservers } : true }
         : {}),
       ...(a.earlyStoppingPatience !== undefined
         ? {

@@ -60,6 +60,28 @@ function backwardBeforeForward(name: string): never {
   throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${name}.backward() was called before forward()`);
 }
 
+/**
+ * Fake quantization around a convolution's or linear layer's plan, for quantization-aware training
+ * (lib/nn/fake-quant.ts attaches one with {@link Conv2d.attachQuantizer}).
+ */
+export interface WeightedQuantizer {
+  /** The input the plan sees (fake-quantized); updates the observer in training. */
+  input(x: Tensor, training: boolean): Tensor;
+  /** The weight the plan sees (fake-quantized per output channel), computed anew. */
+  weight(weight: Tensor): Tensor;
+  /** The weight the last {@link weight} call returned (the backward's, as the weight has not changed since). */
+  quantizedWeight(): Tensor;
+  /** The gradient of the layer's input from that of the quantized input (straight through; may work in place). */
+  inputGrad(gradQuantized: Tensor): Tensor;
+}
+
+/** A layer that can carry a {@link WeightedQuantizer}: its forward and backward go through it. */
+interface QuantizableLayer extends Module {
+  weight: Parameter;
+  bias: Parameter | null;
+  quantizer: WeightedQuantizer | null;
+}
+
 /** The plan interface that convolution and linear layers share. */
 interface WeightedPlan {
   forward(args: { x: RawTensor; weight: RawTensor; bias?: RawTensor; y: RawTensor }): void;
@@ -113,24 +135,26 @@ function weightedEntry<P extends WeightedPlan>(
   return e;
 }
 
-function weightedForward(
-  layer: Module & { weight: Parameter; bias: Parameter | null },
-  ops: WeightedOps,
-  e: WeightedEntry<WeightedPlan>,
-  x: Tensor,
-): Tensor {
-  const { weight, bias } = layer;
+// Returns the input the plan saw (the fake-quantized one under quantization-aware training), which
+// the weight gradient needs.
+function weightedForward(layer: QuantizableLayer, ops: WeightedOps, e: WeightedEntry<WeightedPlan>, x: Tensor): Tensor {
+  const { bias, quantizer } = layer;
+  const input = quantizer ? quantizer.input(x, layer.training) : x;
+  const weight = quantizer ? quantizer.weight(layer.weight.data) : layer.weight.data;
   const recorder = opRecorder;
   const token = recorder ? recorder.begin(ops.forward, layer, x.device) : 0;
-  e.plan.forward({ x: x.raw, weight: weight.data.raw, ...(bias ? { bias: bias.data.raw } : {}), y: e.y.raw });
+  e.plan.forward({ x: input.raw, weight: weight.raw, ...(bias ? { bias: bias.data.raw } : {}), y: e.y.raw });
   recorder?.end(token);
-  return e.y;
+  return input;
 }
 
 // Parameter gradients accumulate unless the parameter is frozen (its gradient is then left as it
 // is); the input gradient only when asked for.
+// Under quantization-aware training `x` is the fake-quantized input and the plan's weight the
+// fake-quantized one; the weight's straight-through gradient is the identity (its per-channel
+// abs-max scale never clips), so the plan writes it straight into the weight's gradient.
 function weightedBackward(
-  layer: Module & { weight: Parameter; bias: Parameter | null },
+  layer: QuantizableLayer,
   ops: WeightedOps,
   e: WeightedEntry<WeightedPlan> | null,
   x: Tensor | null,
@@ -158,9 +182,10 @@ function weightedBackward(
   if (!layer.requiresInputGrad) return null;
   e.dx ??= layer.activationBuffer(x.shape, x.dtype, x.device);
   const token = recorder ? recorder.begin(ops.backwardData, layer, x.device) : 0;
-  e.plan.backwardData({ dy: gradOutput.raw, weight: layer.weight.data.raw, dx: e.dx.raw });
+  const weight = layer.quantizer ? layer.quantizer.quantizedWeight() : layer.weight.data;
+  e.plan.backwardData({ dy: gradOutput.raw, weight: weight.raw, dx: e.dx.raw });
   recorder?.end(token);
-  return e.dx;
+  return layer.quantizer ? layer.quantizer.inputGrad(e.dx) : e.dx;
 }
 
 /** Options of {@link Conv2d}, as in `torch.nn.Conv2d`. */
@@ -196,6 +221,26 @@ export class Conv2d extends Module {
   readonly #cache = new ShapeCache<ConvEntry>();
   #input: Tensor | null = null;
   #entry: ConvEntry | null = null;
+
+  /**
+   * Fake quantization for quantization-aware training, or null; set by {@link attachQuantizer}.
+   * @internal
+   */
+  quantizer: WeightedQuantizer | null = null;
+
+  /**
+   * Routes this layer's input and weight through `quantizer` (a module, registered as the child
+   * `name`, so that its observer state is in the state dict). See `prepareQat`.
+   * @internal
+   */
+  attachQuantizer(name: string, quantizer: Module & WeightedQuantizer): void {
+    if (this.quantizer) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} is already quantized`);
+    }
+    this.registerModule(name, quantizer);
+    this.quantizer = quantizer;
+    this.disposeCache();
+  }
 
   constructor(options: Conv2dOptions) {
     super();
@@ -287,9 +332,9 @@ export class Conv2d extends Module {
       });
       return weightedEntry(this, plan, x, out);
     });
-    this.#input = x;
     this.#entry = entry;
-    return weightedForward(this, CONV2D_OPS, entry, x);
+    this.#input = weightedForward(this, CONV2D_OPS, entry, x);
+    return entry.y;
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
@@ -756,6 +801,26 @@ export class Linear extends Module {
   #input: Tensor | null = null;
   #entry: LinearEntry | null = null;
 
+  /**
+   * Fake quantization for quantization-aware training, or null; set by {@link attachQuantizer}.
+   * @internal
+   */
+  quantizer: WeightedQuantizer | null = null;
+
+  /**
+   * Routes this layer's input and weight through `quantizer` (a module, registered as the child
+   * `name`, so that its observer state is in the state dict). See `prepareQat`.
+   * @internal
+   */
+  attachQuantizer(name: string, quantizer: Module & WeightedQuantizer): void {
+    if (this.quantizer) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} is already quantized`);
+    }
+    this.registerModule(name, quantizer);
+    this.quantizer = quantizer;
+    this.disposeCache();
+  }
+
   constructor(options: LinearOptions) {
     super();
     const o = expectOptions<LinearOptions>('Linear options', options, ['inFeatures', 'outFeatures', 'bias', 'seed']);
@@ -799,9 +864,9 @@ export class Linear extends Module {
       });
       return weightedEntry(this, plan, x, [n, this.outFeatures]);
     });
-    this.#input = x;
     this.#entry = entry;
-    return weightedForward(this, LINEAR_OPS, entry, x);
+    this.#input = weightedForward(this, LINEAR_OPS, entry, x);
+    return entry.y;
   }
 
   override backward(gradOutput: Tensor): Tensor | null {

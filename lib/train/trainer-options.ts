@@ -13,6 +13,7 @@ import { checkSignal } from './abort.js';
 import { isLoader } from './batches.js';
 import { parseDistillation, type DistillationOptions, type DistillationSpec } from './distillation.js';
 import type { ModelEmaOptions } from './ema.js';
+import { parseQatOptions, type QatOptions, type QatSettings } from './qat.js';
 import { defaultMode, type EarlyStoppingSettings, type MetricMode } from './monitors.js';
 import type { ProgressStream } from './outputs/logging.js';
 import type { MlflowRunOptions } from './outputs/mlflow.js';
@@ -79,6 +80,12 @@ export interface TrainerOptions {
   accumulate?: number;
   /** Keep an exponential moving average of the weights and evaluate it too; default off. */
   ema?: TrainerEmaOptions | false;
+  /**
+   * Quantization-aware training: fake-quantized weights and activations in every forward (see
+   * `prepareQat`; a model already prepared is taken as it is); default off. `quantizedGraph(model)`
+   * then gives the INT8 inference graph.
+   */
+  qat?: QatOptions | boolean;
   /** Input normalisation; default the loader's `Normalize` step, else ImageNet's mean and std. */
   normalize?: { mean: readonly number[]; std: readonly number[] };
   /** Output folder: checkpoints, log.jsonl, TensorBoard events, PNGs, weights; nothing is written when absent. */
@@ -166,6 +173,7 @@ export interface TrainerSettings {
   plateau: (ReduceLROnPlateauOptions & { monitor: string }) | null;
   clip: number | null;
   ema: ModelEmaOptions | null;
+  qat: QatSettings | null;
   emaWarmup: number;
   normalize: { mean: number[]; std: number[] } | null;
   outDir: string | null;
@@ -210,6 +218,7 @@ const OPTION_KEYS = [
   'clipGradNorm',
   'accumulate',
   'ema',
+  'qat',
   'normalize',
   'outDir',
   'checkpoint',
@@ -279,6 +288,12 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
   const gradScaler = o.gradScaler ?? {};
   if (gradScaler === null || typeof gradScaler !== 'object') invalid('gradScaler', 'GradScaler options', gradScaler);
   const outDir = parseOutDir(o.outDir);
+  if (ema && o.qat !== undefined && o.qat !== false) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      "Trainer options: give either qat or ema, not both (the moving average would average the observers' running ranges, which start infinite)",
+    );
+  }
   return {
     model: o.model,
     optimizer: o.optimizer,
@@ -291,6 +306,7 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     schedule: o.schedule ?? null,
     plateau: parsePlateau(o.plateau),
     clip,
+    qat: o.qat === undefined || o.qat === false ? null : parseQatOptions(o.qat),
     ema: ema
       ? {
           ...(ema.decay !== undefined ? { decay: ema.decay } : {}),

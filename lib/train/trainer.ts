@@ -47,6 +47,7 @@ import {
 import { averageGradients, isDistributed, sumEvalCounts } from './distributed.js';
 import { Distillation } from './distillation.js';
 import { ModelEma } from './ema.js';
+import { startQat, type QatObserverSchedule } from './qat.js';
 import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.js';
 import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Predictions } from './evaluation.js';
 import { parseLrFinderOptions, rangeTest, type LrFinderOptions, type LrFinderResult } from './lr-finder.js';
@@ -141,6 +142,7 @@ export class Trainer {
   readonly #checkpoints: CheckpointManager | null;
   readonly #plateau: ReduceLROnPlateau | null;
   readonly #early: EarlyStopping | null;
+  readonly #qat: QatObserverSchedule | null;
   #best: BestMetric | null = null;
   #normalize: InputNormalize | null = null;
   #scheduler: Scheduler | null = null;
@@ -170,6 +172,7 @@ export class Trainer {
       );
     }
     this.device = s.device;
+    this.#qat = s.qat ? startQat(this.model, s.qat) : null;
     this.loss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
     this.#evalLoss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
     this.distillation = s.distillation
@@ -404,6 +407,7 @@ export class Trainer {
     for await (const batch of batches) {
       if (micro === 0) await this.#beginStep(epoch, batch.index);
       const groupSize = Math.min(this.accumulate, run.batchesPerEpoch - (batch.index - micro));
+      this.#qat?.beforeStep(this.#step);
       this.#timing.computeStart();
       this.#forwardBackward(batch, groupSize, meter);
       this.#timing.computeEnd();

@@ -241,6 +241,41 @@ struct LerpArgs {
   float weight = 1.0f;
 };
 
+// Fake quantization for quantization-aware training, zero point 0 (PyTorch's
+// torch.fake_quantize_per_tensor_affine / _per_channel_affine with axis 0): y = clamp(rint(x / s),
+// qmin, qmax) * s, rint rounding half to even (ONNX QuantizeLinear's rounding). `scale` is f32 on the
+// device: f32[1] (per tensor) or f32[x.dim(0)] (per channel along dim 0, the output channel of an
+// OHWI or [out, in] weight). x and y: the same shape and floating dtype; y may be x.
+struct FakeQuantizeArgs {
+  Tensor x, scale, y;
+  int64_t qmin = -128, qmax = 127;
+};
+
+// The straight-through gradient of FakeQuantizeArgs: dx = dy where qmin <= rint(x / s) <= qmax, else
+// 0 (PyTorch's fake_quantize backward mask). dx may be dy.
+struct FakeQuantizeBackwardArgs {
+  Tensor x, scale, dy, dx;
+  int64_t qmin = -128, qmax = 127;
+};
+
+// Symmetric scales from the absolute maximum: scale[k] = max(max_i |x[k, i]| / qmax, eps) per channel
+// along dim 0 (scale f32[x.dim(0)]), or over all of x (scale f32[1]); eps is f32's machine epsilon,
+// PyTorch's floor for observer scales.
+struct AbsMaxScaleArgs {
+  Tensor x, scale;
+  float qmax = 127.0f;
+};
+
+// PyTorch's MovingAverageMinMaxObserver, on the device: minMax (f32[2], running min and max) starts
+// as (+inf, -inf) and takes the first batch's min and max; afterwards min += c * (batchMin - min)
+// and likewise max. Then scale (f32[1]) = max(max(-min, max, 0) / qmax, eps), the symmetric scale
+// (qmax 127 for s8, 255 for u8, whose inputs are non-negative).
+struct ObserveMinMaxArgs {
+  Tensor x, minMax, scale;
+  float averagingConstant = 0.01f;
+  float qmax = 127.0f;
+};
+
 // dst[n,h,w,c] = (src[n,h,w,c] / 255 - mean[c]) / std[c], with sample i mirrored left-right when
 // flip[i] != 0 (flip may be undefined). src is u8; dst f32, bf16 or f16.
 struct ConvertInputArgs {
@@ -326,6 +361,11 @@ class Backend {
   virtual void clipGradNorm(const ClipGradNormArgs& args) = 0;
   virtual void scalerUpdate(const ScalerUpdateArgs& args) = 0;
   virtual void lerp(const LerpArgs& args) = 0;
+  // Quantization-aware training (see the argument structs).
+  virtual void fakeQuantize(const FakeQuantizeArgs& args) = 0;
+  virtual void fakeQuantizeBackward(const FakeQuantizeBackwardArgs& args) = 0;
+  virtual void absMaxScale(const AbsMaxScaleArgs& args) = 0;
+  virtual void observeMinMax(const ObserveMinMaxArgs& args) = 0;
 
   // CUDA graphs: everything enqueued between beginCapture and endCapture is recorded, not run;
   // replay runs it again with the same buffers. Backends without graphs throw.

@@ -280,6 +280,59 @@ void validateElementwise(std::initializer_list<const Tensor*> tensors, const cha
   for (const Tensor* t : tensors) validateSameLayout(first, *t, op);
 }
 
+// The scale of a fake quantization or abs-max reduction: f32, one value or one per slice of dim 0.
+void checkQuantScale(const Tensor& x, const Tensor& scale, const char* op) {
+  checkDType(scale, DType::F32, op, "scale");
+  RC_CHECK_ARG(x.rank() >= 1, op << ": x must have at least one dimension, got " << x.describe());
+  RC_CHECK_ARG(scale.rank() == 1 && (scale.numel() == 1 || scale.numel() == x.dim(0)),
+               op << ": scale must be f32[1] (per tensor) or f32[" << x.dim(0) << "] (per channel along dim 0), got "
+                  << scale.describe());
+}
+
+void checkQuantRange(int64_t qmin, int64_t qmax, const char* op) {
+  RC_CHECK_ARG(qmin < qmax && qmin >= -32768 && qmax <= 65535,
+               op << ": qmin must be below qmax, both 16-bit integers, got qmin=" << qmin << " qmax=" << qmax);
+}
+
+void checkQmax(float qmax, const char* op) {
+  RC_CHECK_ARG(std::isfinite(qmax) && qmax >= 1.0f, op << ": qmax must be finite and at least 1, got " << qmax);
+}
+
+void validateFakeQuantize(const FakeQuantizeArgs& a) {
+  const char* op = "fake quantize";
+  validateElementwise({&a.x, &a.y}, op);
+  checkQuantScale(a.x, a.scale, op);
+  checkQuantRange(a.qmin, a.qmax, op);
+}
+
+void validateFakeQuantizeBackward(const FakeQuantizeBackwardArgs& a) {
+  const char* op = "fake quantize backward";
+  validateElementwise({&a.x, &a.dy, &a.dx}, op);
+  checkQuantScale(a.x, a.scale, op);
+  checkQuantRange(a.qmin, a.qmax, op);
+}
+
+void validateAbsMaxScale(const AbsMaxScaleArgs& a) {
+  const char* op = "abs max scale";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()), op << ": x must be floating point, got " << a.x.describe());
+  checkQuantScale(a.x, a.scale, op);
+  checkQmax(a.qmax, op);
+}
+
+void validateObserveMinMax(const ObserveMinMaxArgs& a) {
+  const char* op = "observe min max";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()) && a.x.numel() > 0,
+               op << ": x must be a non-empty floating-point tensor, got " << a.x.describe());
+  checkDType(a.minMax, DType::F32, op, "minMax");
+  checkShape(a.minMax, Shape{2}, op, "minMax");
+  validateFlag(a.scale, DType::F32, op, "scale");
+  RC_CHECK_ARG(std::isfinite(a.averagingConstant) && a.averagingConstant > 0.0f && a.averagingConstant <= 1.0f,
+               op << ": averagingConstant must be in (0, 1], got " << a.averagingConstant);
+  checkQmax(a.qmax, op);
+}
+
 void validateCast(const Tensor& src, const Tensor& dst) {
   const char* op = "cast";
   checkDefined(src, op, "src");
@@ -647,6 +700,30 @@ class CheckedBackend final : public Backend {
     validateLerp(a);
     here({&a.a, &a.b}, "lerp");
     b_->lerp(a);
+  }
+
+  void fakeQuantize(const FakeQuantizeArgs& a) override {
+    validateFakeQuantize(a);
+    here({&a.x, &a.scale, &a.y}, "fake quantize");
+    b_->fakeQuantize(a);
+  }
+
+  void fakeQuantizeBackward(const FakeQuantizeBackwardArgs& a) override {
+    validateFakeQuantizeBackward(a);
+    here({&a.x, &a.scale, &a.dy, &a.dx}, "fake quantize backward");
+    b_->fakeQuantizeBackward(a);
+  }
+
+  void absMaxScale(const AbsMaxScaleArgs& a) override {
+    validateAbsMaxScale(a);
+    here({&a.x, &a.scale}, "abs max scale");
+    b_->absMaxScale(a);
+  }
+
+  void observeMinMax(const ObserveMinMaxArgs& a) override {
+    validateObserveMinMax(a);
+    here({&a.x, &a.minMax, &a.scale}, "observe min max");
+    b_->observeMinMax(a);
   }
 
   void beginCapture() override { b_->beginCapture(); }

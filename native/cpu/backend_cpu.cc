@@ -73,6 +73,10 @@ class CpuBackend final : public Backend {
   void clipGradNorm(const ClipGradNormArgs& a) override { cpu::clipGradNorm(a); }
   void scalerUpdate(const ScalerUpdateArgs& a) override { cpu::scalerUpdate(a); }
   void lerp(const LerpArgs& a) override { cpu::lerp(a); }
+  void fakeQuantize(const FakeQuantizeArgs& a) override { cpu::fakeQuantize(a); }
+  void fakeQuantizeBackward(const FakeQuantizeBackwardArgs& a) override { cpu::fakeQuantizeBackward(a); }
+  void absMaxScale(const AbsMaxScaleArgs& a) override { cpu::absMaxScale(a); }
+  void observeMinMax(const ObserveMinMaxArgs& a) override { cpu::observeMinMax(a); }
 
   void beginCapture() override { unsupported("graph capture"); }
   int64_t endCapture() override { unsupported("graph capture"); }

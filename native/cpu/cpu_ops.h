@@ -30,5 +30,10 @@ void unscaleAndCheck(const UnscaleArgs& args);
 void clipGradNorm(const ClipGradNormArgs& args);
 void scalerUpdate(const ScalerUpdateArgs& args);
 void lerp(const LerpArgs& args);
+// Quantization-aware training (fake_quant.cc).
+void fakeQuantize(const FakeQuantizeArgs& args);
+void fakeQuantizeBackward(const FakeQuantizeBackwardArgs& args);
+void absMaxScale(const AbsMaxScaleArgs& args);
+void observeMinMax(const ObserveMinMaxArgs& args);
 
 }  // namespace rc::cpu

@@ -19,7 +19,8 @@ namespace {
 // Must equal the addon's (native/napi/registry.cc); 2 added the optimizer and AMP ops, 3 lerp, 4 the checks
 // moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul,
 // the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss, 6 the
-// inference plan.
+// inference plan and the quantization-aware training ops (fakeQuantize, fakeQuantizeBackward,
+// absMaxScale, observeMinMax).
 constexpr int kBackendAbi = 6;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -235,6 +236,34 @@ class CudaBackend final : public Backend {
   void lerp(const LerpArgs& a) override {
     DeviceGuard guard(ctx_.device());
     cuda::lerp(a.a.ptr<float>(), a.b.ptr<float>(), a.a.numel(), a.weight, ctx_.stream());
+  }
+
+  void fakeQuantize(const FakeQuantizeArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t n = a.x.numel();
+    cuda::fakeQuantize(a.x.dtype(), a.x.data(), a.scale.ptr<float>(), a.y.data(), n, n / a.scale.numel(), a.qmin,
+                       a.qmax, ctx_.stream());
+  }
+
+  void fakeQuantizeBackward(const FakeQuantizeBackwardArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t n = a.x.numel();
+    cuda::fakeQuantizeBackward(a.x.dtype(), a.x.data(), a.scale.ptr<float>(), a.dy.data(), a.dx.data(), n,
+                               n / a.scale.numel(), a.qmin, a.qmax, ctx_.stream());
+  }
+
+  void absMaxScale(const AbsMaxScaleArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t groups = a.scale.numel();
+    cuda::absMaxScale(a.x.dtype(), a.x.data(), a.scale.ptr<float>(), groups, a.x.numel() / groups, a.qmax,
+                      ctx_.stream());
+  }
+
+  void observeMinMax(const ObserveMinMaxArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    cuda::observeMinMax(a.x.dtype(), a.x.data(), a.x.numel(), a.minMax.ptr<float>(), a.scale.ptr<float>(),
+                        a.averagingConstant, a.qmax, static_cast<float*>(ctx_.scratch(observeScratchBytes())),
+                        ctx_.stream());
   }
 
   void beginCapture() override {

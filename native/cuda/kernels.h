@@ -36,6 +36,22 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
                        const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
                        int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial, cudaStream_t stream);
 
+// ---- fake_quant.cu -----------------------------------------------------------------------------
+// Fake quantization with zero point 0 (see FakeQuantizeArgs in core/backend.h): n elements of
+// dtype, `group` consecutive ones sharing scale[i / group] (group = n for a per-tensor scale).
+void fakeQuantize(DType dtype, const void* x, const float* scale, void* y, int64_t n, int64_t group, int64_t qmin,
+                  int64_t qmax, cudaStream_t stream);
+// dx = dy where qmin <= rint(x / scale) <= qmax, else 0.
+void fakeQuantizeBackward(DType dtype, const void* x, const float* scale, const void* dy, void* dx, int64_t n,
+                          int64_t group, int64_t qmin, int64_t qmax, cudaStream_t stream);
+// scale[g] = max(max |x[g * group .. (g + 1) * group)| / qmax, FLT_EPSILON) for g < groups.
+void absMaxScale(DType dtype, const void* x, float* scale, int64_t groups, int64_t group, float qmax,
+                 cudaStream_t stream);
+// The moving-average min/max observer (see ObserveMinMaxArgs); scratch is observeScratchBytes().
+size_t observeScratchBytes();
+void observeMinMax(DType dtype, const void* x, int64_t n, float* minMax, float* scale, float averagingConstant,
+                   float qmax, float* scratch, cudaStream_t stream);
+
 // ---- elementwise.cu ----------------------------------------------------------------------------
 void relu(DType dtype, const void* x, void* y, int64_t n, cudaStream_t stream);
 void reluBackward(DType dtype, const void* y, const void* dy, void* dx, int64_t n, cudaStream_t stream);

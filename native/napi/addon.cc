@@ -272,6 +272,41 @@ void parseLerp(const Napi::Object& o, LerpArgs& a) {
   a.weight = getFloat(o, "weight");
 }
 
+// fakeQuantize({ x, scale, y, qmin, qmax })
+void parseFakeQuantize(const Napi::Object& o, FakeQuantizeArgs& a) {
+  a.x = getTensor(o, "x");
+  a.scale = getTensor(o, "scale");
+  a.y = getTensor(o, "y");
+  a.qmin = getInt(o, "qmin");
+  a.qmax = getInt(o, "qmax");
+}
+
+// fakeQuantizeBackward({ x, scale, dy, dx, qmin, qmax })
+void parseFakeQuantizeBackward(const Napi::Object& o, FakeQuantizeBackwardArgs& a) {
+  a.x = getTensor(o, "x");
+  a.scale = getTensor(o, "scale");
+  a.dy = getTensor(o, "dy");
+  a.dx = getTensor(o, "dx");
+  a.qmin = getInt(o, "qmin");
+  a.qmax = getInt(o, "qmax");
+}
+
+// absMaxScale({ x, scale, qmax })
+void parseAbsMaxScale(const Napi::Object& o, AbsMaxScaleArgs& a) {
+  a.x = getTensor(o, "x");
+  a.scale = getTensor(o, "scale");
+  a.qmax = getFloat(o, "qmax");
+}
+
+// observeMinMax({ x, minMax, scale, averagingConstant, qmax })
+void parseObserveMinMax(const Napi::Object& o, ObserveMinMaxArgs& a) {
+  a.x = getTensor(o, "x");
+  a.minMax = getTensor(o, "minMax");
+  a.scale = getTensor(o, "scale");
+  a.averagingConstant = getFloat(o, "averagingConstant");
+  a.qmax = getFloat(o, "qmax");
+}
+
 void parseConvertInput(const Napi::Object& o, ConvertInputArgs& a) {
   a.src = getTensor(o, "src");
   a.dst = getTensor(o, "dst");
@@ -455,6 +490,12 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"clipGradNorm", StructOp<ClipGradNormArgs, parseClipGradNorm, &ClipGradNormArgs::grads, &Backend::clipGradNorm>},
       {"scalerUpdate", StructOp<ScalerUpdateArgs, parseScalerUpdate, &ScalerUpdateArgs::scale, &Backend::scalerUpdate>},
       {"lerp", StructOp<LerpArgs, parseLerp, &LerpArgs::a, &Backend::lerp>},
+      {"fakeQuantize", StructOp<FakeQuantizeArgs, parseFakeQuantize, &FakeQuantizeArgs::x, &Backend::fakeQuantize>},
+      {"fakeQuantizeBackward", StructOp<FakeQuantizeBackwardArgs, parseFakeQuantizeBackward,
+                                        &FakeQuantizeBackwardArgs::x, &Backend::fakeQuantizeBackward>},
+      {"absMaxScale", StructOp<AbsMaxScaleArgs, parseAbsMaxScale, &AbsMaxScaleArgs::x, &Backend::absMaxScale>},
+      {"observeMinMax",
+       StructOp<ObserveMinMaxArgs, parseObserveMinMax, &ObserveMinMaxArgs::x, &Backend::observeMinMax>},
       {"convertInput", StructOp<ConvertInputArgs, parseConvertInput, &ConvertInputArgs::src, &Backend::convertInput>},
       {"relu", Relu},
       {"reluBackward", ReluBackward},

@@ -8,6 +8,7 @@ import { badInputCases } from './bad-input-cases.js';
 import { batchNormCases } from './batchnorm-cases.js';
 import { convCases } from './conv-cases.js';
 import { distillationBadInputCases, distillationCases, distillationGradientChecks } from './distillation-cases.js';
+import { fakeQuantBadInputCases, fakeQuantCases } from './fake-quant-cases.js';
 import { gradientChecks as referenceGradientChecks } from './gradient-checks.js';
 import type { GradientCheck, OpCase } from './harness.js';
 import { miscCases } from './misc-cases.js';
@@ -27,10 +28,17 @@ export const opCases: OpCase[] = [
   ...distillationCases,
   ...optimCases,
   ...specialValueCases,
+  ...fakeQuantCases,
 ];
 
 /** The whole table: op cases, then the inputs that must be rejected. */
-export const cases: OpCase[] = [...opCases, ...badInputCases, ...optimBadInputCases, ...distillationBadInputCases];
+export const cases: OpCase[] = [
+  ...opCases,
+  ...badInputCases,
+  ...optimBadInputCases,
+  ...distillationBadInputCases,
+  ...fakeQuantBadInputCases,
+];
 
 /** Every reference backward against finite differences. */
 export const gradientChecks: GradientCheck[] = [...referenceGradientChecks, ...distillationGradientChecks];

@@ -12,3 +12,4 @@ export * from './loss.js';
 export * from './sgd.js';
 export * from './gradcheck.js';
 export * from './optim.js';
+export * from './fake-quant.js';
