@@ -153,6 +153,13 @@ describe('ONNX export of ResNet-18 (32 px, 10 classes)', () => {
     expect(meta.get('class_names')).toEqual(classNames);
     expect(meta.get('mean')).toEqual([0.485, 0.456, 0.406]);
     expect(meta.get('std')).toEqual([0.229, 0.224, 0.225]);
+    // One number for every channel (as Normalize takes it, and the built-in datasets record it) is repeated.
+    const single = decodeOnnxModel(exportOnnxBytes(model, { mean: [0.5], std: [0.25] }).bytes);
+    const singleMeta = new Map(single.metadataProps.map((p) => [p.key, JSON.parse(p.value) as unknown]));
+    expect([singleMeta.get('mean'), singleMeta.get('std')]).toEqual([
+      [0.5, 0.5, 0.5],
+      [0.25, 0.25, 0.25],
+    ]);
     expect(m.graph.input.map((v) => v.name)).toEqual(['images']);
     expect(m.graph.output.map((v) => v.name)).toEqual(['scores']);
     // Batch norm is folded: 20 convolutions, no BatchNormalization; 8 residual Adds.

@@ -95,9 +95,13 @@ function expectName(name: string, value: unknown, fallback: string): string {
   return value;
 }
 
+/** One number per channel; a single number (as `Normalize` takes for all channels) is repeated. */
 function expectNumbers(name: string, value: unknown, length: number): number[] {
-  if (!Array.isArray(value) || value.length !== length) invalid(name, `an array of ${length} numbers`, value);
-  return value.map((v, i) => expectNumber(`${name}[${i}]`, v));
+  if (!Array.isArray(value) || (value.length !== length && value.length !== 1)) {
+    invalid(name, `an array of ${length} numbers (or one for every channel)`, value);
+  }
+  const numbers = value.map((v, i) => expectNumber(`${name}[${i}]`, v));
+  return numbers.length === length ? numbers : Array<number>(length).fill(numbers[0]!);
 }
 
 /** The graph to export and a title for it. */
