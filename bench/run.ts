@@ -9,6 +9,8 @@
  * 4. Gradient checkpointing: the allocator's peak and the step time of a ResNet-50 training step
  *    without checkpointing, per stage and with every block a segment (`benchCheckpointing`).
  * 5. The profiler's overhead: the step with and without per-op profiling (first dtype only).
+ * 6. Inference (CPU): the Predictor in f32 and bf16 (int8 when a calibrated graph is given) beside
+ *    ONNX Runtime on the same exported ResNet-50 (bench/inference.ts).
  *
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
@@ -34,6 +36,7 @@ import {
   synchronize,
   type DType,
 } from '../lib/index.js';
+import { benchInference } from './inference.js';
 import { benchPruning } from './prune.js';
 import { checkpointingOf, type CheckpointSegments } from '../lib/nn/checkpoint.js';
 
@@ -411,6 +414,20 @@ function benchCheckpointing(): unknown[] {
   });
 }
 results.checkpointing = benchCheckpointing();
+
+/** The inference table (bench/inference.ts): the Predictor beside ONNX Runtime, ResNet-50 at 224 px, batch 1 and 16 (CPU only). */
+async function inferenceRows(): Promise<void> {
+  if (device !== 'cpu' || values.only !== undefined) return;
+  results.inference = await benchInference({
+    depth: 50,
+    size: 224,
+    batches: [1, 16],
+    dtypes: ['f32', 'bf16', 'int8'],
+    rounds: 5,
+    seconds: 1,
+  });
+}
+await inferenceRows();
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const outDir = join(root, 'bench', 'results');

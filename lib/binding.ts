@@ -8,6 +8,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { ResnetError } from './errors.js';
+import { applyOpenMpDefaults } from './openmp-env.js';
 
 /** Element types known to the native layer. */
 export type DTypeName = 'f32' | 'bf16' | 'f16' | 'i32' | 'i64' | 'u8';
@@ -436,6 +437,7 @@ export function addon(): RawAddon {
   if (cached) return cached;
   const require = createRequire(import.meta.url);
   const root = packageRoot();
+  applyOpenMpDefaults();
   try {
     const load = require('node-gyp-build') as (dir: string) => unknown;
     cached = load(root) as RawAddon;

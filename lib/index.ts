@@ -283,3 +283,6 @@ export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
 // Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
 export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
 export { Distillation, type DistillationOptions } from './train/distillation.js';
+// The fast inference path: a network lowered once (batch norm folded, ReLU and residual add fused
+// into the convolutions) and run by a native plan per input shape.
+export { PREDICTOR_DTYPES, Predictor, type PredictorDType, type PredictorOptions } from './inference/predictor.js';
