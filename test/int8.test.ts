@@ -1,4 +1,7 @@
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
 import {
   AdaptiveAvgPool2d,
   BatchNorm2d,
@@ -17,7 +20,7 @@ import {
   Tensor,
   generateShapes,
 } from '../lib/index.js';
-import { calibrate, nonNegativeValues } from '../lib/inference/calibrate.js';
+import { Calibrator, calibrate, nonNegativeValues } from '../lib/inference/calibrate.js';
 import { lowerForInference, type ConvNode, type NodeQuantization } from '../lib/inference/graph.js';
 import { Predictor } from '../lib/inference/predictor.js';
 import {
@@ -30,6 +33,8 @@ import {
   scaleOf,
   weightScales,
 } from '../lib/inference/quant-math.js';
+import { saveWeights } from '../lib/train/checkpoint.js';
+import { runCli } from './helpers/cli.js';
 import { referenceInt8Forward } from './helpers/int8-reference.js';
 
 function randomInput(n: number, s: number, seed: number): Float32Array {
@@ -168,6 +173,28 @@ describe('calibrate', () => {
     const u8 = Tensor.zeros([1, 8, 8, 3], { dtype: 'u8' });
     await expect(calibrate(model, [u8])).rejects.toThrow(/options.normalize/);
     expect(() => new Predictor(lowerForInference(model), { dtype: 'int8' })).toThrow(/calibrate/);
+  });
+
+  it('the Calibrator observes batch by batch and gives what calibrate gives over the same batches', async () => {
+    const model = tinyNet();
+    const a = Tensor.from(randomInput(2, 8, 5), [2, 8, 8, 3]);
+    const b = Tensor.from(randomInput(3, 8, 6), [3, 8, 8, 3]);
+    const calibrator = new Calibrator(model, { method: 'percentile', percentile: 99 });
+    calibrator.observe(a);
+    calibrator.observe(b);
+    expect(calibrator.images).toBe(5);
+    const direct = calibrator.finish();
+    const driven = await calibrate(model, [a, b], { method: 'percentile', percentile: 99 });
+    const scales = (g: typeof direct) =>
+      g.nodes.map((n) => (n.op === 'conv' || n.op === 'linear' ? n.quant?.inputScale : 0));
+    expect(scales(direct)).toEqual(scales(driven));
+    // limit cuts the second batch: only the first 2 + 1 images count.
+    const limited = await calibrate(model, [a, b], { method: 'minmax', limit: 3 });
+    const firstThree = new Calibrator(model, { method: 'minmax' });
+    firstThree.observe(a);
+    firstThree.observe(b.view(0, [1, 8, 8, 3]));
+    expect(scales(limited)).toEqual(scales(firstThree.finish()));
+    expect(() => new Calibrator(model).finish()).toThrow(/at least one image/);
   });
 
   it('restores the modules after calibration and leaves excluded nodes in floating point', async () => {
@@ -313,4 +340,38 @@ describe('INT8 accuracy on a held-out split', () => {
       console.log(`${method}: f32 ${f32}, int8 ${int8}`);
     }
   }, 120_000);
+});
+
+describe('eval --int8', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'rc-int8-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('calibrates on training images and reports f32 and int8 top-1, the change and the speed-up', async () => {
+    const model = ResNet18({ numClasses: 4, smallInput: true, seed: 8 });
+    await saveWeights(join(dir, 'model.safetensors'), model);
+    model.dispose();
+    const args = ['eval', '--weights', 'model.safetensors', '--val-crop-size', '16', '-b', '128', '-j', '0'];
+    const run = await runCli([...args, '--int8', '--calibration-samples', '64', '--json'], dir);
+    expect(run.code, run.stderr).toBe(0);
+    const out = JSON.parse(run.stdout) as {
+      acc1: number;
+      count: number;
+      int8: { method: string; calibrationImages: number; images: number; f32Acc1: number; int8Acc1: number };
+    };
+    expect(out.int8).toMatchObject({ method: 'entropy', calibrationImages: 64, images: out.count });
+    // The f32 pass of the INT8 report is the same model on the same images as the evaluation.
+    expect(Math.abs(out.int8.f32Acc1 - out.acc1)).toBeLessThanOrEqual(2 / out.count);
+    expect(out.int8.int8Acc1).toBeGreaterThanOrEqual(0);
+    const text = await runCli(
+      [...args, '--int8', '--calibration-samples', '32', '--calibration-method', 'minmax', '-q'],
+      dir,
+    );
+    expect(text.code, text.stderr).toBe(0);
+    expect(text.stdout).toMatch(/INT8 \(calibrated with minmax on 32 training images; 512 evaluation images\)/);
+    expect(text.stdout).toMatch(/f32 Acc@1 [\d.]+% {2}int8 Acc@1 [\d.]+% {2}change [+-][\d.]+ points/);
+    expect(text.stdout).toMatch(/speed-up [\d.]+x/);
+    const bad = await runCli([...args, '--calibration-method', 'entropy'], dir);
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr).toMatch(/--calibration-method needs --int8/);
+  }, 180_000);
 });

@@ -8,6 +8,7 @@ import { DataLoader } from '../data/loader.js';
 import type { Dataset } from '../data/types.js';
 import { ResnetError } from '../errors.js';
 import { CALIBRATION_METHODS, calibrate, type CalibrationMethod } from '../inference/calibrate.js';
+import { lowerForInference } from '../inference/graph.js';
 import { Predictor } from '../inference/predictor.js';
 import { InputNormalize } from '../nn/input.js';
 import type { ResNet } from '../nn/resnet.js';
@@ -124,7 +125,11 @@ export async function evaluateInt8(
   data: { train: Dataset; eval: Dataset; settings: InputSettings; workers: number },
   classes: number,
 ): Promise<Int8Report> {
-  const normalize = new InputNormalize({ mean: data.settings.mean, std: data.settings.std });
+  // One mean and std for all channels (the grey datasets' settings) apply to each of the model's.
+  const channels = lowerForInference(model).inChannels;
+  const perChannel = (v: readonly number[]): number[] =>
+    v.length === 1 ? new Array<number>(channels).fill(v[0]!) : [...v];
+  const normalize = new InputNormalize({ mean: perChannel(data.settings.mean), std: perChannel(data.settings.std) });
   const transform = valTransform(data.settings);
   model.eval();
   const calibrationLoader = new DataLoader(data.train, {

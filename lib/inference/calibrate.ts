@@ -17,7 +17,7 @@ import { expectInt, expectNumber, expectOneOf, expectOptions, invalid } from '..
 import { Conv2d, Linear } from '../nn/layers.js';
 import { InputNormalize } from '../nn/input.js';
 import type { Module } from '../nn/module.js';
-import { Tensor } from '../tensor.js';
+import { Tensor, expectTensor } from '../tensor.js';
 import { lowerForInference, type InferenceGraph, type InferenceNode } from './graph.js';
 import { AbsHistogram, entropyThreshold, percentileThreshold, scaleOf, weightScales } from './quant-math.js';
 
@@ -78,7 +78,7 @@ function isBatch(x: unknown): x is Batch {
   return typeof x === 'object' && x !== null && typeof (x as Batch).toTensors === 'function';
 }
 
-/** The network input of one calibration batch (normalized f32 NHWC), or null past the limit. */
+/** The network input of one calibration batch (normalized f32 NHWC). */
 function inputOf(item: unknown, index: number, o: Partial<CalibrateOptions>, device: string): Tensor {
   let images: Tensor;
   if (item instanceof Tensor) images = item;
@@ -107,14 +107,131 @@ function thresholdOf(obs: Observer, method: CalibrationMethod, percentile: numbe
   }
 }
 
+/** Options of a {@link Calibrator}: how the thresholds are chosen and which layers stay in floating point. */
+export type CalibratorOptions = Pick<CalibrateOptions, 'method' | 'percentile' | 'exclude'>;
+
+/**
+ * Calibration one batch at a time (what {@link calibrate} drives over its samples): `observe` runs
+ * the model's eval forward on a normalized f32 NHWC batch and records the inputs of the quantized
+ * layers; `finish` chooses the thresholds and returns the quantized graph. Each layer's forward is
+ * wrapped only during `observe`, so the model is its own again between calls.
+ */
+export class Calibrator {
+  /** The method thresholds are chosen by. */
+  readonly method: CalibrationMethod;
+  /** The percentile of `method: 'percentile'`. */
+  readonly percentile: number;
+  readonly #model: Module;
+  readonly #graph: InferenceGraph;
+  readonly #quantized: (InferenceNode & { op: 'conv' | 'linear' })[] = [];
+  readonly #unsigned: boolean[];
+  readonly #observerOf = new Map<Module, Observer>();
+  #images = 0;
+
+  constructor(model: Module, options: CalibratorOptions = {}) {
+    const o = expectOptions<CalibratorOptions>('Calibrator options', options, ['method', 'percentile', 'exclude']);
+    this.method = expectOneOf('options.method', o.method ?? 'entropy', CALIBRATION_METHODS);
+    this.percentile = o.percentile === undefined ? 99.99 : expectNumber('options.percentile', o.percentile, 0, 100);
+    if (this.percentile === 0) invalid('options.percentile', 'a percentile in (0, 100]', this.percentile);
+    if (o.exclude !== undefined && !Array.isArray(o.exclude)) {
+      invalid('options.exclude', 'an array of layer names', o.exclude);
+    }
+    this.#model = model;
+    this.#graph = lowerForInference(model);
+    const layers = new Map<string, InferenceNode & { op: 'conv' | 'linear' }>();
+    for (const node of this.#graph.nodes) if (node.op === 'conv' || node.op === 'linear') layers.set(node.name, node);
+    const exclude = new Set<string>(o.exclude ?? []);
+    for (const name of exclude) {
+      if (!layers.has(name)) {
+        invalid(
+          'options.exclude',
+          `names of the model's convolutions and linear layers (such as '${[...layers.keys()][0]}')`,
+          name,
+        );
+      }
+    }
+    this.#unsigned = nonNegativeValues(this.#graph);
+    const observers = new Map<number, Observer>();
+    for (const [name, m] of model.namedModules()) {
+      const node = layers.get(name);
+      if (!node || exclude.has(name) || !(m instanceof Conv2d || m instanceof Linear)) continue;
+      let obs = observers.get(node.input);
+      if (!obs) {
+        obs = { value: node.input, unsigned: this.#unsigned[node.input]!, hist: new AbsHistogram() };
+        observers.set(node.input, obs);
+      }
+      this.#observerOf.set(m, obs);
+      this.#quantized.push(node);
+    }
+  }
+
+  /** Images observed so far. */
+  get images(): number {
+    return this.#images;
+  }
+
+  /**
+   * Runs the eval forward on `x` (normalized f32 NHWC, on the model's device) and records the
+   * quantized layers' inputs (copied to the host, once per value when several layers read it). The
+   * model's training mode is restored afterwards.
+   */
+  observe(x: Tensor): void {
+    expectTensor('x', x, { rank: 4, dtype: 'f32' });
+    const seen = new Set<Observer>();
+    const wrapped: Module[] = [];
+    const wasTraining = this.#model.training;
+    try {
+      for (const [m, obs] of this.#observerOf) {
+        const own = m.forward.bind(m);
+        m.forward = (input: Tensor): Tensor => {
+          if (!seen.has(obs)) {
+            seen.add(obs);
+            obs.hist.add(input.toFloat32Array());
+          }
+          return own(input);
+        };
+        wrapped.push(m);
+      }
+      this.#model.eval();
+      this.#model.forward(x);
+      this.#images += x.shape[0]!;
+    } finally {
+      for (const m of wrapped) delete (m as { forward?: unknown }).forward;
+      if (wasTraining) this.#model.train();
+    }
+  }
+
+  /**
+   * The model's inference graph with `quant` on every observed layer: the input scale from its
+   * threshold by the method, the weight scales from the folded weights.
+   * @throws ERR_RC_INVALID_ARGUMENT when nothing was observed.
+   */
+  finish(): InferenceGraph {
+    if (this.#images === 0) invalid('samples', 'at least one image', 'none');
+    const scales = new Map<number, number>();
+    for (const obs of new Set(this.#observerOf.values())) {
+      scales.set(obs.value, scaleOf(thresholdOf(obs, this.method, this.percentile), obs.unsigned));
+    }
+    for (const node of this.#quantized) {
+      const outChannels = node.op === 'conv' ? node.outChannels : node.outFeatures;
+      node.quant = {
+        inputScale: scales.get(node.input) ?? 1,
+        inputUnsigned: this.#unsigned[node.input]!,
+        weightScales: weightScales(node.weight, outChannels),
+      };
+    }
+    return this.#graph;
+  }
+}
+
 /**
  * Calibrates `model` (a trained network: a ResNet or a Sequential of the supported layers) on
  * `samples` and returns its quantized inference graph: every convolution and linear node not named
  * in `options.exclude` gets `quant`. The model's eval forward runs over the images (its training
- * mode is restored afterwards); its weights and statistics do not change. The inputs of convolutions that follow a ReLU (or a
- * pooling of one) are u8, the others (the network input, the convolutions after a residual branch
- * without ReLU) s8. Nodes reading the same value get the same scale, so a convolution can write its
- * output already quantized for all its readers.
+ * mode is restored afterwards); its weights and statistics do not change. The inputs of
+ * convolutions that follow a ReLU (or a pooling of one) are u8, the others (the network input, the
+ * fc after pooling a residual sum without ReLU) s8. Nodes reading the same value get the same
+ * scale, so a convolution can write its output already quantized for all its readers.
  * @throws ERR_RC_INVALID_ARGUMENT for bad options, batches that are not images, or no images at all.
  */
 export async function calibrate(
@@ -130,9 +247,6 @@ export async function calibrate(
     'device',
     'exclude',
   ]);
-  const method = expectOneOf('options.method', o.method ?? 'entropy', CALIBRATION_METHODS);
-  const percentile = o.percentile === undefined ? 99.99 : expectNumber('options.percentile', o.percentile, 0, 100);
-  if (percentile === 0) invalid('options.percentile', 'a percentile in (0, 100]', percentile);
   const limit = o.limit === undefined ? Infinity : expectInt('options.limit', o.limit, 1);
   if (o.normalize !== undefined && !(o.normalize instanceof InputNormalize)) {
     invalid('options.normalize', 'an InputNormalize', o.normalize);
@@ -145,98 +259,18 @@ export async function calibrate(
   ) {
     invalid('samples', 'a DataLoader, an array or an (async) iterable of image batches', samples);
   }
-
-  const graph = lowerForInference(model);
-  const quantizable = new Map<string, InferenceNode & { op: 'conv' | 'linear' }>();
-  for (const node of graph.nodes) if (node.op === 'conv' || node.op === 'linear') quantizable.set(node.name, node);
-  const exclude = new Set(o.exclude ?? []);
-  if (o.exclude !== undefined && !Array.isArray(o.exclude)) {
-    invalid('options.exclude', 'an array of layer names', o.exclude);
-  }
-  for (const name of exclude) {
-    if (!quantizable.has(name)) {
-      invalid(
-        'options.exclude',
-        `names of the model's convolutions and linear layers (such as '${[...quantizable.keys()][0]}')`,
-        name,
-      );
-    }
-  }
-
-  const unsigned = nonNegativeValues(graph);
-  const observers = new Map<number, Observer>();
-  const observerOf = new Map<Module, Observer>();
-  for (const [name, m] of model.namedModules()) {
-    const node = quantizable.get(name);
-    if (!node || exclude.has(name) || !(m instanceof Conv2d || m instanceof Linear)) continue;
-    let obs = observers.get(node.input);
-    if (!obs) {
-      obs = { value: node.input, unsigned: unsigned[node.input]!, hist: new AbsHistogram() };
-      observers.set(node.input, obs);
-    }
-    observerOf.set(m, obs);
-  }
-
-  const images = await observe(model, samples, observerOf, { o, limit, device });
-  if (images === 0) invalid('samples', 'at least one image', 'none');
-
-  const scales = new Map<number, number>();
-  for (const obs of observers.values()) {
-    scales.set(obs.value, scaleOf(thresholdOf(obs, method, percentile), obs.unsigned));
-  }
-  for (const node of quantizable.values()) {
-    if (exclude.has(node.name)) continue;
-    const outChannels = node.op === 'conv' ? node.outChannels : node.outFeatures;
-    node.quant = {
-      inputScale: scales.get(node.input) ?? 1,
-      inputUnsigned: unsigned[node.input]!,
-      weightScales: weightScales(node.weight, outChannels),
-    };
-  }
-  return graph;
-}
-
-/**
- * Runs the eval forward over the samples with each observed module's forward wrapped to record its
- * input (one copy per value and batch, shared by the modules that read it); restores the modules'
- * own forward afterwards. Returns the number of images seen.
- */
-async function observe(
-  model: Module,
-  samples: CalibrationSamples,
-  observerOf: Map<Module, Observer>,
-  run: { o: Partial<CalibrateOptions>; limit: number; device: string },
-): Promise<number> {
-  let seen = new Set<Observer>();
-  const wrapped: Module[] = [];
-  for (const [m, obs] of observerOf) {
-    const own = m.forward.bind(m);
-    m.forward = (x: Tensor): Tensor => {
-      if (!seen.has(obs)) {
-        seen.add(obs);
-        obs.hist.add(x.toFloat32Array());
-      }
-      return own(x);
-    };
-    wrapped.push(m);
-  }
-  const wasTraining = model.training;
-  model.eval();
-  let count = 0;
+  const calibrator = new Calibrator(model, {
+    ...(o.method !== undefined ? { method: o.method } : {}),
+    ...(o.percentile !== undefined ? { percentile: o.percentile } : {}),
+    ...(o.exclude !== undefined ? { exclude: o.exclude } : {}),
+  });
   let index = 0;
-  try {
-    for await (const item of samples as AsyncIterable<CalibrationBatch>) {
-      let x = inputOf(item, index++, run.o, run.device);
-      const take = Math.min(x.shape[0]!, run.limit - count);
-      if (take < x.shape[0]!) x = x.view(0, [take, ...x.shape.slice(1)]);
-      seen = new Set();
-      model.forward(x);
-      count += take;
-      if (count >= run.limit) break;
-    }
-  } finally {
-    for (const m of wrapped) delete (m as { forward?: unknown }).forward;
-    if (wasTraining) model.train();
+  for await (const item of samples as AsyncIterable<CalibrationBatch>) {
+    let x = inputOf(item, index++, o, device);
+    const take = Math.min(x.shape[0]!, limit - calibrator.images);
+    if (take < x.shape[0]!) x = x.view(0, [take, ...x.shape.slice(1)]);
+    calibrator.observe(x);
+    if (calibrator.images >= limit) break;
   }
-  return count;
+  return calibrator.finish();
 }
