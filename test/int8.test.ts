@@ -242,9 +242,10 @@ describe('the INT8 plan', () => {
     const ref = referenceInt8Forward(graph, data, [2, 32, 32, 3]);
     model.eval();
     const f32 = model.forward(x).toFloat32Array();
-    // oneDNN's int8 kernels over 256 or more input channels differ from exact integer arithmetic by
-    // about 5e-5 of the output (measured), and a random network amplifies that layer after layer;
-    // still far below the quantization error (the f32 model's distance from the same reference).
+    // Not exact: from layer3.0.conv2 on (256 channels, 2x2 pixels) the plan and the reference part by
+    // about 1e-4 of that layer's output, and the network carries it on. Where it comes from is not
+    // settled (neither the fused requantization nor the residual sum: both were checked alone); it
+    // stays far below the quantization error itself (the f32 model's distance from the reference).
     const diff = maxAbsDiff(y, ref);
     console.log(
       `ResNet-18 int8 plan vs reference ${diff}, f32 vs reference ${maxAbsDiff(f32, ref)}, max ${maxAbs(ref)}`,

@@ -76,10 +76,12 @@ std::vector<int8_t> quantizeWeights(const InferenceNode& node) {
   const size_t per = node.weight.size() / k;
   std::vector<int8_t> q(node.weight.size());
   for (size_t o = 0; o < k; ++o) {
-    const float inv = 1.0f / node.weightScales[o];
+    // Divided in double, as the calibration computes the scales' inverse: multiplying by a rounded
+    // f32 reciprocal moves values that lie within an ulp of a rounding boundary to the other side.
+    const double scale = node.weightScales[o];
     for (size_t i = 0; i < per; ++i) {
-      const float v = std::nearbyint(node.weight[o * per + i] * inv);
-      q[o * per + i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, v)));
+      const double v = std::nearbyint(static_cast<double>(node.weight[o * per + i]) / scale);
+      q[o * per + i] = static_cast<int8_t>(std::min(127.0, std::max(-127.0, v)));
     }
   }
   return q;
