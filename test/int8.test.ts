@@ -247,9 +247,6 @@ describe('the INT8 plan', () => {
     // settled (neither the fused requantization nor the residual sum: both were checked alone); it
     // stays far below the quantization error itself (the f32 model's distance from the reference).
     const diff = maxAbsDiff(y, ref);
-    console.log(
-      `ResNet-18 int8 plan vs reference ${diff}, f32 vs reference ${maxAbsDiff(f32, ref)}, max ${maxAbs(ref)}`,
-    );
     expect(diff).toBeLessThan(0.02 * maxAbs(ref));
     expect(maxAbsDiff(f32, ref)).toBeGreaterThan(3 * diff);
     // The same input twice gives the same output (no state kept between runs).
@@ -260,7 +257,7 @@ describe('the INT8 plan', () => {
 
 describe('INT8 accuracy on a held-out split', () => {
   const SIZE = 16;
-  const CLASSES = 4;
+  const CLASSES = 6;
   const BATCH = 32;
 
   function argmaxAccuracy(logits: Float32Array, labels: Int32Array): number {
@@ -304,10 +301,12 @@ describe('INT8 accuracy on a held-out split', () => {
   }
 
   // The margin: the int8 top-1 is within 2 points of the f32 model's, for every calibration method.
+  // Six classes and 60 steps leave the f32 model short of perfect (97.3% when this was written, and
+  // 97.3% in INT8 with each method), so a quantization that hurts shows.
   it('a small ResNet trained on the shapes dataset keeps its top-1 within 2 points in INT8', async () => {
-    const steps = 150;
+    const steps = 60;
     const train = generateShapes({ count: steps * BATCH, size: SIZE, classes: CLASSES, seed: 21 });
-    const held = generateShapes({ count: 512, size: SIZE, classes: CLASSES, seed: 1021 });
+    const held = generateShapes({ count: 1024, size: SIZE, classes: CLASSES, seed: 1021 });
     const model = smallResNet();
     const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] });
     const loss = new CrossEntropyLoss();
@@ -338,7 +337,6 @@ describe('INT8 accuracy on a held-out split', () => {
       const int8 = argmaxAccuracy(p.predict(heldInput).toFloat32Array(), held.labels);
       p.dispose();
       expect(Math.abs(int8 - f32), `${method}: f32 ${f32}, int8 ${int8}`).toBeLessThanOrEqual(0.02);
-      console.log(`${method}: f32 ${f32}, int8 ${int8}`);
     }
   }, 120_000);
 });
