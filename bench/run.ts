@@ -37,6 +37,7 @@ import {
   type DType,
 } from '../lib/index.js';
 import { benchInference } from './inference.js';
+import { int8Quantizer } from './int8.js';
 import { benchPruning } from './prune.js';
 import { checkpointingOf, type CheckpointSegments } from '../lib/nn/checkpoint.js';
 
@@ -425,6 +426,7 @@ async function inferenceRows(): Promise<void> {
     dtypes: ['f32', 'bf16', 'int8'],
     rounds: 5,
     seconds: 1,
+    quantize: int8Quantizer({ size: 224 }),
   });
 }
 await inferenceRows();

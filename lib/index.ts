@@ -305,3 +305,15 @@ export {
 // The fast inference path: a network lowered once (batch norm folded, ReLU and residual add fused
 // into the convolutions) and run by a native plan per input shape.
 export { PREDICTOR_DTYPES, Predictor, type PredictorDType, type PredictorOptions } from './inference/predictor.js';
+// INT8 post-training quantization: calibration to a quantized inference graph, which a Predictor
+// with `dtype: 'int8'` runs.
+export {
+  CALIBRATION_METHODS,
+  Calibrator,
+  calibrate,
+  type CalibrateOptions,
+  type CalibrationBatch,
+  type CalibrationMethod,
+  type CalibrationSamples,
+  type CalibratorOptions,
+} from './inference/calibrate.js';

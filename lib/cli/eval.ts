@@ -15,6 +15,7 @@ import {
   displayPath,
   locateData,
   openEvalData,
+  openTrainData,
   percent,
   precisionText,
   valTransform,
@@ -31,6 +32,7 @@ import {
   loadModel,
   modelSourceOptions,
 } from './inference.js';
+import { INT8_EVAL_OPTIONS, checkInt8Args, evaluateInt8, int8ReportText, type Int8EvalArgs } from './eval-int8.js';
 import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES, resolveEvalData } from './eval-data.js';
 import { CliError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
@@ -56,15 +58,17 @@ const SPEC: CommandSpec = {
     },
     { name: 'quiet', short: 'q', type: 'boolean', help: 'No progress line.', section: 'Run' },
     { ...SHARED_OPTIONS.json, section: 'Run' },
+    ...INT8_EVAL_OPTIONS,
   ],
   examples: [
     'resnet-cuda eval --checkpoint runs/demo/checkpoints/best.safetensors',
     'resnet-cuda eval data/imagenet --weights resnet50.safetensors --device cuda --amp bf16 -b 256',
     'resnet-cuda eval data/pets --checkpoint runs/pets --output-dir runs/pets/eval --json',
+    'resnet-cuda eval data/pets --checkpoint runs/pets --int8 --calibration-samples 512 --calibration-method entropy',
   ],
 };
 
-interface EvalArgs {
+interface EvalArgs extends Int8EvalArgs {
   weights: string | undefined;
   checkpoint: string | undefined;
   model: ModelName | undefined;
@@ -88,6 +92,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   checkModelSource(a);
   if (given !== undefined) locateData(a.dataset ?? 'imagefolder', given, 'eval');
   const device = checkDevice(a.device);
+  checkInt8Args(a, parsed.explicit, device);
   const workers = workerCount(a.workers, (text) => io.stderr.write(`${text}\n`));
 
   const loaded = await loadModel(a, device, io.cwd);
@@ -134,6 +139,19 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
       for (const note of notes) io.stderr.write(`${note}\n`);
     }
     const result = await trainer.evaluate(loader);
+    const int8 = a.int8
+      ? await evaluateInt8(
+          loaded.model,
+          a,
+          {
+            train: (await openTrainData(resolveEvalData(a, given, loaded, 'train').files, generated)).train,
+            eval: evalData,
+            settings,
+            workers,
+          },
+          loaded.arch.numClasses,
+        )
+      : undefined;
     const headline = `loss ${result.loss.toFixed(4)}  Acc@1 ${percent(result.acc1)}  Acc@5 ${percent(result.acc5)}  (${result.count} image${result.count === 1 ? '' : 's'})`;
     if (a.outputDir !== undefined) {
       mkdirSync(a.outputDir, { recursive: true });
@@ -155,10 +173,12 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
         classes: classNames ?? null,
         confusion: result.confusion.toArray(),
         report: result.report,
+        ...(int8 ? { int8 } : {}),
       };
       io.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
     } else {
       io.stdout.write(`${headline}\n\n${result.report}\n`);
+      if (int8) io.stdout.write(`\n${int8ReportText(int8)}\n`);
       if (a.outputDir !== undefined) {
         io.stdout.write(
           `wrote classification-report.txt and confusion-matrix.png to ${displayPath(a.outputDir, io.cwd)}\n`,

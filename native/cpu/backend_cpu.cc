@@ -51,7 +51,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
   std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& p) override {
-    return buildInferencePlan(ctx_, p);
+    return p.int8 ? buildInt8InferencePlan(ctx_, p) : buildInferencePlan(ctx_, p);
   }
 
   void batchNormForward(const BatchNormForwardArgs& a) override { cpu::batchNormForward(a); }

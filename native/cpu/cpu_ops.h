@@ -9,6 +9,8 @@ std::unique_ptr<Conv2dPlan> createConv2dPlan(CpuContext& ctx, const Conv2dParams
 std::unique_ptr<LinearPlan> createLinearPlan(CpuContext& ctx, const LinearParams& params);
 std::unique_ptr<Pool2dPlan> createPool2dPlan(CpuContext& ctx, const Pool2dParams& params);
 std::unique_ptr<InferencePlan> buildInferencePlan(CpuContext& ctx, const InferencePlanParams& params);
+// The INT8 plan (params.int8): quantized nodes on oneDNN int8 primitives, the others in f32.
+std::unique_ptr<InferencePlan> buildInt8InferencePlan(CpuContext& ctx, const InferencePlanParams& params);
 
 void batchNormForward(const BatchNormForwardArgs& args);
 void batchNormBackward(const BatchNormBackwardArgs& args);
