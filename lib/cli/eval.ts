@@ -24,8 +24,13 @@ import {
 } from './common.js';
 import { engineOption, openEngine, type EngineName } from './engine.js';
 import { inferencePrecision, inputOptions } from './inference.js';
-import { checkModelChoice, loadModelSource, modelSourceOptionsWithArtifact } from './model-source.js';
-import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES, resolveEvalData } from './eval-data.js';
+import {
+  checkModelChoice,
+  loadModelSource,
+  modelSourceOptionsWithArtifact,
+  resolveSourceEvalData,
+} from './model-source.js';
+import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES } from './eval-data.js';
 import { CliError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const SPEC: CommandSpec = {
@@ -89,7 +94,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const loaded = await loadModelSource(a, choice, device, io.cwd);
   const { config } = loaded;
   const precision = inferencePrecision(a.amp, config.amp, device);
-  const { dataset, data, files, settings, generated } = resolveEvalData(a, given, loaded, 'eval');
+  const { dataset, data, files, settings, generated } = resolveSourceEvalData(a, given, loaded, 'eval');
   const evalData = await openEvalData(files, generated);
   if (evalData.classes.length > loaded.arch.numClasses) {
     throw new CliError(

@@ -7,7 +7,9 @@
 import { statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { loadInferenceArtifact } from '../inference/artifact.js';
+import type { ArtifactPreprocessing } from '../inference/artifact-manifest.js';
 import { MODEL_NAMES, displayPath, type Architecture, type ModelName } from './common.js';
+import { resolveEvalData, type EvalData, type EvalDataArgs } from './eval-data.js';
 import { checkModelSource, loadModel, modelSourceOptions, type LoadedModel } from './inference.js';
 import { UsageError, type OptionSpec } from './options.js';
 
@@ -79,13 +81,19 @@ export function checkModelChoice(values: ModelSourceValues, cwd: string): ModelC
   return choice;
 }
 
+/** A loaded model, with the preprocessing of its artifact when it comes from one. */
+export interface LoadedSource extends LoadedModel {
+  /** The artifact's input pipeline: part of the model, whatever the data. */
+  preprocessing?: ArtifactPreprocessing;
+}
+
 /** Loads the model of an artifact folder as a {@link LoadedModel}, its preprocessing as the run's config. */
 async function loadArtifactModel(
   dir: string,
   numClasses: number | undefined,
   device: string,
   cwd: string,
-): Promise<LoadedModel> {
+): Promise<LoadedSource> {
   const artifact = await loadInferenceArtifact(dir, { device });
   const { architecture: a, preprocessing: p } = artifact;
   if (numClasses !== undefined && numClasses !== a.numClasses) {
@@ -114,6 +122,7 @@ async function loadArtifactModel(
     },
     classes: artifact.classes ?? undefined,
     source: `artifact ${displayPath(dir, cwd)}`,
+    preprocessing: p,
   };
 }
 
@@ -123,7 +132,7 @@ export async function loadModelSource(
   choice: ModelChoice | undefined,
   device: string,
   cwd: string,
-): Promise<LoadedModel> {
+): Promise<LoadedSource> {
   if (choice && 'artifact' in choice) return loadArtifactModel(choice.artifact, values.numClasses, device, cwd);
   return loadModel(
     {
@@ -135,4 +144,32 @@ export async function loadModelSource(
     device,
     cwd,
   );
+}
+
+/**
+ * {@link resolveEvalData} for a loaded source: an artifact's resize, crop, interpolation, mean and
+ * std apply to any data (a run's apply only to the run's own kind of data), each unless its option
+ * is given.
+ */
+export function resolveSourceEvalData(
+  a: EvalDataArgs,
+  given: string | undefined,
+  loaded: LoadedSource,
+  split: 'eval' | 'train',
+): EvalData {
+  const p = loaded.preprocessing;
+  if (p === undefined) return resolveEvalData(a, given, loaded, split);
+  const crop = a.valCropSize ?? p.crop;
+  const resolved = resolveEvalData(
+    {
+      ...a,
+      valCropSize: crop,
+      valResizeSize: a.valResizeSize ?? (crop <= p.resize ? p.resize : undefined),
+      interpolation: a.interpolation ?? p.interpolation,
+    },
+    given,
+    loaded,
+    split,
+  );
+  return { ...resolved, settings: { ...resolved.settings, mean: [...p.mean], std: [...p.std] } };
 }
