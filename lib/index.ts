@@ -283,3 +283,12 @@ export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
 // Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
 export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
 export { Distillation, type DistillationOptions } from './train/distillation.js';
+// ONNX export: the inference graph (batch norm folded; INT8 as QDQ) as an .onnx file.
+export {
+  DEFAULT_ONNX_OPSET,
+  ONNX_OPSETS,
+  exportOnnx,
+  exportOnnxBytes,
+  type OnnxExport,
+  type OnnxExportOptions,
+} from './export/onnx.js';

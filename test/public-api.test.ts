@@ -50,6 +50,7 @@ describe('the package entry point', () => {
       'encodeNpy',
       'tsne',
       'plotScatter',
+      'exportOnnx',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

@@ -113,7 +113,11 @@ describe('README examples', () => {
         noEmit: true,
         skipLibCheck: true,
         baseUrl: root,
-        paths: { 'resnet-cuda': ['lib/index.ts'] },
+        // onnxruntime-node (a devDependency) is what the ONNX example runs its export with.
+        paths: {
+          'resnet-cuda': ['lib/index.ts'],
+          'onnxruntime-node': ['node_modules/onnxruntime-node/dist/index.d.ts'],
+        },
         allowImportingTsExtensions: false,
       },
     );

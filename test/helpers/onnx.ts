@@ -6,7 +6,15 @@
  */
 import { spawnSync } from 'node:child_process';
 import * as ort from 'onnxruntime-node';
-import { IMAGENET_MEAN, IMAGENET_STD, Random, Tensor, generateShapes, type Module } from '../../lib/index.js';
+import {
+  IMAGENET_MEAN,
+  IMAGENET_STD,
+  Random,
+  Tensor,
+  generateShapes,
+  type Module,
+  type ResNet,
+} from '../../lib/index.js';
 
 /**
  * Gives every batch norm of `model` random affine parameters and running statistics (so that the
@@ -32,18 +40,70 @@ export function randomizeBatchNorms(model: Module, seed: number): void {
   model.eval();
 }
 
+/**
+ * Makes the classifier of a randomly initialised ResNet a nearest-class-mean classifier of its
+ * pooled features, from the labelled images `x` (`[n, size, size, 3]`): the logit of class `k` is
+ * `f . (m_k - m) - |m_k|^2 / 2 + |m|^2 / 2` (`m_k` the mean feature of class `k`, `m` of all), which
+ * orders the classes as the distance of `f` to their means does. A random network's own classifier
+ * gives every image the same class; this one gives classes with margins like a trained model's.
+ */
+export function fitNearestMeanClassifier(model: ResNet, x: Float32Array, labels: Int32Array, size: number): void {
+  const n = labels.length;
+  const input = Tensor.from(x, [n, size, size, 3]);
+  const features = model.forwardFeatures(input).toFloat32Array();
+  input.dispose();
+  const d = model.featureDim;
+  const classes = model.numClasses;
+  const means = new Float64Array(classes * d);
+  const counts = new Array<number>(classes).fill(0);
+  const all = new Float64Array(d);
+  for (let b = 0; b < n; b++) {
+    const k = labels[b]!;
+    counts[k]!++;
+    for (let i = 0; i < d; i++) {
+      means[k * d + i] = means[k * d + i]! + features[b * d + i]!;
+      all[i] = all[i]! + features[b * d + i]! / n;
+    }
+  }
+  const sd = model.stateDict();
+  const weight = sd.get('fc.weight')?.data;
+  const bias = sd.get('fc.bias')?.data;
+  if (!(weight instanceof Float32Array) || !(bias instanceof Float32Array)) throw new Error('the model has no fc');
+  const allNorm = all.reduce((a, v) => a + v * v, 0);
+  for (let k = 0; k < classes; k++) {
+    if (counts[k] === 0) throw new Error(`no image of class ${k} to fit the classifier`);
+    let norm = 0;
+    for (let i = 0; i < d; i++) {
+      const m = means[k * d + i]! / counts[k]!;
+      weight[k * d + i] = m - all[i]!;
+      norm += m * m;
+    }
+    bias[k] = (allNorm - norm) / 2;
+  }
+  model.loadStateDict(sd);
+}
+
 /** `count` NHWC images of Gaussian noise (already "normalised": mean 0, std 1). */
 export function noiseImages(count: number, size: number, seed: number, channels = 3): Float32Array {
   const rng = new Random(seed);
   return Float32Array.from({ length: count * size * size * channels }, () => rng.normal());
 }
 
-/** `count` NHWC images of the built-in shapes dataset, scaled to [0, 1] and normalised with ImageNet's mean and std. */
+/** `count` NHWC images of the built-in shapes dataset (6 classes), scaled to [0, 1] and normalised with ImageNet's mean and std. */
 export function shapeImages(count: number, size: number, seed: number): Float32Array {
-  const { images } = generateShapes({ count, size, classes: 6, seed });
-  const out = new Float32Array(images.length);
-  for (let i = 0; i < images.length; i++) out[i] = (images[i]! / 255 - IMAGENET_MEAN[i % 3]!) / IMAGENET_STD[i % 3]!;
-  return out;
+  return labelledShapeImages(count, size, seed).x;
+}
+
+/** {@link shapeImages} with their labels. */
+export function labelledShapeImages(
+  count: number,
+  size: number,
+  seed: number,
+): { x: Float32Array; labels: Int32Array } {
+  const { images, labels } = generateShapes({ count, size, classes: 6, seed });
+  const x = new Float32Array(images.length);
+  for (let i = 0; i < images.length; i++) x[i] = (images[i]! / 255 - IMAGENET_MEAN[i % 3]!) / IMAGENET_STD[i % 3]!;
+  return { x, labels };
 }
 
 /** NHWC `[n, h, w, c]` values in NCHW order. */
