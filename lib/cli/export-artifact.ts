@@ -11,6 +11,7 @@ import { saveInferenceArtifact } from '../inference/artifact.js';
 import type { ArtifactManifest } from '../inference/artifact-manifest.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
 import { SHARED_OPTIONS, displayPath, imageSizeOption, readClassNames } from './common.js';
+import type { ExportResult } from './export.js';
 import { inputSettings, type LoadedModel } from './inference.js';
 import { UsageError, type OptionSpec } from './options.js';
 
@@ -42,8 +43,27 @@ export function artifactExportOptions(section: string): OptionSpec[] {
       help: 'Class names, one per line, in label order, recorded in the artifact.',
       section,
     },
+    {
+      name: 'with-onnx',
+      type: 'boolean',
+      help: 'Also write model.onnx in the artifact (with --opset, --batch, --layout and --dtype; the crop as its input size).',
+      section,
+    },
   ];
 }
+
+/** The keys of the options {@link artifactExportOptions} adds, and the ONNX ones `--with-onnx` reads. */
+export const ARTIFACT_EXPORT_KEYS = [
+  'valResizeSize',
+  'valCropSize',
+  'interpolation',
+  'classes',
+  'withOnnx',
+  'opset',
+  'batch',
+  'layout',
+  'dtype',
+] as const;
 
 /** The parsed values of {@link artifactExportOptions}. */
 export interface ArtifactExportValues {
@@ -51,11 +71,18 @@ export interface ArtifactExportValues {
   valCropSize: number | undefined;
   interpolation: Interpolation | undefined;
   classes: string | undefined;
+  withOnnx: boolean;
+  /** The ONNX options of `export` (read with `--with-onnx`). */
+  opset: string;
+  batch: string;
+  layout: 'nchw' | 'nhwc';
+  dtype: 'f32' | 'f16';
 }
 
 /**
- * Writes `loaded`'s model as an artifact in `output`, with `onnx` (the bytes of its ONNX export)
- * beside it when given. Resolves to the manifest and a line that says what was written.
+ * Writes `loaded`'s model as an artifact in the folder `output` (with `model.onnx` on `--with-onnx`),
+ * as the `artifact` format of `export`. Resolves to the result `export --json` prints, the
+ * manifest, and a line that says what was written.
  * @throws {@link UsageError} when the class names do not match the model or the crop exceeds the resize.
  */
 export async function exportArtifact(
@@ -63,8 +90,7 @@ export async function exportArtifact(
   output: string,
   values: ArtifactExportValues,
   cwd: string,
-  onnx?: Uint8Array,
-): Promise<{ manifest: ArtifactManifest; line: string }> {
+): Promise<{ result: ExportResult; manifest: ArtifactManifest; line: string }> {
   const { arch, config } = loaded;
   const small = arch.smallInput;
   const settings = inputSettings(
@@ -88,12 +114,33 @@ export async function exportArtifact(
       mean: settings.mean,
       std: settings.std,
     },
-    ...(onnx ? { onnx } : {}),
+    ...(values.withOnnx
+      ? {
+          onnx: {
+            opset: Number(values.opset),
+            batch: values.batch === 'dynamic' ? 'dynamic' : Number(values.batch),
+            layout: values.layout,
+            dtype: values.dtype,
+          },
+        }
+      : {}),
   });
   const files = ['model.json', 'model.safetensors', ...(manifest.onnx ? ['model.onnx'] : [])];
   const p = manifest.preprocessing;
   const line =
-    `wrote ${files.join(', ')} to ${displayPath(output, cwd)}: ${arch.model}, ${arch.numClasses} classes` +
+    `artifact ${files.join(', ')}: ${arch.model}, ${arch.numClasses} classes` +
     `${manifest.classes ? ' (named)' : ''}, resize ${p.resize}, crop ${p.crop}, ${p.interpolation}`;
-  return { manifest, line };
+  const result: ExportResult = {
+    format: 'artifact',
+    output: displayPath(output, cwd),
+    bytes: manifest.weights.bytes + (manifest.onnx?.bytes ?? 0),
+    source: loaded.source,
+    details: {
+      files,
+      architecture: manifest.architecture,
+      preprocessing: manifest.preprocessing,
+      classes: manifest.classes,
+    },
+  };
+  return { result, manifest, line };
 }

@@ -7,7 +7,8 @@
  *   reads them with `safetensors.torch.load_file` and `load_state_dict`);
  * - `model.json`: the format and its version, the architecture, the preprocessing (resize, crop,
  *   interpolation, mean, std), the class names and the SHA-256 of every file beside it;
- * - optionally `model.onnx`: the same network as ONNX, for ONNX Runtime or TensorRT.
+ * - optionally `model.onnx`: the same network as ONNX ({@link exportOnnxBytes}), for ONNX Runtime
+ *   or TensorRT.
  *
  * {@link loadInferenceArtifact} checks all of it and rebuilds the model in evaluation mode, with a
  * factory of {@link Predictor}s (the fused inference path) and the evaluation transform.
@@ -45,6 +46,7 @@ import {
   type ArtifactManifest,
   type ArtifactPreprocessing,
 } from './artifact-manifest.js';
+import { exportOnnxBytes, type OnnxExportOptions } from '../export/onnx.js';
 import { Predictor, type PredictorOptions } from './predictor.js';
 
 /** Options of {@link saveInferenceArtifact}. */
@@ -58,11 +60,15 @@ export interface SaveInferenceArtifactOptions {
    */
   preprocessing?: Partial<ArtifactPreprocessing>;
   /**
-   * Extra files written beside the weights, each recorded with its checksum: `model.onnx` here.
-   * The bytes are what the caller's exporter produced for this model.
+   * Also write the network as `model.onnx` ({@link exportOnnxBytes}), recorded with its checksum:
+   * `true` for the defaults (opset 17, dynamic batch, NCHW, f32, the crop as a fixed input size),
+   * or export options over them. The class names, mean and std are the artifact's.
    */
-  onnx?: Uint8Array;
+  onnx?: boolean | ArtifactOnnxOptions;
 }
+
+/** The ONNX options an artifact takes: those of {@link exportOnnxBytes} that the artifact does not fix. */
+export type ArtifactOnnxOptions = Omit<OnnxExportOptions, 'classNames' | 'mean' | 'std'>;
 
 /** The architecture of a ResNet as the manifest records it. */
 export function artifactArchitecture(model: ResNet): ArtifactArchitecture {
@@ -160,8 +166,24 @@ export async function saveInferenceArtifact(
     }
     classes = [...o.classes];
   }
-  if (o.onnx !== undefined && !(o.onnx instanceof Uint8Array)) {
-    invalid('options.onnx', 'the bytes of an ONNX model', o.onnx);
+  let onnx: Uint8Array | null = null;
+  if (o.onnx !== undefined && o.onnx !== false) {
+    if (o.onnx !== true && (o.onnx === null || typeof o.onnx !== 'object')) {
+      invalid('options.onnx', 'true, false or ONNX export options', o.onnx);
+    }
+    const given = o.onnx === true ? {} : o.onnx;
+    for (const key of ['classNames', 'mean', 'std'] as const) {
+      if (key in given) {
+        invalid(`options.onnx.${key}`, "nothing (the artifact's own is written)", given[key as keyof typeof given]);
+      }
+    }
+    onnx = exportOnnxBytes(model, {
+      inputSize: preprocessing.crop,
+      ...given,
+      ...(classes ? { classNames: classes } : {}),
+      mean: preprocessing.mean,
+      std: preprocessing.std,
+    }).bytes;
   }
 
   const weights = encodeSafetensors(model.stateDict(), { format: 'pt' });
@@ -173,10 +195,10 @@ export async function saveInferenceArtifact(
     classes,
     weights: describeFile(ARTIFACT_FILES.weights, weights),
   };
-  if (o.onnx) manifest.onnx = describeFile(ARTIFACT_FILES.onnx, o.onnx);
+  if (onnx) manifest.onnx = describeFile(ARTIFACT_FILES.onnx, onnx);
   await mkdir(dir, { recursive: true });
   await writeFileAtomic(join(dir, ARTIFACT_FILES.weights), weights);
-  if (o.onnx) await writeFileAtomic(join(dir, ARTIFACT_FILES.onnx), o.onnx);
+  if (onnx) await writeFileAtomic(join(dir, ARTIFACT_FILES.onnx), onnx);
   await writeFileAtomic(join(dir, ARTIFACT_FILES.manifest), `${JSON.stringify(manifest, null, 2)}\n`);
   return manifest;
 }
