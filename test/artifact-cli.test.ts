@@ -255,6 +255,50 @@ describe('export --format artifact, predict --model DIR, eval --model DIR', () =
     expect(fromArtifact.confusion).toEqual(fromWeights.confusion);
   });
 
+  it('train leaves its best model as an artifact that predict --model runs as predict --weights runs model-best', async () => {
+    await ShapesDataset.writeImageFolder(join(folder, 'train'), { count: 16, size: 20, seed: 25 });
+    const run = await cli([
+      'train',
+      folder,
+      '--epochs',
+      '1',
+      '-b',
+      '8',
+      '-j',
+      '0',
+      '--train-crop-size',
+      '16',
+      '--val-resize-size',
+      '18',
+      '--val-crop-size',
+      '16',
+      '--seed',
+      '3',
+      '--no-tensorboard',
+      '--no-plots',
+      '--output-dir',
+      'run',
+    ]);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toMatch(/\noutputs in run: model\.safetensors, artifact\/, /);
+    expect(readManifest(join('run', 'artifact'))).toMatchObject({
+      architecture: { depth: 18, numClasses: 4, smallInput: true },
+      preprocessing: { resize: 18, crop: 16, interpolation: 'bilinear', mean: [0.485, 0.456, 0.406] },
+      classes: CLASSES,
+    });
+    const fromArtifact = await json<PredictOutput>(['predict', '--model', 'run/artifact', '--topk', '4', ...pngs]);
+    const fromBest = await json<PredictOutput>([
+      'predict',
+      '--weights',
+      'run/model-best.safetensors',
+      '--topk',
+      '4',
+      ...pngs,
+    ]);
+    expect(fromArtifact).toMatchObject({ resize: 18, crop: 16 });
+    expect(fromArtifact.images).toEqual(fromBest.images);
+  });
+
   it('refuses a --model that is neither a network nor a folder, an artifact given with --weights, and a broken artifact', async () => {
     const nowhere = await cli(['predict', '--model', 'nowhere', pngs[0]!]);
     expect(nowhere.code).toBe(2);

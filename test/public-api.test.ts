@@ -51,6 +51,8 @@ describe('the package entry point', () => {
       'tsne',
       'plotScatter',
       'exportOnnx',
+      'saveInferenceArtifact',
+      'loadInferenceArtifact',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
