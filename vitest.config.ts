@@ -47,6 +47,7 @@ export default defineConfig({
             'test/robustness/numerics.test.ts',
             'test/grad-checkpoint.test.ts',
             'test/profiler.test.ts',
+            'test/inference-cuda.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

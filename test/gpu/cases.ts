@@ -16,7 +16,9 @@
  * - the Trainer trains a small-stem ResNet-18 on the generated shapes in bf16 and in fp16 with loss
  *   scaling, clipping and a moving average;
  * - the driver's utilisation reading (NVML) is sane where the driver gives one and says why where it
- *   does not (the emulated device), and a Trainer epoch writes its bottleneck record either way.
+ *   does not (the emulated device), and a Trainer epoch writes its bottleneck record either way;
+ * - the inference plan (fused cuDNN convolutions) equals the CPU eval forward in f32, bf16 and f16,
+ *   and its throughput at batch 1 and 256 (test/gpu/inference.ts).
  * `scale: 'full'` is the GPU size (ResNet-50 at 224 px, a Trainer run to 90% accuracy); `'small'`
  * keeps every code path at sizes a CPU emulating the device gets through in seconds.
  */
@@ -53,6 +55,7 @@ import {
   synchronize,
 } from '../../lib/index.js';
 import { diagnose } from '../../lib/cli/doctor.js';
+import { inferencePlanCheck } from './inference.js';
 
 /** Where and how big a check runs, and where it reports details. */
 export interface GpuCheckContext {
@@ -520,4 +523,5 @@ export const gpuChecks: GpuCheck[] = [
       }
     },
   },
+  inferencePlanCheck,
 ];

@@ -40,6 +40,16 @@
 //                                            filter gradients of each group of 8 images)
 //   The other algorithms are reported CUDNN_STATUS_NOT_SUPPORTED by the Find calls and refused by
 //   the compute calls. The Find calls rank the algorithm with a workspace first.
+// - cudnnConvolutionBiasActivationForward (src/dnn.cc): y = act(alpha1 * conv(x) + alpha2 * z
+//   + bias), summed in double precision and rounded once to y's type, with the checks of cuDNN 9's
+//   documentation (https://docs.nvidia.com/deeplearning/cudnn/backend/v9.6.0/api/cudnn-cnn-library.html,
+//   cudnnConvolutionBiasActivationForward; cudnnActivationMode_t in the cudnn_graph library):
+//   NOT_SUPPORTED for an activation other than RELU or IDENTITY, a reluNanOpt other than
+//   CUDNN_NOT_PROPAGATE_NAN, IDENTITY with an algorithm other than IMPLICIT_PRECOMP_GEMM, a bias
+//   that is not 1 x K x 1 x 1 with unit channel stride, a bias type other than the configuration's
+//   (y's type for the FLOAT, DOUBLE, HALF and BFLOAT16 configurations), and z that does not match y
+//   (dimensions, strides or type); BAD_PARAM for null descriptors or pointers and the convolution
+//   checks of cudnnConvolutionForward. z is read only when alpha2 != 0; y may be z.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,6 +72,8 @@ struct cudnnFilterStruct;
 typedef struct cudnnFilterStruct* cudnnFilterDescriptor_t;
 struct cudnnConvolutionStruct;
 typedef struct cudnnConvolutionStruct* cudnnConvolutionDescriptor_t;
+struct cudnnActivationStruct;
+typedef struct cudnnActivationStruct* cudnnActivationDescriptor_t;
 
 typedef enum {
   CUDNN_STATUS_SUCCESS = 0,
@@ -161,6 +173,21 @@ typedef enum {
   CUDNN_TENSOR_NHWC = 1,
   CUDNN_TENSOR_NCHW_VECT_C = 2,
 } cudnnTensorFormat_t;
+
+typedef enum {
+  CUDNN_NOT_PROPAGATE_NAN = 0,
+  CUDNN_PROPAGATE_NAN = 1,
+} cudnnNanPropagation_t;
+
+typedef enum {
+  CUDNN_ACTIVATION_SIGMOID = 0,
+  CUDNN_ACTIVATION_RELU = 1,
+  CUDNN_ACTIVATION_TANH = 2,
+  CUDNN_ACTIVATION_CLIPPED_RELU = 3,
+  CUDNN_ACTIVATION_ELU = 4,
+  CUDNN_ACTIVATION_IDENTITY = 5,
+  CUDNN_ACTIVATION_SWISH = 6,
+} cudnnActivationMode_t;
 
 typedef enum {
   CUDNN_NON_DETERMINISTIC = 0,
@@ -345,5 +372,21 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                              cudnnConvolutionBwdFilterAlgo_t algo, void* workSpace,
                                              size_t workSpaceSizeInBytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwDesc, void* dw);
+
+// ---- activations and the fused convolution (src/dnn.cc) ---------------------------------
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* activationDesc);
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc);
+cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activationDesc, cudnnActivationMode_t mode,
+                                           cudnnNanPropagation_t reluNanOpt, double coef);
+cudnnStatus_t cudnnGetActivationDescriptor(const cudnnActivationDescriptor_t activationDesc,
+                                           cudnnActivationMode_t* mode, cudnnNanPropagation_t* reluNanOpt,
+                                           double* coef);
+// y = act(alpha1 * conv(x) + alpha2 * z + bias)
+cudnnStatus_t cudnnConvolutionBiasActivationForward(
+    cudnnHandle_t handle, const void* alpha1, const cudnnTensorDescriptor_t xDesc, const void* x,
+    const cudnnFilterDescriptor_t wDesc, const void* w, const cudnnConvolutionDescriptor_t convDesc,
+    cudnnConvolutionFwdAlgo_t algo, void* workSpace, size_t workSpaceSizeInBytes, const void* alpha2,
+    const cudnnTensorDescriptor_t zDesc, const void* z, const cudnnTensorDescriptor_t biasDesc, const void* bias,
+    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t yDesc, void* y);
 
 }  // extern "C"

@@ -564,9 +564,9 @@ void stageThroughWorkspace(const Problem& p, void* workspace, double* values, si
   }
 }
 
+// The forward sums y[n][p][q][k] (dense, before scaling) of algorithm `algo`.
 template <typename T>
-void runForward(const Problem& p, int algo, const void* x, const void* w, void* workspace, double alpha, double beta,
-                void* y) {
+std::vector<double> forwardDense(const Problem& p, int algo, const void* x, const void* w, void* workspace) {
   const std::vector<T> X = gatherTensor<T>(p.x, x, p.tf32);
   const std::vector<T> Wd = gatherFilter<T>(p, w);
   const int32_t* table = nullptr;
@@ -585,6 +585,13 @@ void runForward(const Problem& p, int algo, const void* x, const void* w, void* 
   }
   std::vector<double> sums(static_cast<size_t>(p.N) * p.P * p.Q * p.K);
   forwardSums<T>(p, X.data(), Wd.data(), table, sums.data());
+  return sums;
+}
+
+template <typename T>
+void runForward(const Problem& p, int algo, const void* x, const void* w, void* workspace, double alpha, double beta,
+                void* y) {
+  const std::vector<double> sums = forwardDense<T>(p, algo, x, w, workspace);
   blendTensor(p.y, y, sums.data(), alpha, beta);
 }
 
@@ -1344,4 +1351,165 @@ extern "C" cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, co
                   workSpaceSizeInBytes,
                   [](auto tag, const Problem& q, int al, const void* in0, const void* in1, void* ws, double a, double b,
                      void* out) { runBackwardFilter<decltype(tag)>(q, al, in0, in1, ws, a, b, out); });
+}
+
+// ---- activations and the fused convolution ----------------------------------------------------
+
+struct cudnnActivationStruct {
+  bool set = false;
+  cudnnActivationMode_t mode = CUDNN_ACTIVATION_RELU;
+  cudnnNanPropagation_t nan = CUDNN_NOT_PROPAGATE_NAN;
+  double coef = 0.0;
+};
+
+extern "C" cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* activationDesc) {
+  if (activationDesc == nullptr) {
+    return fail(CUDNN_STATUS_BAD_PARAM, "cudnnCreateActivationDescriptor: activationDesc is null");
+  }
+  *activationDesc = new (std::nothrow) cudnnActivationStruct();
+  if (*activationDesc == nullptr) {
+    return fail(CUDNN_STATUS_ALLOC_FAILED, "cudnnCreateActivationDescriptor: out of host memory");
+  }
+  return ok();
+}
+
+extern "C" cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t activationDesc) {
+  delete activationDesc;
+  return ok();
+}
+
+extern "C" cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t activationDesc,
+                                                      cudnnActivationMode_t mode, cudnnNanPropagation_t reluNanOpt,
+                                                      double coef) {
+  const std::string where = "cudnnSetActivationDescriptor: ";
+  if (activationDesc == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, where + "the descriptor is null");
+  if (mode < CUDNN_ACTIVATION_SIGMOID || mode > CUDNN_ACTIVATION_SWISH) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where + "mode " + std::to_string(mode) + " is not an enumerant");
+  }
+  if (reluNanOpt != CUDNN_NOT_PROPAGATE_NAN && reluNanOpt != CUDNN_PROPAGATE_NAN) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where + "reluNanOpt " + std::to_string(reluNanOpt) + " is not an enumerant");
+  }
+  activationDesc->set = true;
+  activationDesc->mode = mode;
+  activationDesc->nan = reluNanOpt;
+  activationDesc->coef = coef;
+  return ok();
+}
+
+extern "C" cudnnStatus_t cudnnGetActivationDescriptor(const cudnnActivationDescriptor_t activationDesc,
+                                                      cudnnActivationMode_t* mode, cudnnNanPropagation_t* reluNanOpt,
+                                                      double* coef) {
+  if (activationDesc == nullptr || !activationDesc->set) {
+    return fail(CUDNN_STATUS_BAD_PARAM, "cudnnGetActivationDescriptor: the descriptor is null or not set");
+  }
+  if (mode == nullptr || reluNanOpt == nullptr || coef == nullptr) {
+    return fail(CUDNN_STATUS_BAD_PARAM, "cudnnGetActivationDescriptor: an output pointer is null");
+  }
+  *mode = activationDesc->mode;
+  *reluNanOpt = activationDesc->nan;
+  *coef = activationDesc->coef;
+  return ok();
+}
+
+namespace {
+
+// The checks cudnnConvolutionBiasActivationForward adds to those of the forward convolution: the
+// activation, its algorithm, the bias and z (cuDNN 9's documentation of the call).
+cudnnStatus_t checkFusedOperands(const std::string& where, const Problem& p, int algo, const cudnnTensorStruct* z,
+                                 const cudnnTensorStruct* bias, const cudnnActivationStruct* act) {
+  if (z == nullptr || bias == nullptr || act == nullptr) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where + "zDesc, biasDesc or activationDesc is null");
+  }
+  if (!z->set || !bias->set) return fail(CUDNN_STATUS_BAD_PARAM, where + "zDesc or biasDesc was never set");
+  if (!act->set) return fail(CUDNN_STATUS_BAD_PARAM, where + "the activation descriptor was never set");
+  if (act->mode != CUDNN_ACTIVATION_RELU && act->mode != CUDNN_ACTIVATION_IDENTITY) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where + "activation mode " + std::to_string(act->mode) +
+                                                " is not supported (only CUDNN_ACTIVATION_RELU and "
+                                                "CUDNN_ACTIVATION_IDENTITY are)");
+  }
+  if (act->nan != CUDNN_NOT_PROPAGATE_NAN) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where + "the activation's reluNanOpt must be CUDNN_NOT_PROPAGATE_NAN");
+  }
+  if (act->mode == CUDNN_ACTIVATION_IDENTITY && algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where +
+                                                "CUDNN_ACTIVATION_IDENTITY is supported only with "
+                                                "CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, algorithm " +
+                                                std::to_string(algo) + " was given");
+  }
+  if (bias->n != 1 || bias->c != p.K || bias->h != 1 || bias->w != 1 || bias->cs != 1) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                where + "the bias must be 1x" + std::to_string(p.K) + "x1x1 with a channel stride of 1, got " +
+                    std::to_string(bias->n) + "x" + std::to_string(bias->c) + "x" + std::to_string(bias->h) + "x" +
+                    std::to_string(bias->w) + " (channel stride " + std::to_string(bias->cs) + ")");
+  }
+  // FLOAT, DOUBLE, PSEUDO_HALF, TRUE_HALF and PSEUDO_BFLOAT16: the bias has y's type.
+  if (bias->type != p.type) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where + "the bias is " + typeName(bias->type) +
+                                                " but this configuration (" + typeName(p.type) + " data) needs " +
+                                                typeName(p.type));
+  }
+  if (z->type != p.y.type || z->n != p.y.n || z->c != p.y.c || z->h != p.y.h || z->w != p.y.w || z->ns != p.y.ns ||
+      z->cs != p.y.cs || z->hs != p.y.hs || z->ws != p.y.ws || z->vectorized) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where + "zDesc does not match yDesc (type, dimensions and strides)");
+  }
+  return ok();
+}
+
+// y = act(alpha1 * sums + alpha2 * z + bias) over y's elements; z is read only when alpha2 != 0.
+void blendFused(const Problem& p, const double* sums, double alpha1, double alpha2, const void* z, const void* bias,
+                bool relu, void* y) {
+  const Tensor4& t = p.y;
+  size_t i = 0;
+  for (int n = 0; n < t.n; ++n) {
+    for (int h = 0; h < t.h; ++h) {
+      for (int w = 0; w < t.w; ++w) {
+        for (int c = 0; c < t.c; ++c) {
+          const int64_t off = t.offset(n, c, h, w);
+          double v = alpha1 * sums[i++] + loadElement<double>(p.type, bias, c);
+          if (alpha2 != 0.0) v += alpha2 * loadElement<double>(t.type, z, off);
+          if (relu) v = v > 0.0 ? v : 0.0;
+          storeElement(t.type, y, off, v);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" cudnnStatus_t cudnnConvolutionBiasActivationForward(
+    cudnnHandle_t handle, const void* alpha1, const cudnnTensorDescriptor_t xDesc, const void* x,
+    const cudnnFilterDescriptor_t wDesc, const void* w, const cudnnConvolutionDescriptor_t convDesc,
+    cudnnConvolutionFwdAlgo_t algo, void* workSpace, size_t workSpaceSizeInBytes, const void* alpha2,
+    const cudnnTensorDescriptor_t zDesc, const void* z, const cudnnTensorDescriptor_t biasDesc, const void* bias,
+    const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t yDesc, void* y) {
+  const char* call = "cudnnConvolutionBiasActivationForward";
+  const std::string where = std::string(call) + ": ";
+  RC_DNN_TRY(checkHandle(call, handle));
+  Problem p{};
+  RC_DNN_TRY(makeProblem(call, xDesc, wDesc, convDesc, yDesc, kForwardStatuses, &p));
+  const int al = static_cast<int>(algo);
+  if (al < 0 || al >= CUDNN_CONVOLUTION_FWD_ALGO_COUNT) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where + "algorithm " + std::to_string(al) + " is not a forward algorithm");
+  }
+  RC_DNN_TRY(checkFusedOperands(where, p, al, zDesc, biasDesc, activationDesc));
+  double a1 = 0, a2 = 0;
+  RC_DNN_TRY(readScaling(call, p, alpha1, alpha2, &a1, &a2));
+  const Buffer xb{x, p.x.extentBytes(), "x"}, wb{w, p.w.bytes(), "w"}, yb{y, p.y.extentBytes(), "y"};
+  const Buffer zb{z, p.y.extentBytes(), "z"};
+  const Buffer bb{bias, static_cast<size_t>(p.K) * elementSize(p.type), "bias"};
+  for (const Buffer& operand : {xb, wb, yb, zb, bb})
+    RC_DNN_TRY(checkDeviceData(call, operand.what, operand.p, operand.bytes));
+  size_t required = 0;
+  RC_DNN_TRY(checkAlgorithm(call, p, Pass::Forward, al, workSpace, workSpaceSizeInBytes, &required));
+  const bool relu = activationDesc->mode == CUDNN_ACTIVATION_RELU;
+  return queue(handle->stream,
+               deviceOp(call, {xb, wb, yb, zb, bb, {workSpace, required, "the workspace"}},
+                        [p, al, x, w, workSpace, a1, a2, z, bias, relu, y] {
+                          const std::vector<double> sums = p.doubleCompute
+                                                               ? forwardDense<double>(p, al, x, w, workSpace)
+                                                               : forwardDense<float>(p, al, x, w, workSpace);
+                          blendFused(p, sums.data(), a1, a2, z, bias, relu, y);
+                        }),
+               call);
 }
