@@ -48,6 +48,7 @@ export default defineConfig({
             'test/grad-checkpoint.test.ts',
             'test/profiler.test.ts',
             'test/inference-cuda.test.ts',
+            'test/inference-artifact.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

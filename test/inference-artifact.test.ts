@@ -19,7 +19,19 @@ import { ResnetError } from '../lib/errors.js';
 import { ARTIFACT_FORMAT, ARTIFACT_VERSION, type ArtifactManifest } from '../lib/inference/artifact-manifest.js';
 import { loadInferenceArtifact, saveInferenceArtifact } from '../lib/inference/artifact.js';
 import { Predictor } from '../lib/inference/predictor.js';
-import { ResNet, ResNet18, Tensor } from '../lib/index.js';
+import type { EvalResult } from '../lib/train/evaluation.js';
+import { openEngine } from '../lib/cli/engine.js';
+import {
+  CenterCrop as Crop,
+  Compose,
+  DataLoader,
+  Normalize as Norm,
+  ResNet,
+  ResNet18,
+  ShapesDataset,
+  Tensor,
+  listBackends,
+} from '../lib/index.js';
 import { noiseImages, randomizeBatchNorms, relativeError } from './helpers/onnx.js';
 
 /** f32 through a folded, fused network against the modules' forward (the issue's bound). */
@@ -363,3 +375,65 @@ describe.skipIf(onlyCuda)('inference artifact on the CPU', () => {
     });
   });
 });
+
+const cuda = listBackends().find((b) => b.name === 'cuda');
+const cudaReason = cuda?.available ? undefined : (cuda?.reason ?? 'no CUDA backend');
+
+describe.skipIf(cudaReason !== undefined)(
+  `inference artifact on CUDA${cudaReason ? ` (skipped: ${cudaReason})` : ''}`,
+  () => {
+    it('loads onto the device; its Predictor, and eval on the fused engine, equal the modules', async () => {
+      const source = trainedLike(4, 31);
+      const folder = join(dir, 'cuda');
+      await saveInferenceArtifact(source, folder, { preprocessing: { resize: 16, crop: 16 } });
+      const artifact = await loadInferenceArtifact(folder, { device: 'cuda' });
+      expect(artifact.model.device).toBe('cuda:0');
+      const x = noiseImages(2, 16, 32);
+      const want = logitsOf(source, x, [2, 16, 16, 3]);
+      expect(relativeError(logitsOf(artifact.model, x, [2, 16, 16, 3], 'cuda'), want)).toBeLessThanOrEqual(
+        F32_TOLERANCE,
+      );
+      const predictor = artifact.createPredictor();
+      expect(predictor.device).toBe('cuda:0');
+      expect(relativeError(predictorLogits(predictor, x, [2, 16, 16, 3]), want)).toBeLessThanOrEqual(F32_TOLERANCE);
+      predictor.dispose();
+
+      // eval's two engines over the same loader on the device: the same counts, the loss to f32 rounding.
+      const loader = new DataLoader(new ShapesDataset({ length: 6, size: 16, classes: 4, seed: 33 }), {
+        batchSize: 4,
+        transform: new Compose([
+          new Crop({ size: 16 }),
+          new Norm({ mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225] }),
+        ]),
+        workers: 0,
+        device: 'cuda',
+      });
+      const evaluate = async (engine: 'fused' | 'modules'): Promise<EvalResult> => {
+        const opened = openEngine(artifact.model, {
+          engine,
+          device: 'cuda:0',
+          amp: 'none',
+          progress: false,
+          batchShape: [4, 16, 16, 3],
+        });
+        expect(opened.engine.name).toBe(engine);
+        try {
+          return await opened.engine.evaluate(loader);
+        } finally {
+          await opened.engine.dispose();
+        }
+      };
+      const fusedResult = await evaluate('fused');
+      const modulesResult = await evaluate('modules');
+      await loader.close();
+      expect(fusedResult.count).toBe(6);
+      expect(fusedResult.confusion.toArray()).toEqual(modulesResult.confusion.toArray());
+      expect(fusedResult.acc5).toBe(modulesResult.acc5);
+      expect(Math.abs(fusedResult.loss - modulesResult.loss)).toBeLessThanOrEqual(
+        1e-5 * Math.max(1, modulesResult.loss),
+      );
+      artifact.dispose();
+      source.dispose();
+    });
+  },
+);
