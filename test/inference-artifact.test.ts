@@ -19,6 +19,7 @@ import { ResnetError } from '../lib/errors.js';
 import { ARTIFACT_FORMAT, ARTIFACT_VERSION, type ArtifactManifest } from '../lib/inference/artifact-manifest.js';
 import { loadInferenceArtifact, saveInferenceArtifact } from '../lib/inference/artifact.js';
 import { Predictor } from '../lib/inference/predictor.js';
+import { evaluatePredictor, predictLoader } from '../lib/inference/predictor-runs.js';
 import type { EvalResult } from '../lib/train/evaluation.js';
 import { openEngine } from '../lib/cli/engine.js';
 import {
@@ -267,6 +268,40 @@ describe.skipIf(onlyCuda)('inference artifact on the CPU', () => {
       /1-channel input .* for options\.preprocessing\.mean/,
     );
     gray.dispose();
+    model.dispose();
+  });
+
+  it('runs a Predictor over a DataLoader as the Trainer runs the modules, and checks the arguments', async () => {
+    const model = trainedLike(4, 41);
+    const loader = new DataLoader(new ShapesDataset({ length: 10, size: 16, classes: 4, seed: 42 }), {
+      batchSize: 4,
+      transform: new Compose([new Crop({ size: 16 })]),
+      workers: 0,
+    });
+    const predictor = new Predictor(model);
+    const modules = openEngine(model, {
+      engine: 'modules',
+      device: 'cpu',
+      amp: 'none',
+      progress: false,
+      batchShape: [4, 16, 16, 3],
+    });
+    const want = await modules.engine.predict(loader, 3);
+    await modules.engine.dispose();
+    if (fused) {
+      const got = await predictLoader(predictor, loader, { topk: 3 });
+      expect(Array.from(got.indices)).toEqual(Array.from(want.indices));
+      expect(Array.from(got.classes)).toEqual(Array.from(want.classes));
+      expect(relativeError(got.logits, want.logits)).toBeLessThanOrEqual(F32_TOLERANCE);
+      const result = await evaluatePredictor(predictor, loader, { classNames: ['a', 'b', 'c', 'd'] });
+      expect(result.count).toBe(10);
+      expect(result.report).toMatch(/^ +a /m);
+    }
+    await expect(evaluatePredictor(model as unknown as Predictor, loader)).rejects.toThrow(/a Predictor for predictor/);
+    await expect(predictLoader(predictor, [] as unknown as DataLoader)).rejects.toThrow(/a DataLoader for loader/);
+    await expect(predictLoader(predictor, loader, { topk: 0 })).rejects.toThrow(/topk/);
+    predictor.dispose();
+    await loader.close();
     model.dispose();
   });
 

@@ -5,12 +5,12 @@
  * @packageDocumentation
  */
 import type { DataLoader } from '../data/loader.js';
-import { expectInt, expectOptions } from '../errors.js';
+import { expectInt, expectOptions, invalid } from '../errors.js';
 import { IMAGENET_MEAN, IMAGENET_STD, InputNormalize } from '../nn/input.js';
 import { CrossEntropyLoss } from '../nn/loss.js';
 import type { Tensor } from '../tensor.js';
 import { throwIfAborted } from '../train/abort.js';
-import { loaderBatches, type DeviceBatch } from '../train/batches.js';
+import { isLoader, loaderBatches, type DeviceBatch } from '../train/batches.js';
 import {
   evalResult,
   evaluateBatches,
@@ -19,7 +19,7 @@ import {
   type Predictions,
 } from '../train/evaluation.js';
 import { ProgressBar, type ProgressStream } from '../train/outputs/logging.js';
-import type { Predictor } from './predictor.js';
+import { Predictor } from './predictor.js';
 
 /** Options of {@link evaluatePredictor}. */
 export interface EvaluatePredictorOptions {
@@ -31,6 +31,12 @@ export interface EvaluatePredictorOptions {
   labelSmoothing?: number;
   /** Stops at the next batch with an `AbortError`. */
   signal?: AbortSignal;
+}
+
+/** Checks the predictor and the loader of a run. */
+function checkRun(predictor: unknown, loader: unknown): void {
+  if (!(predictor instanceof Predictor)) invalid('predictor', 'a Predictor', predictor);
+  if (!isLoader(loader)) invalid('loader', 'a DataLoader', loader);
 }
 
 /**
@@ -77,6 +83,7 @@ export async function evaluatePredictor(
   loader: DataLoader,
   options: EvaluatePredictorOptions = {},
 ): Promise<EvalResult> {
+  checkRun(predictor, loader);
   const o = expectOptions<EvaluatePredictorOptions>('options', options, [
     'classNames',
     'progress',
@@ -123,6 +130,7 @@ export async function predictLoader(
   loader: DataLoader,
   options: { topk?: number; signal?: AbortSignal } = {},
 ): Promise<Predictions> {
+  checkRun(predictor, loader);
   const o = expectOptions<{ topk?: number; signal?: AbortSignal }>('options', options, ['topk', 'signal']);
   const topk = expectInt('topk', o.topk ?? 5, 1);
   const chunks: { logits: Float32Array; indices: Int32Array }[] = [];
