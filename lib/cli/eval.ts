@@ -130,10 +130,10 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   try {
     if (!a.quiet && !a.json) {
       io.stderr.write(
-        `resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}\n`,
+        `resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}, ${engine.name} engine\n`,
       );
       io.stderr.write(
-        `on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}, ${precisionText(precision.amp)}, ${engine.name}\n`,
+        `on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}, ${precisionText(precision.amp)}\n`,
       );
       for (const note of notes) io.stderr.write(`${note}\n`);
     }
