@@ -49,6 +49,7 @@ export default defineConfig({
             'test/profiler.test.ts',
             'test/inference-cuda.test.ts',
             'test/qat.test.ts',
+            'test/inference-artifact.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

@@ -317,3 +317,25 @@ export {
   type CalibrationSamples,
   type CalibratorOptions,
 } from './inference/calibrate.js';
+// The standalone inference artifact (model.safetensors + model.json; TorchScript's role), and a
+// Predictor (the fused inference path) run over a DataLoader.
+export {
+  InferenceArtifact,
+  artifactArchitecture,
+  loadInferenceArtifact,
+  saveInferenceArtifact,
+  type ArtifactOnnxOptions,
+  type LoadInferenceArtifactOptions,
+  type SaveInferenceArtifactOptions,
+} from './inference/artifact.js';
+export {
+  ARTIFACT_FILES,
+  ARTIFACT_FORMAT,
+  ARTIFACT_VERSION,
+  parseArtifactManifest,
+  type ArtifactArchitecture,
+  type ArtifactFile,
+  type ArtifactManifest,
+  type ArtifactPreprocessing,
+} from './inference/artifact-manifest.js';
+export { evaluatePredictor, predictLoader, type EvaluatePredictorOptions } from './inference/predictor-runs.js';

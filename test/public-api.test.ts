@@ -53,6 +53,8 @@ describe('the package entry point', () => {
       'prepareQat',
       'quantizedGraph',
       'exportOnnx',
+      'saveInferenceArtifact',
+      'loadInferenceArtifact',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

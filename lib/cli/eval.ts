@@ -22,18 +22,17 @@ import {
   workerCount,
   type AmpName,
   type DatasetName,
-  type ModelName,
 } from './common.js';
+import { engineOption, openEngine, type EngineName } from './engine.js';
+import { inferencePrecision, inputOptions } from './inference.js';
 import {
-  checkModelSource,
-  inferencePrecision,
-  inferenceTrainer,
-  inputOptions,
-  loadModel,
-  modelSourceOptions,
-} from './inference.js';
+  checkModelChoice,
+  loadModelSource,
+  modelSourceOptionsWithArtifact,
+  resolveSourceEvalData,
+} from './model-source.js';
 import { INT8_EVAL_OPTIONS, checkInt8Args, evaluateInt8, int8ReportText, type Int8EvalArgs } from './eval-int8.js';
-import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES, resolveEvalData } from './eval-data.js';
+import { EVAL_DATASET_OPTION, EVAL_DATA_POSITIONAL, EVAL_INPUT_NAMES } from './eval-data.js';
 import { CliError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const SPEC: CommandSpec = {
@@ -45,9 +44,10 @@ const SPEC: CommandSpec = {
     "Without DATA, the run's own validation data is used when the checkpoint or the weights' run folder records it, else the built-in dataset's validation images.",
   positionals: [EVAL_DATA_POSITIONAL],
   options: [
-    ...modelSourceOptions('Model'),
+    ...modelSourceOptionsWithArtifact('Model'),
     EVAL_DATASET_OPTION,
     ...inputOptions(EVAL_INPUT_NAMES, 'Data', 'Run'),
+    engineOption('Run'),
     { ...SHARED_OPTIONS.workers, section: 'Data' },
     {
       name: 'output-dir',
@@ -71,7 +71,7 @@ const SPEC: CommandSpec = {
 interface EvalArgs extends Int8EvalArgs {
   weights: string | undefined;
   checkpoint: string | undefined;
-  model: ModelName | undefined;
+  model: string | undefined;
   numClasses: number | undefined;
   dataset: DatasetName | undefined;
   valResizeSize: number | undefined;
@@ -81,6 +81,7 @@ interface EvalArgs extends Int8EvalArgs {
   workers: number | undefined;
   device: string;
   amp: AmpName | undefined;
+  engine: EngineName | undefined;
   outputDir: string | undefined;
   quiet: boolean;
   json: boolean;
@@ -89,16 +90,16 @@ interface EvalArgs extends Int8EvalArgs {
 async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const a = parsed.values as unknown as EvalArgs;
   const given = parsed.positionals[0];
-  checkModelSource(a);
+  const choice = checkModelChoice(a, io.cwd);
   if (given !== undefined) locateData(a.dataset ?? 'imagefolder', given, 'eval');
   const device = checkDevice(a.device);
   checkInt8Args(a, parsed.explicit, device);
   const workers = workerCount(a.workers, (text) => io.stderr.write(`${text}\n`));
 
-  const loaded = await loadModel(a, device, io.cwd);
+  const loaded = await loadModelSource(a, choice, device, io.cwd);
   const { config } = loaded;
   const precision = inferencePrecision(a.amp, config.amp, device);
-  const { dataset, data, files, settings, generated } = resolveEvalData(a, given, loaded, 'eval');
+  const { dataset, data, files, settings, generated } = resolveSourceEvalData(a, given, loaded, 'eval');
   const evalData = await openEvalData(files, generated);
   if (evalData.classes.length > loaded.arch.numClasses) {
     throw new CliError(
@@ -116,35 +117,38 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     );
   }
 
+  const { engine, note } = openEngine(loaded.model, {
+    engine: a.engine,
+    device,
+    amp: precision.amp,
+    progress: a.quiet || a.json ? false : io.stderr,
+    classNames,
+    batchShape: [Math.min(a.batchSize, evalData.length), settings.valCropSize, settings.valCropSize, 3],
+  });
+  if (note !== undefined) notes.push(note);
   const loader = new DataLoader(evalData, {
     batchSize: a.batchSize,
     transform: valTransform(settings),
     workers,
     device,
   });
-  const trainer = inferenceTrainer(loaded.model, {
-    device,
-    amp: precision.amp,
-    progress: a.quiet || a.json ? false : io.stderr,
-    classNames,
-  });
   try {
     if (!a.quiet && !a.json) {
       io.stderr.write(
-        `resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}\n`,
+        `resnet-cuda eval: ${loaded.arch.model}, ${loaded.arch.numClasses} classes, from ${loaded.source}, ${engine.name} engine\n`,
       );
       io.stderr.write(
         `on ${data !== undefined ? `${dataset} '${displayPath(data, io.cwd)}'` : 'the built-in dataset'}: ${evalData.length} images, resize ${settings.valResizeSize}, crop ${settings.valCropSize}, ${device}, ${precisionText(precision.amp)}\n`,
       );
       for (const note of notes) io.stderr.write(`${note}\n`);
     }
-    const result = await trainer.evaluate(loader);
+    const result = await engine.evaluate(loader);
     const int8 = a.int8
       ? await evaluateInt8(
           loaded.model,
           a,
           {
-            train: (await openTrainData(resolveEvalData(a, given, loaded, 'train').files, generated)).train,
+            train: (await openTrainData(resolveSourceEvalData(a, given, loaded, 'train').files, generated)).train,
             eval: evalData,
             settings,
             workers,
@@ -170,6 +174,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
         model: loaded.arch.model,
         numClasses: loaded.arch.numClasses,
         amp: precision.amp,
+        engine: engine.name,
         classes: classNames ?? null,
         confusion: result.confusion.toArray(),
         report: result.report,
@@ -187,7 +192,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     }
     return 0;
   } finally {
-    await trainer.dispose();
+    await engine.dispose();
     await loader.close();
   }
 }

@@ -10,10 +10,16 @@ import { DEFAULT_ONNX_OPSET, ONNX_OPSETS, exportOnnx, type OnnxExport } from '..
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
 import { isQatPrepared, quantizedGraph } from '../train/qat.js';
 import { displayPath, MAX_IMAGE_SIZE, SHARED_OPTIONS, type ModelName } from './common.js';
+import {
+  ARTIFACT_EXPORT_KEYS,
+  artifactExportOptions,
+  exportArtifact,
+  type ArtifactExportValues,
+} from './export-artifact.js';
 import { checkModelSource, loadModel, modelSourceOptions, type LoadedModel } from './inference.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
-interface ExportArgs {
+interface ExportArgs extends ArtifactExportValues {
   format: string;
   weights: string | undefined;
   checkpoint: string | undefined;
@@ -112,16 +118,18 @@ async function writeOnnx(
 /** The formats, by `--format` name. */
 const FORMATS: Record<string, ExportFormat> = {
   onnx: { options: ['opset', 'batch', 'layout', 'dtype', 'imageSize'], write: writeOnnx },
+  artifact: { options: ARTIFACT_EXPORT_KEYS, write: exportArtifact },
 };
 
 const SPEC: CommandSpec = {
   name: 'export',
-  summary: 'Export a trained model for deployment (ONNX).',
+  summary: 'Export a trained model for deployment (ONNX, or an inference artifact folder).',
   description:
     'Writes the model of a --weights file or --checkpoint in a deployment format. ' +
     '--format onnx: an ONNX file of the inference graph (batch norm folded into the convolutions) that ONNX Runtime and TensorRT (trtexec --onnx=FILE) run; ' +
     "its input is the normalised image, NCHW by default, and its metadata holds the class names and the normalisation's mean and std. " +
-    "PyTorch's equivalent is torch.onnx.export(model.eval(), x, FILE, opset_version=17, dynamic_axes={'input': {0: 'batch'}, 'logits': {0: 'batch'}}).",
+    "PyTorch's equivalent is torch.onnx.export(model.eval(), x, FILE, opset_version=17, dynamic_axes={'input': {0: 'batch'}, 'logits': {0: 'batch'}}). " +
+    '--format artifact: a folder (model.safetensors, model.json with the architecture, preprocessing and class names, and on --with-onnx model.onnx) that predict --model DIR and loadInferenceArtifact run, as a TorchScript file is run in PyTorch.',
   positionals: [],
   options: [
     {
@@ -133,7 +141,14 @@ const SPEC: CommandSpec = {
       section: 'Output',
     },
     ...modelSourceOptions('Model'),
-    { name: 'output', short: 'o', type: 'path', valueName: 'FILE', help: 'The file to write.', section: 'Output' },
+    {
+      name: 'output',
+      short: 'o',
+      type: 'path',
+      valueName: 'PATH',
+      help: 'The file to write (the folder, for --format artifact).',
+      section: 'Output',
+    },
     { ...SHARED_OPTIONS.json, section: 'Output' },
     {
       name: 'opset',
@@ -176,10 +191,12 @@ const SPEC: CommandSpec = {
       help: 'A fixed input height and width, or dynamic (any size).',
       section: 'ONNX',
     },
+    ...artifactExportOptions('Artifact'),
   ],
   examples: [
     'resnet-cuda export --checkpoint runs/r50 --output r50.onnx',
     'resnet-cuda export --weights runs/r50/model.safetensors --output r50-fp16.onnx --dtype f16 --batch 8 --image-size 224',
+    'resnet-cuda export --format artifact --checkpoint runs/pets --output deploy/pets',
   ],
 };
 

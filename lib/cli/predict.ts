@@ -12,7 +12,6 @@ import { DataLoader, DataLoaderError } from '../data/loader.js';
 import type { Compose, Interpolation } from '../data/transforms.js';
 import { defined } from '../errors.js';
 import { IMAGENET_MEAN, IMAGENET_STD } from '../nn/input.js';
-import type { Trainer } from '../train/trainer.js';
 import {
   SHARED_OPTIONS,
   checkBatchMemory,
@@ -21,17 +20,10 @@ import {
   readClassNames,
   valTransform,
   type AmpName,
-  type ModelName,
 } from './common.js';
-import {
-  checkModelSource,
-  inferencePrecision,
-  inferenceTrainer,
-  inputOptions,
-  inputSettings,
-  loadModel,
-  modelSourceOptions,
-} from './inference.js';
+import { engineOption, openEngine, type EngineName, type InferenceEngine } from './engine.js';
+import { inferencePrecision, inputOptions, inputSettings } from './inference.js';
+import { checkModelChoice, loadModelSource, modelSourceOptionsWithArtifact } from './model-source.js';
 import { UsageError, type CliIO, type Command, type CommandSpec, type ParsedCommand } from './options.js';
 
 const INPUT_NAMES = {
@@ -50,13 +42,13 @@ const SPEC: CommandSpec = {
   summary: 'Classify images.',
   description:
     'Classifies image files (JPEG, PNG, WebP) and prints the --topk most likely classes of each with their probabilities. A folder stands for the images directly in it. ' +
-    'The resize, crop and normalisation are those the model was trained with when the checkpoint (or the run folder of the weights) records them. ' +
+    'The resize, crop and normalisation are those the model was trained with when the checkpoint (or the run folder of the weights) records them, or those an inference artifact (--model DIR) records. ' +
     'A file that cannot be read or decoded gets an error line (with its code) on stderr, the others their classes, and the exit code is then 1.',
   positionals: [
     { name: 'IMAGE', help: 'Image files or folders of images.', variadic: true, required: true, configKey: 'images' },
   ],
   options: [
-    ...modelSourceOptions('Model'),
+    ...modelSourceOptionsWithArtifact('Model'),
     {
       name: 'classes',
       type: 'path',
@@ -77,17 +69,19 @@ const SPEC: CommandSpec = {
     },
     { ...SHARED_OPTIONS.json, section: 'Output' },
     ...inputOptions(INPUT_NAMES, 'Input', 'Run'),
+    engineOption('Run'),
   ],
   examples: [
     'resnet-cuda predict --weights runs/demo/model.safetensors shapes/*.png',
     'resnet-cuda predict --checkpoint runs/pets --topk 3 --json photos/',
+    'resnet-cuda predict --model deploy/pets photos/',
   ],
 };
 
 interface PredictArgs {
   weights: string | undefined;
   checkpoint: string | undefined;
-  model: ModelName | undefined;
+  model: string | undefined;
   numClasses: number | undefined;
   classes: string | undefined;
   topk: number;
@@ -98,6 +92,7 @@ interface PredictArgs {
   batchSize: number;
   device: string;
   amp: AmpName | undefined;
+  engine: EngineName | undefined;
 }
 
 /** One image's top-k classes. */
@@ -121,7 +116,7 @@ interface Failure {
 async function classify(
   files: readonly string[],
   o: {
-    trainer: Trainer;
+    engine: InferenceEngine;
     transform: Compose;
     batchSize: number;
     device: string;
@@ -143,7 +138,7 @@ async function classify(
         device: o.device,
       });
       try {
-        const result = await o.trainer.predict(loader, { topk: o.topk });
+        const result = await o.engine.predict(loader, o.topk);
         for (let s = 0; s < pending.length; s++) {
           const at = (j: number) => s * result.topk + j;
           rows.push({
@@ -195,12 +190,12 @@ function expandImages(paths: readonly string[]): string[] {
 
 async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const a = parsed.values as unknown as PredictArgs;
-  checkModelSource(a);
+  const choice = checkModelChoice(a, io.cwd);
   const files = expandImages(parsed.positionals);
   const classFile = a.classes !== undefined ? readClassNames(a.classes) : undefined;
   const device = checkDevice(a.device);
 
-  const loaded = await loadModel(a, device, io.cwd);
+  const loaded = await loadModelSource(a, choice, device, io.cwd);
   const { config, arch } = loaded;
   const precision = inferencePrecision(a.amp, config.amp, device);
   if (precision.note !== undefined) io.stderr.write(`${precision.note}\n`);
@@ -219,11 +214,18 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   );
   checkBatchMemory(a.batchSize, settings.valCropSize);
 
-  const trainer = inferenceTrainer(loaded.model, { device, amp: precision.amp, progress: false });
+  const { engine, note } = openEngine(loaded.model, {
+    engine: a.engine,
+    device,
+    amp: precision.amp,
+    progress: false,
+    batchShape: [Math.min(a.batchSize, files.length), settings.valCropSize, settings.valCropSize, 3],
+  });
+  if (note !== undefined) io.stderr.write(`${note}\n`);
   try {
     const name = (c: number) => classes?.[c] ?? String(c);
     const { rows, failures } = await classify(files, {
-      trainer,
+      engine,
       transform: valTransform(settings),
       batchSize: a.batchSize,
       device,
@@ -234,7 +236,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     const crop = settings.valCropSize;
     if (a.json) {
       io.stdout.write(
-        `${JSON.stringify({ model: arch.model, numClasses: arch.numClasses, resize, crop, images: rows, failed: failures }, null, 2)}\n`,
+        `${JSON.stringify({ model: arch.model, numClasses: arch.numClasses, resize, crop, engine: engine.name, images: rows, failed: failures }, null, 2)}\n`,
       );
     } else {
       for (const row of rows) {
@@ -251,7 +253,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     }
     return failures.length > 0 ? 1 : 0;
   } finally {
-    await trainer.dispose();
+    await engine.dispose();
   }
 }
 

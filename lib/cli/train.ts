@@ -80,6 +80,7 @@ import {
   type ParsedCommand,
 } from './options.js';
 import { TEACHER_DEPENDENT, TEACHER_OPTIONS, loadTeacher, type LoadedTeacher, type TeacherArgs } from './teacher.js';
+import { writeRunArtifact } from './train-artifact.js';
 
 const SCHEDULERS = [
   'cosineannealinglr',
@@ -565,7 +566,7 @@ const SPEC: CommandSpec = {
   summary: 'Train a ResNet.',
   description:
     "Trains a ResNet like torchvision's references/classification/train.py. Without DATA it runs the demo: ResNet-18 on the built-in generated dataset (coloured shapes, 32 px, 4 classes), which reaches 95-100% validation accuracy in 100 steps (a few minutes on two CPU cores).\n\n" +
-    'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, summary.json and config.json (every option the run reads, defaults included, re-runnable with --config). Ctrl-C (SIGINT), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP stop the run after the current step and write a checkpoint (exit codes 130, 143 and 129); a second signal while stopping quits at once.',
+    'The output folder receives checkpoints/ (latest, best and the last --keep-last), log.jsonl, tensorboard/, curves-*.png, confusion-matrix.png, classification-report.txt, model.safetensors, artifact/ (the best model as an inference artifact, for predict --model DIR), summary.json and config.json (every option the run reads, defaults included, re-runnable with --config). Ctrl-C (SIGINT), SIGTERM (docker stop, Slurm and Kubernetes preemption) and SIGHUP stop the run after the current step and write a checkpoint (exit codes 130, 143 and 129); a second signal while stopping quits at once.',
   positionals: [
     {
       name: 'DATA',
@@ -1022,6 +1023,7 @@ const STOP_SIGNALS: Readonly<Record<string, number>> = { SIGINT: 130, SIGTERM: 1
 /** What a finished run may have written, in the order the closing line names them. */
 const OUTPUTS = [
   'model.safetensors',
+  'artifact/',
   'model-ema.safetensors',
   'checkpoints/',
   'log.jsonl',
@@ -1308,6 +1310,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     }
     io.stdout.write(`${summary}\n`);
     if (final && !a.quiet) io.stdout.write(`\n${final.report}\n`);
+    // A finished, evaluated run leaves its best model as an inference artifact (predict --model DIR).
+    if (final && stoppedBy === undefined) await writeRunArtifact(outDir, model, config);
     io.stdout.write(`outputs in ${where}: ${writtenOutputs(outDir).join(', ')}\n`);
     // Stopped by a signal: the checkpoint is written, but the run did not finish.
     return stoppedBy !== undefined ? STOP_SIGNALS[stoppedBy]! : 0;
