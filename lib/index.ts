@@ -283,3 +283,23 @@ export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
 // Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
 export { DistillationLoss, type DistillationLossOptions } from './nn/distillation-loss.js';
 export { Distillation, type DistillationOptions } from './train/distillation.js';
+// PyTorch checkpoints (.pth/.pt) read without Python, pretrained weights, and the fine-tuning groups.
+export {
+  loadTorchCheckpoint,
+  readTorchCheckpoint,
+  TORCH_ALLOWED_GLOBALS,
+  TorchStorage,
+  TorchTensor,
+  type LoadTorchCheckpointOptions,
+  type TorchDType,
+  type TorchValue,
+} from './nn/torch-checkpoint.js';
+export type { PickleKey, PickleValue } from './nn/pickle.js';
+export {
+  classifierClasses,
+  loadPretrained,
+  readWeightsFile,
+  weightsFormat,
+  type WeightsFormat,
+} from './nn/pretrained.js';
+export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';

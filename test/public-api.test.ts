@@ -50,6 +50,9 @@ describe('the package entry point', () => {
       'encodeNpy',
       'tsne',
       'plotScatter',
+      'loadTorchCheckpoint',
+      'readTorchCheckpoint',
+      'backboneGroups',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
