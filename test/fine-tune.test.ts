@@ -180,7 +180,7 @@ describe('train --pretrained', () => {
     expect(bad.stderr).toMatch(/--backbone-lr-scale/);
   });
 
-  it('evaluates a .pth as it evaluates the same weights in safetensors', async () => {
+  it('evaluates a .pth as it evaluates the same weights in safetensors, and distils from one', async () => {
     const four = join(dir, 'four.pth');
     using model = ResNet18({ numClasses: 4, smallInput: true, seed: 9 });
     const state = model.stateDict();
@@ -195,5 +195,12 @@ describe('train --pretrained', () => {
     const result = JSON.parse(a.stdout) as { count: number; acc1: number; confusion: number[][] };
     expect(result.count).toBe(8);
     expect(result).toEqual(JSON.parse(b.stdout));
+    // A .pth teacher for distillation too.
+    const distil = await runCli(
+      ['train', data, '--teacher', four, '--output-dir', join(dir, 'distil'), ...common],
+      dir,
+    );
+    expect(distil.code, distil.stderr).toBe(0);
+    expect(distil.stderr).toMatch(/distilling a resnet18 teacher from weights .*four\.pth/);
   });
 });

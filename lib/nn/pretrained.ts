@@ -5,7 +5,7 @@
  * number of classes differs from the model's, which is left as the model initialised it.
  * @packageDocumentation
  */
-import { readFileSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, readSync } from 'node:fs';
 import { ResnetError, invalid } from '../errors.js';
 import { decodeSafetensors } from '../train/checkpoint.js';
 import type { Module, StateDict } from './module.js';
@@ -24,6 +24,22 @@ export function weightsFormat(bytes: Uint8Array): WeightsFormat {
   // The legacy torch.save format starts with a protocol-2 pickle of a 10-byte integer.
   if (bytes[0] === 0x80 && bytes[1] === 0x02 && bytes[2] === 0x8a) return 'torch';
   return 'safetensors';
+}
+
+/** Whether the file at `path` is a `torch.save` file, from its first bytes (false when it cannot be read). */
+export function isTorchFile(path: string): boolean {
+  const head = new Uint8Array(4);
+  try {
+    const fd = openSync(path, 'r');
+    try {
+      readSync(fd, head, 0, 4, 0);
+    } finally {
+      closeSync(fd);
+    }
+  } catch {
+    return false;
+  }
+  return weightsFormat(head) === 'torch';
 }
 
 /**
