@@ -73,42 +73,43 @@ export class TorchStorage {
     if (this.#decoded) return this.#decoded;
     const bytes = this.#bytes;
     if (!bytes) fail(this.source, `storage '${this.key}' has no data`);
-    // A copy aligned for the typed arrays (the entry may start anywhere in the file).
-    const copy = Uint8Array.from(bytes);
+    // The typed arrays need aligned memory: the entry itself when it is aligned (torch.save aligns
+    // its zip entries to 64 bytes), else a copy.
+    const copy = bytes.byteOffset % 8 === 0 ? bytes : new Uint8Array(bytes);
     const n = this.numel;
     let out: Float32Array | BigInt64Array;
     switch (this.dtype) {
       case 'f32':
-        out = new Float32Array(copy.buffer, 0, n);
+        out = new Float32Array(copy.buffer, copy.byteOffset, n);
         break;
       case 'f64':
-        out = Float32Array.from(new Float64Array(copy.buffer, 0, n));
+        out = Float32Array.from(new Float64Array(copy.buffer, copy.byteOffset, n));
         break;
       case 'f16': {
-        const half = new Uint16Array(copy.buffer, 0, n);
+        const half = new Uint16Array(copy.buffer, copy.byteOffset, n);
         out = new Float32Array(n);
         for (let i = 0; i < n; i++) out[i] = halfToFloat(half[i]!);
         break;
       }
       case 'bf16': {
         // bfloat16 is the upper half of an f32.
-        const half = new Uint16Array(copy.buffer, 0, n);
+        const half = new Uint16Array(copy.buffer, copy.byteOffset, n);
         const wide = new Uint32Array(n);
         for (let i = 0; i < n; i++) wide[i] = half[i]! << 16;
         out = new Float32Array(wide.buffer);
         break;
       }
       case 'i64':
-        out = new BigInt64Array(copy.buffer, 0, n);
+        out = new BigInt64Array(copy.buffer, copy.byteOffset, n);
         break;
       case 'i32':
-        out = BigInt64Array.from(new Int32Array(copy.buffer, 0, n), (v) => BigInt(v));
+        out = BigInt64Array.from(new Int32Array(copy.buffer, copy.byteOffset, n), (v) => BigInt(v));
         break;
       case 'i16':
-        out = BigInt64Array.from(new Int16Array(copy.buffer, 0, n), (v) => BigInt(v));
+        out = BigInt64Array.from(new Int16Array(copy.buffer, copy.byteOffset, n), (v) => BigInt(v));
         break;
       case 'i8':
-        out = BigInt64Array.from(new Int8Array(copy.buffer, 0, n), (v) => BigInt(v));
+        out = BigInt64Array.from(new Int8Array(copy.buffer, copy.byteOffset, n), (v) => BigInt(v));
         break;
       case 'u8':
       case 'bool':
@@ -158,6 +159,16 @@ export class TorchTensor {
     return this.shape.reduce((a, b) => a * b, 1);
   }
 
+  /** Whether the elements lie in row-major order without gaps (the strides of a fresh tensor of this shape). */
+  get isContiguous(): boolean {
+    let expected = 1;
+    for (let d = this.shape.length - 1; d >= 0; d--) {
+      if (this.shape[d] !== 1 && this.stride[d] !== expected) return false;
+      expected *= this.shape[d]!;
+    }
+    return true;
+  }
+
   /** Whether the dtype is a floating one (its values read as f32). */
   get isFloating(): boolean {
     return FLOATING.includes(this.dtype);
@@ -170,6 +181,7 @@ export class TorchTensor {
   values(): Float32Array | BigInt64Array {
     const all = this.storage.decoded();
     const n = this.numel;
+    if (this.isContiguous) return all.slice(this.storageOffset, this.storageOffset + n);
     const out = all instanceof Float32Array ? new Float32Array(n) : new BigInt64Array(n);
     if (n === 0) return out;
     const rank = this.shape.length;
@@ -401,7 +413,7 @@ function readLegacy(bytes: Uint8Array, source: string): TorchValue {
  * Maps, lists and tuples as arrays, numbers, strings, None as null, and {@link TorchTensor}s.
  * Reads the zip format and the legacy one. Only the globals of {@link TORCH_ALLOWED_GLOBALS} may
  * appear in the pickle: any other (a class of the training script, `os.system`, …) is refused
- * with `ERR_RC_CHECKPOINT`, naming it, before anything else is read. Nothing is ever executed.
+ * with `ERR_RC_CHECKPOINT`, naming it, at the opcode that names it. Nothing is ever executed.
  *
  * @param source - the file's bytes, or its path.
  * @param name - names the file in errors when `source` is bytes.
