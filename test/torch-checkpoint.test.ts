@@ -323,6 +323,34 @@ describe('torchvision weights in ResNet', () => {
     expect(() => ResNet18({ weights: join(dir, 'missing.pth') })).toThrow(/missing\.pth: cannot be read/);
   });
 
+  it.skipIf(!python)(
+    `PyTorch's own weights_only loader agrees on the fixtures: it reads the same values and refuses the same global${reason}`,
+    () => {
+      const script = [
+        'import sys, torch',
+        'for name in sys.argv[1:]:',
+        '    try:',
+        '        value = torch.load(name, weights_only=True)',
+        '        print(name, "ok", float(value["f32"].sum()) if "f32" in value else value["epoch"])',
+        '    except Exception as error:',
+        '        print(name, "refused", "posix.system" in str(error))',
+      ].join('\n');
+      const files = ['torch-state.pt', 'torch-legacy.pt', 'torch-checkpoint.pt', 'torch-malicious.pt'].map(fixture);
+      const lines = execFileSync(defined(python, 'RESNET_TORCH_PYTHON'), ['-c', script, ...files], { encoding: 'utf8' })
+        .trim()
+        .split('\n');
+      const sum = lookup(expectedState(), 'f32').data as Float32Array;
+      const total = sum.reduce((a, b) => a + b, 0);
+      expect(lines).toEqual([
+        `${files[0]} ok ${total.toFixed(1)}`,
+        `${files[1]} ok ${total.toFixed(1)}`,
+        `${files[2]} ok 3`,
+        `${files[3]} refused True`,
+      ]);
+      expect(existsSync(MARKER)).toBe(false);
+    },
+  );
+
   for (const depth of [18, 50] as const) {
     it.skipIf(!python)(`ResNet-${depth} given torchvision's .pth computes torchvision's logits${reason}`, () => {
       const out = join(dir, String(depth));
