@@ -115,6 +115,13 @@ describe('torch.save files', () => {
     expect(all.get('epoch')).toBe(3);
     expect(all.get('best_acc1')).toBe(0.625);
     expect(all.get('arch')).toBe('tiny');
+    // A Parameter pickled itself (torch._utils._rebuild_parameter) shares the state dict's storage.
+    const [head] = all.get('head') as TorchTensor[];
+    const model = all.get('model') as Map<string, TorchValue>;
+    expect(defined(head, 'head').requiresGrad).toBe(true);
+    expect((model.get('module.3.weight') as TorchTensor).requiresGrad).toBe(false);
+    expect(head?.storage).toBe((model.get('module.3.weight') as TorchTensor).storage);
+    expect(head?.values()).toEqual(lookup(state, '3.weight').data);
     const optimizer = all.get('optimizer') as Map<string, TorchValue>;
     const group = (optimizer.get('param_groups') as Map<string, TorchValue>[])[0]!;
     expect(group.get('lr')).toBe(0.1);
@@ -250,7 +257,7 @@ describe('torch.save files', () => {
       /entry 'optimizer' that is not a dict of tensors/,
     );
     expect(() => loadTorchCheckpoint(checkpoint, { key: 'ema' })).toThrow(
-      /no entry 'ema'; its keys are model, optimizer, epoch, best_acc1, arch/,
+      /no entry 'ema'; its keys are model, optimizer, epoch, best_acc1, arch, head/,
     );
     const noModel = bytesOf(0x80, 2, '}', str('epoch'), 'K', 3, 's.');
     expect(() => loadTorchCheckpoint(torchZip(noModel))).toThrow(/holds no state dict/);
