@@ -339,3 +339,23 @@ export {
   type ArtifactPreprocessing,
 } from './inference/artifact-manifest.js';
 export { evaluatePredictor, predictLoader, type EvaluatePredictorOptions } from './inference/predictor-runs.js';
+// PyTorch checkpoints (.pth/.pt) read without Python, pretrained weights, and the fine-tuning groups.
+export {
+  loadTorchCheckpoint,
+  readTorchCheckpoint,
+  TORCH_ALLOWED_GLOBALS,
+  TorchStorage,
+  TorchTensor,
+  type LoadTorchCheckpointOptions,
+  type TorchDType,
+  type TorchValue,
+} from './nn/torch-checkpoint.js';
+export type { PickleKey, PickleValue } from './nn/pickle.js';
+export {
+  classifierClasses,
+  loadPretrained,
+  readWeightsFile,
+  weightsFormat,
+  type WeightsFormat,
+} from './nn/pretrained.js';
+export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';

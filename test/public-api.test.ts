@@ -55,6 +55,9 @@ describe('the package entry point', () => {
       'exportOnnx',
       'saveInferenceArtifact',
       'loadInferenceArtifact',
+      'loadTorchCheckpoint',
+      'readTorchCheckpoint',
+      'backboneGroups',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

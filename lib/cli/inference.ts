@@ -10,6 +10,7 @@ import { existsSync } from 'node:fs';
 import type { Interpolation } from '../data/transforms.js';
 import { defined } from '../errors.js';
 import type { StateDict } from '../nn/module.js';
+import { readWeightsFile } from '../nn/pretrained.js';
 import type { ResNet } from '../nn/resnet.js';
 import { SGD } from '../optim/sgd.js';
 import { Trainer } from '../train/trainer.js';
@@ -41,7 +42,7 @@ export function modelSourceOptions(section: string): OptionSpec[] {
       type: 'path',
       mustExist: 'file',
       valueName: 'FILE',
-      help: "A safetensors weights file (train's model.safetensors, or torchvision's weights converted to safetensors).",
+      help: "A weights file: safetensors (train's model.safetensors) or PyTorch's .pth/.pt (torch.save of a state dict, such as torchvision's model zoo files, or a training checkpoint holding one under model).",
       section,
     },
     {
@@ -129,7 +130,7 @@ export async function loadModel(
     what = `checkpoint ${displayPath(file, cwd)} (epoch ${info.epoch}, step ${info.step})`;
   } else {
     file = defined(source.weights, 'the weights file (neither weights nor checkpoint was given)');
-    tensors = (await readSafetensors(file)).tensors;
+    tensors = readWeightsFile(file);
     const beside = await runConfigBeside(file);
     if (beside) {
       config = beside.config;

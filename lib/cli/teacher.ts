@@ -6,6 +6,7 @@
  */
 import { existsSync, statSync } from 'node:fs';
 import { join } from 'node:path';
+import { isTorchFile } from '../nn/pretrained.js';
 import type { ResNet } from '../nn/resnet.js';
 import { MODEL_NAMES, readSafetensors, type ModelName } from './common.js';
 import { loadModel } from './inference.js';
@@ -19,7 +20,7 @@ export const TEACHER_OPTIONS: OptionSpec[] = [
     name: 'teacher',
     type: 'path',
     valueName: 'PATH',
-    help: "Distil this trained model into the one being trained: a run folder (its model.safetensors, else its latest checkpoint), a training checkpoint, or a safetensors weights file with torchvision's names. It must have the run's classes.",
+    help: "Distil this trained model into the one being trained: a run folder (its model.safetensors, else its latest checkpoint), a training checkpoint, or a weights file with torchvision's names (safetensors, or PyTorch's .pth/.pt). It must have the run's classes.",
     section: SECTION,
   },
   {
@@ -82,6 +83,7 @@ async function teacherSource(path: string): Promise<{ checkpoint: string } | { w
     return existsSync(weights) ? { weights } : { checkpoint: path };
   }
   if (path.endsWith('.json')) return { checkpoint: path };
+  if (isTorchFile(path)) return { weights: path };
   const { metadata } = await readSafetensors(path);
   return metadata.format === 'resnet-cuda-checkpoint' ? { checkpoint: path } : { weights: path };
 }

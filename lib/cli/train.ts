@@ -13,6 +13,7 @@ import type { Interpolation } from '../data/transforms.js';
 import { ResnetError, defined } from '../errors.js';
 import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
 import type { StateDict } from '../nn/module.js';
+import { loadPretrained, readWeightsFile } from '../nn/pretrained.js';
 import type { ResNet } from '../nn/resnet.js';
 import { AdamW, LAMB } from '../optim/adam.js';
 import { parameterGroups, type Optimizer } from '../optim/optimizer.js';
@@ -54,7 +55,6 @@ import {
   partialRunConfig,
   percent,
   precisionText,
-  readSafetensors,
   timestampName,
   trainTransform,
   valResizeFor,
@@ -67,6 +67,14 @@ import {
   type ModelName,
   type RunConfig,
 } from './common.js';
+import {
+  FINE_TUNE_DEPENDENT,
+  FINE_TUNE_OPTIONS,
+  applyFreezeBackbone,
+  checkFineTune,
+  fineTuneParams,
+  type FineTuneArgs,
+} from './fine-tune.js';
 import { PRUNE_DEPENDENT, PRUNE_TRAIN_OPTIONS, trainPruning, type PruneArgs } from './prune-train.js';
 import {
   CliError,
@@ -191,10 +199,11 @@ const OPTIONS: OptionSpec[] = [
   },
   {
     name: 'weights',
+    aliases: ['pretrained'],
     type: 'path',
     mustExist: 'file',
     valueName: 'FILE',
-    help: 'Start from these safetensors weights (fine-tuning); with a different number of classes, everything but fc is loaded.',
+    help: "Start from these pretrained weights (fine-tuning): safetensors, or PyTorch's .pth/.pt (torch.save of a state dict, such as torchvision's model zoo files, or a training checkpoint holding one under model). With a different number of classes, fc is new and everything else is loaded.",
     section: S_MODEL,
   },
   {
@@ -204,6 +213,7 @@ const OPTIONS: OptionSpec[] = [
     help: 'Comma-separated parameter prefixes not to train, e.g. conv1,bn1,layer1.',
     section: S_MODEL,
   },
+  ...FINE_TUNE_OPTIONS,
   ...PRUNE_TRAIN_OPTIONS,
   {
     name: 'grad-checkpoint',
@@ -582,13 +592,14 @@ const SPEC: CommandSpec = {
     '    --lr-warmup-method linear --label-smoothing 0.1 --wd 2e-5 --norm-weight-decay 0 --model-ema --device cuda --amp bf16',
     'resnet-cuda train data/cifar-10-batches-bin --dataset cifar10 --epochs 30 --lr-scheduler onecyclelr --opt sgd-nesterov',
     'resnet-cuda train data/pets --weights resnet50.safetensors --freeze conv1,bn1,layer1 --lr 0.01 --epochs 10',
+    'resnet-cuda train data/pets --model resnet50 --pretrained resnet50-11ad3fa6.pth --backbone-lr-scale 0.1 --lr 0.01 --epochs 10',
     'resnet-cuda train --resume --output-dir runs/r50    # continue where it stopped',
     'resnet-cuda train data/imagenet --model resnet50 --teacher runs/r152 --kd-temperature 4 --kd-alpha 0.9 --device cuda',
   ],
 };
 
 /** The options of `train` after defaults and presets, by camelCase name. */
-interface TrainArgs extends TeacherArgs, PruneArgs {
+interface TrainArgs extends TeacherArgs, PruneArgs, FineTuneArgs {
   dataset: DatasetName;
   data: string | undefined;
   workers: number;
@@ -709,6 +720,7 @@ const DEPENDENT_OPTIONS: readonly {
   },
   TEACHER_DEPENDENT,
   PRUNE_DEPENDENT,
+  FINE_TUNE_DEPENDENT,
 ];
 
 /**
@@ -782,6 +794,7 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
     throw new UsageError(`--grad-checkpoint expects stage or a number of blocks N >= 1, got '${a.gradCheckpoint}'`);
   }
   if (a.profileSteps !== undefined) profileRange(a.profileSteps);
+  checkFineTune(a);
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
   return { args: { ...a, device }, files };
@@ -889,14 +902,16 @@ function buildSchedule(a: TrainArgs, stepsPerEpoch: number): Schedule | undefine
 
 /** The optimizer `--opt`, `--momentum`, `--weight-decay` and `--norm-weight-decay` describe, at `lr` (`lr-find` builds its own so). */
 export function buildOptimizer(
-  a: Pick<TrainArgs, 'opt' | 'momentum' | 'weightDecay' | 'normWeightDecay'>,
+  a: Pick<TrainArgs, 'opt' | 'momentum' | 'weightDecay' | 'normWeightDecay'> &
+    Partial<Pick<TrainArgs, 'backboneLrScale'>>,
   model: ResNet,
   lr: number,
 ): Optimizer<{ lr: number }> {
-  const params =
+  const groups =
     a.normWeightDecay === 0
       ? parameterGroups(model, { weightDecay: a.weightDecay, noWeightDecayOnNormAndBias: true })
-      : model;
+      : undefined;
+  const params = fineTuneParams({ backboneLrScale: a.backboneLrScale }, model, groups, lr) ?? model;
   switch (a.opt) {
     case 'sgd':
     case 'sgd-nesterov':
@@ -938,8 +953,8 @@ function freeze(model: ResNet, prefixes: readonly string[]): number {
  * Reads `--weights` and checks it against the run's model and stem, before any data is opened.
  * @throws {@link UsageError} when the file holds another architecture than the options ask for.
  */
-async function readStartWeights(file: string, model: ModelName, smallInput: boolean): Promise<StateDict> {
-  const { tensors } = await readSafetensors(file);
+function readStartWeights(file: string, model: ModelName, smallInput: boolean): StateDict {
+  const tensors = readWeightsFile(file);
   const found = architectureOf(tensors);
   if (!found) {
     throw new CliError(
@@ -961,23 +976,13 @@ async function readStartWeights(file: string, model: ModelName, smallInput: bool
   return tensors;
 }
 
-/** Loads the `--weights` tensors, leaving out the classifier when its number of classes differs. */
+/** Loads the `--weights` tensors, leaving out the classifier when its number of classes differs (see `loadPretrained`). */
 function loadStartWeights(tensors: StateDict, model: ResNet, numClasses: number, file: string): string {
   // readStartWeights has recognised the architecture, classifier included.
   const fc = defined(tensors.get('fc.weight'), `fc.weight of ${file}`);
-  if (fc.shape[0] === numClasses) {
-    model.loadStateDict(tensors);
-    return `loaded ${file}`;
-  }
-  const body: StateDict = new Map([...tensors].filter(([name]) => !name.startsWith('fc.')));
-  const missing = [...model.stateDict().keys()].filter((k) => !k.startsWith('fc.') && !body.has(k));
-  if (missing.length > 0) {
-    throw new CliError(
-      `--weights '${file}' lacks ${missing.length} of the model's tensors (${missing.slice(0, 3).join(', ')}…)`,
-    );
-  }
-  model.loadStateDict(body, { strict: false });
-  return `loaded ${file} without its classifier (${fc.shape[0]} classes; this run has ${numClasses})`;
+  const { replacedHead } = loadPretrained(model, tensors, `--weights '${file}'`);
+  if (!replacedHead) return `loaded ${file}`;
+  return `loaded ${file} without its classifier (${fc.shape[0]} classes; this run has ${numClasses}): fc is new`;
 }
 
 /** `--profile-steps`, read, or a usage error saying what is wrong with it. */
@@ -1110,7 +1115,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   const smallInput = resumed.smallInput ?? (a.stem === 'small' || (a.stem === 'auto' && a.trainCropSize <= 64));
   const startWeights =
     a.weights !== undefined
-      ? { file: a.weights, tensors: await readStartWeights(a.weights, a.model, smallInput) }
+      ? { file: a.weights, tensors: readStartWeights(a.weights, a.model, smallInput) }
       : undefined;
 
   const data = await openTrainData(files, {
@@ -1157,6 +1162,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const freeze = a.qatFreezeObservers === undefined ? '' : `, observers frozen after ${a.qatFreezeObservers} steps`;
     notes.push(`quantization-aware training: INT8 fake quantization of every convolution and fc${freeze}`);
   }
+  const frozeBackbone = applyFreezeBackbone(a, model);
+  if (frozeBackbone !== undefined) notes.push(frozeBackbone);
   if (a.gradCheckpoint !== undefined) {
     const segments = defined(parseCheckpointSegments(a.gradCheckpoint), '--grad-checkpoint');
     notes.push(

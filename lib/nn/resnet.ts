@@ -8,7 +8,8 @@ import { Random } from '../random.js';
 import { setCheckpointing, type CheckpointingOptions } from './checkpoint.js';
 import { Chain, Residual, Sequential } from './containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d } from './layers.js';
-import type { Module } from './module.js';
+import type { Module, StateDict } from './module.js';
+import { classifierClasses, loadPretrained, readWeightsFile } from './pretrained.js';
 import { summary, type ModelSummary, type SummaryOptions } from './summary.js';
 import type { Tensor } from '../tensor.js';
 
@@ -36,6 +37,15 @@ export interface ResNetOptions {
    * models with fewer; the blocks' outputs (and so the shortcuts) keep their widths.
    */
   blockWidths?: readonly (readonly number[])[];
+  /**
+   * Pretrained weights with torchvision's names: the path of a PyTorch checkpoint (`.pth`/`.pt`
+   * as `torch.save` writes it, e.g. torchvision's `resnet50-11ad3fa6.pth`, or a training
+   * checkpoint holding the state dict under `model`), of a safetensors file, or a state dict.
+   * `numClasses` defaults to the weights' classes; with another number, the classifier `fc` is
+   * new (initialised as usual) and everything else is loaded strictly: torchvision's
+   * fine-tuning recipe. See `lib/nn/pretrained.ts`.
+   */
+  weights?: string | StateDict;
 }
 
 /** A block type: BasicBlock (expansion 1) or Bottleneck (expansion 4). */
@@ -189,10 +199,16 @@ export class ResNet extends Chain {
       'device',
       'seed',
       'blockWidths',
+      'weights',
     ]);
     expectOneOf('depth', depth, [18, 34, 50, 101, 152] as const);
     const widths = expectBlockWidths(depth, o.blockWidths);
-    const numClasses = expectInt('numClasses', o.numClasses ?? 1000, 1);
+    const pretrained = o.weights === undefined ? undefined : readPretrained(o.weights);
+    const numClasses = expectInt(
+      'numClasses',
+      o.numClasses ?? (pretrained ? classifierClasses(pretrained.state) : undefined) ?? 1000,
+      1,
+    );
     const smallInput = expectBool('smallInput', o.smallInput ?? false);
     const zeroInit = expectBool('zeroInitResidual', o.zeroInitResidual ?? false);
     const inChannels = expectInt('inChannels', o.inChannels ?? 3, 1);
@@ -247,6 +263,7 @@ export class ResNet extends Chain {
     this.featureDim = 512 * block.expansion;
     this.requiresInputGrad = false;
     this.#initialise(rng, zeroInit);
+    if (pretrained) loadPretrained(this, pretrained.state, pretrained.source);
     this.to(o.device ?? 'cpu');
   }
 
@@ -322,6 +339,15 @@ export class ResNet extends Chain {
       }
     }
   }
+}
+
+/** {@link ResNetOptions.weights}, read: the state dict and the words that name it in errors. */
+function readPretrained(weights: unknown): { state: StateDict; source: string } {
+  if (typeof weights === 'string' && weights.length > 0) {
+    return { state: readWeightsFile(weights), source: `'${weights}'` };
+  }
+  if (weights instanceof Map) return { state: weights as StateDict, source: 'the state dict given' };
+  return invalid('weights', 'the path of a .pth, .pt or .safetensors file, or a state dict', weights);
 }
 
 /** ResNet-18 (11,689,512 parameters with 1000 classes). */
