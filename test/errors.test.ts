@@ -145,7 +145,7 @@ describe('error codes', () => {
     const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-addon-load-'));
     try {
       mkdirSync(join(dir, 'lib'));
-      for (const f of ['binding.js', 'errors.js']) {
+      for (const f of ['binding.js', 'errors.js', 'openmp-env.js']) {
         copyFileSync(new URL(`../dist/lib/${f}`, import.meta.url), join(dir, 'lib', f));
       }
       writeFileSync(join(dir, 'package.json'), '{"type":"module"}');
