@@ -9,9 +9,9 @@ import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { CudaGraph, ResNet18, ResNet50, Tensor, listBackends, type Module } from '../lib/index.js';
-import { addon, type RawInferenceNode } from '../lib/binding.js';
+import { addon } from '../lib/binding.js';
 import { lowerForInference } from '../lib/inference/graph.js';
-import { Predictor, type PredictorDType } from '../lib/inference/predictor.js';
+import { Predictor, rawInferenceNode, type PredictorDType } from '../lib/inference/predictor.js';
 import {
   INFERENCE_TOLERANCE,
   evalForward,
@@ -93,42 +93,7 @@ describe.skipIf(reason !== undefined)(`inference plan on CUDA${reason ? ` (skipp
     const model = ResNet18({ numClasses: 5, smallInput: true, seed: 61 });
     randomizeBatchNorms(model, 62);
     const graph = lowerForInference(model);
-    const nodes: RawInferenceNode[] = graph.nodes.map((node) => {
-      switch (node.op) {
-        case 'conv':
-          return {
-            op: 'conv',
-            input: node.input,
-            residual: node.residual ?? -1,
-            relu: node.relu,
-            inChannels: node.inChannels,
-            outChannels: node.outChannels,
-            kernelH: node.kernel[0],
-            kernelW: node.kernel[1],
-            strideH: node.stride[0],
-            strideW: node.stride[1],
-            padH: node.padding[0],
-            padW: node.padding[1],
-            dilationH: node.dilation[0],
-            dilationW: node.dilation[1],
-            weight: node.weight,
-            bias: node.bias,
-          };
-        case 'linear':
-          return {
-            op: 'linear',
-            input: node.input,
-            inChannels: node.inFeatures,
-            outChannels: node.outFeatures,
-            weight: node.weight,
-            bias: node.bias,
-          };
-        case 'globalavgpool':
-          return { op: 'globalavgpool', input: node.input };
-        case 'maxpool':
-          throw new Error('the small-input ResNet-18 has no max pooling');
-      }
-    });
+    const nodes = graph.nodes.map(rawInferenceNode);
     const plan = new (addon().InferencePlan)({
       device: 'cuda',
       dtype: 'f32',

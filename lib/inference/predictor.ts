@@ -31,8 +31,16 @@ export interface PredictorOptions {
   dtype?: PredictorDType;
 }
 
-/** The native form of a graph node. */
-function rawNode(node: InferenceNode): RawInferenceNode {
+/** The native window fields of a convolution or max pooling. */
+function windowFields(node: { kernel: [number, number]; stride: [number, number]; padding: [number, number] }) {
+  const [kernelH, kernelW] = node.kernel;
+  const [strideH, strideW] = node.stride;
+  const [padH, padW] = node.padding;
+  return { kernelH, kernelW, strideH, strideW, padH, padW };
+}
+
+/** The native form of a graph node (the INT8 fields only when it carries a quantization). */
+export function rawInferenceNode(node: InferenceNode): RawInferenceNode {
   switch (node.op) {
     case 'conv':
       return {
@@ -42,12 +50,7 @@ function rawNode(node: InferenceNode): RawInferenceNode {
         relu: node.relu,
         inChannels: node.inChannels,
         outChannels: node.outChannels,
-        kernelH: node.kernel[0],
-        kernelW: node.kernel[1],
-        strideH: node.stride[0],
-        strideW: node.stride[1],
-        padH: node.padding[0],
-        padW: node.padding[1],
+        ...windowFields(node),
         dilationH: node.dilation[0],
         dilationW: node.dilation[1],
         weight: node.weight,
@@ -58,12 +61,7 @@ function rawNode(node: InferenceNode): RawInferenceNode {
       return {
         op: 'maxpool',
         input: node.input,
-        kernelH: node.kernel[0],
-        kernelW: node.kernel[1],
-        strideH: node.stride[0],
-        strideW: node.stride[1],
-        padH: node.padding[0],
-        padW: node.padding[1],
+        ...windowFields(node),
       };
     case 'globalavgpool':
       return { op: 'globalavgpool', input: node.input };
@@ -118,7 +116,7 @@ export class Predictor {
     if (this.dtype === 'int8' && !this.graph.nodes.some((n) => (n.op === 'conv' || n.op === 'linear') && n.quant)) {
       invalid('options.dtype', "a graph with quantized nodes for 'int8' (calibrate it first)", this.dtype);
     }
-    this.#nodes = this.graph.nodes.map(rawNode);
+    this.#nodes = this.graph.nodes.map(rawInferenceNode);
   }
 
   /** The logits `[N, classes]` (f32, on the predictor's device) of an NHWC f32 batch on that device. */

@@ -75,11 +75,33 @@ export interface WeightedQuantizer {
   inputGrad(gradQuantized: Tensor): Tensor;
 }
 
-/** A layer that can carry a {@link WeightedQuantizer}: its forward and backward go through it. */
-interface QuantizableLayer extends Module {
-  weight: Parameter;
-  bias: Parameter | null;
-  quantizer: WeightedQuantizer | null;
+/**
+ * A layer with a weight and an optional bias (convolution, linear) that can carry a
+ * {@link WeightedQuantizer}: its forward and backward then go through it.
+ */
+export abstract class QuantizableLayer extends Module {
+  abstract readonly weight: Parameter;
+  abstract readonly bias: Parameter | null;
+
+  /**
+   * Fake quantization for quantization-aware training, or null; set by {@link attachQuantizer}.
+   * @internal
+   */
+  quantizer: WeightedQuantizer | null = null;
+
+  /**
+   * Routes this layer's input and weight through `quantizer` (a module, registered as the child
+   * `name`, so that its observer state is in the state dict). See `prepareQat`.
+   * @internal
+   */
+  attachQuantizer(name: string, quantizer: Module & WeightedQuantizer): void {
+    if (this.quantizer) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} is already quantized`);
+    }
+    this.registerModule(name, quantizer);
+    this.quantizer = quantizer;
+    this.disposeCache();
+  }
 }
 
 /** The plan interface that convolution and linear layers share. */
@@ -209,7 +231,7 @@ type ConvEntry = WeightedEntry<RawConv2dPlan>;
  * and appears in state dicts as torchvision's `[out, in, kh, kw]`. Initialised as PyTorch does
  * (`kaiming_uniform_(a=sqrt(5))`).
  */
-export class Conv2d extends Module {
+export class Conv2d extends QuantizableLayer {
   readonly inChannels: number;
   readonly outChannels: number;
   readonly kernelSize: [number, number];
@@ -221,26 +243,6 @@ export class Conv2d extends Module {
   readonly #cache = new ShapeCache<ConvEntry>();
   #input: Tensor | null = null;
   #entry: ConvEntry | null = null;
-
-  /**
-   * Fake quantization for quantization-aware training, or null; set by {@link attachQuantizer}.
-   * @internal
-   */
-  quantizer: WeightedQuantizer | null = null;
-
-  /**
-   * Routes this layer's input and weight through `quantizer` (a module, registered as the child
-   * `name`, so that its observer state is in the state dict). See `prepareQat`.
-   * @internal
-   */
-  attachQuantizer(name: string, quantizer: Module & WeightedQuantizer): void {
-    if (this.quantizer) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} is already quantized`);
-    }
-    this.registerModule(name, quantizer);
-    this.quantizer = quantizer;
-    this.disposeCache();
-  }
 
   constructor(options: Conv2dOptions) {
     super();
@@ -792,7 +794,7 @@ export interface LinearOptions {
 type LinearEntry = WeightedEntry<RawLinearPlan>;
 
 /** `y = x W^T + b` over `[N, inFeatures]`, W `[out, in]`; initialised as PyTorch does. */
-export class Linear extends Module {
+export class Linear extends QuantizableLayer {
   readonly inFeatures: number;
   readonly outFeatures: number;
   readonly weight: Parameter;
@@ -800,26 +802,6 @@ export class Linear extends Module {
   readonly #cache = new ShapeCache<LinearEntry>();
   #input: Tensor | null = null;
   #entry: LinearEntry | null = null;
-
-  /**
-   * Fake quantization for quantization-aware training, or null; set by {@link attachQuantizer}.
-   * @internal
-   */
-  quantizer: WeightedQuantizer | null = null;
-
-  /**
-   * Routes this layer's input and weight through `quantizer` (a module, registered as the child
-   * `name`, so that its observer state is in the state dict). See `prepareQat`.
-   * @internal
-   */
-  attachQuantizer(name: string, quantizer: Module & WeightedQuantizer): void {
-    if (this.quantizer) {
-      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.constructor.name} is already quantized`);
-    }
-    this.registerModule(name, quantizer);
-    this.quantizer = quantizer;
-    this.disposeCache();
-  }
 
   constructor(options: LinearOptions) {
     super();
