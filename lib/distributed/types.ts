@@ -34,6 +34,19 @@ export interface RendezvousInfo {
   source: 'torchrun' | 'slurm' | 'mpi' | 'explicit';
 }
 
+/** One collective as the group's own thread ran it (Gloo), on `process.hrtime`'s clock. */
+export interface CollectiveRecord {
+  /** `allReduce`, `broadcast`, `allGather` or `barrier`. */
+  op: string;
+  /** Bytes of this rank's tensor. */
+  bytes: number;
+  /** When the call enqueued it, in milliseconds (`Number(process.hrtime.bigint()) / 1e6`). */
+  enqueuedMs: number;
+  /** When it started and finished running, same clock. */
+  startMs: number;
+  endMs: number;
+}
+
 /**
  * A group of processes running collectives together (torch.distributed's process group).
  *
@@ -70,6 +83,11 @@ export interface ProcessGroup {
   wait(): void;
   /** Blocks the host until the enqueued collectives are done; throws on error or timeout. */
   synchronize(timeoutSeconds?: number): void;
+  /**
+   * The collectives run since the last call (at most the latest 1024), oldest first, with their
+   * times; empty for NCCL, whose collectives run on the GPU (use the profiler there).
+   */
+  takeCollectiveRecords(): CollectiveRecord[];
   /** Leaves the group (and stops the store on rank 0). */
   destroy(): void;
 }
