@@ -16,7 +16,6 @@ import {
   SGD,
   Sequential,
   ShapesDataset,
-  type Tensor,
 } from '../lib/index.js';
 import type { Module, StateDict } from '../lib/nn/module.js';
 import type { OptimizerState } from '../lib/optim/optimizer.js';
@@ -29,6 +28,7 @@ import {
   type LrFinderResult,
 } from '../lib/train/lr-finder.js';
 import { Trainer, type TrainerOptions } from '../lib/train/trainer.js';
+import { MirrorGroup } from './helpers/mirror-group.js';
 import { defined } from './helpers/defined.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-lr-find-'));
@@ -246,17 +246,15 @@ describe('Trainer.findLr', () => {
   it('averages the loss over the ranks in data-parallel training, so that every rank stops at the same step', async () => {
     // Two ranks with identical data (gradients averaged unchanged); the other rank's loss is twice this one's.
     const reduced: number[] = [];
-    const communicator = {
-      rank: 0,
-      worldSize: 2,
-      allReduce(tensor: Tensor, options: { average?: boolean } = {}) {
-        if (tensor.numel !== 1) return;
-        reduced.push(tensor.item());
-        if (options.average) tensor.copyFromHost(tensor.toFloat32Array().map((v) => (v + 2 * v) / 2));
+    const group = new MirrorGroup({
+      peer: (values) => {
+        if (values.length !== 1) return values;
+        reduced.push(values[0]!);
+        return values.map((v) => 2 * v);
       },
-    };
+    });
     const single = await make().findLr(loader(), { startLr: 1e-3, endLr: 1e-1, numIter: 5 });
-    const ranked = await make({ distributed: { communicator: communicator as never } }).findLr(loader(), {
+    const ranked = await make({ distributed: { processGroup: group } }).findLr(loader(), {
       startLr: 1e-3,
       endLr: 1e-1,
       numIter: 5,

@@ -14,7 +14,8 @@ import {
   resolveCheckpointPath,
   type RunState,
 } from '../lib/train/checkpoint-manager.js';
-import { sumEvalCounts } from '../lib/train/distributed.js';
+import { DistributedSampler } from '../lib/data/sampler.js';
+import { ownSamples, sumEvalCounts } from '../lib/train/distributed.js';
 import { EpochMeter } from '../lib/train/epoch-meter.js';
 import { evalResult, namesFor, rankPredictions } from '../lib/train/evaluation.js';
 import { ConfusionMatrix } from '../lib/train/metrics.js';
@@ -22,6 +23,7 @@ import { BestMetric, EarlyStopping, defaultMode, improves } from '../lib/train/m
 import { RunOutputs, spansDecades } from '../lib/train/run-outputs.js';
 import { parseFitOptions, parseTrainerOptions } from '../lib/train/trainer-options.js';
 import { defined } from './helpers/defined.js';
+import { MirrorGroup } from './helpers/mirror-group.js';
 import { stringContaining } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-train-pieces-'));
@@ -316,22 +318,34 @@ describe('evaluation helpers', () => {
     ]);
     const counts = { confusion, lossTotal: 1.5, topHits: 4, count: 4 };
     expect(sumEvalCounts(null, counts, 'cpu')).toBe(counts);
-    const calls: number[] = [];
-    const twice = {
-      rank: 0,
-      worldSize: 2,
-      allReduce: (t: Tensor) => {
-        calls.push(t.numel);
-        t.copyFromHost(t.toFloat32Array().map((v) => 2 * v));
-      },
-    };
-    const summed = sumEvalCounts(twice as never, counts, 'cpu');
-    expect(calls).toEqual([7]);
+    const twice = new MirrorGroup();
+    const summed = sumEvalCounts(twice, counts, 'cpu');
+    expect(twice.calls).toEqual(['allReduce:sum 7', 'synchronize']);
     expect(summed.confusion.toArray()).toEqual([
       [2, 0],
       [2, 4],
     ]);
     expect(summed).toMatchObject({ lossTotal: 3, topHits: 8, count: 8 });
+  });
+
+  it('ownSamples counts a rank’s samples without the padding of an uneven split', () => {
+    const own = (length: number, worldSize: number, dropLast = false): number[] =>
+      Array.from({ length: worldSize }, (_, rank) =>
+        ownSamples({ sampler: new DistributedSampler({ length, rank, worldSize, dropLast }) } as never),
+      );
+    expect(own(13, 2)).toEqual([7, 6]);
+    expect(own(12, 4)).toEqual([3, 3, 3, 3]);
+    // Fewer samples than ranks: the last ranks read only padding.
+    expect(own(3, 4)).toEqual([1, 1, 1, 0]);
+    // dropLast truncates instead: every rank's samples are its own.
+    expect(own(13, 2, true)).toEqual([6, 6]);
+    for (const [n, w] of [
+      [13, 2],
+      [3, 4],
+      [101, 8],
+    ] as const) {
+      expect(own(n, w).reduce((a, b) => a + b)).toBe(n);
+    }
   });
 });
 

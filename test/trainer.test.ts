@@ -33,6 +33,7 @@ import {
 import type { Module } from '../lib/nn/module.js';
 import { Trainer, type Callback, type TrainerOptions } from '../lib/train/trainer.js';
 import { defined, lookup } from './helpers/defined.js';
+import { MirrorGroup } from './helpers/mirror-group.js';
 import { stringContaining } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-trainer-'));
@@ -64,7 +65,14 @@ const augment = () => new Compose([new RandomResizedCrop({ size: 16, scale: [0.6
 
 function loader(
   length: number,
-  options: { batchSize?: number; shuffle?: boolean; seed?: number; augment?: boolean; dataSeed?: number } = {},
+  options: {
+    batchSize?: number;
+    shuffle?: boolean;
+    seed?: number;
+    augment?: boolean;
+    dataSeed?: number;
+    distributed?: { rank: number; worldSize: number };
+  } = {},
 ): DataLoader {
   return new DataLoader(shapes(length, options.dataSeed ?? 3), {
     batchSize: options.batchSize ?? 16,
@@ -72,6 +80,7 @@ function loader(
     workers: 0,
     shuffle: options.shuffle ?? false,
     seed: options.seed ?? 7,
+    ...(options.distributed ? { distributed: options.distributed } : {}),
   });
 }
 
@@ -425,32 +434,68 @@ describe('Trainer', () => {
     expect((await trainer.predict(images, { topk: 10 })).topk).toBe(4);
   });
 
-  it('averages gradients over ranks and sums evaluation counts through the communicator', async () => {
-    // Two ranks with identical data: the average of the gradients is each rank's gradient, and
-    // every evaluation count doubles.
-    const calls: string[] = [];
-    const communicator = {
-      rank: 0,
-      worldSize: 2,
-      allReduce(tensor: Tensor, options: { average?: boolean } = {}) {
-        calls.push(options.average ? `average ${tensor.numel}` : `sum ${tensor.numel}`);
-        if (!options.average) tensor.copyFromHost(tensor.toFloat32Array().map((v) => 2 * v));
-      },
-    };
+  it('trains data-parallel through a process group: gradients averaged over the ranks, evaluation counts summed', async () => {
+    // Rank 0 of two whose peer holds the same values: the averaged gradients are this rank's own,
+    // and every evaluation count doubles.
+    const group = new MirrorGroup();
+    const share = { distributed: { rank: 0, worldSize: 2 } };
     const single = make(12);
-    const ranked = make(12, { distributed: { communicator: communicator as never } });
-    const a = await single.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
-    const b = await ranked.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
-    const arena = ranked.model.arena().size;
-    expect(calls).toEqual([`average ${arena}`, `average ${arena}`, `sum ${4 * 4 + 3}`]);
+    const ranked = make(12, { distributed: { processGroup: group } });
+    expect(ranked.worldSize).toBe(2);
+    expect(ranked.ddp).not.toBeNull();
+    const a = await single.fit(loader(32, share), { epochs: 1, val: loader(24, { dataSeed: 5, ...share }) });
+    const b = await ranked.fit(loader(32, share), { epochs: 1, val: loader(24, { dataSeed: 5, ...share }) });
+    expect(group.calls.some((c) => c.startsWith('allReduce:avg'))).toBe(true);
+    expect(group.calls).toContain(`allReduce:sum ${4 * 4 + 3}`);
     const singleEval = defined(a.lastEval, 'an evaluation');
     const rankedEval = defined(b.lastEval, 'an evaluation');
-    expect(rankedEval.count).toBe(48);
+    expect(singleEval.count).toBe(12);
+    expect(rankedEval.count).toBe(24);
     expect(rankedEval.acc1).toBe(singleEval.acc1);
     expect(rankedEval.loss).toBeCloseTo(singleEval.loss, 6);
+    expect(b.history[0]?.trainLoss).toBeCloseTo(a.history[0]!.trainLoss, 6);
     for (const [name, entry] of single.model.stateDict()) {
       expect(lookup(ranked.model.stateDict(), name).data, name).toEqual(entry.data);
     }
+  });
+
+  it('refuses loaders that do not read this rank’s share, and a group on another device', async () => {
+    const trainer = make(12, { distributed: { processGroup: new MirrorGroup({ rank: 1 }) } });
+    await expect(trainer.fit(loader(32), { epochs: 1 })).rejects.toThrow(
+      /train loader has a SequentialSampler, which gives every rank the same samples, but this process is rank 1 of 2; create it with distributed: \{ rank: 1, worldSize: 2 \}/,
+    );
+    const share = { distributed: { rank: 0, worldSize: 2 } };
+    await expect(trainer.fit(loader(32, share), { epochs: 1 })).rejects.toThrow(/DistributedSampler for rank 0 of 2/);
+    await expect(trainer.evaluate(loader(32))).rejects.toThrow(/evaluate: the loader has a SequentialSampler/);
+    const elsewhere = Object.assign(new MirrorGroup(), { device: 'cuda:1' });
+    expect(() => make(12, { distributed: { processGroup: elsewhere } })).toThrow(
+      /the process group's device is cuda:1 but the Trainer's is cpu/,
+    );
+    expect(() => make(12, { distributed: { processGroup: {} as never } })).toThrow(/distributed\.processGroup/);
+  });
+
+  it('evaluates only the samples of its own share, not the padding of an uneven split', async () => {
+    // 25 samples over 2 ranks: rank 1 takes positions 1, 3, …, 25, the last of which repeats sample 0.
+    const trainer = make(14);
+    const padded = loader(25, { batchSize: 4, distributed: { rank: 1, worldSize: 2 } });
+    expect(padded.sampler.length).toBe(13);
+    const own = await trainer.evaluate(padded);
+    expect(own.count).toBe(12);
+    const odd = new DataLoader(shapes(25, 3), {
+      batchSize: 4,
+      transform: plain(),
+      workers: 0,
+      sampler: {
+        length: 12,
+        *[Symbol.iterator]() {
+          for (let i = 1; i < 25; i += 2) yield i;
+        },
+      },
+    });
+    const expected = await trainer.evaluate(odd);
+    expect(own.confusion.toArray()).toEqual(expected.confusion.toArray());
+    expect(own.loss).toBeCloseTo(expected.loss, 6);
+    expect(own.acc5).toBe(expected.acc5);
   });
 
   it('trains in bf16 with loss scaling, and checkpoints the scaler', async () => {

@@ -25,7 +25,11 @@ export interface RunState {
   trainLossPoints: [number, number][];
   /** The periodic checkpoint files kept, this one included. */
   periodic: string[];
-  data: { trainSeed: number; trainLength: number; batchSize: number };
+  /**
+   * The training data: its seed, length and per-rank batch size, and the number of data-parallel
+   * ranks (absent in checkpoints of one-process runs of older releases: 1).
+   */
+  data: { trainSeed: number; trainLength: number; batchSize: number; worldSize?: number };
   config: Record<string, unknown>;
   /** The epoch's loss, images and time so far, in a checkpoint written inside an epoch. */
   epochProgress?: EpochProgress | null;

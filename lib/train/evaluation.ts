@@ -43,28 +43,42 @@ export interface Predictions {
   indices: Int32Array;
 }
 
-/** Runs `forward` (logits and the mean loss of a batch) over `batches` and counts hits and the confusion matrix. */
+/**
+ * Runs `forward` over `batches` and counts hits and the confusion matrix, over the first `limit`
+ * samples only (those of a rank's share that are not padding; see `ownSamples`): `forward` gets
+ * how many of the batch's leading samples count and returns the logits of the batch with the mean
+ * loss of those (0 when none counts). A batch with none to count is skipped, unless no batch was
+ * run yet (the number of classes comes from the logits).
+ */
 export async function evaluateBatches(
   batches: AsyncIterable<DeviceBatch> | Iterable<DeviceBatch>,
-  forward: (batch: DeviceBatch) => { logits: Tensor; loss: number },
+  forward: (batch: DeviceBatch, keep: number) => { logits: Tensor; loss: number },
   bar: ProgressBar | null,
   signal: AbortSignal | null,
+  limit = Infinity,
 ): Promise<EvalCounts> {
   let confusion: ConfusionMatrix | null = null;
   let lossTotal = 0;
   let topHits = 0;
   let count = 0;
+  let seen = 0;
   let done = 0;
   for await (const batch of batches) {
     throwIfAborted(signal, 'evaluation');
-    const { logits: logitsTensor, loss } = forward(batch);
-    const logits = logitsTensor.toFloat32Array();
-    const numClasses = logits.length / batch.size;
-    confusion ??= new ConfusionMatrix(numClasses);
-    confusion.update(logits, batch.hostLabels);
-    topHits += topkCorrect(logits, batch.hostLabels, [Math.min(5, numClasses)])[0]!;
-    lossTotal += loss * batch.size;
-    count += batch.size;
+    const keep = Math.max(0, Math.min(batch.size, limit - seen));
+    seen += batch.size;
+    if (keep > 0 || !confusion) {
+      const { logits: logitsTensor, loss } = forward(batch, keep);
+      const all = logitsTensor.toFloat32Array();
+      const numClasses = all.length / batch.size;
+      const logits = keep === batch.size ? all : all.subarray(0, keep * numClasses);
+      const labels = keep === batch.size ? batch.hostLabels : batch.hostLabels.subarray(0, keep);
+      confusion ??= new ConfusionMatrix(numClasses);
+      confusion.update(logits, labels);
+      topHits += topkCorrect(logits, labels, [Math.min(5, numClasses)])[0]!;
+      lossTotal += loss * keep;
+      count += keep;
+    }
     bar?.update(++done);
   }
   bar?.finish();

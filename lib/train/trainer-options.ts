@@ -3,8 +3,8 @@
  * and resolved with their defaults.
  * @packageDocumentation
  */
-import type { Communicator } from '../cuda.js';
 import type { DataLoader } from '../data/loader.js';
+import type { ProcessGroup } from '../distributed/types.js';
 import { ResnetError, expectBool, expectInt, expectNumber, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { Module } from '../nn/module.js';
 import type { GradScalerOptions } from '../optim/grad-scaler.js';
@@ -52,6 +52,21 @@ export interface EarlyStoppingOptions {
 export interface TrainerEmaOptions extends ModelEmaOptions {
   /** During the first this many optimizer steps (lr warm-up) the average copies the weights; default 0. */
   warmupSteps?: number;
+}
+
+/**
+ * Data-parallel training: one process per rank, each with its own share of the data (loaders
+ * built with `distributed: { rank, worldSize }` as the group's), the gradients averaged over the
+ * ranks by a `DistributedDataParallel` the Trainer builds (parameters and buffers copied from rank
+ * 0 first; accumulation micro-batches without synchronisation), evaluation counts and the epoch's
+ * training loss combined over the ranks, and every output (checkpoints, logs, charts, progress)
+ * written by rank 0 only.
+ */
+export interface DistributedTrainingOptions {
+  /** The group of processes (torch.distributed's default group). */
+  processGroup: ProcessGroup;
+  /** Replace every BatchNorm2d by a SyncBatchNorm over the group first (`--sync-bn`); default false. */
+  syncBatchNorm?: boolean;
 }
 
 /** Options of {@link Trainer}. */
@@ -115,8 +130,11 @@ export interface TrainerOptions {
   mlflow?: boolean | MlflowRunOptions;
   /** Class names for reports; default the dataset's. */
   classNames?: readonly string[];
-  /** Data-parallel training: gradients are averaged over the communicator's ranks; rank 0 writes the outputs. */
-  distributed?: { communicator: Communicator };
+  /**
+   * Data-parallel training over a process group (from `initProcessGroup`); see
+   * {@link DistributedTrainingOptions}.
+   */
+  distributed?: DistributedTrainingOptions;
   /** Your own JSON-serialisable description of the run (model, data, flags), kept in checkpoints. */
   config?: Record<string, unknown>;
 }
@@ -187,7 +205,8 @@ export interface TrainerSettings {
   plots: boolean;
   mlflow: MlflowRunOptions | null;
   classNames: readonly string[] | null;
-  communicator: Communicator | null;
+  processGroup: ProcessGroup | null;
+  syncBatchNorm: boolean;
   config: Record<string, unknown>;
 }
 
@@ -326,7 +345,7 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     plots: expectBool('plots', o.plots ?? true),
     mlflow: parseMlflow(o.mlflow, outDir),
     classNames,
-    communicator: parseCommunicator(o.distributed),
+    ...parseDistributed(o.distributed),
     config: parseConfig(o.config),
   };
 }
@@ -409,14 +428,25 @@ function parseProgress(progress: TrainerOptions['progress']): ProgressStream | n
   return invalid('progress', 'a boolean or a writable stream', progress);
 }
 
-function parseCommunicator(distributed: TrainerOptions['distributed']): Communicator | null {
-  if (distributed === undefined) return null;
-  const d = expectOptions<{ communicator: Communicator }>('distributed', distributed, ['communicator']);
-  const c = d.communicator;
-  if (!c || typeof c.allReduce !== 'function' || typeof c.rank !== 'number') {
-    invalid('distributed.communicator', 'a Communicator', c);
+function parseDistributed(
+  distributed: TrainerOptions['distributed'],
+): Pick<TrainerSettings, 'processGroup' | 'syncBatchNorm'> {
+  if (distributed === undefined) return { processGroup: null, syncBatchNorm: false };
+  const d = expectOptions<DistributedTrainingOptions>('distributed', distributed, ['processGroup', 'syncBatchNorm']);
+  const g = d.processGroup as unknown;
+  if (
+    g === null ||
+    typeof g !== 'object' ||
+    typeof (g as ProcessGroup).allReduce !== 'function' ||
+    typeof (g as ProcessGroup).rank !== 'number' ||
+    typeof (g as ProcessGroup).worldSize !== 'number'
+  ) {
+    invalid('distributed.processGroup', 'a ProcessGroup (initProcessGroup)', g);
   }
-  return c;
+  return {
+    processGroup: g as ProcessGroup,
+    syncBatchNorm: expectBool('distributed.syncBatchNorm', d.syncBatchNorm ?? false),
+  };
 }
 
 function parseConfig(config: unknown): Record<string, unknown> {
@@ -470,12 +500,6 @@ export function parseFitOptions(
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         `fit: ${where} is '${monitor}' but no validation data (val) was given`,
-      );
-    }
-    if (monitor.startsWith('train') && s.communicator && s.communicator.worldSize > 1) {
-      throw new ResnetError(
-        'ERR_RC_INVALID_ARGUMENT',
-        `fit: ${where} is '${monitor}', which differs between ranks in data-parallel training; monitor a val/ metric (evaluation combines all ranks)`,
       );
     }
     if (monitor.startsWith('val_ema') && !trainer.hasEma) {

@@ -31,13 +31,13 @@ export interface EpochRecord {
   epoch: number;
   /** Optimizer steps taken by its end. */
   step: number;
-  /** Mean training loss over the epoch's micro-batches (this process). */
+  /** Mean training loss over the epoch's micro-batches (of every rank in data-parallel training). */
   trainLoss: number;
   /** The learning rate at the end of the epoch. */
   lr: number;
   /** Wall time of the epoch's training, in seconds. */
   seconds: number;
-  /** Training images per second over the epoch. */
+  /** Training images per second over the epoch (of all ranks together in data-parallel training). */
   imagesPerSec: number;
   /** Every metric of the epoch by name: `train/loss`, `val/loss`, `val/acc1`, `val/acc5`, `val_ema/…`. */
   metrics: Record<string, number>;

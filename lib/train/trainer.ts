@@ -26,6 +26,9 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { join, resolve } from 'node:path';
 import { addon } from '../binding.js';
 import type { DataLoader } from '../data/loader.js';
+import { DistributedDataParallel } from '../distributed/ddp.js';
+import { convertSyncBatchNorm } from '../distributed/sync-batchnorm.js';
+import type { ProcessGroup } from '../distributed/types.js';
 import { ResnetError, defined, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
 import { IMAGENET_MEAN, IMAGENET_STD, InputNormalize } from '../nn/input.js';
 import { CrossEntropyLoss } from '../nn/loss.js';
@@ -44,7 +47,14 @@ import {
   type CheckpointInfo,
   type RunState,
 } from './checkpoint-manager.js';
-import { averageGradients, isDistributed, sumEvalCounts } from './distributed.js';
+import {
+  averageOverRanks,
+  checkRankLoader,
+  checkSameStep,
+  isDistributed,
+  ownSamples,
+  sumEvalCounts,
+} from './distributed.js';
 import { Distillation } from './distillation.js';
 import { ModelEma } from './ema.js';
 import { startQat, type QatObserverSchedule } from './qat.js';
@@ -134,6 +144,8 @@ export class Trainer {
   readonly accumulate: number;
   /** The activation precision. */
   readonly amp: 'bf16' | 'fp16' | false;
+  /** The data-parallel wrapper that averages the gradients over the ranks, when a process group was given. */
+  readonly ddp: DistributedDataParallel | null;
 
   readonly #s: TrainerSettings;
   readonly #evalLoss: CrossEntropyLoss;
@@ -151,6 +163,10 @@ export class Trainer {
   #step = 0;
   #epoch = 0;
   #stopRequested = false;
+  /** Data-parallel stop agreement: the flag all-reduced over the ranks, one in flight, and the outcome. */
+  #stopFlag: Tensor | null = null;
+  #stopPending = false;
+  #stopAgreed = false;
   #history: EpochRecord[] = [];
   #trainLossPoints: [number, number][] = [];
   #running: 'fit' | 'evaluate' | 'predict' | 'findLr' | null = null;
@@ -173,6 +189,7 @@ export class Trainer {
     }
     this.device = s.device;
     this.#qat = s.qat ? startQat(this.model, s.qat) : null;
+    this.ddp = s.processGroup ? this.#dataParallel(s.processGroup, s.syncBatchNorm) : null;
     this.loss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
     this.#evalLoss = new CrossEntropyLoss({ labelSmoothing: s.labelSmoothing });
     this.distillation = s.distillation
@@ -199,6 +216,22 @@ export class Trainer {
         : null;
   }
 
+  /**
+   * Data-parallel training: BatchNorm2d layers made SyncBatchNorm when asked, then the model
+   * wrapped in a DistributedDataParallel (which copies rank 0's parameters and buffers to every rank).
+   */
+  #dataParallel(group: ProcessGroup, syncBatchNorm: boolean): DistributedDataParallel {
+    if (!sameDevice(group.device, this.device)) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `Trainer: the process group's device is ${group.device} but the Trainer's is ${this.device}; ` +
+          `train on ${group.device} (a ${group.backend} group), or create the group for ${this.device}`,
+      );
+    }
+    if (syncBatchNorm) convertSyncBatchNorm(this.model, group);
+    return new DistributedDataParallel(this.model, group);
+  }
+
   /** Optimizer steps taken (restored by a resume). */
   get stepCount(): number {
     return this.#step;
@@ -214,9 +247,19 @@ export class Trainer {
     return this.optimizer.paramGroups[0]?.lr ?? 0;
   }
 
+  /** Number of data-parallel ranks (1 without a process group). */
+  get worldSize(): number {
+    return this.#s.processGroup?.worldSize ?? 1;
+  }
+
   /** Whether this process writes outputs (rank 0, or not distributed). */
   get isMain(): boolean {
-    return (this.#s.communicator?.rank ?? 0) === 0;
+    return (this.#s.processGroup?.rank ?? 0) === 0;
+  }
+
+  /** The process group of data-parallel training, or null. */
+  get processGroup(): ProcessGroup | null {
+    return this.#s.processGroup;
   }
 
   /**
@@ -245,6 +288,7 @@ export class Trainer {
   async #fit(train: DataLoader, f: FitSettings): Promise<FitResult> {
     // A stop requested from here on (even while a checkpoint is read) ends this run.
     this.#stopRequested = false;
+    this.#stopAgreed = false;
     throwIfAborted(f.signal, 'Trainer.fit');
     const run = await this.#prepare(train, f);
     const callbacks = this.#s.callbacks;
@@ -260,7 +304,7 @@ export class Trainer {
       for (let epoch = this.#epoch; epoch < f.epochs; epoch++) {
         // A stop asked for between steps (during evaluation, a checkpoint, a callback) or a step
         // budget already spent ends the run before the next step.
-        if (this.#stopRequested || this.#stepBudgetSpent(f)) {
+        if (this.#shouldStop(true) || this.#stepBudgetSpent(f)) {
           interrupted = true;
           break;
         }
@@ -293,11 +337,12 @@ export class Trainer {
           break;
         }
         if (interrupted) break;
-        if (this.#stopRequested && epoch + 1 < f.epochs) {
+        if (epoch + 1 < f.epochs && this.#shouldStop(true)) {
           interrupted = true;
           break;
         }
       }
+      this.#drainStopFlag();
       const best = this.#best?.best ?? null;
       await this.#outputs.writeFinal(
         { model: this.model, ema: this.ema, lastEval, lastEvalEma, classNames: run.classNames },
@@ -337,6 +382,8 @@ export class Trainer {
    */
   async #prepare(train: DataLoader, f: FitSettings): Promise<FitRun> {
     const classNames = this.#s.classNames ?? (train.dataset.classes.length > 0 ? train.dataset.classes : null);
+    checkRankLoader(this.#s.processGroup, train, 'fit: the train loader');
+    if (f.val) checkRankLoader(this.#s.processGroup, f.val, 'fit: the val loader');
     this.#ensureNormalize(train);
     const cached = f.overfit !== null ? await cacheBatches(train, f.overfit) : null;
     const batchesPerEpoch = cached ? cached.length : train.length;
@@ -358,6 +405,7 @@ export class Trainer {
     }
     const file = f.resume ? await findResumeFile(f.resume, this.#s.outDir) : null;
     const resumed = file ? await this.#resume(file, train) : null;
+    checkSameStep(this.#s.processGroup, this.#step, this.device);
     if (this.#outputs.writes) {
       await this.#checkpoints?.prepare();
       this.#outputs.open({ resumed: resumed !== null, params: this.#trackingParams() });
@@ -409,7 +457,7 @@ export class Trainer {
       const groupSize = Math.min(this.accumulate, run.batchesPerEpoch - (batch.index - micro));
       this.#qat?.beforeStep(this.#step);
       this.#timing.computeStart();
-      this.#forwardBackward(batch, groupSize, meter);
+      this.#forwardBackward(batch, groupSize, meter, micro + 1 < groupSize);
       this.#timing.computeEnd();
       micro++;
       stepImages += batch.size;
@@ -446,7 +494,7 @@ export class Trainer {
       if (!atEnd && everySteps && this.#step % everySteps === 0) {
         await this.#saveCheckpoint(run, epoch, batch.index + 1, meter);
       }
-      if (this.#stopRequested || this.#stepBudgetSpent(run)) {
+      if (this.#shouldStop(false) || this.#stepBudgetSpent(run)) {
         if (atEnd) {
           stopAtEnd = true;
           continue;
@@ -467,7 +515,18 @@ export class Trainer {
     readWindow();
     bar?.finish({ ...(lastLoss !== undefined ? { loss: lastLoss } : {}), lr: this.lr });
     this.#timing.endEpoch(epoch, this.#step);
-    return { complete: true, stopAtEnd, totals: meter.totals() };
+    return { complete: true, stopAtEnd, totals: this.#overRanks(meter.totals()) };
+  }
+
+  /**
+   * An epoch's totals over all ranks in data-parallel training: the mean loss (each rank ran as
+   * many micro-batches) and the images per second of the whole group.
+   */
+  #overRanks(totals: EpochTotals): EpochTotals {
+    const group = this.#s.processGroup;
+    if (!isDistributed(group)) return totals;
+    const [trainLoss, imagesPerSec] = averageOverRanks(group, [totals.trainLoss, totals.imagesPerSec], this.device);
+    return { ...totals, trainLoss: trainLoss!, imagesPerSec: imagesPerSec! * group.worldSize };
   }
 
   /** Calls the step-begin callbacks and clears the step's loss. */
@@ -481,18 +540,25 @@ export class Trainer {
    * `scale / groupSize`. The training loss is the cross-entropy, or with distillation the
    * distillation loss after the teacher's forward on the same input.
    */
-  #forwardBackward(batch: DeviceBatch, groupSize: number, meter: EpochMeter | null): void {
+  #forwardBackward(batch: DeviceBatch, groupSize: number, meter: EpochMeter | null, noSync = false): void {
+    const ddp = this.ddp;
+    if (noSync && ddp) {
+      ddp.noSync(() => this.#forwardBackward(batch, groupSize, meter));
+      return;
+    }
     const loss = this.distillation?.loss ?? this.loss;
     this.scaler.scale(loss, 1 / groupSize);
     const input = this.#normalizer().forward(batch.images, batch.flips);
-    const logits = this.model.forward(input);
+    // Data-parallel: the wrapper's forward (rank 0's buffers first) and backward (bucket all-reduces).
+    const net = this.ddp ?? this.model;
+    const logits = net.forward(input);
     const value = this.distillation
       ? this.distillation.forward(input, logits, batch.labels)
       : this.loss.forward(logits, batch.labels);
     meter?.addLoss(value);
     const stepLoss = defined(this.#stepLoss, 'the step loss');
     addon().add({ a: stepLoss.raw, b: value.raw, out: stepLoss.raw });
-    this.model.backward(loss.backward());
+    net.backward(loss.backward());
   }
 
   /** The `onStepEnd` information of the step just taken, whose `loss()` may be read until `end()`. */
@@ -548,12 +614,13 @@ export class Trainer {
       return loaderBatches(val, this.device, val.epoch, 0);
     };
     const total = cached ? cached.length : defined(run.val, 'the validation loader').length;
-    const val = await this.#evaluate(source(), total, run.classNames, 'val', run.signal);
+    const limit = cached ? Infinity : ownSamples(defined(run.val, 'the validation loader'));
+    const val = await this.#evaluate(source(), total, limit, run.classNames, 'val', run.signal);
     let valEma: EvalResult | undefined;
     if (this.ema) {
       this.ema.swap();
       try {
-        valEma = await this.#evaluate(source(), total, run.classNames, 'val_ema', run.signal);
+        valEma = await this.#evaluate(source(), total, limit, run.classNames, 'val_ema', run.signal);
       } finally {
         this.ema.swap();
       }
@@ -630,6 +697,40 @@ export class Trainer {
     this.#outputs.say(`early stopping: ${monitor} has not improved for ${patience} evaluations`);
   }
 
+  /**
+   * Whether the run stops here: this process was asked to ({@link Trainer.requestStop}), or in
+   * data-parallel training any rank was, so that all stop at the same step (a signal reaches the
+   * ranks at different times). Within an epoch (`wait` false) the flags all-reduced at the
+   * previous step are read, so that the step does not wait for the reduction: a stop asked for
+   * during step k happens after step k + 1 on every rank. Between epochs (`wait` true) the
+   * reduction is waited for. Every rank makes the same calls, so they agree.
+   */
+  #shouldStop(wait: boolean): boolean {
+    const group = this.#s.processGroup;
+    if (!isDistributed(group)) return this.#stopRequested;
+    if (this.#stopAgreed) return true;
+    const flag = (this.#stopFlag ??= Tensor.zeros([1], { dtype: 'i32', device: this.device }));
+    if (this.#stopPending) {
+      group.synchronize();
+      this.#stopPending = false;
+      if (flag.item() > 0) return (this.#stopAgreed = true);
+    }
+    flag.copyFromHost(Int32Array.of(this.#stopRequested ? 1 : 0));
+    group.allReduce(flag, { op: 'max' });
+    this.#stopPending = true;
+    if (!wait) return false;
+    group.synchronize();
+    this.#stopPending = false;
+    return (this.#stopAgreed = flag.item() > 0);
+  }
+
+  /** Waits for a stop flag's reduction still in flight (every rank has one at the same point). */
+  #drainStopFlag(): void {
+    if (!this.#stopPending) return;
+    this.#s.processGroup?.synchronize();
+    this.#stopPending = false;
+  }
+
   #stepBudgetSpent(f: FitSettings): boolean {
     return f.maxSteps !== null && this.#step >= f.maxSteps;
   }
@@ -661,6 +762,7 @@ export class Trainer {
         'evaluate: ema: true, but the Trainer keeps no moving average (ema option)',
       );
     }
+    checkRankLoader(this.#s.processGroup, loader, 'evaluate: the loader');
     return this.#exclusive('evaluate', async () => {
       throwIfAborted(signal, 'Trainer.evaluate');
       this.#ensureNormalize(loader);
@@ -671,6 +773,7 @@ export class Trainer {
         return await this.#evaluate(
           loaderBatches(loader, this.device, loader.epoch, 0),
           loader.length,
+          ownSamples(loader),
           names,
           useEma ? 'val_ema' : 'val',
           signal,
@@ -685,18 +788,30 @@ export class Trainer {
   async #evaluate(
     batches: AsyncIterable<DeviceBatch> | Iterable<DeviceBatch>,
     total: number,
+    limit: number,
     classNames: readonly string[] | null,
     label: string,
     signal: AbortSignal | null,
   ): Promise<EvalResult> {
     this.model.eval();
     const bar = this.#outputs.progressBar({ total, label, printEvery: 0 });
-    const forward = (batch: DeviceBatch): { logits: Tensor; loss: number } => {
+    // Only the first `keep` samples count (the rest pads a rank's share of the data).
+    const forward = (batch: DeviceBatch, keep: number): { logits: Tensor; loss: number } => {
       const logits = this.model.forward(this.#normalizer().forward(batch.images, batch.flips));
-      return { logits, loss: this.#evalLoss.forward(logits, batch.labels).item() };
+      if (keep === batch.size) return { logits, loss: this.#evalLoss.forward(logits, batch.labels).item() };
+      if (keep === 0) return { logits, loss: 0 };
+      const classes = logits.numel / batch.size;
+      const own = logits.view(0, [keep, classes]);
+      const labels = batch.labels.view(0, [keep]);
+      try {
+        return { logits, loss: this.#evalLoss.forward(own, labels).item() };
+      } finally {
+        own.dispose();
+        labels.dispose();
+      }
     };
-    const counts = await evaluateBatches(batches, forward, bar, signal);
-    return evalResult(sumEvalCounts(this.#s.communicator, counts, this.device), classNames);
+    const counts = await evaluateBatches(batches, forward, bar, signal, limit);
+    return evalResult(sumEvalCounts(this.#s.processGroup, counts, this.device), classNames);
   }
 
   /**
@@ -816,10 +931,15 @@ export class Trainer {
     const stepLoss = defined(this.#stepLoss, 'the step loss');
     addon().fill({ tensor: stepLoss.raw, value: 0 });
     try {
-      for (let i = 0; i < this.accumulate; i++) this.#forwardBackward(await next(), this.accumulate, null);
+      for (let i = 0; i < this.accumulate; i++) {
+        this.#forwardBackward(await next(), this.accumulate, null, i + 1 < this.accumulate);
+      }
       this.#update();
-      const communicator = this.#s.communicator;
-      if (isDistributed(communicator)) communicator.allReduce(stepLoss, { average: true });
+      const group = this.#s.processGroup;
+      if (isDistributed(group)) {
+        group.allReduce(stepLoss, { op: 'avg' });
+        group.synchronize();
+      }
     } catch (error) {
       this.scaler.abandonStep();
       this.optimizer.zeroGrad();
@@ -832,6 +952,7 @@ export class Trainer {
   async dispose(): Promise<void> {
     if (this.#disposed) return;
     this.#disposed = true;
+    this.ddp?.dispose();
     this.loss.dispose();
     this.distillation?.dispose();
     this.#evalLoss.dispose();
@@ -841,7 +962,8 @@ export class Trainer {
     this.#normalize = null;
     this.#lossSum?.dispose();
     this.#stepLoss?.dispose();
-    this.#lossSum = this.#stepLoss = null;
+    this.#stopFlag?.dispose();
+    this.#lossSum = this.#stepLoss = this.#stopFlag = null;
     await this.#outputs.close();
   }
 
@@ -902,9 +1024,13 @@ export class Trainer {
     }
   }
 
-  /** The update of a step: gradients averaged over ranks, unscaled and clipped; the optimizer steps, the scaler updates, gradients are zeroed. */
+  /**
+   * The update of a step: gradients averaged over ranks (the all-reduces launched during backward
+   * finished), unscaled and clipped; the optimizer steps, the scaler updates, gradients are zeroed.
+   * Every rank checks the same averaged gradients for inf/NaN, so all skip the same steps.
+   */
   #update(): void {
-    averageGradients(this.#s.communicator, this.optimizer);
+    this.ddp?.finishGradientSync();
     if (this.#s.clip !== null) {
       this.scaler.unscale(this.optimizer);
       clipGradNorm(this.model, this.#s.clip);
@@ -928,7 +1054,7 @@ export class Trainer {
         ...(s.clip !== null ? { clip_grad_norm: s.clip } : {}),
         ...(s.ema ? { ema: s.ema } : {}),
         ...(s.schedule ? { schedule: s.schedule.constructor.name } : {}),
-        ...(s.communicator ? { world_size: s.communicator.worldSize } : {}),
+        ...(s.processGroup ? { world_size: s.processGroup.worldSize, sync_batchnorm: s.syncBatchNorm } : {}),
       },
       config: s.config,
     });
@@ -978,7 +1104,12 @@ export class Trainer {
       history: this.#history,
       trainLossPoints: this.#trainLossPoints,
       periodic,
-      data: { trainSeed: run.train.seed, trainLength: run.train.dataset.length, batchSize: run.train.batchSize },
+      data: {
+        trainSeed: run.train.seed,
+        trainLength: run.train.dataset.length,
+        batchSize: run.train.batchSize,
+        worldSize: this.worldSize,
+      },
       config: this.#s.config,
       epochProgress,
     };
@@ -1042,6 +1173,15 @@ export class Trainer {
           `create the DataLoader with seed: ${run.data.trainSeed} and the same dataset and batch size`,
       );
     }
+    const worldSize = run.data.worldSize ?? 1;
+    if (worldSize !== this.worldSize) {
+      throw new ResnetError(
+        'ERR_RC_CHECKPOINT',
+        `${file}: the run trained with world size ${worldSize} (${worldSize} processes of batch ${run.data.batchSize}), this one has ${this.worldSize}; ` +
+          `an exact resume needs the same data split: run it with ${worldSize} process${worldSize === 1 ? '' : 'es'} (--nproc-per-node ${worldSize}), ` +
+          `or start a new run from its weights`,
+      );
+    }
     checkParts(file, info, {
       lr: this.#scheduler ? 'schedule' : this.#plateau ? 'plateau' : null,
       ema: this.ema !== null,
@@ -1057,6 +1197,12 @@ export class Trainer {
     this.#checkpoints?.adopt(run, file);
     return { run, config: info.config };
   }
+}
+
+/** Whether two device names are the same device (`cuda` is `cuda:0`). */
+function sameDevice(a: string, b: string): boolean {
+  const canonical = (d: string): string => (d === 'cuda' ? 'cuda:0' : d);
+  return canonical(a) === canonical(b);
 }
 
 /** Refuses a checkpoint whose learning-rate state, moving average or parameter groups do not fit this Trainer. */
