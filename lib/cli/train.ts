@@ -89,6 +89,14 @@ import {
 } from './options.js';
 import { TEACHER_DEPENDENT, TEACHER_OPTIONS, loadTeacher, type LoadedTeacher, type TeacherArgs } from './teacher.js';
 import { writeRunArtifact } from './train-artifact.js';
+import {
+  isRestart,
+  joinGroup,
+  launchedWorldSize,
+  relaunch,
+  restartResume,
+  shareRunSettings,
+} from './train-distributed.js';
 
 const SCHEDULERS = [
   'cosineannealinglr',
@@ -405,6 +413,20 @@ const OPTIONS: OptionSpec[] = [
     section: S_TRAIN,
   },
   {
+    name: 'sync-bn',
+    type: 'boolean',
+    help: 'Data-parallel training: batch-norm statistics over every rank (SyncBatchNorm) instead of per rank.',
+    section: S_TRAIN,
+  },
+  {
+    name: 'nproc-per-node',
+    type: 'int',
+    min: 1,
+    valueName: 'N',
+    help: 'Run N data-parallel processes on this machine (resnet-cuda launch --nproc-per-node N -- train ...); --batch-size is per process.',
+    section: S_TRAIN,
+  },
+  {
     name: 'model-ema',
     type: 'boolean',
     help: 'Keep an exponential moving average of the weights and evaluate it too.',
@@ -635,6 +657,8 @@ interface TrainArgs extends TeacherArgs, PruneArgs, FineTuneArgs {
   epochs: number;
   amp: AmpName;
   accumulate: number;
+  syncBn: boolean;
+  nprocPerNode: number | undefined;
   modelEma: boolean;
   modelEmaSteps: number;
   modelEmaDecay: number;
@@ -813,6 +837,7 @@ function checkDeviceName(device: string): string {
 function resolveOutput(
   a: { outputDir?: string; resume?: string; dryRun?: number; weights?: string },
   cwd: string,
+  existingRun: 'refuse' | 'allow' = 'refuse',
 ): { outDir: string; resume: string | undefined } {
   if (a.resume !== undefined) {
     if (a.dryRun !== undefined) throw new UsageError('--dry-run (a debugging run without checkpoints) cannot --resume');
@@ -826,7 +851,7 @@ function resolveOutput(
   const runsRoot = join(cwd, 'runs');
   if (a.resume === undefined) {
     const outDir = a.outputDir ?? uniqueDir(join(runsRoot, timestampName()));
-    if (existsSync(join(outDir, 'checkpoints', 'latest.json')) && a.dryRun === undefined) {
+    if (existingRun === 'refuse' && existsSync(join(outDir, 'checkpoints', 'latest.json')) && a.dryRun === undefined) {
       throw new UsageError(
         `--output-dir '${outDir}' already holds a run (checkpoints/latest.json)`,
         'Continue it with --resume, or choose another --output-dir.',
@@ -996,7 +1021,7 @@ function profileRange(text: string): { first: number; last: number } {
 }
 
 /** Options that say where and how verbosely this invocation works, not what the run is. */
-const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet', 'profileSteps'];
+const INVOCATION_OPTIONS = ['outputDir', 'resume', 'dataPath', 'verbose', 'quiet', 'profileSteps', 'nprocPerNode'];
 
 /**
  * The options file written into the run folder: every option the run uses, resolved (defaults,
@@ -1071,7 +1096,17 @@ function withSavedOptions(parsed: ParsedCommand, saved: Record<string, unknown> 
 }
 
 async function run(given: ParsedCommand, io: CliIO): Promise<number> {
-  const { outDir, resume } = resolveOutput(given.values, io.cwd);
+  const nproc = given.values.nprocPerNode as number | undefined;
+  if (nproc !== undefined && launchedWorldSize(io.env) === 1) {
+    return relaunch(nproc, given, resolveOutput(given.values, io.cwd).outDir, io);
+  }
+  // A restarted group continues from its latest checkpoint; only rank 0 refuses a folder that holds
+  // a run (the others may find rank 0's first files there).
+  const invocation = { ...given.values, resume: restartResume(given.values, io.cwd, io.env) };
+  const rankZero = Number(io.env.RANK ?? '0') === 0;
+  const resolved = resolveOutput(invocation, io.cwd, rankZero && !isRestart(io.env) ? 'refuse' : 'allow');
+  const resume = resolved.resume;
+  let outDir = resolved.outDir;
   // Resuming: the checkpoint's options, seed (the data order depends on it) and architecture.
   let resumed: Partial<RunConfig> = {};
   let savedSeed: number | undefined;
@@ -1082,10 +1117,14 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   }
   const parsed = withSavedOptions(given, resumed.options);
   const { args: a, files } = resolveArgs(parsed, (text) => io.stderr.write(`${text}\n`));
+  const rank = joinGroup(a.device, io.env);
+  const group = rank.group;
+  const main = group === null || group.rank === 0;
+  const worldSize = group?.worldSize ?? 1;
   const say = (text: string) => {
-    if (!a.quiet) io.stderr.write(`${text}\n`);
+    if (!a.quiet && main) io.stderr.write(`${text}\n`);
   };
-  const device = checkDevice(a.device);
+  const device = checkDevice(rank.device);
   // The training and the validation loader each hold batches of this size.
   checkBatchMemory(a.batchSize, Math.max(a.trainCropSize, a.valCropSize));
   if (resume !== undefined) {
@@ -1102,7 +1141,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       throw new UsageError(`the resumed run trained on --dataset ${resumed.dataset}, this one on ${a.dataset}`);
     }
   }
-  const seed = a.seed ?? savedSeed ?? randomInt(0, 2 ** 31);
+  // Every rank takes rank 0's seed (the same data order and augmentation) and output folder.
+  const shared = shareRunSettings(group, { seed: a.seed ?? savedSeed ?? randomInt(0, 2 ** 31), outDir });
+  const seed = shared.seed;
+  outDir = shared.outDir;
   const transformSettings = {
     trainCropSize: a.trainCropSize,
     valResizeSize: a.valResizeSize,
@@ -1171,7 +1213,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     );
   }
   let teacher: LoadedTeacher | undefined;
-  const lr = a.lrScaleBatch !== undefined ? scaleLrForBatch(a.lr, a.batchSize * a.accumulate, a.lrScaleBatch) : a.lr;
+  // The global batch: every rank's micro-batches of every step (the linear scaling rule).
+  const globalBatch = a.batchSize * a.accumulate * worldSize;
+  const lr = a.lrScaleBatch !== undefined ? scaleLrForBatch(a.lr, globalBatch, a.lrScaleBatch) : a.lr;
+  const share = group ? { distributed: { rank: group.rank, worldSize: group.worldSize } } : {};
   const optimizer = buildOptimizer(a, model, lr);
 
   const trainLoader = new DataLoader(data.train, {
@@ -1182,6 +1227,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     workers: a.workers,
     persistentWorkers: true,
     device,
+    ...share,
   });
   const valLoader = new DataLoader(data.val, {
     batchSize: a.batchSize,
@@ -1190,6 +1236,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     workers: a.workers,
     persistentWorkers: true,
     device,
+    ...share,
   });
   let trainer: Trainer | undefined;
   let profiling: ProfileStepsCallback | undefined;
@@ -1213,7 +1260,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     const schedule = buildSchedule(a, stepsPerEpoch);
     const mode = a.monitor.endsWith('loss') ? 'min' : 'max';
     // train.py's adjustment: the decay is given per image of an epoch, the average updates every few steps.
-    const emaDecay = 1 - Math.min(1, (1 - a.modelEmaDecay) * ((a.batchSize * a.modelEmaSteps) / a.epochs));
+    const emaDecay = 1 - Math.min(1, (1 - a.modelEmaDecay) * ((a.batchSize * worldSize * a.modelEmaSteps) / a.epochs));
     const pruning = trainPruning(a, model, { epochs: a.epochs, stepsPerEpoch });
     const options: TrainerOptions = {
       model,
@@ -1237,6 +1284,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       ...(a.mlflow !== undefined ? { mlflow: { trackingDir: a.mlflow, experimentName: a.mlflowExperiment } } : {}),
       classNames: data.classes,
       config: config as unknown as Record<string, unknown>,
+      ...(group ? { distributed: { processGroup: group, syncBatchNorm: a.syncBn } } : {}),
       ...(pruning ? { callbacks: [pruning] } : {}),
       ...(schedule ? { schedule } : {}),
       ...(a.lrScheduler === 'plateau'
@@ -1270,8 +1318,10 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     }
     trainer = new Trainer(options);
 
-    mkdirSync(outDir, { recursive: true });
-    await writeFileAtomic(join(outDir, 'config.json'), JSON.stringify(config.options, null, 2) + '\n');
+    if (main) {
+      mkdirSync(outDir, { recursive: true });
+      await writeFileAtomic(join(outDir, 'config.json'), JSON.stringify(config.options, null, 2) + '\n');
+    }
     const where = displayPath(outDir, io.cwd);
     const source =
       a.dataset === 'shapes'
@@ -1284,7 +1334,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       `resnet-cuda train: ${a.model}${arch.smallInput ? ' (small-image stem)' : ''}, ${numClasses} classes, on ${what}`,
     );
     say(
-      `${device}, batch ${a.batchSize}${a.accumulate > 1 ? ` x ${a.accumulate}` : ''}, ${precisionText(a.amp)}, ${a.opt} lr ${lr}` +
+      `${group ? `${worldSize} processes (${group.backend}), ` : ''}${device}, batch ${a.batchSize}${a.accumulate > 1 ? ` x ${a.accumulate}` : ''}${group ? ` per process (${globalBatch} per step in all)` : ''}${a.syncBn && group ? ', SyncBatchNorm' : ''}, ${precisionText(a.amp)}, ${a.opt} lr ${lr}` +
         `, ${a.lrScheduler}${a.lrWarmupEpochs > 0 ? ` after ${Math.round(a.lrWarmupEpochs * stepsPerEpoch)} warm-up steps` : ''}, ${a.epochs} epoch${a.epochs === 1 ? '' : 's'} of ${stepsPerEpoch} steps, seed ${seed}`,
     );
     say(
@@ -1303,6 +1353,8 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       ...(a.maxSteps !== undefined ? { maxSteps: a.maxSteps } : {}),
     });
     const seconds = (performance.now() - started) / 1000;
+    // Rank 0 reports and leaves the artifact; the others only train.
+    if (!main) return stoppedBy !== undefined ? STOP_SIGNALS[stoppedBy]! : 0;
 
     const ended = result.stoppedEarly ? 'stopped early' : result.interrupted ? 'stopped' : 'finished';
     const final = result.lastEval;
@@ -1329,6 +1381,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     teacher?.model.dispose();
     await trainLoader.close();
     await valLoader.close();
+    group?.destroy();
   }
 }
 
