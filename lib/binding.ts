@@ -307,6 +307,55 @@ export interface RawAddon {
     /** false: saveMean/saveInvStd are the running statistics an inference forward saved (default true). */
     training?: boolean;
   }): void;
+  /** SyncBatchNorm step 1: this rank's per-channel count, mean and M2 into `stats` (f32[3, C]). */
+  syncBatchNormStats(args: { x: RawTensor; stats: RawTensor }): void;
+  /**
+   * SyncBatchNorm step 2: merges every rank's statistics (`stats`, f32[worldSize, 3, C]), normalises
+   * `x` with the global mean and variance, saves them and updates the running statistics.
+   */
+  syncBatchNormForward(args: {
+    x: RawTensor;
+    gamma: RawTensor;
+    beta: RawTensor;
+    residual?: RawTensor;
+    y: RawTensor;
+    stats: RawTensor;
+    runningMean: RawTensor;
+    runningVar: RawTensor;
+    saveMean: RawTensor;
+    saveInvStd: RawTensor;
+    relu?: boolean;
+    momentum?: number;
+    eps?: number;
+  }): void;
+  /**
+   * SyncBatchNorm step 3: this rank's sum(g), sum(g·x̂) and row count into `sums` (f32[3, C]), and
+   * its dGamma/dBeta accumulated.
+   */
+  syncBatchNormBackwardReduce(args: {
+    x: RawTensor;
+    y?: RawTensor;
+    dy: RawTensor;
+    saveMean: RawTensor;
+    saveInvStd: RawTensor;
+    sums: RawTensor;
+    dGamma: RawTensor;
+    dBeta: RawTensor;
+    relu?: boolean;
+  }): void;
+  /** SyncBatchNorm step 4: dx (and dResidual) from the sums of step 3 summed over the ranks. */
+  syncBatchNormBackwardElementwise(args: {
+    x: RawTensor;
+    y?: RawTensor;
+    dy: RawTensor;
+    gamma: RawTensor;
+    saveMean: RawTensor;
+    saveInvStd: RawTensor;
+    sums: RawTensor;
+    dx: RawTensor;
+    dResidual?: RawTensor;
+    relu?: boolean;
+  }): void;
   relu(args: { x: RawTensor; y: RawTensor }): void;
   reluBackward(args: { y: RawTensor; dy: RawTensor; dx: RawTensor }): void;
   add(args: { a: RawTensor; b: RawTensor; out: RawTensor }): void;

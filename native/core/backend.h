@@ -115,6 +115,48 @@ struct BatchNormBackwardArgs {
   bool training = true;
 };
 
+// SyncBatchNorm: batch normalisation whose statistics span the batches of several processes, as
+// four ops with collectives between them (the caller runs those):
+//   1. syncBatchNormStats: this rank's per-channel count, mean and M2 (the sum of squared
+//      deviations from that mean); the ranks all-gather them;
+//   2. syncBatchNormForward: merges every rank's (count, mean, M2) in double (Chan et al.'s
+//      pairwise update, so neither large means nor millions of rows lose precision, unlike sums of
+//      squares in f32), normalises this rank's rows as batchNormForward does and updates the
+//      running statistics with the global mean and unbiased variance;
+//   3. syncBatchNormBackwardReduce: this rank's per-channel sum(g) and sum(g * xhat) (g = dy masked
+//      by the fused ReLU) and its row count, and the local dGamma/dBeta; the ranks all-reduce (sum)
+//      the three rows;
+//   4. syncBatchNormBackwardElementwise: dx (and dResidual) from the global sums and count.
+struct SyncBatchNormStatsArgs {
+  Tensor x;      // [..., C] f32/bf16/f16 (NHWC)
+  Tensor stats;  // f32[3, C], overwritten: count, mean, M2 per channel
+};
+
+struct SyncBatchNormForwardArgs {
+  Tensor x, gamma, beta, residual, y;
+  Tensor stats;                    // f32[W, 3, C]: every rank's syncBatchNormStats, rank after rank
+  Tensor runningMean, runningVar;  // f32[C]; updated with the global statistics
+  Tensor saveMean, saveInvStd;     // f32[C]; written (global), read by the backward ops
+  bool relu = false;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+};
+
+struct SyncBatchNormBackwardReduceArgs {
+  Tensor x, y, dy, saveMean, saveInvStd;
+  Tensor sums;           // f32[3, C], overwritten: sum(g), sum(g * xhat), this rank's row count
+  Tensor dGamma, dBeta;  // f32[C], accumulated with this rank's sum(g * xhat) and sum(g)
+  bool relu = false;     // y is the ReLU output and masks dy
+};
+
+struct SyncBatchNormBackwardElementwiseArgs {
+  Tensor x, y, dy, gamma, saveMean, saveInvStd;
+  Tensor sums;       // f32[3, C]: syncBatchNormBackwardReduce's sums, summed over the ranks
+  Tensor dx;         // overwritten
+  Tensor dResidual;  // overwritten with the gradient reaching the residual, if defined
+  bool relu = false;
+};
+
 struct CrossEntropyArgs {
   Tensor logits;   // [N, K] f32/bf16/f16
   Tensor labels;   // i32[N]
@@ -382,6 +424,10 @@ class Backend {
 
   virtual void batchNormForward(const BatchNormForwardArgs& args) = 0;
   virtual void batchNormBackward(const BatchNormBackwardArgs& args) = 0;
+  virtual void syncBatchNormStats(const SyncBatchNormStatsArgs& args) = 0;
+  virtual void syncBatchNormForward(const SyncBatchNormForwardArgs& args) = 0;
+  virtual void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& args) = 0;
+  virtual void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& args) = 0;
   virtual void relu(const Tensor& x, const Tensor& y) = 0;
   virtual void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;

@@ -111,6 +111,67 @@ void validateBatchNormBackward(const BatchNormBackwardArgs& a) {
   }
 }
 
+// Checks the per-channel f32 tensors of the SyncBatchNorm ops against x's channel count.
+void checkChannelVectors(std::initializer_list<const Tensor*> tensors, int64_t c, const char* op, const char* what) {
+  for (const Tensor* t : tensors) {
+    checkDType(*t, DType::F32, op, what);
+    checkShape(*t, Shape{c}, op, what);
+  }
+}
+
+void validateSyncBatchNormStats(const SyncBatchNormStatsArgs& a) {
+  const char* op = "sync batchnorm stats";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()) && a.x.rank() >= 1 && a.x.numel() > 0,
+               op << ": x must be a non-empty floating point tensor, got " << a.x.describe());
+  checkDType(a.stats, DType::F32, op, "stats");
+  checkShape(a.stats, Shape{3, channels(a.x)}, op, "stats ([3, C]: count, mean, M2)");
+}
+
+void validateSyncBatchNormForward(const SyncBatchNormForwardArgs& a) {
+  const char* op = "sync batchnorm forward";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()) && a.x.rank() >= 1 && a.x.numel() > 0,
+               op << ": x must be a non-empty floating point tensor, got " << a.x.describe());
+  validateSameLayout(a.x, a.y, op);
+  if (a.residual.defined()) validateSameLayout(a.x, a.residual, op);
+  const int64_t c = channels(a.x);
+  checkChannelVectors({&a.gamma, &a.beta, &a.runningMean, &a.runningVar, &a.saveMean, &a.saveInvStd}, c, op,
+                      "gamma, beta, running and saved statistics");
+  checkDefined(a.stats, op, "stats");
+  checkDType(a.stats, DType::F32, op, "stats");
+  RC_CHECK_ARG(a.stats.rank() == 3 && a.stats.dim(0) >= 1 && a.stats.dim(1) == 3 && a.stats.dim(2) == c,
+               op << ": stats must be f32[worldSize, 3, " << c << "] (every rank's count, mean, M2), got "
+                  << a.stats.describe());
+}
+
+void validateSyncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& a) {
+  const char* op = "sync batchnorm backward reduce";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()), op << ": x must be floating point, got " << a.x.describe());
+  validateSameLayout(a.x, a.dy, op);
+  if (a.relu) validateSameLayout(a.x, a.y, op);
+  const int64_t c = channels(a.x);
+  checkChannelVectors({&a.saveMean, &a.saveInvStd, &a.dGamma, &a.dBeta}, c, op,
+                      "saved statistics and the gradients of gamma and beta");
+  checkDType(a.sums, DType::F32, op, "sums");
+  checkShape(a.sums, Shape{3, c}, op, "sums ([3, C]: sum(g), sum(g * xhat), count)");
+}
+
+void validateSyncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& a) {
+  const char* op = "sync batchnorm backward elementwise";
+  checkDefined(a.x, op, "x");
+  RC_CHECK_ARG(isFloating(a.x.dtype()), op << ": x must be floating point, got " << a.x.describe());
+  validateSameLayout(a.x, a.dy, op);
+  validateSameLayout(a.x, a.dx, op);
+  if (a.relu) validateSameLayout(a.x, a.y, op);
+  if (a.dResidual.defined()) validateSameLayout(a.x, a.dResidual, op);
+  const int64_t c = channels(a.x);
+  checkChannelVectors({&a.gamma, &a.saveMean, &a.saveInvStd}, c, op, "gamma and the saved statistics");
+  checkDType(a.sums, DType::F32, op, "sums");
+  checkShape(a.sums, Shape{3, c}, op, "sums ([3, C]: sum(g), sum(g * xhat), count over all ranks)");
+}
+
 void validateCrossEntropy(const CrossEntropyArgs& a) {
   const char* op = "cross entropy";
   checkDefined(a.logits, op, "logits");
@@ -598,6 +659,34 @@ class CheckedBackend final : public Backend {
     here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.dx, &a.dGamma, &a.dBeta, &a.dResidual},
          "batchnorm backward");
     b_->batchNormBackward(a);
+  }
+
+  void syncBatchNormStats(const SyncBatchNormStatsArgs& a) override {
+    validateSyncBatchNormStats(a);
+    here({&a.x, &a.stats}, "sync batchnorm stats");
+    b_->syncBatchNormStats(a);
+  }
+
+  void syncBatchNormForward(const SyncBatchNormForwardArgs& a) override {
+    validateSyncBatchNormForward(a);
+    here({&a.x, &a.gamma, &a.beta, &a.residual, &a.y, &a.stats, &a.runningMean, &a.runningVar, &a.saveMean,
+          &a.saveInvStd},
+         "sync batchnorm forward");
+    b_->syncBatchNormForward(a);
+  }
+
+  void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& a) override {
+    validateSyncBatchNormBackwardReduce(a);
+    here({&a.x, &a.y, &a.dy, &a.saveMean, &a.saveInvStd, &a.sums, &a.dGamma, &a.dBeta},
+         "sync batchnorm backward reduce");
+    b_->syncBatchNormBackwardReduce(a);
+  }
+
+  void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& a) override {
+    validateSyncBatchNormBackwardElementwise(a);
+    here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.sums, &a.dx, &a.dResidual},
+         "sync batchnorm backward elementwise");
+    b_->syncBatchNormBackwardElementwise(a);
   }
 
   void relu(const Tensor& x, const Tensor& y) override {

@@ -57,6 +57,14 @@ class CpuBackend final : public Backend {
 
   void batchNormForward(const BatchNormForwardArgs& a) override { cpu::batchNormForward(a); }
   void batchNormBackward(const BatchNormBackwardArgs& a) override { cpu::batchNormBackward(a); }
+  void syncBatchNormStats(const SyncBatchNormStatsArgs& a) override { cpu::syncBatchNormStats(a); }
+  void syncBatchNormForward(const SyncBatchNormForwardArgs& a) override { cpu::syncBatchNormForward(a); }
+  void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& a) override {
+    cpu::syncBatchNormBackwardReduce(a);
+  }
+  void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& a) override {
+    cpu::syncBatchNormBackwardElementwise(a);
+  }
   void relu(const Tensor& x, const Tensor& y) override { cpu::relu(x, y); }
   void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) override { cpu::reluBackward(y, dy, dx); }
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override { cpu::add(a, b, out); }

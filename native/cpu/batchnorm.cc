@@ -275,6 +275,161 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
   });
 }
 
+// ---- SyncBatchNorm -------------------------------------------------------------------------------
+
+// The channel count and the number of rows of an NHWC tensor.
+struct RowsOf {
+  int64_t channels, rows;
+  explicit RowsOf(const Tensor& x) : channels(x.dim(x.rank() - 1)), rows(x.numel() / channels) {}
+};
+
+template <typename T>
+void syncStatsTyped(const SyncBatchNormStatsArgs& args) {
+  const RowsOf d(args.x);
+  const T* x = args.x.ptr<T>();
+  // Shifted by the first row, as the training forward: mean and M2 without the cancellation of
+  // plain sums of squares when |mean| >> std.
+  std::vector<float> pivot(d.channels);
+  for (int64_t c = 0; c < d.channels; ++c) pivot[c] = toF(x[c]);
+  const float* pv = pivot.data();
+  std::vector<double> sum, sumSq;
+  channelSums(d.rows, d.channels, sum, sumSq, [&](int64_t first, int64_t count, float* s, float* s2) {
+    statsRows<T>(x + first * d.channels, pv, count, d.channels, s, s2);
+  });
+  float* count = args.stats.ptr<float>();
+  float* mean = count + d.channels;
+  float* m2 = mean + d.channels;
+  const double m = static_cast<double>(d.rows);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double shifted = sum[c] / m;
+    count[c] = static_cast<float>(m);
+    mean[c] = static_cast<float>(shifted + pv[c]);
+    m2[c] = static_cast<float>(std::max(sumSq[c] - sum[c] * shifted, 0.0));
+  }
+}
+
+// Every rank's (count, mean, M2) of channel c merged in double: the global count, mean and M2
+// (M2 = sum of the ranks' M2 + sum of count * (rank mean - global mean)^2, exact algebra).
+struct Moments {
+  double count = 0.0, mean = 0.0, m2 = 0.0;
+};
+
+Moments mergeRanks(const float* stats, int64_t ranks, int64_t channels, int64_t c) {
+  Moments out;
+  double sum = 0.0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const float* s = stats + r * 3 * channels;
+    if (s[c] <= 0.0f) continue;
+    out.count += s[c];
+    sum += static_cast<double>(s[c]) * s[channels + c];
+  }
+  if (out.count <= 0.0) return out;
+  out.mean = sum / out.count;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const float* s = stats + r * 3 * channels;
+    if (s[c] <= 0.0f) continue;
+    const double delta = s[channels + c] - out.mean;
+    out.m2 += s[2 * channels + c] + s[c] * delta * delta;
+  }
+  return out;
+}
+
+template <typename T>
+void syncForwardTyped(const SyncBatchNormForwardArgs& args) {
+  const RowsOf d(args.x);
+  const int64_t ranks = args.stats.dim(0);
+  const float* stats = args.stats.ptr<float>();
+  const float* gamma = args.gamma.ptr<float>();
+  const float* beta = args.beta.ptr<float>();
+  float* runMean = args.runningMean.ptr<float>();
+  float* runVar = args.runningVar.ptr<float>();
+  float* saveMean = args.saveMean.ptr<float>();
+  float* saveInvStd = args.saveInvStd.ptr<float>();
+  std::vector<Moments> moments(d.channels);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    moments[c] = mergeRanks(stats, ranks, d.channels, c);
+    RC_CHECK_ARG(moments[c].count > 1.0,
+                 "sync batchnorm forward: training needs more than one value per channel "
+                 "over all ranks, got a count of "
+                     << moments[c].count << " for channel " << c);
+  }
+  std::vector<float> scale(d.channels), shift(d.channels);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const Moments& g = moments[c];
+    const double var = g.m2 / g.count;
+    const double invStd = 1.0 / std::sqrt(var + args.eps);
+    saveMean[c] = static_cast<float>(g.mean);
+    saveInvStd[c] = static_cast<float>(invStd);
+    scale[c] = static_cast<float>(gamma[c] * invStd);
+    shift[c] = static_cast<float>(beta[c] - g.mean * gamma[c] * invStd);
+    runMean[c] = static_cast<float>((1.0 - args.momentum) * runMean[c] + args.momentum * g.mean);
+    runVar[c] = static_cast<float>((1.0 - args.momentum) * runVar[c] + args.momentum * g.m2 / (g.count - 1.0));
+  }
+  const T* x = args.x.ptr<T>();
+  const T* res = args.residual.defined() ? args.residual.ptr<T>() : nullptr;
+  T* y = args.y.ptr<T>();
+  forRowBlocks(d.rows, [&](int64_t first, int64_t count) {
+    const int64_t at = first * d.channels;
+    normalizeRows<T>(x + at, res ? res + at : nullptr, y + at, scale.data(), shift.data(), count, d.channels,
+                     args.relu);
+  });
+}
+
+template <typename T>
+void syncBackwardReduceTyped(const SyncBatchNormBackwardReduceArgs& args) {
+  const RowsOf d(args.x);
+  const T* x = args.x.ptr<T>();
+  const T* y = args.relu ? args.y.ptr<T>() : nullptr;
+  const T* dy = args.dy.ptr<T>();
+  const float* mean = args.saveMean.ptr<float>();
+  const float* invStd = args.saveInvStd.ptr<float>();
+  std::vector<double> sumG, sumGX;
+  channelSums(d.rows, d.channels, sumG, sumGX, [&](int64_t first, int64_t count, float* sg, float* sgx) {
+    const int64_t at = first * d.channels;
+    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, mean, count, d.channels, sg, sgx);
+  });
+  float* sums = args.sums.ptr<float>();
+  float* dGamma = args.dGamma.ptr<float>();
+  float* dBeta = args.dBeta.ptr<float>();
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double gxhat = sumGX[c] * invStd[c];
+    sums[c] = static_cast<float>(sumG[c]);
+    sums[d.channels + c] = static_cast<float>(gxhat);
+    sums[2 * d.channels + c] = static_cast<float>(d.rows);
+    dGamma[c] += static_cast<float>(gxhat);
+    dBeta[c] += static_cast<float>(sumG[c]);
+  }
+}
+
+template <typename T>
+void syncBackwardElementwiseTyped(const SyncBatchNormBackwardElementwiseArgs& args) {
+  const RowsOf d(args.x);
+  const float* gamma = args.gamma.ptr<float>();
+  const float* invStd = args.saveInvStd.ptr<float>();
+  const float* sums = args.sums.ptr<float>();
+  std::vector<float> a(d.channels), b(d.channels), k(d.channels);
+  for (int64_t c = 0; c < d.channels; ++c) {
+    const double m = sums[2 * d.channels + c];
+    RC_CHECK_ARG(m > 0.0, "sync batchnorm backward: the summed row count of channel " << c << " is " << m
+                                                                                      << ", expected positive");
+    // dx = gamma*invStd * (g - sum(g)/M - (x - mean) * invStd * sum(g*xhat)/M), M the global count.
+    a[c] = static_cast<float>(static_cast<double>(gamma[c]) * invStd[c]);
+    b[c] = static_cast<float>(sums[c] / m);
+    k[c] = static_cast<float>(static_cast<double>(invStd[c]) * sums[d.channels + c] / m);
+  }
+  const T* x = args.x.ptr<T>();
+  const T* y = args.relu ? args.y.ptr<T>() : nullptr;
+  const T* dy = args.dy.ptr<T>();
+  T* dx = args.dx.ptr<T>();
+  T* dres = args.dResidual.defined() ? args.dResidual.ptr<T>() : nullptr;
+  const float* mean = args.saveMean.ptr<float>();
+  forRowBlocks(d.rows, [&](int64_t first, int64_t count) {
+    const int64_t at = first * d.channels;
+    gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(),
+                     b.data(), k.data(), count, d.channels, true);
+  });
+}
+
 }  // namespace
 
 void batchNormForward(const BatchNormForwardArgs& args) {
@@ -283,6 +438,24 @@ void batchNormForward(const BatchNormForwardArgs& args) {
 
 void batchNormBackward(const BatchNormBackwardArgs& args) {
   dispatchFloat(args.x.dtype(), "batchnorm backward", [&](auto tag) { backwardTyped<decltype(tag)>(args); });
+}
+
+void syncBatchNormStats(const SyncBatchNormStatsArgs& args) {
+  dispatchFloat(args.x.dtype(), "sync batchnorm stats", [&](auto tag) { syncStatsTyped<decltype(tag)>(args); });
+}
+
+void syncBatchNormForward(const SyncBatchNormForwardArgs& args) {
+  dispatchFloat(args.x.dtype(), "sync batchnorm forward", [&](auto tag) { syncForwardTyped<decltype(tag)>(args); });
+}
+
+void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& args) {
+  dispatchFloat(args.x.dtype(), "sync batchnorm backward reduce",
+                [&](auto tag) { syncBackwardReduceTyped<decltype(tag)>(args); });
+}
+
+void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& args) {
+  dispatchFloat(args.x.dtype(), "sync batchnorm backward elementwise",
+                [&](auto tag) { syncBackwardElementwiseTyped<decltype(tag)>(args); });
 }
 
 }  // namespace rc::cpu

@@ -14,6 +14,10 @@ std::unique_ptr<InferencePlan> buildInt8InferencePlan(CpuContext& ctx, const Inf
 
 void batchNormForward(const BatchNormForwardArgs& args);
 void batchNormBackward(const BatchNormBackwardArgs& args);
+void syncBatchNormStats(const SyncBatchNormStatsArgs& args);
+void syncBatchNormForward(const SyncBatchNormForwardArgs& args);
+void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& args);
+void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& args);
 void relu(const Tensor& x, const Tensor& y);
 void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx);
 void add(const Tensor& a, const Tensor& b, const Tensor& out);

@@ -21,7 +21,8 @@ namespace {
 // the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss, 6 the
 // inference plan and the quantization-aware training ops (fakeQuantize, fakeQuantizeBackward,
 // absMaxScale, observeMinMax), 7 the generalised communicator (CommunicatorParams, reduce ops,
-// allGather, barrier, waitOnDevice).
+// allGather, barrier, waitOnDevice) and the SyncBatchNorm ops (syncBatchNormStats,
+// syncBatchNormForward, syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise).
 constexpr int kBackendAbi = 7;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -104,6 +105,40 @@ class CudaBackend final : public Backend {
                             a.dResidual.defined() ? a.dResidual.data() : nullptr, a.gamma.ptr<float>(),
                             a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(), a.dGamma.ptr<float>(),
                             a.dBeta.ptr<float>(), rows, c, a.relu, a.training, partial(rows, c), ctx_.stream());
+  }
+
+  void syncBatchNormStats(const SyncBatchNormStatsArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
+    cuda::syncBatchNormStats(a.x.dtype(), a.x.data(), a.stats.ptr<float>(), rows, c, partial(rows, c), ctx_.stream());
+  }
+
+  void syncBatchNormForward(const SyncBatchNormForwardArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
+    cuda::syncBatchNormForward(a.x.dtype(), a.x.data(), a.residual.defined() ? a.residual.data() : nullptr, a.y.data(),
+                               a.gamma.ptr<float>(), a.beta.ptr<float>(), a.stats.ptr<float>(), a.stats.dim(0),
+                               a.runningMean.ptr<float>(), a.runningVar.ptr<float>(), a.saveMean.ptr<float>(),
+                               a.saveInvStd.ptr<float>(), rows, c, a.momentum, a.eps, a.relu, ctx_.stream());
+  }
+
+  void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
+    cuda::syncBatchNormBackwardReduce(a.x.dtype(), a.x.data(), a.relu ? a.y.data() : nullptr, a.dy.data(),
+                                      a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(), a.sums.ptr<float>(),
+                                      a.dGamma.ptr<float>(), a.dBeta.ptr<float>(), rows, c, a.relu, partial(rows, c),
+                                      ctx_.stream());
+  }
+
+  void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.x.dim(a.x.rank() - 1), rows = a.x.numel() / c;
+    cuda::syncBatchNormBackwardElementwise(a.x.dtype(), a.x.data(), a.relu ? a.y.data() : nullptr, a.dy.data(),
+                                           a.dx.data(), a.dResidual.defined() ? a.dResidual.data() : nullptr,
+                                           a.gamma.ptr<float>(), a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(),
+                                           a.sums.ptr<float>(), rows, c, a.relu,
+                                           static_cast<float*>(ctx_.scratch(2 * c * sizeof(float))), ctx_.stream());
   }
 
   void relu(const Tensor& x, const Tensor& y) override {

@@ -94,6 +94,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One warp merges the row blocks of channel c of the stats kernel's partials, in a fixed order;
+// lane 0 ends with the channel's count, mean and M2.
+__device__ __forceinline__ void mergeRowBlocks(const float* __restrict__ partial, int64_t rowBlocks,
+                                               int64_t rowsPerBlock, int64_t rows, int64_t channels, int64_t c,
+                                               int lane, float& n, float& mean, float& m2) {
+  const float* pMean = partial + c * rowBlocks;
+  const float* pM2 = partial + (channels + c) * rowBlocks;
+  for (int64_t b = lane; b < rowBlocks; b += 32)
+    chanMerge(n, mean, m2, rowBlockCount(b, rowsPerBlock, rows), pMean[b], pM2[b]);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float nb = __shfl_down_sync(0xffffffffu, n, offset);
+    const float meanb = __shfl_down_sync(0xffffffffu, mean, offset);
+    const float m2b = __shfl_down_sync(0xffffffffu, m2, offset);
+    chanMerge(n, mean, m2, nb, meanb, m2b);
+  }
+}
+
 // One warp per channel: merges the row blocks, then saves and tracks the statistics.
 __global__ void batchnorm_stats_finalize_kernel(const float* __restrict__ partial, int64_t rowBlocks,
                                                 int64_t rowsPerBlock, int64_t rows, int64_t channels, float momentum,
@@ -103,17 +120,8 @@ __global__ void batchnorm_stats_finalize_kernel(const float* __restrict__ partia
   const int lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (c >= channels) return;  // whole warps leave together, so the shuffles below stay full
-  const float* pMean = partial + c * rowBlocks;
-  const float* pM2 = partial + (channels + c) * rowBlocks;
   float n = 0.0f, mean = 0.0f, m2 = 0.0f;
-  for (int64_t b = lane; b < rowBlocks; b += 32)
-    chanMerge(n, mean, m2, rowBlockCount(b, rowsPerBlock, rows), pMean[b], pM2[b]);
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float nb = __shfl_down_sync(0xffffffffu, n, offset);
-    const float meanb = __shfl_down_sync(0xffffffffu, mean, offset);
-    const float m2b = __shfl_down_sync(0xffffffffu, m2, offset);
-    chanMerge(n, mean, m2, nb, meanb, m2b);
-  }
+  mergeRowBlocks(partial, rowBlocks, rowsPerBlock, rows, channels, c, lane, n, mean, m2);
   if (lane != 0) return;
   const float var = m2 / n;
   saveMean[c] = mean;
@@ -242,6 +250,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One warp sums the row blocks of channel c of the backward stats kernel's partials, in a fixed
+// order; lane 0 ends with sum(g) and sum(g * xhat).
+__device__ __forceinline__ void sumRowBlocks(const float* __restrict__ partial, int64_t rowBlocks, int64_t channels,
+                                             int64_t c, int lane, float& sumG, float& sumGX) {
+  const float* pG = partial + c * rowBlocks;
+  const float* pGX = partial + (channels + c) * rowBlocks;
+  for (int64_t b = lane; b < rowBlocks; b += 32) {
+    sumG += pG[b];
+    sumGX += pGX[b];
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    sumG += __shfl_down_sync(0xffffffffu, sumG, offset);
+    sumGX += __shfl_down_sync(0xffffffffu, sumGX, offset);
+  }
+}
+
 // One warp per channel: sums the row blocks in order, accumulates dGamma/dBeta and leaves
 // coef = [mean_rows(g)[C], invStd * mean_rows(g * xhat)[C]] for the dx kernel.
 __global__ void batchnorm_bwd_finalize_kernel(const float* __restrict__ partial, int64_t rowBlocks, int64_t rows,
@@ -251,17 +275,8 @@ __global__ void batchnorm_bwd_finalize_kernel(const float* __restrict__ partial,
   const int lane = threadIdx.x % 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (c >= channels) return;
-  const float* pG = partial + c * rowBlocks;
-  const float* pGX = partial + (channels + c) * rowBlocks;
   float sumG = 0.0f, sumGX = 0.0f;
-  for (int64_t b = lane; b < rowBlocks; b += 32) {
-    sumG += pG[b];
-    sumGX += pGX[b];
-  }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    sumG += __shfl_down_sync(0xffffffffu, sumG, offset);
-    sumGX += __shfl_down_sync(0xffffffffu, sumGX, offset);
-  }
+  sumRowBlocks(partial, rowBlocks, channels, c, lane, sumG, sumGX);
   if (lane != 0) return;
   dGamma[c] += sumGX;
   dBeta[c] += sumG;
@@ -315,6 +330,82 @@ __global__ void batchnorm_save_running_kernel(const float* __restrict__ runningM
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     saveMean[c] = runningMean[c];
     saveInvStd[c] = 1.0f / sqrtf(runningVar[c] + eps);
+  }
+}
+
+// ---- SyncBatchNorm -----------------------------------------------------------------------------
+
+// One warp per channel: this rank's count, mean and M2 into stats[3, C].
+__global__ void syncbn_stats_finalize_kernel(const float* __restrict__ partial, int64_t rowBlocks, int64_t rowsPerBlock,
+                                             int64_t rows, int64_t channels, float* __restrict__ stats) {
+  const int lane = threadIdx.x % 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (c >= channels) return;
+  float n = 0.0f, mean = 0.0f, m2 = 0.0f;
+  mergeRowBlocks(partial, rowBlocks, rowsPerBlock, rows, channels, c, lane, n, mean, m2);
+  if (lane != 0) return;
+  stats[c] = n;
+  stats[channels + c] = mean;
+  stats[2 * channels + c] = m2;
+}
+
+// One thread per channel: merges every rank's (count, mean, M2) of stats[ranks, 3, C] in double
+// (global mean first, then M2 = sum of M2 + count * (rank mean - global mean)^2), saves the global
+// mean and inverse std and tracks them. A global count of at most 1 gives inf/NaN, as in PyTorch.
+__global__ void syncbn_merge_kernel(const float* __restrict__ stats, int64_t ranks, int64_t channels, float momentum,
+                                    float eps, float* __restrict__ runningMean, float* __restrict__ runningVar,
+                                    float* __restrict__ saveMean, float* __restrict__ saveInvStd) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double n = 0.0, sum = 0.0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      const float* s = stats + r * 3 * channels;
+      if (s[c] <= 0.0f) continue;
+      n += s[c];
+      sum += static_cast<double>(s[c]) * s[channels + c];
+    }
+    const double mean = sum / n;
+    double m2 = 0.0;
+    for (int64_t r = 0; r < ranks; ++r) {
+      const float* s = stats + r * 3 * channels;
+      if (s[c] <= 0.0f) continue;
+      const double delta = s[channels + c] - mean;
+      m2 += s[2 * channels + c] + s[c] * delta * delta;
+    }
+    saveMean[c] = static_cast<float>(mean);
+    saveInvStd[c] = static_cast<float>(1.0 / sqrt(m2 / n + eps));
+    runningMean[c] = static_cast<float>((1.0 - momentum) * runningMean[c] + momentum * mean);
+    runningVar[c] = static_cast<float>((1.0 - momentum) * runningVar[c] + momentum * m2 / (n - 1.0));
+  }
+}
+
+// One warp per channel: this rank's sum(g), sum(g * xhat) and row count into sums[3, C]; the local
+// dGamma and dBeta accumulated.
+__global__ void syncbn_bwd_reduce_finalize_kernel(const float* __restrict__ partial, int64_t rowBlocks, int64_t rows,
+                                                  int64_t channels, float* __restrict__ sums,
+                                                  float* __restrict__ dGamma, float* __restrict__ dBeta) {
+  const int lane = threadIdx.x % 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (c >= channels) return;
+  float sumG = 0.0f, sumGX = 0.0f;
+  sumRowBlocks(partial, rowBlocks, channels, c, lane, sumG, sumGX);
+  if (lane != 0) return;
+  sums[c] = sumG;
+  sums[channels + c] = sumGX;
+  sums[2 * channels + c] = static_cast<float>(rows);
+  dGamma[c] += sumGX;
+  dBeta[c] += sumG;
+}
+
+// coef = [sum(g) / M, invStd * sum(g * xhat) / M] from the sums over all ranks (M their count), as
+// batchnorm_bwd_finalize_kernel leaves them for batchnorm_bwd_kernel.
+__global__ void syncbn_bwd_coef_kernel(const float* __restrict__ sums, const float* __restrict__ saveInvStd,
+                                       int64_t channels, float* __restrict__ coef) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < channels;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float m = sums[2 * channels + c];
+    coef[c] = sums[c] / m;
+    coef[channels + c] = saveInvStd[c] * (sums[channels + c] / m);
   }
 }
 
@@ -406,6 +497,92 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
       batchnorm_bwd_kernel<T, V><<<rowsGrid(t, rows), block, 0, stream>>>(
           static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx),
           static_cast<T*>(dResidual), gamma, saveMean, saveInvStd, coef, rows, channels, relu, batchStats);
+      checkLaunch("batchnorm_bwd_kernel");
+    });
+  });
+}
+
+void syncBatchNormStats(DType dtype, const void* x, float* stats, int64_t rows, int64_t channels, float* partial,
+                        cudaStream_t stream) {
+  if (rows <= 0 || channels <= 0) return;
+  const int64_t rowsPerBlock = reductionRowsPerBlock(rows, channels);
+  const int64_t rowBlocks = reductionRowBlocks(rows, channels);
+  dispatchFloat(dtype, "sync batchnorm stats", [&](auto tag) {
+    using T = decltype(tag);
+    dispatchPack<T>(channelPackable<T>(channels, {x}), [&](auto pack) {
+      constexpr int V = decltype(pack)::value;
+      const ChannelTiling t = channelTiling(channels, V);
+      batchnorm_stats_kernel<T, V>
+          <<<dim3(t.channelTiles, static_cast<unsigned>(rowBlocks)), dim3(t.tx, t.ty), 0, stream>>>(
+              static_cast<const T*>(x), rows, channels, rowsPerBlock, partial);
+      checkLaunch("batchnorm_stats_kernel");
+    });
+  });
+  syncbn_stats_finalize_kernel<<<static_cast<unsigned>(ceilDiv(channels, kFinalizeWarps)), kThreads, 0, stream>>>(
+      partial, rowBlocks, rowsPerBlock, rows, channels, stats);
+  checkLaunch("syncbn_stats_finalize_kernel");
+}
+
+void syncBatchNormForward(DType dtype, const void* x, const void* residual, void* y, const float* gamma,
+                          const float* beta, const float* stats, int64_t ranks, float* runningMean, float* runningVar,
+                          float* saveMean, float* saveInvStd, int64_t rows, int64_t channels, float momentum, float eps,
+                          bool relu, cudaStream_t stream) {
+  if (rows <= 0 || channels <= 0) return;
+  syncbn_merge_kernel<<<static_cast<unsigned>(ceilDiv(channels, kThreads)), kThreads, 0, stream>>>(
+      stats, ranks, channels, momentum, eps, runningMean, runningVar, saveMean, saveInvStd);
+  checkLaunch("syncbn_merge_kernel");
+  dispatchFloat(dtype, "sync batchnorm forward", [&](auto tag) {
+    using T = decltype(tag);
+    dispatchPack<T>(channelPackable<T>(channels, {x, residual, y}), [&](auto pack) {
+      constexpr int V = decltype(pack)::value;
+      const ChannelTiling t = channelTiling(channels, V);
+      batchnorm_fwd_kernel<T, V, false><<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<T*>(y), gamma, beta, saveMean,
+          saveInvStd, eps, rows, channels, relu);
+      checkLaunch("batchnorm_fwd_kernel");
+    });
+  });
+}
+
+void syncBatchNormBackwardReduce(DType dtype, const void* x, const void* y, const void* dy, const float* saveMean,
+                                 const float* saveInvStd, float* sums, float* dGamma, float* dBeta, int64_t rows,
+                                 int64_t channels, bool relu, float* partial, cudaStream_t stream) {
+  if (rows <= 0 || channels <= 0) return;
+  const int64_t rowsPerBlock = reductionRowsPerBlock(rows, channels);
+  const int64_t rowBlocks = reductionRowBlocks(rows, channels);
+  dispatchFloat(dtype, "sync batchnorm backward reduce", [&](auto tag) {
+    using T = decltype(tag);
+    dispatchPack<T>(channelPackable<T>(channels, {x, relu ? y : nullptr, dy}), [&](auto pack) {
+      constexpr int V = decltype(pack)::value;
+      const ChannelTiling t = channelTiling(channels, V);
+      batchnorm_bwd_stats_kernel<T, V>
+          <<<dim3(t.channelTiles, static_cast<unsigned>(rowBlocks)), dim3(t.tx, t.ty), 0, stream>>>(
+              static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), saveMean, saveInvStd, rows,
+              channels, rowsPerBlock, relu, partial);
+      checkLaunch("batchnorm_bwd_stats_kernel");
+    });
+  });
+  syncbn_bwd_reduce_finalize_kernel<<<static_cast<unsigned>(ceilDiv(channels, kFinalizeWarps)), kThreads, 0, stream>>>(
+      partial, rowBlocks, rows, channels, sums, dGamma, dBeta);
+  checkLaunch("syncbn_bwd_reduce_finalize_kernel");
+}
+
+void syncBatchNormBackwardElementwise(DType dtype, const void* x, const void* y, const void* dy, void* dx,
+                                      void* dResidual, const float* gamma, const float* saveMean,
+                                      const float* saveInvStd, const float* sums, int64_t rows, int64_t channels,
+                                      bool relu, float* coef, cudaStream_t stream) {
+  if (rows <= 0 || channels <= 0) return;
+  syncbn_bwd_coef_kernel<<<static_cast<unsigned>(ceilDiv(channels, kThreads)), kThreads, 0, stream>>>(sums, saveInvStd,
+                                                                                                      channels, coef);
+  checkLaunch("syncbn_bwd_coef_kernel");
+  dispatchFloat(dtype, "sync batchnorm backward elementwise", [&](auto tag) {
+    using T = decltype(tag);
+    dispatchPack<T>(channelPackable<T>(channels, {x, relu ? y : nullptr, dy, dx, dResidual}), [&](auto pack) {
+      constexpr int V = decltype(pack)::value;
+      const ChannelTiling t = channelTiling(channels, V);
+      batchnorm_bwd_kernel<T, V><<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(dy), static_cast<T*>(dx),
+          static_cast<T*>(dResidual), gamma, saveMean, saveInvStd, coef, rows, channels, relu, true);
       checkLaunch("batchnorm_bwd_kernel");
     });
   });

@@ -36,6 +36,28 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
                        const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
                        int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial, cudaStream_t stream);
 
+// SyncBatchNorm (see the Sync* argument structs in core/backend.h). Stats: this rank's count,
+// mean and M2 per channel into stats[3, C]; `partial` is batchNormScratchFloats(rows, C) floats.
+void syncBatchNormStats(DType dtype, const void* x, float* stats, int64_t rows, int64_t channels, float* partial,
+                        cudaStream_t stream);
+// Forward: merges stats[ranks, 3, C] in double into the global mean and inverse std (saved) and the
+// running statistics (unbiased variance), then normalises as the training forward does.
+void syncBatchNormForward(DType dtype, const void* x, const void* residual, void* y, const float* gamma,
+                          const float* beta, const float* stats, int64_t ranks, float* runningMean, float* runningVar,
+                          float* saveMean, float* saveInvStd, int64_t rows, int64_t channels, float momentum, float eps,
+                          bool relu, cudaStream_t stream);
+// Backward reduce: sums[3, C] = [sum(g), sum(g * xhat), rows]; dGamma += sum(g * xhat); dBeta += sum(g).
+// `partial` is batchNormScratchFloats(rows, C) floats.
+void syncBatchNormBackwardReduce(DType dtype, const void* x, const void* y, const void* dy, const float* saveMean,
+                                 const float* saveInvStd, float* sums, float* dGamma, float* dBeta, int64_t rows,
+                                 int64_t channels, bool relu, float* partial, cudaStream_t stream);
+// Backward elementwise: dx (and dResidual) from sums[3, C] summed over the ranks; `coef` is scratch
+// of 2 * C floats.
+void syncBatchNormBackwardElementwise(DType dtype, const void* x, const void* y, const void* dy, void* dx,
+                                      void* dResidual, const float* gamma, const float* saveMean,
+                                      const float* saveInvStd, const float* sums, int64_t rows, int64_t channels,
+                                      bool relu, float* coef, cudaStream_t stream);
+
 // ---- fake_quant.cu -----------------------------------------------------------------------------
 // Fake quantization with zero point 0 (see FakeQuantizeArgs in core/backend.h): n elements of
 // dtype, `group` consecutive ones sharing scale[i / group] (group = n for a per-tensor scale).

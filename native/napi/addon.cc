@@ -105,6 +105,52 @@ void parseBatchNormBackward(const Napi::Object& o, BatchNormBackwardArgs& a) {
   a.training = getBool(o, "training", true);
 }
 
+void parseSyncBatchNormStats(const Napi::Object& o, SyncBatchNormStatsArgs& a) {
+  a.x = getTensor(o, "x");
+  a.stats = getTensor(o, "stats");
+}
+
+void parseSyncBatchNormForward(const Napi::Object& o, SyncBatchNormForwardArgs& a) {
+  a.x = getTensor(o, "x");
+  a.gamma = getTensor(o, "gamma");
+  a.beta = getTensor(o, "beta");
+  a.residual = getTensor(o, "residual", false);
+  a.y = getTensor(o, "y");
+  a.stats = getTensor(o, "stats");
+  a.runningMean = getTensor(o, "runningMean");
+  a.runningVar = getTensor(o, "runningVar");
+  a.saveMean = getTensor(o, "saveMean");
+  a.saveInvStd = getTensor(o, "saveInvStd");
+  a.relu = getBool(o, "relu", false);
+  a.momentum = getFloat(o, "momentum", 0.1);
+  a.eps = getFloat(o, "eps", 1e-5);
+}
+
+void parseSyncBatchNormBackwardReduce(const Napi::Object& o, SyncBatchNormBackwardReduceArgs& a) {
+  a.x = getTensor(o, "x");
+  a.relu = getBool(o, "relu", false);
+  a.y = getTensor(o, "y", a.relu);
+  a.dy = getTensor(o, "dy");
+  a.saveMean = getTensor(o, "saveMean");
+  a.saveInvStd = getTensor(o, "saveInvStd");
+  a.sums = getTensor(o, "sums");
+  a.dGamma = getTensor(o, "dGamma");
+  a.dBeta = getTensor(o, "dBeta");
+}
+
+void parseSyncBatchNormBackwardElementwise(const Napi::Object& o, SyncBatchNormBackwardElementwiseArgs& a) {
+  a.x = getTensor(o, "x");
+  a.relu = getBool(o, "relu", false);
+  a.y = getTensor(o, "y", a.relu);
+  a.dy = getTensor(o, "dy");
+  a.gamma = getTensor(o, "gamma");
+  a.saveMean = getTensor(o, "saveMean");
+  a.saveInvStd = getTensor(o, "saveInvStd");
+  a.sums = getTensor(o, "sums");
+  a.dx = getTensor(o, "dx");
+  a.dResidual = getTensor(o, "dResidual", false);
+}
+
 Napi::Value Relu(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "relu");
@@ -478,6 +524,16 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
        StructOp<BatchNormForwardArgs, parseBatchNormForward, &BatchNormForwardArgs::x, &Backend::batchNormForward>},
       {"batchNormBackward",
        StructOp<BatchNormBackwardArgs, parseBatchNormBackward, &BatchNormBackwardArgs::x, &Backend::batchNormBackward>},
+      {"syncBatchNormStats", StructOp<SyncBatchNormStatsArgs, parseSyncBatchNormStats, &SyncBatchNormStatsArgs::x,
+                                      &Backend::syncBatchNormStats>},
+      {"syncBatchNormForward", StructOp<SyncBatchNormForwardArgs, parseSyncBatchNormForward,
+                                        &SyncBatchNormForwardArgs::x, &Backend::syncBatchNormForward>},
+      {"syncBatchNormBackwardReduce",
+       StructOp<SyncBatchNormBackwardReduceArgs, parseSyncBatchNormBackwardReduce, &SyncBatchNormBackwardReduceArgs::x,
+                &Backend::syncBatchNormBackwardReduce>},
+      {"syncBatchNormBackwardElementwise",
+       StructOp<SyncBatchNormBackwardElementwiseArgs, parseSyncBatchNormBackwardElementwise,
+                &SyncBatchNormBackwardElementwiseArgs::x, &Backend::syncBatchNormBackwardElementwise>},
       {"crossEntropy",
        StructOp<CrossEntropyArgs, parseCrossEntropy, &CrossEntropyArgs::logits, &Backend::crossEntropy>},
       {"distillationLoss",

@@ -15,6 +15,7 @@ import { miscCases } from './misc-cases.js';
 import { optimBadInputCases, optimCases } from './optim-cases.js';
 import { poolCases } from './pool-cases.js';
 import { specialValueCases } from './special-values-cases.js';
+import { syncBatchNormBadInputCases, syncBatchNormCases } from './sync-batchnorm-cases.js';
 
 export { badInputCases } from './bad-input-cases.js';
 export { suiteSeed, TOLERANCE, type CaseContext, type GradientCheck, type OpCase } from './harness.js';
@@ -24,6 +25,7 @@ export const opCases: OpCase[] = [
   ...convCases,
   ...poolCases,
   ...batchNormCases,
+  ...syncBatchNormCases,
   ...miscCases,
   ...distillationCases,
   ...optimCases,
@@ -38,6 +40,7 @@ export const cases: OpCase[] = [
   ...optimBadInputCases,
   ...distillationBadInputCases,
   ...fakeQuantBadInputCases,
+  ...syncBatchNormBadInputCases,
 ];
 
 /** Every reference backward against finite differences. */

@@ -13,3 +13,4 @@ export * from './sgd.js';
 export * from './gradcheck.js';
 export * from './optim.js';
 export * from './fake-quant.js';
+export * from './sync-batchnorm.js';
