@@ -181,6 +181,7 @@ export {
   type Callback,
   type CheckpointInfo,
   type CheckpointPolicy,
+  type DistributedTrainingOptions,
   type EarlyStoppingOptions,
   type EpochRecord,
   type EvalResult,

@@ -82,6 +82,7 @@ export type { DistillationOptions } from './distillation.js';
 export type { EvalResult, Predictions } from './evaluation.js';
 export type {
   CheckpointPolicy,
+  DistributedTrainingOptions,
   EarlyStoppingOptions,
   FitOptions,
   MetricMode,
