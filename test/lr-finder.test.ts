@@ -28,7 +28,7 @@ import {
   type LrFinderResult,
 } from '../lib/train/lr-finder.js';
 import { Trainer, type TrainerOptions } from '../lib/train/trainer.js';
-import { MirrorGroup } from './helpers/mirror-group.js';
+import { PeerGroup } from './helpers/peer-group.js';
 import { defined } from './helpers/defined.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-lr-find-'));
@@ -246,7 +246,7 @@ describe('Trainer.findLr', () => {
   it('averages the loss over the ranks in data-parallel training, so that every rank stops at the same step', async () => {
     // Two ranks with identical data (gradients averaged unchanged); the other rank's loss is twice this one's.
     const reduced: number[] = [];
-    const group = new MirrorGroup({
+    const group = new PeerGroup({
       peer: (values) => {
         if (values.length !== 1) return values;
         reduced.push(values[0]!);

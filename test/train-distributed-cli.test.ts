@@ -16,7 +16,7 @@ import {
   shareRunSettings,
   shareText,
 } from '../lib/cli/train-distributed.js';
-import { MirrorGroup } from './helpers/mirror-group.js';
+import { PeerGroup } from './helpers/peer-group.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-train-distributed-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -67,8 +67,9 @@ describe('train, data-parallel', () => {
     // The line parses back to the same values.
     const again = parseCommand(trainCommand.spec, line, dir);
     if (again === 'help') throw new Error('help');
-    for (const key of parsed.explicit)
+    for (const key of parsed.explicit) {
       if (key !== 'nprocPerNode') expect(again.values[key], key).toEqual(parsed.values[key]);
+    }
   });
 
   it('resumes from the latest checkpoint of its output folder after a restart of the group', () => {
@@ -86,7 +87,7 @@ describe('train, data-parallel', () => {
   });
 
   it('gives every rank rank 0’s seed and output folder', () => {
-    const group = new MirrorGroup({ rank: 0 });
+    const group = new PeerGroup({ rank: 0 });
     expect(shareText(group, 'runs/ünïcode')).toBe('runs/ünïcode');
     expect(group.calls).toEqual([`broadcast:0 4097`, 'synchronize']);
     expect(shareRunSettings(null, { seed: 3, outDir: 'a' })).toEqual({ seed: 3, outDir: 'a' });

@@ -23,7 +23,7 @@ import { BestMetric, EarlyStopping, defaultMode, improves } from '../lib/train/m
 import { RunOutputs, spansDecades } from '../lib/train/run-outputs.js';
 import { parseFitOptions, parseTrainerOptions } from '../lib/train/trainer-options.js';
 import { defined } from './helpers/defined.js';
-import { MirrorGroup } from './helpers/mirror-group.js';
+import { PeerGroup } from './helpers/peer-group.js';
 import { stringContaining } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-train-pieces-'));
@@ -318,7 +318,7 @@ describe('evaluation helpers', () => {
     ]);
     const counts = { confusion, lossTotal: 1.5, topHits: 4, count: 4 };
     expect(sumEvalCounts(null, counts, 'cpu')).toBe(counts);
-    const twice = new MirrorGroup();
+    const twice = new PeerGroup();
     const summed = sumEvalCounts(twice, counts, 'cpu');
     expect(twice.calls).toEqual(['allReduce:sum 7', 'synchronize']);
     expect(summed.confusion.toArray()).toEqual([

@@ -33,7 +33,7 @@ import {
 import type { Module } from '../lib/nn/module.js';
 import { Trainer, type Callback, type TrainerOptions } from '../lib/train/trainer.js';
 import { defined, lookup } from './helpers/defined.js';
-import { MirrorGroup } from './helpers/mirror-group.js';
+import { PeerGroup } from './helpers/peer-group.js';
 import { stringContaining } from './helpers/matchers.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-trainer-'));
@@ -437,7 +437,7 @@ describe('Trainer', () => {
   it('trains data-parallel through a process group: gradients averaged over the ranks, evaluation counts summed', async () => {
     // Rank 0 of two whose peer holds the same values: the averaged gradients are this rank's own,
     // and every evaluation count doubles.
-    const group = new MirrorGroup();
+    const group = new PeerGroup();
     const share = { distributed: { rank: 0, worldSize: 2 } };
     const single = make(12);
     const ranked = make(12, { distributed: { processGroup: group } });
@@ -460,14 +460,14 @@ describe('Trainer', () => {
   });
 
   it('refuses loaders that do not read this rank’s share, and a group on another device', async () => {
-    const trainer = make(12, { distributed: { processGroup: new MirrorGroup({ rank: 1 }) } });
+    const trainer = make(12, { distributed: { processGroup: new PeerGroup({ rank: 1 }) } });
     await expect(trainer.fit(loader(32), { epochs: 1 })).rejects.toThrow(
       /train loader has a SequentialSampler, which gives every rank the same samples, but this process is rank 1 of 2; create it with distributed: \{ rank: 1, worldSize: 2 \}/,
     );
     const share = { distributed: { rank: 0, worldSize: 2 } };
     await expect(trainer.fit(loader(32, share), { epochs: 1 })).rejects.toThrow(/DistributedSampler for rank 0 of 2/);
     await expect(trainer.evaluate(loader(32))).rejects.toThrow(/evaluate: the loader has a SequentialSampler/);
-    const elsewhere = Object.assign(new MirrorGroup(), { device: 'cuda:1' });
+    const elsewhere = Object.assign(new PeerGroup(), { device: 'cuda:1' });
     expect(() => make(12, { distributed: { processGroup: elsewhere } })).toThrow(
       /the process group's device is cuda:1 but the Trainer's is cpu/,
     );

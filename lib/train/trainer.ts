@@ -526,8 +526,12 @@ export class Trainer {
   #overRanks(totals: EpochTotals): EpochTotals {
     const group = this.#s.processGroup;
     if (!isDistributed(group)) return totals;
-    const [trainLoss, imagesPerSec] = averageOverRanks(group, [totals.trainLoss, totals.imagesPerSec], this.device);
-    return { ...totals, trainLoss: trainLoss!, imagesPerSec: imagesPerSec! * group.worldSize };
+    const [trainLoss = NaN, imagesPerSec = NaN] = averageOverRanks(
+      group,
+      [totals.trainLoss, totals.imagesPerSec],
+      this.device,
+    );
+    return { ...totals, trainLoss, imagesPerSec: imagesPerSec * group.worldSize };
   }
 
   /** Calls the step-begin callbacks and clears the step's loss. */

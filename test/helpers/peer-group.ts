@@ -7,8 +7,8 @@
 import type { CollectiveRecord, ProcessGroup, ReduceOp } from '../../lib/distributed/types.js';
 import type { Tensor } from '../../lib/tensor.js';
 
-/** Options of {@link MirrorGroup}. */
-export interface MirrorGroupOptions {
+/** Options of {@link PeerGroup}. */
+export interface PeerGroupOptions {
   rank?: number;
   worldSize?: number;
   /** The values rank `peer` holds for `tensor` (this rank's values as given); default the same. */
@@ -16,7 +16,7 @@ export interface MirrorGroupOptions {
 }
 
 /** See the module documentation. */
-export class MirrorGroup implements ProcessGroup {
+export class PeerGroup implements ProcessGroup {
   readonly backend = 'gloo' as const;
   readonly rank: number;
   readonly worldSize: number;
@@ -26,9 +26,9 @@ export class MirrorGroup implements ProcessGroup {
   readonly timeoutSeconds = 10;
   /** The calls, as `op size` strings (`allReduce:avg 12`). */
   readonly calls: string[] = [];
-  readonly #peer: NonNullable<MirrorGroupOptions['peer']>;
+  readonly #peer: NonNullable<PeerGroupOptions['peer']>;
 
-  constructor(options: MirrorGroupOptions = {}) {
+  constructor(options: PeerGroupOptions = {}) {
     this.rank = this.localRank = options.rank ?? 0;
     this.worldSize = this.localWorldSize = options.worldSize ?? 2;
     this.#peer = options.peer ?? ((values) => values);
