@@ -360,3 +360,6 @@ export {
   type WeightsFormat,
 } from './nn/pretrained.js';
 export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';
+// SyncBatchNorm: batch statistics shared by the processes of a group (torch.nn.SyncBatchNorm).
+export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from './distributed/sync-batchnorm.js';
+export type { BatchNormSync } from './nn/layers.js';

@@ -35,6 +35,8 @@ describe('the package entry point', () => {
       'RandomResizedCrop',
       'randomSplit',
       'Trainer',
+      'SyncBatchNorm',
+      'convertSyncBatchNorm',
       'ResnetError',
       'ERROR_CODES',
       'AbortError',

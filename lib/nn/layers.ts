@@ -3,7 +3,14 @@
  * MaxPool2d, AdaptiveAvgPool2d, Flatten and Linear. Activations are NHWC.
  * @packageDocumentation
  */
-import { addon, type RawConv2dPlan, type RawLinearPlan, type RawPool2dPlan, type RawTensor } from '../binding.js';
+import {
+  addon,
+  type RawAddon,
+  type RawConv2dPlan,
+  type RawLinearPlan,
+  type RawPool2dPlan,
+  type RawTensor,
+} from '../binding.js';
 import {
   ResnetError,
   defined,
@@ -366,6 +373,29 @@ export interface BatchNorm2dOptions {
   relu?: boolean;
 }
 
+/** The arguments of a training forward, as the native batch-norm forward takes them. */
+export type BatchNormForwardArgs = Parameters<RawAddon['batchNormForward']>[0];
+/** The arguments of its backward, likewise. */
+export type BatchNormBackwardArgs = Parameters<RawAddon['batchNormBackward']>[0];
+
+/**
+ * Batch statistics shared with other processes (SyncBatchNorm attaches one to a
+ * {@link BatchNorm2d}): while {@link BatchNormSync.active}, a training-mode forward and its
+ * backward run through it rather than through the local ops.
+ */
+export interface BatchNormSync {
+  /** Whether training-mode passes synchronise (false in a group of one process). */
+  readonly active: boolean;
+  /** Checks that `x` can take part (its device is the group's); throws a ResnetError otherwise. */
+  checkInput(x: Tensor): void;
+  /** The training forward with statistics over every process's batch. */
+  forward(args: BatchNormForwardArgs): void;
+  /** Its backward, with the gradient sums over every process's batch. */
+  backward(args: BatchNormBackwardArgs): void;
+  /** Frees its per-shape scratch (the layer's cache is being cleared). */
+  release(): void;
+}
+
 interface BnEntry {
   y: Tensor;
   saveMean: Tensor;
@@ -400,6 +430,10 @@ export class BatchNorm2d extends Module {
   #forwardTraining = true;
   /** Where a recomputed training forward writes its running-average update, which is discarded. */
   #discardedRunning: { mean: Tensor; var: Tensor } | null = null;
+  /** Statistics shared with other processes (SyncBatchNorm), or null for a local batch norm. */
+  #sync: BatchNormSync | null = null;
+  /** The sync that ran the last forward, which then runs its backward; null when it ran locally. */
+  #forwardSync: BatchNormSync | null = null;
   /**
    * Set while gradient checkpointing recomputes a forward that already ran: a training-mode
    * forward then uses the batch statistics as usual but leaves the running statistics and
@@ -428,6 +462,21 @@ export class BatchNorm2d extends Module {
     this.registerCounter('num_batches_tracked');
   }
 
+  /**
+   * Shares the batch statistics of training-mode passes with other processes through `sync` (null
+   * makes the layer local again). Parameters, buffers and their names stay as they are.
+   * @internal
+   */
+  attachSync(sync: BatchNormSync | null): void {
+    this.#sync?.release();
+    this.#sync = sync;
+  }
+
+  /** The statistics sharing attached by SyncBatchNorm, or null. */
+  get sync(): BatchNormSync | null {
+    return this.#sync;
+  }
+
   /** Normalises `x`; adds `residual` (same shape) before the optional ReLU. */
   override forward(x: Tensor, residual?: Tensor): Tensor {
     this.prepare(x, 'BatchNorm2d');
@@ -442,7 +491,10 @@ export class BatchNorm2d extends Module {
     if (residual !== undefined) {
       expectTensor('BatchNorm2d residual', residual, { shape: x.shape, dtype: x.dtype, device: x.device });
     }
-    if (this.training && x.numel / this.numFeatures <= 1) {
+    const sync = this.training && this.#sync?.active ? this.#sync : null;
+    sync?.checkInput(x);
+    // Synchronised, a process may hold a single value per channel: the count that matters is global.
+    if (this.training && !sync && x.numel / this.numFeatures <= 1) {
       mismatch(
         'BatchNorm2d input',
         'more than one value per channel in training mode',
@@ -466,7 +518,7 @@ export class BatchNorm2d extends Module {
     const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
-    addon().batchNormForward({
+    const args: BatchNormForwardArgs = {
       x: x.raw,
       gamma: this.weight.data.raw,
       beta: this.bias.data.raw,
@@ -480,10 +532,13 @@ export class BatchNorm2d extends Module {
       relu: this.relu,
       momentum: this.momentum,
       eps: this.eps,
-    });
+    };
+    if (sync) sync.forward(args);
+    else addon().batchNormForward(args);
     recorder?.end(token);
     if (this.training && !discard) this.bumpCounter('num_batches_tracked');
     this.#forwardTraining = this.training;
+    this.#forwardSync = sync;
     this.#input = x;
     this.#residual = residual ?? null;
     this.#entry = entry;
@@ -528,7 +583,7 @@ export class BatchNorm2d extends Module {
       : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
-    addon().batchNormBackward({
+    const args: BatchNormBackwardArgs = {
       x: x.raw,
       y: e.y.raw,
       dy: gradOutput.raw,
@@ -541,7 +596,9 @@ export class BatchNorm2d extends Module {
       relu: this.relu,
       training: this.#forwardTraining,
       ...(dResidual ? { dResidual: dResidual.raw } : {}),
-    });
+    };
+    if (this.#forwardSync) this.#forwardSync.backward(args);
+    else addon().batchNormBackward(args);
     recorder?.end(token);
     return e.dx;
   }
@@ -553,6 +610,8 @@ export class BatchNorm2d extends Module {
     this.#residual = null;
     disposeAll(this.#discardedRunning?.mean, this.#discardedRunning?.var);
     this.#discardedRunning = null;
+    this.#forwardSync = null;
+    this.#sync?.release();
   }
 }
 
