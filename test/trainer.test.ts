@@ -474,6 +474,28 @@ describe('Trainer', () => {
     expect(() => make(12, { distributed: { processGroup: {} as never } })).toThrow(/distributed\.processGroup/);
   });
 
+  it('stops every rank at the same step when another rank is asked to stop, with a checkpoint there', async () => {
+    // The flags are reduced before the epoch and after each step; the other rank is asked to stop
+    // during step 2 (its flag in the third reduction), which is read one step later: both stop
+    // after step 3.
+    let flags = 0;
+    const group = new PeerGroup({
+      peer: (values, _peer, tensor) =>
+        tensor.dtype === 'i32' && values.length === 1 && ++flags >= 3 ? Float32Array.of(1) : values,
+    });
+    const out = outDir();
+    const trainer = make(15, { outDir: out, distributed: { processGroup: group }, tensorboard: false, plots: false });
+    const share = { distributed: { rank: 0, worldSize: 2 } };
+    const result = await trainer.fit(loader(96, { batchSize: 8, ...share }), { epochs: 2 });
+    expect(result.steps).toBe(3);
+    expect(result.interrupted).toBe(true);
+    const latest = JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8')) as { step: number };
+    expect(latest.step).toBe(3);
+    const info = await Trainer.readCheckpointInfo(out);
+    expect(info.run?.data.worldSize).toBe(2);
+    await trainer.dispose();
+  });
+
   it('evaluates only the samples of its own share, not the padding of an uneven split', async () => {
     // 25 samples over 2 ranks: rank 1 takes positions 1, 3, …, 25, the last of which repeats sample 0.
     const trainer = make(14);
