@@ -359,3 +359,11 @@ export {
   type WeightsFormat,
 } from './nn/pretrained.js';
 export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';
+// Data-parallel training: gradients averaged over a process group in buckets during backward.
+export {
+  DistributedDataParallel,
+  type DistributedDataParallelOptions,
+  type GradientCompression,
+} from './distributed/ddp.js';
+export { planBuckets, type GradientBucket } from './distributed/buckets.js';
+export type { PostBackwardHook, RemovableHook } from './nn/module.js';
