@@ -60,6 +60,7 @@ describe('the package entry point', () => {
       'loadTorchCheckpoint',
       'readTorchCheckpoint',
       'backboneGroups',
+      'DistributedDataParallel',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

@@ -69,6 +69,15 @@ export interface BufferSource {
   empty(shape: readonly number[], dtype: DType, device: string): Tensor;
 }
 
+/** What {@link Module.registerPostBackwardHook} runs: receives the module whose backward finished. */
+export type PostBackwardHook = (module: Module) => void;
+
+/** The handle of a registered hook. */
+export interface RemovableHook {
+  /** Unregisters the hook; calling it again does nothing. */
+  remove(): void;
+}
+
 /** Base class of all layers and containers. */
 export abstract class Module {
   /** Training mode (batch statistics in BN) or evaluation mode. */
@@ -91,6 +100,8 @@ export abstract class Module {
   #device: string | null = null;
   /** 'idle' before any forward, 'forwarded' until the backward of that forward, then 'backwarded'. */
   #pass: 'idle' | 'forwarded' | 'backwarded' = 'idle';
+  /** The hooks run after this module's backward; null (one check per backward) when there are none. */
+  #postBackwardHooks: PostBackwardHook[] | null = null;
   #disposed = false;
 
   /** Computes the output for `x`; the result is owned by the module and reused next call. */
@@ -427,12 +438,37 @@ export abstract class Module {
       );
     }
     this.#pass = 'backwarded';
+    let result: T;
     try {
-      return body();
+      result = body();
     } catch (error) {
       this.#pass = 'forwarded';
       throw error;
     }
+    const hooks = this.#postBackwardHooks;
+    if (hooks) for (const hook of hooks) hook(this);
+    return result;
+  }
+
+  /**
+   * Runs `hook` each time this module's backward has finished, when the gradients of its own
+   * parameters are final for that backward pass (PyTorch's post-accumulate-grad hooks, per module):
+   * DistributedDataParallel starts reducing a gradient bucket from here. Hooks run in registration
+   * order; an error thrown by one propagates out of `backward`. Returns the handle that removes it.
+   */
+  registerPostBackwardHook(hook: PostBackwardHook): RemovableHook {
+    if (typeof hook !== 'function') invalid('hook', 'a function (module) => void', hook);
+    const hooks = (this.#postBackwardHooks ??= []);
+    hooks.push(hook);
+    return {
+      remove: () => {
+        const list = this.#postBackwardHooks;
+        const at = list ? list.indexOf(hook) : -1;
+        if (!list || at < 0) return;
+        list.splice(at, 1);
+        if (list.length === 0) this.#postBackwardHooks = null;
+      },
+    };
   }
 
   /** Whether {@link dispose} was called. */
