@@ -359,6 +359,17 @@ export {
   type WeightsFormat,
 } from './nn/pretrained.js';
 export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';
+// Data-parallel jobs: where this process sits (torchrun, SLURM or Open MPI variables) and the
+// launcher behind `resnet-cuda launch`.
+export { rendezvousFromEnv } from './distributed/env.js';
+export {
+  launchRanks,
+  type LaunchOptions,
+  type LaunchResult,
+  type LaunchStream,
+  type RankBinding,
+  type RankExit,
+} from './distributed/launcher.js';
 // Process groups (torch.distributed): NCCL between GPUs, Gloo on the CPU, rendezvous through rank 0's store.
 export {
   DEFAULT_PROCESS_GROUP_TIMEOUT_SECONDS,

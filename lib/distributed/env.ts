@@ -80,16 +80,22 @@ function integerVariable(name: string, value: string, min: number): number {
   return n;
 }
 
-/** A host name, an IPv4 address or an IPv6 address (brackets allowed and removed). */
-export function parseHost(name: string, value: string): string {
+/**
+ * `value` as a host to connect to: a host name, an IPv4 address or an IPv6 address (brackets
+ * allowed and removed); undefined when it is none of these (empty, spaces, a port after a colon).
+ */
+export function normalizeHost(value: string): string | undefined {
   const bare = value.startsWith('[') && value.endsWith(']') ? value.slice(1, -1) : value;
   if (isIP(bare) !== 0) return bare;
   const label = /^[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$/;
   const hostname = value.endsWith('.') ? value.slice(0, -1) : value;
-  if (value.length > 253 || hostname === '' || !hostname.split('.').every((l) => label.test(l))) {
-    badVariable(name, 'a host name or an IP address', value);
-  }
-  return value;
+  const ok = value.length <= 253 && hostname !== '' && hostname.split('.').every((l) => label.test(l));
+  return ok ? value : undefined;
+}
+
+/** {@link normalizeHost} of the variable `name`; throws naming it and its value when it is no host. */
+export function parseHost(name: string, value: string): string {
+  return normalizeHost(value) ?? badVariable(name, 'a host name or an IP address', value);
 }
 
 /** A TCP port: 1 to 65535, or 0 (any free port) when `allowAny`. */
