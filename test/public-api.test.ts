@@ -61,6 +61,8 @@ describe('the package entry point', () => {
       'readTorchCheckpoint',
       'backboneGroups',
       'DistributedDataParallel',
+      'rendezvousFromEnv',
+      'launchRanks',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
