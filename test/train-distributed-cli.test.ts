@@ -62,7 +62,7 @@ describe('train, data-parallel', () => {
         '--lr=0.2',
       ]),
     );
-    expect(line.at(-1)).toBe('data/x');
+    expect(line.at(-1)).toBe(parsed.positionals[0]);
     expect(line.some((a) => a.startsWith('--nproc-per-node'))).toBe(false);
     // The line parses back to the same values.
     const again = parseCommand(trainCommand.spec, line, dir);
