@@ -1166,6 +1166,15 @@ export class Trainer {
         `${file}: was not written by Trainer.fit (no run state); load it with loadCheckpoint`,
       );
     }
+    const worldSize = run.data.worldSize ?? 1;
+    if (worldSize !== this.worldSize) {
+      throw new ResnetError(
+        'ERR_RC_CHECKPOINT',
+        `${file}: the run trained with world size ${worldSize} (${worldSize} processes of batch ${run.data.batchSize}), this one has ${this.worldSize}; ` +
+          `an exact resume needs the same data split: run it with ${worldSize} process${worldSize === 1 ? '' : 'es'} (--nproc-per-node ${worldSize}), ` +
+          `or start a new run from its weights`,
+      );
+    }
     if (
       run.data.trainSeed !== train.seed ||
       run.data.trainLength !== train.dataset.length ||
@@ -1176,15 +1185,6 @@ export class Trainer {
         `${file}: the run used training data with seed ${run.data.trainSeed}, ${run.data.trainLength} samples and batch size ${run.data.batchSize}; ` +
           `this loader has seed ${train.seed}, ${train.dataset.length} samples and batch size ${train.batchSize}. Resuming exactly needs the same data: ` +
           `create the DataLoader with seed: ${run.data.trainSeed} and the same dataset and batch size`,
-      );
-    }
-    const worldSize = run.data.worldSize ?? 1;
-    if (worldSize !== this.worldSize) {
-      throw new ResnetError(
-        'ERR_RC_CHECKPOINT',
-        `${file}: the run trained with world size ${worldSize} (${worldSize} processes of batch ${run.data.batchSize}), this one has ${this.worldSize}; ` +
-          `an exact resume needs the same data split: run it with ${worldSize} process${worldSize === 1 ? '' : 'es'} (--nproc-per-node ${worldSize}), ` +
-          `or start a new run from its weights`,
       );
     }
     checkParts(file, info, {
