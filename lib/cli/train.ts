@@ -1193,6 +1193,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
   const model = buildModel(arch, { device, seed });
   const notes: string[] = [];
   if (data.note) notes.push(data.note);
+  if (a.syncBn && group === null) notes.push('--sync-bn: one process, so batch norm is the same as without it');
   if (startWeights !== undefined) {
     notes.push(loadStartWeights(startWeights.tensors, model, numClasses, displayPath(startWeights.file, io.cwd)));
   }
