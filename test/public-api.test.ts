@@ -58,6 +58,9 @@ describe('the package entry point', () => {
       'loadTorchCheckpoint',
       'readTorchCheckpoint',
       'backboneGroups',
+      'TcpStore',
+      'TcpStoreServer',
+      'PrefixStore',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
