@@ -63,6 +63,9 @@ describe('the package entry point', () => {
       'DistributedDataParallel',
       'rendezvousFromEnv',
       'launchRanks',
+      'TcpStore',
+      'TcpStoreServer',
+      'PrefixStore',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
