@@ -17,10 +17,11 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 /**
  * f32 tolerance: the two runs add the same numbers in another order (each rank's half batch, then
- * the all-reduce; SyncBatchNorm's statistics from two partial sums), so they drift apart by
- * rounding only; relative to 1 + |value|.
+ * the all-reduce; SyncBatchNorm merges the ranks' statistics in double), so they differ by rounding
+ * only; relative to 1 + |value|. Measured over 20 steps: step losses within 8e-8, weights and
+ * running statistics within 8e-7.
  */
-const LOSS_TOLERANCE = 1e-5;
+const LOSS_TOLERANCE = 1e-6;
 const WEIGHT_TOLERANCE = 1e-5;
 
 /** 40 training samples, 4 per rank (8 per step in all): 5 steps an epoch, 20 in 4 epochs; 13 validation samples. */
@@ -114,11 +115,11 @@ describe('data-parallel Trainer, 2 processes over Gloo', () => {
   });
 
   it('an inf on one rank makes every rank skip that step, as one process skips it', async () => {
-    const s = spec('scaler', { lossScale: 1024, infStep: 7, infRank: 1 });
+    const s = spec('scaler', { lossScale: 1024, infStep: 3, infRank: 1 });
     const [ranks, ref] = [await onRanks(s), await reference(s)];
     expectSameRun(ranks, ref);
-    // The scale halves at step 7 on both ranks (the step was skipped), as in the reference.
-    const halved = Array.from({ length: 20 }, (_, i) => (i < 6 ? 1024 : 512));
+    // The scale halves at step 3 on both ranks (the step was skipped), as in the reference.
+    const halved = Array.from({ length: 20 }, (_, i) => (i < 2 ? 1024 : 512));
     expect(ref.scales).toEqual(halved);
     for (const r of ranks) expect(r.scales).toEqual(halved);
   });
