@@ -209,4 +209,42 @@ describe('data-parallel Trainer, 2 processes over Gloo', () => {
     const latest = JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8')) as { step: number };
     expect(latest.step).toBe(3);
   });
+
+  it('train started again by the launcher after a failure (RESNET_RESTART_COUNT 1) resumes from the latest checkpoint', async () => {
+    const out = join(dir, 'restart');
+    const args = (maxSteps: number): string[] => [
+      'train',
+      '--dataset',
+      'synthetic',
+      '--num-classes',
+      '4',
+      '--train-crop-size',
+      '16',
+      '-b',
+      '2',
+      '--epochs',
+      '1',
+      '--max-steps',
+      String(maxSteps),
+      '--workers',
+      '0',
+      '--output-dir',
+      out,
+    ];
+    const cli = resolve('dist/lib/cli/main.js');
+    const first = await runRanks(cli, { args: args(2), timeoutMs: 300_000 });
+    expect(
+      first.every((r) => r.code === 0),
+      failures(first),
+    ).toBe(true);
+    // The same command again would refuse the folder that holds a run; a restart continues it.
+    const again = await runRanks(cli, { args: args(4), timeoutMs: 300_000, env: { RESNET_RESTART_COUNT: '1' } });
+    expect(
+      again.every((r) => r.code === 0),
+      failures(again),
+    ).toBe(true);
+    expect(again[0]!.stderr).toMatch(/resumed from .*step-00000002\.safetensors at epoch 1, step 2/);
+    const latest = JSON.parse(readFileSync(join(out, 'checkpoints', 'latest.json'), 'utf8')) as { step: number };
+    expect(latest.step).toBe(4);
+  });
 });
