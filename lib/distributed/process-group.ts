@@ -10,7 +10,16 @@
  */
 import { addon, type RawCommunicator } from '../binding.js';
 import { parseDevice } from '../device.js';
-import { ResnetError, describe, expectInt, expectNumber, expectOneOf, expectOptions, invalid } from '../errors.js';
+import {
+  ResnetError,
+  describe,
+  expectInt,
+  expectNumber,
+  expectOneOf,
+  expectOptions,
+  invalid,
+  mismatch,
+} from '../errors.js';
 import { expectTensor, type Tensor } from '../tensor.js';
 import { rendezvousFromEnv } from './env.js';
 import { TcpStore, TcpStoreServer } from './store.js';
@@ -236,7 +245,7 @@ export class DistributedProcessGroup implements ProcessGroup {
     const i = this.#tensor('input', input);
     const out = this.#tensor('output', output);
     if (out.dtype !== i.dtype || out.numel !== i.numel * this.worldSize) {
-      invalid(
+      mismatch(
         'output',
         `a ${i.dtype} tensor of ${i.numel * this.worldSize} elements (${this.worldSize} ranks x ${i.numel})`,
         `a ${out.dtype} tensor of ${out.numel} elements`,

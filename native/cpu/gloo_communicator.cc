@@ -114,7 +114,8 @@ std::string localAddressTowards(const std::string& host, int port) {
     close(fd);
   }
   freeaddrinfo(found);
-  if (address.empty()) RC_THROW(code::kDistributed, "Gloo: no local interface reaches the store at " << host << ":" << port);
+  if (address.empty())
+    RC_THROW(code::kDistributed, "Gloo: no local interface reaches the store at " << host << ":" << port);
   return address;
 }
 
@@ -324,9 +325,9 @@ class GlooCommunicator final : public Communicator {
       s.context->connectFullMesh(*s.prefixStore, device);
     } catch (const std::exception& e) {
       RC_THROW(code::kDistributed, "Gloo: rank "
-                                << s.rank << " of " << s.size << " could not join the group within " << s.timeoutSeconds
-                                << " s (are all " << s.size
-                                << " ranks running, with the same MASTER_ADDR and MASTER_PORT?): " << e.what());
+                                       << s.rank << " of " << s.size << " could not join the group within "
+                                       << s.timeoutSeconds << " s (are all " << s.size
+                                       << " ranks running, with the same MASTER_ADDR and MASTER_PORT?): " << e.what());
     }
     thread_ = std::thread([shared = shared_] { shared->loop(); });
   }
