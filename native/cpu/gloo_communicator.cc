@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -41,6 +42,8 @@ namespace rc::cpu {
 namespace {
 
 constexpr size_t kRecordCapacity = 1024;
+// How long destroying a communicator waits for a collective still running.
+constexpr double kJoinSeconds = 5;
 
 // CLOCK_MONOTONIC in milliseconds: the clock of Node's process.hrtime on Linux.
 double monotonicMs() {
@@ -339,9 +342,11 @@ class GlooCommunicator final : public Communicator {
       shared_->queue.clear();
       shared_->stop = true;
       shared_->changed.notify_all();
-      // A collective in flight finishes, fails or times out within the group's timeout; after a
-      // failure nobody waits for it.
-      const auto patience = shared_->broken ? std::chrono::milliseconds(0) : toMs(shared_->timeoutSeconds);
+      // The thread owns what a collective in flight uses (the context, the tensors), so it may
+      // outlive the communicator: wait a moment for it, then let it finish (or fail) on its own.
+      // After a failure nobody waits for it.
+      const auto patience =
+          shared_->broken ? std::chrono::milliseconds(0) : std::min(toMs(shared_->timeoutSeconds), toMs(kJoinSeconds));
       busy = !shared_->changed.wait_for(lock, patience, [&] { return shared_->running.empty(); });
     }
     if (busy) {
