@@ -131,10 +131,14 @@ function serveStore(r: RendezvousInfo): TcpStoreServer {
     return new TcpStoreServer({ host: r.masterAddr, port: r.masterPort, token: r.token });
   } catch (error) {
     const why = error instanceof Error ? error.message : String(error);
+    const hint = /in use/i.test(why)
+      ? ` Is another job using port ${r.masterPort}? Pick a free MASTER_PORT.`
+      : /assign|not an address|resolve/i.test(why)
+        ? ` MASTER_ADDR must be an address of rank 0's machine.`
+        : '';
     throw new ResnetError(
       error instanceof ResnetError ? error.code : 'ERR_RC_DISTRIBUTED',
-      `Rank 0 cannot serve the process group's store on ${r.masterAddr}:${r.masterPort} (MASTER_ADDR:MASTER_PORT): ` +
-        `${why}. Is another job using port ${r.masterPort}? Is ${r.masterAddr} an address of this machine?`,
+      `Rank 0 cannot serve the process group's store on ${r.masterAddr}:${r.masterPort} (MASTER_ADDR:MASTER_PORT): ${why}.${hint}`,
     );
   }
 }
