@@ -246,15 +246,20 @@ describe('Trainer.findLr', () => {
   it('averages the loss over the ranks in data-parallel training, so that every rank stops at the same step', async () => {
     // Two ranks with identical data (gradients averaged unchanged); the other rank's loss is twice this one's.
     const reduced: number[] = [];
+    // Every collective is waited for before its result is used.
+    let pending = 0;
     const processGroup = {
       rank: 0,
       worldSize: 2,
       allReduce(tensor: Tensor, options: { op?: string } = {}) {
+        pending++;
         if (tensor.numel !== 1) return;
         reduced.push(tensor.item());
         if (options.op === 'avg') tensor.copyFromHost(tensor.toFloat32Array().map((v) => (v + 2 * v) / 2));
       },
-      wait() {},
+      wait() {
+        pending = 0;
+      },
     };
     const single = await make().findLr(loader(), { startLr: 1e-3, endLr: 1e-1, numIter: 5 });
     const ranked = await make({ distributed: { processGroup: processGroup as never } }).findLr(loader(), {
@@ -263,6 +268,7 @@ describe('Trainer.findLr', () => {
       numIter: 5,
     });
     expect(reduced).toEqual(single.losses);
+    expect(pending).toBe(0);
     expect(ranked.losses).toEqual(single.losses.map((v) => Math.fround(1.5 * v)));
   });
 

@@ -436,14 +436,16 @@ describe('Trainer', () => {
         calls.push(options.op === 'avg' ? `average ${tensor.numel}` : `sum ${tensor.numel}`);
         if (options.op !== 'avg') tensor.copyFromHost(tensor.toFloat32Array().map((v) => 2 * v));
       },
-      wait() {},
+      wait() {
+        calls.push('wait');
+      },
     };
     const single = make(12);
     const ranked = make(12, { distributed: { processGroup: processGroup as never } });
     const a = await single.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
     const b = await ranked.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
     const arena = ranked.model.arena().size;
-    expect(calls).toEqual([`average ${arena}`, `average ${arena}`, `sum ${4 * 4 + 3}`]);
+    expect(calls).toEqual([`average ${arena}`, 'wait', `average ${arena}`, 'wait', `sum ${4 * 4 + 3}`, 'wait']);
     const singleEval = defined(a.lastEval, 'an evaluation');
     const rankedEval = defined(b.lastEval, 'an evaluation');
     expect(rankedEval.count).toBe(48);
