@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { main } from '../lib/cli/main.js';
 import type { CliIO } from '../lib/cli/options.js';
 import { allowedCpus, cpuShares, formatCpuList, parseCpuList } from '../lib/distributed/cpu-binding.js';
+import { listBackends } from '../lib/device.js';
 import { rendezvousFromEnv } from '../lib/distributed/env.js';
 import { LinePrefixer } from '../lib/distributed/line-prefixer.js';
 
@@ -265,9 +266,12 @@ describe('resnet-cuda launch', () => {
     expect(linesOf(short.stdout, 1)).toHaveLength(2);
   });
 
-  it('forwards SIGINT to the ranks and exits with 130', async () => {
+  it.each([
+    ['SIGINT', 130],
+    ['SIGTERM', 143],
+  ] as const)('forwards %s to the ranks and exits with %i', async (signal, exitCode) => {
     const script = `
-      process.on('SIGINT', () => { console.log('got SIGINT'); process.exit(130); });
+      process.on('${signal}', () => { console.log('got ${signal}'); process.exit(${exitCode}); });
       console.log('ready');
       setInterval(() => {}, 1000);
     `;
@@ -275,14 +279,51 @@ describe('resnet-cuda launch', () => {
     const run = await launch(['--nproc-per-node', '2', '--bind', 'none'], script, {}, (stdout) => {
       if (!sent && linesOf(stdout, 0).includes('ready') && linesOf(stdout, 1).includes('ready')) {
         sent = true;
-        process.kill(process.pid, 'SIGINT');
+        process.kill(process.pid, signal);
       }
     });
-    expect(run.code).toBe(130);
-    for (const rank of [0, 1]) expect(linesOf(run.stdout, rank)).toEqual(['ready', 'got SIGINT']);
-    expect(run.stderr).toContain('resnet-cuda launch: stopped by SIGINT');
+    expect(run.code).toBe(exitCode);
+    for (const rank of [0, 1]) expect(linesOf(run.stdout, rank)).toEqual(['ready', `got ${signal}`]);
+    expect(run.stderr).toContain(`resnet-cuda launch: stopped by ${signal}`);
     // The launcher's handlers are gone.
-    expect(process.listenerCount('SIGINT')).toBe(0);
+    expect(process.listenerCount(signal)).toBe(0);
+  });
+
+  it('does not wait forever for output a process left behind by a rank holds open', async () => {
+    const script = `
+      const child = require('child_process').spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], {
+        stdio: 'inherit',
+      });
+      console.log('left ' + child.pid);
+      child.unref();
+    `;
+    const run = await launch(['--bind', 'none', '--grace-period', '1'], script);
+    const pid = Number(/left (\d+)/.exec(run.stdout)?.[1]);
+    try {
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.seconds).toBeGreaterThanOrEqual(1);
+      expect(run.seconds).toBeLessThan(30);
+    } finally {
+      if (pid > 0) process.kill(pid, 'SIGKILL');
+    }
+  });
+
+  it('starts one rank per visible GPU with --nproc-per-node gpu, or says there is none', async () => {
+    const cuda = listBackends().find((b) => b.name === 'cuda');
+    const count = cuda?.available ? cuda.deviceCount : 0;
+    const run = await launch(['--nproc-per-node', 'gpu'], PRINT_ENV);
+    if (count === 0) {
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain('--nproc-per-node gpu: no CUDA device is visible');
+    } else {
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stderr).toContain('GPU = local rank');
+      const envs = envsOf(
+        run,
+        Array.from({ length: count }, (_, i) => i),
+      );
+      expect(envs.map((env) => env.WORLD_SIZE)).toEqual(envs.map(() => String(count)));
+    }
   });
 
   it('says when the command cannot be started', async () => {
@@ -311,6 +352,7 @@ describe('resnet-cuda launch', () => {
     [['--monitor-interval', '0'], /--monitor-interval/],
     [['--max-restarts', '-1'], /--max-restarts/],
     [['--bind', 'tpu'], /--bind/],
+    [['--grace-period', '-1'], /--grace-period/],
   ])('rejects %j', async (options, message) => {
     const run = await launch(options, 'process.exit(0)');
     expect(run.code).toBe(2);
@@ -338,6 +380,9 @@ describe('resnet-cuda launch', () => {
     const dashes = io();
     expect(await main(['launch', '--'], dashes)).toBe(2);
     expect(dashes.err()).toContain("missing the command to launch after '--'");
+    const empty = io();
+    expect(await main(['launch', '--', ''], empty)).toBe(2);
+    expect(empty.err()).toContain("the command to launch after '--' is an empty string");
   });
 
   it('refuses a --master-addr that is not this machine on a single node', async () => {
