@@ -1,3 +1,6 @@
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { main } from '../lib/cli/main.js';
 import type { CliIO } from '../lib/cli/options.js';
@@ -76,7 +79,8 @@ function envsOf(run: LaunchRun, ranks: number[]): Record<string, string | undefi
   });
 }
 
-describe('resnet-cuda launch', () => {
+// A launcher that failed to stop its ranks would hang: fail such a test within a minute instead.
+describe('resnet-cuda launch', { timeout: 60_000 }, () => {
   it("gives each rank torchrun's variables, one token and one free port", async () => {
     const run = await launch(['--nproc-per-node', '2', '--bind', 'none'], PRINT_ENV);
     expect(run.code, run.stderr).toBe(0);
@@ -287,6 +291,52 @@ describe('resnet-cuda launch', () => {
     expect(run.stderr).toContain(`resnet-cuda launch: stopped by ${signal}`);
     // The launcher's handlers are gone.
     expect(process.listenerCount(signal)).toBe(0);
+  });
+
+  it('delivers Ctrl-C in a terminal to each rank once, through the launcher', async () => {
+    // The compiled command as a separate process in a process group of its own, as a shell runs a
+    // foreground job; the terminal's Ctrl-C is SIGINT to that whole group.
+    const cli = resolve('dist/lib/cli/main.js');
+    expect(existsSync(cli), `${cli} (run npm run build:ts)`).toBe(true);
+    const script = `
+      let count = 0;
+      process.on('SIGINT', () => {
+        if (count++ === 0) setTimeout(() => { console.log('signals ' + count); process.exit(130); }, 500);
+      });
+      // Field 5 of /proc/self/stat, the process group (after the name in parentheses).
+      const stat = require('fs').readFileSync('/proc/self/stat', 'utf8');
+      const group = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2]);
+      console.log('own group ' + (group === process.pid));
+      console.log('ready');
+      setInterval(() => {}, 1000);
+    `;
+    const base = Object.fromEntries(Object.entries(process.env).filter(([key]) => !CLEARED.includes(key)));
+    const launcher = spawn(
+      process.execPath,
+      [cli, 'launch', '--nproc-per-node', '2', '--bind', 'none', '--', process.execPath, '-e', script],
+      { env: base, stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+    );
+    let stdout = '';
+    let stderr = '';
+    launcher.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+    const code = await new Promise<number | null>((done) => {
+      const killer = setTimeout(() => launcher.kill('SIGKILL'), 60_000);
+      launcher.stdout.on('data', (b: Buffer) => {
+        const ready = (rank: number): boolean => linesOf(stdout, rank).includes('ready');
+        const before = ready(0) && ready(1);
+        stdout += b.toString();
+        if (!before && ready(0) && ready(1) && launcher.pid !== undefined) process.kill(-launcher.pid, 'SIGINT');
+      });
+      launcher.on('close', (exitCode) => {
+        clearTimeout(killer);
+        done(exitCode);
+      });
+    });
+    expect(code, stderr).toBe(130);
+    // Each rank leads a process group of its own (so the terminal's SIGINT does not reach it
+    // directly; signals arriving together may merge, so the count alone could not tell).
+    for (const rank of [0, 1]) expect(linesOf(stdout, rank)).toEqual(['own group true', 'ready', 'signals 1']);
+    expect(stderr).toContain('resnet-cuda launch: stopped by SIGINT');
   });
 
   it('does not wait forever for output a process left behind by a rank holds open', async () => {
