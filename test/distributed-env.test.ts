@@ -330,7 +330,12 @@ describe('rendezvousFromEnv', () => {
     {
       name: 'no node list and no MASTER_ADDR',
       env: { ...SLURM, SLURM_JOB_NODELIST: '' },
-      message: /SLURM_NODELIST is not set .*MASTER_ADDR/,
+      message: /Neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set, and MASTER_ADDR is not either/,
+    },
+    {
+      name: 'the older SLURM_NODELIST malformed',
+      env: { ...SLURM, SLURM_JOB_NODELIST: '', SLURM_NODELIST: 'a[3-1]' },
+      message: /SLURM_NODELIST .*'a\[3-1\]'/,
     },
     { name: 'SLURM_JOB_ID malformed', env: { ...SLURM, SLURM_JOB_ID: 'j1' }, message: /SLURM_JOB_ID .*'j1'/ },
     {

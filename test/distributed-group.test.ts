@@ -55,7 +55,7 @@ describe('a Gloo process group of one rank (in this process)', () => {
     const t = Tensor.zeros([4]);
     expect(() => group.allReduce(t, { op: 'min' as never })).toThrow(/op/);
     expect(() => group.broadcast(t, 1)).toThrow(/root/);
-    expect(() => group.allGather(t, Tensor.zeros([3]))).toThrow(/output.*4 elements/);
+    expect(() => group.allGather(t, Tensor.zeros([3]))).toThrow(/4 elements .*for output/);
     expect(() => group.allReduce({} as never)).toThrow(/tensor/);
     const gone = Tensor.zeros([2]);
     gone.dispose();
@@ -68,7 +68,7 @@ describe('a Gloo process group of one rank (in this process)', () => {
     );
     expect(() =>
       initProcessGroup({ ...explicit, worldSize: 1, masterPort: 0, backend: 'nccl', device: 'cpu' }),
-    ).toThrow(/device.*CUDA/);
+    ).toThrow(/CUDA device .*for device/);
     expect(() => initProcessGroup({ ...explicit, worldSize: 2, rank: 2, masterPort: 0 })).toThrow(/rank/);
     expect(() => initProcessGroup({ ...explicit, worldSize: 1, masterPort: 0, timeoutSeconds: 0 })).toThrow(
       /timeoutSeconds/,
@@ -88,14 +88,8 @@ describe.skipIf(!built)(`Gloo process groups of two processes${needsBuild}`, () 
       expect(run.code, `rank ${run.rank}: ${run.stdout}`).toBe(0);
       const oks = run.stdout.split('\n').filter((l) => l.startsWith('ok '));
       expect(oks).toEqual(COLLECTIVE_CASES.map((c) => `ok ${c.name}`));
-      const records = JSON.parse(
-        run.stdout
-          .split('\n')
-          .find((l) => l.startsWith('records '))!
-          .slice(8),
-      ) as {
-        op: string;
-      }[];
+      const recordsLine = run.stdout.split('\n').find((l) => l.startsWith('records ')) ?? 'records []';
+      const records = JSON.parse(recordsLine.slice(8)) as { op: string }[];
       // One record per collective of the table: 8 single all-reduces, 3 chained, a broadcast, an all-gather, two barriers.
       expect(records.map((r) => r.op)).toEqual([
         ...Array<string>(8).fill('allReduce'),
@@ -171,7 +165,7 @@ describe('rendezvous errors', () => {
     // 192.0.2.1 is reserved for documentation (RFC 5737): no machine has it.
     const port = await freePort();
     expect(() => initProcessGroup({ ...explicit, masterAddr: '192.0.2.1', worldSize: 2, masterPort: port })).toThrow(
-      /cannot serve the process group's store on 192\.0\.2\.1/,
+      /cannot serve the process group's store on 192\.0\.2\.1.*MASTER_ADDR must be an address of rank 0's machine/,
     );
     const start = performance.now();
     expect(() =>

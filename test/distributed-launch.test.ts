@@ -1,7 +1,11 @@
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { main } from '../lib/cli/main.js';
 import type { CliIO } from '../lib/cli/options.js';
 import { allowedCpus, cpuShares, formatCpuList, parseCpuList } from '../lib/distributed/cpu-binding.js';
+import { listBackends } from '../lib/device.js';
 import { rendezvousFromEnv } from '../lib/distributed/env.js';
 import { LinePrefixer } from '../lib/distributed/line-prefixer.js';
 
@@ -75,7 +79,8 @@ function envsOf(run: LaunchRun, ranks: number[]): Record<string, string | undefi
   });
 }
 
-describe('resnet-cuda launch', () => {
+// A launcher that failed to stop its ranks would hang: fail such a test within a minute instead.
+describe('resnet-cuda launch', { timeout: 60_000 }, () => {
   it("gives each rank torchrun's variables, one token and one free port", async () => {
     const run = await launch(['--nproc-per-node', '2', '--bind', 'none'], PRINT_ENV);
     expect(run.code, run.stderr).toBe(0);
@@ -265,9 +270,12 @@ describe('resnet-cuda launch', () => {
     expect(linesOf(short.stdout, 1)).toHaveLength(2);
   });
 
-  it('forwards SIGINT to the ranks and exits with 130', async () => {
+  it.each([
+    ['SIGINT', 130],
+    ['SIGTERM', 143],
+  ] as const)('forwards %s to the ranks and exits with %i', async (signal, exitCode) => {
     const script = `
-      process.on('SIGINT', () => { console.log('got SIGINT'); process.exit(130); });
+      process.on('${signal}', () => { console.log('got ${signal}'); process.exit(${exitCode}); });
       console.log('ready');
       setInterval(() => {}, 1000);
     `;
@@ -275,14 +283,97 @@ describe('resnet-cuda launch', () => {
     const run = await launch(['--nproc-per-node', '2', '--bind', 'none'], script, {}, (stdout) => {
       if (!sent && linesOf(stdout, 0).includes('ready') && linesOf(stdout, 1).includes('ready')) {
         sent = true;
-        process.kill(process.pid, 'SIGINT');
+        process.kill(process.pid, signal);
       }
     });
-    expect(run.code).toBe(130);
-    for (const rank of [0, 1]) expect(linesOf(run.stdout, rank)).toEqual(['ready', 'got SIGINT']);
-    expect(run.stderr).toContain('resnet-cuda launch: stopped by SIGINT');
+    expect(run.code).toBe(exitCode);
+    for (const rank of [0, 1]) expect(linesOf(run.stdout, rank)).toEqual(['ready', `got ${signal}`]);
+    expect(run.stderr).toContain(`resnet-cuda launch: stopped by ${signal}`);
     // The launcher's handlers are gone.
-    expect(process.listenerCount('SIGINT')).toBe(0);
+    expect(process.listenerCount(signal)).toBe(0);
+  });
+
+  it('delivers Ctrl-C in a terminal to each rank once, through the launcher', async () => {
+    // The compiled command as a separate process in a process group of its own, as a shell runs a
+    // foreground job; the terminal's Ctrl-C is SIGINT to that whole group.
+    const cli = resolve('dist/lib/cli/main.js');
+    expect(existsSync(cli), `${cli} (run npm run build:ts)`).toBe(true);
+    const script = `
+      let count = 0;
+      process.on('SIGINT', () => {
+        if (count++ === 0) setTimeout(() => { console.log('signals ' + count); process.exit(130); }, 500);
+      });
+      // Field 5 of /proc/self/stat, the process group (after the name in parentheses).
+      const stat = require('fs').readFileSync('/proc/self/stat', 'utf8');
+      const group = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[2]);
+      console.log('own group ' + (group === process.pid));
+      console.log('ready');
+      setInterval(() => {}, 1000);
+    `;
+    const base = Object.fromEntries(Object.entries(process.env).filter(([key]) => !CLEARED.includes(key)));
+    const launcher = spawn(
+      process.execPath,
+      [cli, 'launch', '--nproc-per-node', '2', '--bind', 'none', '--', process.execPath, '-e', script],
+      { env: base, stdio: ['ignore', 'pipe', 'pipe'], detached: true },
+    );
+    let stdout = '';
+    let stderr = '';
+    launcher.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+    const code = await new Promise<number | null>((done) => {
+      const killer = setTimeout(() => launcher.kill('SIGKILL'), 60_000);
+      launcher.stdout.on('data', (b: Buffer) => {
+        const ready = (rank: number): boolean => linesOf(stdout, rank).includes('ready');
+        const before = ready(0) && ready(1);
+        stdout += b.toString();
+        if (!before && ready(0) && ready(1) && launcher.pid !== undefined) process.kill(-launcher.pid, 'SIGINT');
+      });
+      launcher.on('close', (exitCode) => {
+        clearTimeout(killer);
+        done(exitCode);
+      });
+    });
+    expect(code, stderr).toBe(130);
+    // Each rank leads a process group of its own (so the terminal's SIGINT does not reach it
+    // directly; signals arriving together may merge, so the count alone could not tell).
+    for (const rank of [0, 1]) expect(linesOf(stdout, rank)).toEqual(['own group true', 'ready', 'signals 1']);
+    expect(stderr).toContain('resnet-cuda launch: stopped by SIGINT');
+  });
+
+  it('does not wait forever for output a process left behind by a rank holds open', async () => {
+    const script = `
+      const child = require('child_process').spawn(process.execPath, ['-e', 'setTimeout(() => {}, 60000)'], {
+        stdio: 'inherit',
+      });
+      console.log('left ' + child.pid);
+      child.unref();
+    `;
+    const run = await launch(['--bind', 'none', '--grace-period', '1'], script);
+    const pid = Number(/left (\d+)/.exec(run.stdout)?.[1]);
+    try {
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.seconds).toBeGreaterThanOrEqual(1);
+      expect(run.seconds).toBeLessThan(30);
+    } finally {
+      if (pid > 0) process.kill(pid, 'SIGKILL');
+    }
+  });
+
+  it('starts one rank per visible GPU with --nproc-per-node gpu, or says there is none', async () => {
+    const cuda = listBackends().find((b) => b.name === 'cuda');
+    const count = cuda?.available ? cuda.deviceCount : 0;
+    const run = await launch(['--nproc-per-node', 'gpu'], PRINT_ENV);
+    if (count === 0) {
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain('--nproc-per-node gpu: no CUDA device is visible');
+    } else {
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stderr).toContain('GPU = local rank');
+      const envs = envsOf(
+        run,
+        Array.from({ length: count }, (_, i) => i),
+      );
+      expect(envs.map((env) => env.WORLD_SIZE)).toEqual(envs.map(() => String(count)));
+    }
   });
 
   it('says when the command cannot be started', async () => {
@@ -311,6 +402,7 @@ describe('resnet-cuda launch', () => {
     [['--monitor-interval', '0'], /--monitor-interval/],
     [['--max-restarts', '-1'], /--max-restarts/],
     [['--bind', 'tpu'], /--bind/],
+    [['--grace-period', '-1'], /--grace-period/],
   ])('rejects %j', async (options, message) => {
     const run = await launch(options, 'process.exit(0)');
     expect(run.code).toBe(2);
@@ -338,6 +430,9 @@ describe('resnet-cuda launch', () => {
     const dashes = io();
     expect(await main(['launch', '--'], dashes)).toBe(2);
     expect(dashes.err()).toContain("missing the command to launch after '--'");
+    const empty = io();
+    expect(await main(['launch', '--', ''], empty)).toBe(2);
+    expect(empty.err()).toContain("the command to launch after '--' is an empty string");
   });
 
   it('refuses a --master-addr that is not this machine on a single node', async () => {

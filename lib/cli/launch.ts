@@ -120,47 +120,49 @@ async function freePort(host: string): Promise<number> {
   });
 }
 
-/** `--nproc-per-node` and `--bind` resolved: the count and the binding. */
+/**
+ * `--nproc-per-node` and `--bind` resolved: the count and the binding. The GPUs are counted (the
+ * addon loaded) only when the answer depends on them.
+ */
 async function processesAndBinding(
   text: string,
   bind: string,
   cpus: readonly number[],
+  io: CliIO,
 ): Promise<{ nproc: number; binding: RankBinding }> {
-  let nproc: number;
-  if (text === 'cpu') nproc = cpus.length;
-  else if (text === 'gpu') {
-    const gpus = await visibleGpus();
-    if (gpus.count === 0) {
-      throw new CliError(
-        `--nproc-per-node gpu: no CUDA device is visible (${gpus.reason ?? 'none found'})`,
-        "Run 'resnet-cuda doctor', or give a number of processes and --bind cpu.",
-      );
-    }
-    nproc = gpus.count;
-  } else if (/^\d+$/.test(text) && Number(text) >= 1 && Number(text) <= 1024) nproc = Number(text);
-  else throw new UsageError(`--nproc-per-node expects a number from 1 to 1024, gpu or cpu, got '${text}'`);
-
-  if (bind !== 'auto') {
-    if (bind === 'gpu' && text !== 'gpu') {
-      const gpus = await visibleGpus();
-      if (gpus.count < nproc) {
-        throw new UsageError(
-          `--bind gpu with --nproc-per-node ${nproc} needs ${nproc} CUDA devices; ${gpus.count} visible${gpus.reason ? ` (${gpus.reason})` : ''}`,
-          'NCCL runs one process per GPU; use --bind cpu to run on the CPU.',
-        );
+  const number = /^\d+$/.test(text) ? Number(text) : NaN;
+  if (text !== 'cpu' && text !== 'gpu' && !(number >= 1 && number <= 1024)) {
+    throw new UsageError(`--nproc-per-node expects a number from 1 to 1024, gpu or cpu, got '${text}'`);
+  }
+  const gpusRequired = text === 'gpu' || bind === 'gpu';
+  let gpus: { count: number; reason?: string } = { count: 0 };
+  if (gpusRequired || (bind === 'auto' && text !== 'cpu')) {
+    try {
+      gpus = await visibleGpus();
+    } catch (error) {
+      const why = (error as Error).message.split('\n')[0] ?? '';
+      if (gpusRequired) {
+        throw new CliError(`cannot count the CUDA devices: ${why}`, "Run 'resnet-cuda doctor' for what to fix.");
       }
+      io.stderr.write(`resnet-cuda launch: cannot count the CUDA devices (${why}); binding the ranks to CPU cores\n`);
     }
-    return { nproc, binding: bind as RankBinding };
   }
-  if (text === 'gpu') return { nproc, binding: 'gpu' };
-  if (text === 'cpu') return { nproc, binding: 'cpu' };
-  let gpus: { count: number };
-  try {
-    gpus = await visibleGpus();
-  } catch {
-    gpus = { count: 0 };
+  if (text === 'gpu' && gpus.count === 0) {
+    throw new CliError(
+      `--nproc-per-node gpu: no CUDA device is visible (${gpus.reason ?? 'none found'})`,
+      "Run 'resnet-cuda doctor', or give a number of processes and --bind cpu.",
+    );
   }
-  return { nproc, binding: gpus.count > 0 ? 'gpu' : 'cpu' };
+  const nproc = text === 'cpu' ? cpus.length : text === 'gpu' ? gpus.count : number;
+  const binding: RankBinding =
+    bind !== 'auto' ? (bind as RankBinding) : text === 'cpu' || gpus.count === 0 ? 'cpu' : 'gpu';
+  if (binding === 'gpu' && gpus.count < nproc) {
+    throw new UsageError(
+      `--nproc-per-node ${nproc} bound to GPUs needs ${nproc} CUDA devices, ${gpus.count} visible${gpus.reason ? ` (${gpus.reason})` : ''}`,
+      'A rank uses CUDA device LOCAL_RANK (NCCL runs one rank per GPU): pass --nproc-per-node gpu, or --bind cpu to run on the CPU.',
+    );
+  }
+  return { nproc, binding };
 }
 
 async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
@@ -172,6 +174,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
       'For example: resnet-cuda launch --nproc-per-node 2 -- node train.js --epochs 10',
     );
   }
+  if (command[0] === '') throw new UsageError("the command to launch after '--' is an empty string");
   const nnodes = v.nnodes as number;
   const nodeRank = v.nodeRank as number;
   if (nodeRank >= nnodes) throw new UsageError(`--node-rank ${nodeRank} must be below --nnodes ${nnodes}`);
@@ -191,7 +194,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     );
   }
   const cpus = allowedCpus();
-  const { nproc, binding } = await processesAndBinding(v.nprocPerNode as string, v.bind as string, cpus);
+  const { nproc, binding } = await processesAndBinding(v.nprocPerNode as string, v.bind as string, cpus, io);
   const masterPort =
     (v.masterPort as number | undefined) ?? (nnodes > 1 ? DEFAULT_MULTI_NODE_PORT : await freePort(masterAddr));
   const [file, ...args] = command as [string, ...string[]];

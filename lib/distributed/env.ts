@@ -309,8 +309,14 @@ function fromSlurm(env: Env): Omit<RendezvousInfo, 'token'> {
   );
   const why = 'srun sets it; set MASTER_ADDR and MASTER_PORT instead if it is missing';
   const addr = (): string => {
-    const name = read(env, 'SLURM_JOB_NODELIST') !== undefined ? 'SLURM_JOB_NODELIST' : 'SLURM_NODELIST';
-    const hosts = expandSlurmHostList(name, required(env, name, why), 1);
+    const name = ['SLURM_JOB_NODELIST', 'SLURM_NODELIST'].find((n) => read(env, n) !== undefined);
+    if (name === undefined) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `Neither SLURM_JOB_NODELIST nor SLURM_NODELIST is set, and MASTER_ADDR is not either (srun sets the node list; set MASTER_ADDR and MASTER_PORT instead if it is missing)`,
+      );
+    }
+    const hosts = expandSlurmHostList(name, read(env, name) ?? '', 1);
     return parseHost(name, defined(hosts[0], 'the first host'));
   };
   const port = (): number => slurmDefaultPort(integerVariable('SLURM_JOB_ID', required(env, 'SLURM_JOB_ID', why), 0));

@@ -217,6 +217,7 @@ async function runAttempt(
   let interrupted: NodeJS.Signals | undefined;
   let failure: RankExit | undefined;
   let killTimer: NodeJS.Timeout | undefined;
+  let allExitedAt: number | undefined;
 
   /** Sends `signal` to every running rank and SIGKILL to those still running after the grace period. */
   const stopAll = (signal: NodeJS.Signals): void => {
@@ -249,6 +250,18 @@ async function runAttempt(
               );
             }
             stopAll('SIGTERM');
+          }
+        }
+        // A process the rank started may hold its output open after the rank exited: wait for the
+        // streams at most the grace period, then let them go.
+        if (ranks.every((r) => r.exit !== undefined)) {
+          allExitedAt ??= performance.now();
+          if (performance.now() - allExitedAt > options.gracePeriodSeconds * 1000) {
+            for (const r of ranks.filter((x) => !x.closed)) {
+              r.child.stdout?.destroy();
+              r.child.stderr?.destroy();
+              r.closed = true;
+            }
           }
         }
         if (ranks.every((r) => r.exit !== undefined && r.closed)) {

@@ -10,7 +10,16 @@
  */
 import { addon, type RawCommunicator } from '../binding.js';
 import { parseDevice } from '../device.js';
-import { ResnetError, describe, expectInt, expectNumber, expectOneOf, expectOptions, invalid } from '../errors.js';
+import {
+  ResnetError,
+  describe,
+  expectInt,
+  expectNumber,
+  expectOneOf,
+  expectOptions,
+  invalid,
+  mismatch,
+} from '../errors.js';
 import { expectTensor, type Tensor } from '../tensor.js';
 import { rendezvousFromEnv } from './env.js';
 import { TcpStore, TcpStoreServer } from './store.js';
@@ -76,8 +85,9 @@ function resolveRendezvous(options: ProcessGroupOptions): RendezvousInfo {
   const localWorldSize = expectInt('localWorldSize', o.localWorldSize ?? env?.localWorldSize, 1, worldSize);
   const localRank = expectInt('localRank', o.localRank ?? env?.localRank, 0, localWorldSize - 1);
   const masterAddr = o.masterAddr ?? env?.masterAddr;
-  if (typeof masterAddr !== 'string' || masterAddr.length === 0)
+  if (typeof masterAddr !== 'string' || masterAddr.length === 0) {
     invalid('masterAddr', 'a host name or address', masterAddr);
+  }
   const masterPort = expectInt('masterPort', o.masterPort ?? env?.masterPort, 0, 65535);
   const token = o.token ?? env?.token ?? '';
   if (typeof token !== 'string') invalid('token', 'a string', token);
@@ -121,10 +131,14 @@ function serveStore(r: RendezvousInfo): TcpStoreServer {
     return new TcpStoreServer({ host: r.masterAddr, port: r.masterPort, token: r.token });
   } catch (error) {
     const why = error instanceof Error ? error.message : String(error);
+    const hint = /in use/i.test(why)
+      ? ` Is another job using port ${r.masterPort}? Pick a free MASTER_PORT.`
+      : /assign|not an address|resolve/i.test(why)
+        ? ` MASTER_ADDR must be an address of rank 0's machine.`
+        : '';
     throw new ResnetError(
       error instanceof ResnetError ? error.code : 'ERR_RC_DISTRIBUTED',
-      `Rank 0 cannot serve the process group's store on ${r.masterAddr}:${r.masterPort} (MASTER_ADDR:MASTER_PORT): ` +
-        `${why}. Is another job using port ${r.masterPort}? Is ${r.masterAddr} an address of this machine?`,
+      `Rank 0 cannot serve the process group's store on ${r.masterAddr}:${r.masterPort} (MASTER_ADDR:MASTER_PORT): ${why}.${hint}`,
     );
   }
 }
@@ -196,12 +210,19 @@ interface GroupParts extends RendezvousInfo {
  * the store server.
  */
 export class DistributedProcessGroup implements ProcessGroup {
+  /** {@inheritDoc ProcessGroup.backend} */
   readonly backend: ProcessGroupBackend;
+  /** {@inheritDoc ProcessGroup.rank} */
   readonly rank: number;
+  /** {@inheritDoc ProcessGroup.worldSize} */
   readonly worldSize: number;
+  /** {@inheritDoc ProcessGroup.localRank} */
   readonly localRank: number;
+  /** {@inheritDoc ProcessGroup.localWorldSize} */
   readonly localWorldSize: number;
+  /** {@inheritDoc ProcessGroup.device} */
   readonly device: string;
+  /** {@inheritDoc ProcessGroup.timeoutSeconds} */
   readonly timeoutSeconds: number;
   #raw: RawCommunicator | null;
   #server: TcpStoreServer | null;
@@ -221,22 +242,25 @@ export class DistributedProcessGroup implements ProcessGroup {
     this.#store = parts.store;
   }
 
+  /** {@inheritDoc ProcessGroup.allReduce} */
   allReduce(tensor: Tensor, options: { op?: ReduceOp } = {}): void {
     const o = expectOptions<{ op?: ReduceOp }>('allReduce options', options, ['op']);
     const op = o.op === undefined ? 'sum' : expectOneOf('op', o.op, REDUCE_OPS);
     this.#comm().allReduce({ tensor: this.#tensor('tensor', tensor).raw, op });
   }
 
+  /** {@inheritDoc ProcessGroup.broadcast} */
   broadcast(tensor: Tensor, root = 0): void {
     const t = this.#tensor('tensor', tensor);
     this.#comm().broadcast({ tensor: t.raw, root: expectInt('root', root, 0, this.worldSize - 1) });
   }
 
+  /** {@inheritDoc ProcessGroup.allGather} */
   allGather(input: Tensor, output: Tensor): void {
     const i = this.#tensor('input', input);
     const out = this.#tensor('output', output);
     if (out.dtype !== i.dtype || out.numel !== i.numel * this.worldSize) {
-      invalid(
+      mismatch(
         'output',
         `a ${i.dtype} tensor of ${i.numel * this.worldSize} elements (${this.worldSize} ranks x ${i.numel})`,
         `a ${out.dtype} tensor of ${out.numel} elements`,
@@ -245,18 +269,22 @@ export class DistributedProcessGroup implements ProcessGroup {
     this.#comm().allGather({ input: i.raw, output: out.raw });
   }
 
+  /** {@inheritDoc ProcessGroup.barrier} */
   barrier(): void {
     this.#comm().barrier();
   }
 
+  /** {@inheritDoc ProcessGroup.wait} */
   wait(): void {
     this.#comm().waitOnDevice();
   }
 
+  /** {@inheritDoc ProcessGroup.synchronize} */
   synchronize(timeoutSeconds = this.timeoutSeconds): void {
     this.#comm().synchronize({ timeoutSeconds: expectNumber('timeoutSeconds', timeoutSeconds, Number.MIN_VALUE) });
   }
 
+  /** {@inheritDoc ProcessGroup.takeCollectiveRecords} */
   takeCollectiveRecords(): CollectiveRecord[] {
     return this.#comm().takeRecords();
   }
