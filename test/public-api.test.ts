@@ -58,6 +58,8 @@ describe('the package entry point', () => {
       'loadTorchCheckpoint',
       'readTorchCheckpoint',
       'backboneGroups',
+      'rendezvousFromEnv',
+      'launchRanks',
       'DistributedDataParallel',
     ]) {
       expect(Object.keys(api)).toContain(name);
