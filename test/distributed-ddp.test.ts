@@ -28,6 +28,7 @@ import {
 } from '../lib/index.js';
 import { planBuckets } from '../lib/distributed/buckets.js';
 import { DistributedDataParallel } from '../lib/distributed/ddp.js';
+import { initProcessGroup } from '../lib/distributed/process-group.js';
 import type { ProcessGroup } from '../lib/distributed/types.js';
 import { grads, images, labels, referenceSteps, smallResNet } from './helpers/ddp-fixtures.js';
 import { lookup } from './helpers/defined.js';
@@ -551,6 +552,52 @@ describe('DistributedDataParallel over Gloo, 2 processes', () => {
       expect(timing.records.length).toBe(r.buckets);
       expect(timing.records[0]!.startMs).toBeGreaterThan(timing.backwardStartMs);
       expect(timing.records[0]!.startMs).toBeLessThan(timing.backwardEndMs);
+    }
+  });
+});
+
+describe('DistributedDataParallel on a one-rank Gloo group', () => {
+  it("reduces on the group's thread while backward runs; f32 unchanged, bf16 rounded once", () => {
+    const group = initProcessGroup({
+      backend: 'gloo',
+      rank: 0,
+      worldSize: 1,
+      localRank: 0,
+      localWorldSize: 1,
+      masterAddr: '127.0.0.1',
+      masterPort: 0,
+      token: '',
+      timeoutSeconds: 30,
+    });
+    try {
+      const reference = referenceSteps(1, 2);
+      for (const gradientCompression of ['none', 'bf16'] as const) {
+        const model = smallResNet(1).eval();
+        const ddp = new DistributedDataParallel(model, group, { bucketCapMb: 0.1, gradientCompression });
+        group.synchronize();
+        group.takeCollectiveRecords();
+        const loss = new CrossEntropyLoss();
+        const x = images(0, 2);
+        loss.forward(ddp.forward(x), labels(0, 2));
+        const backwardStartMs = Number(process.hrtime.bigint()) / 1e6;
+        ddp.backward(loss.backward());
+        const backwardEndMs = Number(process.hrtime.bigint()) / 1e6;
+        ddp.finishGradientSync();
+        group.synchronize();
+        const records = group.takeCollectiveRecords().filter((r) => r.op === 'allReduce');
+        expect(records.length).toBe(ddp.buckets.length);
+        expect(records[0]!.enqueuedMs).toBeGreaterThan(backwardStartMs);
+        expect(records[0]!.startMs).toBeLessThan(backwardEndMs);
+        const bytesPer = gradientCompression === 'bf16' ? 2 : 4;
+        expect(records.map((r) => r.bytes)).toEqual(ddp.buckets.map((b) => b.length * bytesPer));
+        const g = grads(model);
+        if (gradientCompression === 'none') expectClose(g, reference.grads[0]!, 0);
+        else expectBf16Close(g, reference.grads[0]!, [reference.grads[0]!, reference.grads[0]!]);
+        ddp.dispose();
+        model.dispose();
+      }
+    } finally {
+      group.destroy();
     }
   });
 });
