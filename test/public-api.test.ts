@@ -61,6 +61,9 @@ describe('the package entry point', () => {
       'rendezvousFromEnv',
       'launchRanks',
       'DistributedDataParallel',
+      'TcpStore',
+      'TcpStoreServer',
+      'PrefixStore',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
