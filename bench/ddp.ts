@@ -33,9 +33,13 @@ export interface DataParallelBenchOptions {
 
 /** One row of the data-parallel table. */
 export interface DataParallelRow {
+  /** ResNet depth. */
   depth: number;
+  /** Image side. */
   size: number;
+  /** Global batch. */
   batch: number;
+  /** Timed steps. */
   steps: number;
   /** 2 ranks x 1 thread: global images per second (the slower rank's median step). */
   ddpImagesPerSec: number;

@@ -541,6 +541,15 @@ describe('DistributedDataParallel over Gloo, 2 processes', () => {
     expect(w0.every((a, t) => same(a, w1[t]!))).toBe(true);
   });
 
+  it("a training-mode forward starts from rank 0's running statistics", () => {
+    const flat = (name: string, rank: number): Float32Array => {
+      const bytes = readFileSync(join(dir, `${name}-rank${rank}.f32`));
+      return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    };
+    expect(same(flat('buffers-diverged', 0), flat('buffers-diverged', 1))).toBe(false);
+    expect(same(flat('buffers-synced', 0), flat('buffers-synced', 1))).toBe(true);
+  });
+
   it("the first bucket's all-reduce starts before backward ends", () => {
     for (const rank of [0, 1]) {
       const r = report(rank);

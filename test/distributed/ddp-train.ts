@@ -4,7 +4,8 @@
  * on its share (images [2 rank, 2 rank + 2)) and writes what the test compares with one process on
  * all the images: the gradients of 2 synced steps and the weights after them, the gradients of a
  * noSync accumulation of 2 micro-batches of 1, the gradients with bf16 compression, the GradScaler's
- * verdict when only rank 1 overflows, and the times of the first step's all-reduces and backward.
+ * verdict when only rank 1 overflows, the times of the first step's all-reduces and backward, and
+ * the running statistics before and after a training-mode forward broadcast rank 0's.
  * Usage: node ddp-train.js OUT_DIR
  */
 import { writeFileSync } from 'node:fs';
@@ -128,6 +129,22 @@ const report: Record<string, unknown> = { rank };
     'weights-scaler',
     ddp.module.parameters().map((p) => p.values()),
   );
+  ddp.dispose();
+}
+
+// Buffers in training mode: each rank's own batch moves its running statistics apart; the next
+// forward broadcasts rank 0's first, so the same batch on both ranks leaves them equal.
+{
+  const ddp = replica({});
+  ddp.module.train();
+  const loss = new CrossEntropyLoss();
+  const buffers = (): Float32Array[] => ddp.module.namedBuffers().map(([, t]) => t.toFloat32Array());
+  pass(ddp, loss, rank * 2, 2);
+  ddp.finishGradientSync();
+  save('buffers-diverged', buffers());
+  pass(ddp, loss, 0, 2);
+  ddp.finishGradientSync();
+  save('buffers-synced', buffers());
   ddp.dispose();
 }
 
