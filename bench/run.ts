@@ -11,6 +11,8 @@
  * 5. The profiler's overhead: the step with and without per-op profiling (first dtype only).
  * 6. Inference (CPU): the Predictor in f32 and bf16 (int8 when a calibrated graph is given) beside
  *    ONNX Runtime on the same exported ResNet-50 (bench/inference.ts).
+ * 7. Data parallel (CPU): 2 ranks x 1 thread with DistributedDataParallel over Gloo against 1 process
+ *    x 2 threads, ResNet-18 at 32 px (bench/ddp.ts).
  *
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
@@ -39,6 +41,7 @@ import {
 import { benchInference } from './inference.js';
 import { int8Quantizer } from './int8.js';
 import { benchPruning } from './prune.js';
+import { benchDataParallel } from './ddp.js';
 import { checkpointingOf, type CheckpointSegments } from '../lib/nn/checkpoint.js';
 
 const { values } = parseArgs({
@@ -430,6 +433,31 @@ async function inferenceRows(): Promise<void> {
   });
 }
 await inferenceRows();
+
+/**
+ * 7. Data-parallel scaling on the CPU (bench/ddp.ts): 2 ranks x 1 thread with
+ * DistributedDataParallel over Gloo against 1 process x 2 threads, ResNet-18 at 32 px, global
+ * batch 16, a few steps: images/s and their ratio, bytes all-reduced per step, and the share of
+ * the all-reduce time hidden behind backward.
+ */
+async function dataParallelRows(): Promise<void> {
+  if (device !== 'cpu' || values.only !== undefined) return;
+  const row = await benchDataParallel({ depth: 18, size: 32, batch: 16, steps: 3 });
+  results.dataParallel = row;
+  console.log('\nData parallel (CPU, Gloo): 2 ranks x 1 thread vs 1 process x 2 threads');
+  console.table([
+    {
+      model: `ResNet-${row.depth} ${row.size}px batch ${row.batch}`,
+      'ddp img/s': row.ddpImagesPerSec.toFixed(1),
+      'single img/s': row.singleImagesPerSec.toFixed(1),
+      ratio: row.ratio.toFixed(2),
+      'MB all-reduced/step': (row.bytesPerStep / 1e6).toFixed(1),
+      'all-reduce ms/step': row.allReduceMsPerStep.toFixed(1),
+      'hidden behind backward': `${(row.hiddenShare * 100).toFixed(0)}%`,
+    },
+  ]);
+}
+await dataParallelRows();
 
 const root = join(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const outDir = join(root, 'bench', 'results');

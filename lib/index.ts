@@ -373,14 +373,6 @@ export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine
 // SyncBatchNorm: batch statistics shared by the processes of a group (torch.nn.SyncBatchNorm).
 export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from './distributed/sync-batchnorm.js';
 export type { BatchNormSync } from './nn/layers.js';
-// Data-parallel training: gradients averaged over a process group in buckets during backward.
-export {
-  DistributedDataParallel,
-  type DistributedDataParallelOptions,
-  type GradientCompression,
-} from './distributed/ddp.js';
-export { planBuckets, type GradientBucket } from './distributed/buckets.js';
-export type { PostBackwardHook, RemovableHook } from './nn/module.js';
 // Data-parallel jobs: where this process sits (torchrun, SLURM or Open MPI variables) and the
 // launcher behind `resnet-cuda launch`.
 export { rendezvousFromEnv } from './distributed/env.js';
@@ -406,3 +398,11 @@ export type {
   ReduceOp,
   RendezvousInfo,
 } from './distributed/types.js';
+// Data-parallel training: gradients averaged over a process group in buckets during backward.
+export {
+  DistributedDataParallel,
+  type DistributedDataParallelOptions,
+  type GradientCompression,
+} from './distributed/ddp.js';
+export { planBuckets, type GradientBucket } from './distributed/buckets.js';
+export type { PostBackwardHook, RemovableHook } from './nn/module.js';

@@ -10,7 +10,10 @@
  * another order (per rank, then across ranks), so they differ from the one-process gradients by
  * rounding only: |a - b| <= 1e-5 * (1 + max |b|) per tensor.
  */
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   CrossEntropyLoss,
   GradScaler,
@@ -25,40 +28,18 @@ import {
 } from '../lib/index.js';
 import { planBuckets } from '../lib/distributed/buckets.js';
 import { DistributedDataParallel } from '../lib/distributed/ddp.js';
+import { initProcessGroup } from '../lib/distributed/process-group.js';
 import type { ProcessGroup } from '../lib/distributed/types.js';
+import { grads, images, labels, referenceSteps, smallResNet } from './helpers/ddp-fixtures.js';
 import { lookup } from './helpers/defined.js';
 import { loopbackGroups } from './helpers/loopback-group.js';
+import { rankScript, runRanks, type RankRun } from './helpers/ranks.js';
 
-const CLASSES = 5;
-const SIZE = 8;
 const MiB = 1024 * 1024;
-
-/** ResNet-18's structure with 4-channel inner convolutions (0.3 M parameters), for speed. */
-function smallResNet(seed: number): ResNet {
-  const blockWidths = Array.from({ length: 8 }, () => [4]);
-  return new ResNet(18, { numClasses: CLASSES, smallInput: true, seed, device: 'cpu', blockWidths });
-}
 
 /** Whether two arrays hold the same values (one expect instead of one per element). */
 function same(a: Float32Array, b: Float32Array): boolean {
   return a.length === b.length && a.every((v, i) => Object.is(v, b[i]));
-}
-
-/** `count` images starting at image `from` of a fixed random batch of 8. */
-function images(from: number, count: number): Tensor {
-  const all = Tensor.randn([8, SIZE, SIZE, 3], { seed: 3 });
-  const per = SIZE * SIZE * 3;
-  const out = Tensor.from(all.toFloat32Array().slice(from * per, (from + count) * per), [count, SIZE, SIZE, 3]);
-  all.dispose();
-  return out;
-}
-
-function labels(from: number, count: number): number[] {
-  return Array.from({ length: count }, (_, i) => ((from + i) * 3) % CLASSES);
-}
-
-function grads(model: Module): Float32Array[] {
-  return model.parameters().map((p) => p.grad.toFloat32Array());
 }
 
 function maxAbs(a: Float32Array): number {
@@ -79,22 +60,28 @@ function expectClose(actual: Float32Array[], expected: Float32Array[], rel: numb
   });
 }
 
-/** One process: forward/backward of images [0, n) in one batch, an SGD step; returns the gradients. */
-function referenceSteps(steps: number, n: number, from = 0): { grads: Float32Array[][]; weights: Float32Array[] } {
-  const model = smallResNet(1).eval();
-  const loss = new CrossEntropyLoss();
-  const optimizer = new SGD(model, { lr: 0.1, momentum: 0.9 });
-  const out: Float32Array[][] = [];
-  for (let s = 0; s < steps; s++) {
-    const x = images(from, n);
-    loss.forward(model.forward(x), labels(from, n));
-    model.backward(loss.backward());
-    out.push(grads(model));
-    optimizer.step();
-    optimizer.zeroGrad();
-    x.dispose();
-  }
-  return { grads: out, weights: model.parameters().map((p) => p.values()) };
+/**
+ * bf16 keeps 8 significant bits (unit roundoff 2^-8): each rank's gradient is rounded once before
+ * the average and the average once more, so each element is within
+ * 2^-8 * ((|g0| + |g1|) / 2 + |average|) of the f32 average, g0 and g1 being the ranks' own
+ * gradients. Also checks that the result is not simply the f32 one.
+ */
+function expectBf16Close(actual: Float32Array[], average: Float32Array[], own: Float32Array[][]): void {
+  let worst = 0;
+  let differs = false;
+  actual.forEach((a, t) => {
+    const e = average[t]!;
+    const [g0, g1] = [own[0]![t]!, own[1]![t]!];
+    const slack = 1e-6 * (1 + maxAbs(e));
+    for (let i = 0; i < e.length; i++) {
+      const err = Math.abs(a[i]! - e[i]!);
+      const bound = 2 ** -8 * ((Math.abs(g0[i]!) + Math.abs(g1[i]!)) / 2 + Math.abs(e[i]!)) + slack;
+      worst = Math.max(worst, err / bound);
+      differs ||= err > 1e-5 * (1 + maxAbs(e));
+    }
+  });
+  expect(worst).toBeLessThanOrEqual(1);
+  expect(differs).toBe(true);
 }
 
 /** A rank of a loopback job: its own model (a different seed: the broadcast must fix it), loss, optimizer. */
@@ -352,28 +339,8 @@ describe('DistributedDataParallel (loopback group)', () => {
       r.ddp.backward(r.loss.backward());
     });
     for (const r of rs) r.ddp.finishGradientSync();
-    // bf16 keeps 8 significant bits (unit roundoff 2^-8): each rank's gradient is rounded once
-    // before the average and the average once more, so each element is within
-    // 2^-8 * ((|g0| + |g1|) / 2 + |average|) of the f32 average, g0 and g1 being the ranks' own.
     const own = [referenceSteps(1, 2, 0).grads[0]!, referenceSteps(1, 2, 2).grads[0]!];
-    for (const r of rs) {
-      const g = grads(r.model);
-      let worst = 0;
-      let differs = false;
-      g.forEach((a, t) => {
-        const e = reference.grads[0]![t]!;
-        const [g0, g1] = [own[0]![t]!, own[1]![t]!];
-        const slack = 1e-6 * (1 + maxAbs(e));
-        for (let i = 0; i < e.length; i++) {
-          const err = Math.abs(a[i]! - e[i]!);
-          const bound = 2 ** -8 * ((Math.abs(g0[i]!) + Math.abs(g1[i]!)) / 2 + Math.abs(e[i]!)) + slack;
-          worst = Math.max(worst, err / bound);
-          differs ||= err > 1e-5 * (1 + maxAbs(e));
-        }
-      });
-      expect(worst).toBeLessThanOrEqual(1);
-      expect(differs).toBe(true);
-    }
+    for (const r of rs) expectBf16Close(grads(r.model), reference.grads[0]!, own);
     expect(rs[0]!.ddp.bytesLastSync).toBe(rs[0]!.model.arena().size * 2);
   });
 
@@ -504,5 +471,142 @@ describe('DistributedDataParallel (loopback group)', () => {
     const ddp = new DistributedDataParallel(model, group);
     ddp.dispose();
     expect(() => ddp.finishGradientSync()).toThrow(/disposed/);
+  });
+});
+
+describe('DistributedDataParallel over Gloo, 2 processes', () => {
+  let dir = '';
+  let runs: RankRun[] = [];
+  const sizes = smallResNet(1)
+    .parameters()
+    .map((p) => p.numel);
+
+  /** A rank's saved arrays, split back into parameters. */
+  function load(name: string, rank: number): Float32Array[] {
+    const bytes = readFileSync(join(dir, `${name}-rank${rank}.f32`));
+    const flat = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+    const out: Float32Array[] = [];
+    let at = 0;
+    for (const n of sizes) {
+      out.push(flat.slice(at, at + n));
+      at += n;
+    }
+    expect(at).toBe(flat.length);
+    return out;
+  }
+
+  function report(rank: number): Record<string, unknown> {
+    const line = runs[rank]!.stdout.trim().split('\n').pop() ?? '';
+    return JSON.parse(line) as Record<string, unknown>;
+  }
+
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'rc-ddp-'));
+    runs = await runRanks(rankScript('ddp-train'), { worldSize: 2, args: [dir], timeoutMs: 240_000 });
+  }, 300_000);
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('both ranks finish', () => {
+    for (const run of runs) expect({ rank: run.rank, code: run.code, stderr: run.stderr }).toMatchObject({ code: 0 });
+  });
+
+  it('2 ranks x batch 2 give the gradients and weights of 1 process x batch 4 over 2 steps', () => {
+    const reference = referenceSteps(2, 4);
+    for (const rank of [0, 1]) {
+      expectClose(load('grads-step0', rank), reference.grads[0]!, 1e-5);
+      expectClose(load('grads-step1', rank), reference.grads[1]!, 1e-5);
+      expectClose(load('weights', rank), reference.weights, 1e-5);
+      expect(report(rank).bytesLastSync).toBe(smallResNet(1).arena().size * 4);
+    }
+  });
+
+  it('noSync accumulation equals one batch of 4; bf16 compression within bf16 rounding', () => {
+    const reference = referenceSteps(1, 4);
+    const own = [referenceSteps(1, 2, 0).grads[0]!, referenceSteps(1, 2, 2).grads[0]!];
+    for (const rank of [0, 1]) {
+      expectClose(load('grads-nosync', rank), reference.grads[0]!, 1e-5);
+      expectBf16Close(load('grads-bf16', rank), reference.grads[0]!, own);
+      expect(report(rank).bf16Bytes).toBe(smallResNet(1).arena().size * 2);
+    }
+  });
+
+  it('the GradScaler skips the same step on both ranks when only rank 1 overflows', () => {
+    for (const rank of [0, 1]) {
+      expect(report(rank).scaler).toEqual([
+        { skipped: true, scale: 512, steps: 0 },
+        { skipped: false, scale: 512, steps: 1 },
+      ]);
+    }
+    const [w0, w1] = [load('weights-scaler', 0), load('weights-scaler', 1)];
+    expect(w0.every((a, t) => same(a, w1[t]!))).toBe(true);
+  });
+
+  it("a training-mode forward starts from rank 0's running statistics", () => {
+    const flat = (name: string, rank: number): Float32Array => {
+      const bytes = readFileSync(join(dir, `${name}-rank${rank}.f32`));
+      return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+    };
+    expect(same(flat('buffers-diverged', 0), flat('buffers-diverged', 1))).toBe(false);
+    expect(same(flat('buffers-synced', 0), flat('buffers-synced', 1))).toBe(true);
+  });
+
+  it("the first bucket's all-reduce starts before backward ends", () => {
+    for (const rank of [0, 1]) {
+      const r = report(rank);
+      const timing = r.timing as {
+        backwardStartMs: number;
+        backwardEndMs: number;
+        records: { startMs: number; endMs: number }[];
+      };
+      expect(timing.records.length).toBe(r.buckets);
+      expect(timing.records[0]!.startMs).toBeGreaterThan(timing.backwardStartMs);
+      expect(timing.records[0]!.startMs).toBeLessThan(timing.backwardEndMs);
+    }
+  });
+});
+
+describe('DistributedDataParallel on a one-rank Gloo group', () => {
+  it("reduces on the group's thread while backward runs; f32 unchanged, bf16 rounded once", () => {
+    const group = initProcessGroup({
+      backend: 'gloo',
+      rank: 0,
+      worldSize: 1,
+      localRank: 0,
+      localWorldSize: 1,
+      masterAddr: '127.0.0.1',
+      masterPort: 0,
+      token: '',
+      timeoutSeconds: 30,
+    });
+    try {
+      const reference = referenceSteps(1, 2);
+      for (const gradientCompression of ['none', 'bf16'] as const) {
+        const model = smallResNet(1).eval();
+        const ddp = new DistributedDataParallel(model, group, { bucketCapMb: 0.1, gradientCompression });
+        group.synchronize();
+        group.takeCollectiveRecords();
+        const loss = new CrossEntropyLoss();
+        const x = images(0, 2);
+        loss.forward(ddp.forward(x), labels(0, 2));
+        const backwardStartMs = Number(process.hrtime.bigint()) / 1e6;
+        ddp.backward(loss.backward());
+        const backwardEndMs = Number(process.hrtime.bigint()) / 1e6;
+        ddp.finishGradientSync();
+        group.synchronize();
+        const records = group.takeCollectiveRecords().filter((r) => r.op === 'allReduce');
+        expect(records.length).toBe(ddp.buckets.length);
+        expect(records[0]!.enqueuedMs).toBeGreaterThan(backwardStartMs);
+        expect(records[0]!.startMs).toBeLessThan(backwardEndMs);
+        const bytesPer = gradientCompression === 'bf16' ? 2 : 4;
+        expect(records.map((r) => r.bytes)).toEqual(ddp.buckets.map((b) => b.length * bytesPer));
+        const g = grads(model);
+        if (gradientCompression === 'none') expectClose(g, reference.grads[0]!, 0);
+        else expectBf16Close(g, reference.grads[0]!, [reference.grads[0]!, reference.grads[0]!]);
+        ddp.dispose();
+        model.dispose();
+      }
+    } finally {
+      group.destroy();
+    }
   });
 });

@@ -11,6 +11,7 @@
  *   the CPU backend;
  * - a learning rate changed at every step without a host wait reaches the device in order;
  * - an NCCL communicator with one rank all-reduces and broadcasts in place;
+ * - DistributedDataParallel on that group: no host synchronisation, f32 exact, bf16 within rounding;
  * - with two devices, a model moved to cuda:1 trains as its twin on cuda:0;
  * - an impossible allocation fails with ERR_RC_OUT_OF_MEMORY naming the sizes;
  * - the Trainer trains a small-stem ResNet-18 on the generated shapes in bf16 and in fp16 with loss
@@ -55,6 +56,7 @@ import {
 } from '../../lib/index.js';
 import { diagnose } from '../../lib/cli/doctor.js';
 import { inferencePlanCheck } from './inference.js';
+import { ddpNcclCheck } from './ddp.js';
 import { COLLECTIVE_CASES } from '../helpers/collectives.js';
 
 /** Where and how big a check runs, and where it reports details. */
@@ -531,4 +533,5 @@ export const gpuChecks: GpuCheck[] = [
     },
   },
   inferencePlanCheck,
+  ddpNcclCheck,
 ];
