@@ -201,9 +201,13 @@ export interface BackendStatus {
 export interface RawCommunicator {
   readonly rank: number;
   readonly size: number;
-  allReduce(args: { tensor: RawTensor; average?: boolean }): void;
+  allReduce(args: { tensor: RawTensor; op?: 'sum' | 'avg' | 'max' }): void;
   broadcast(args: { tensor: RawTensor; root?: number }): void;
+  allGather(args: { input: RawTensor; output: RawTensor }): void;
+  barrier(): void;
+  waitOnDevice(): void;
   synchronize(args: { timeoutSeconds?: number }): void;
+  takeRecords(): { op: string; bytes: number; enqueuedMs: number; startMs: number; endMs: number }[];
   dispose(): void;
 }
 
@@ -256,10 +260,17 @@ export interface RawAddon {
   InferencePlan: new (options: RawInferenceOptions) => RawInferencePlan;
   Communicator: new (options: {
     device: string;
-    uniqueId: string;
+    backend: 'nccl' | 'gloo';
     rank: number;
     worldSize: number;
     timeoutSeconds?: number;
+    /** nccl: the hex id of createUniqueId on rank 0. */
+    uniqueId?: string;
+    /** gloo with more than one rank: the store served by rank 0, and the group's key prefix. */
+    storeHost?: string;
+    storePort?: number;
+    storeToken?: string;
+    storePrefix?: string;
   }) => RawCommunicator;
   beginCapture(args: { device: string }): void;
   endCapture(args: { device: string }): number;
@@ -487,6 +498,8 @@ function explainLoadFailure(error: unknown, root: string): ResnetError {
   const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message);
   if (missing?.[1]?.startsWith('libdnnl')) {
     hints.push(`The CPU backend needs oneDNN 2.6 (${missing[1]}): on Debian/Ubuntu, \`apt-get install libdnnl2\`.`);
+  } else if (missing?.[1]?.startsWith('libgloo')) {
+    hints.push(`The CPU process groups need Gloo (${missing[1]}): on Debian bookworm, \`apt-get install libgloo0\`.`);
   } else if (missing?.[1]?.startsWith('libjpeg')) {
     hints.push(`The JPEG decoder needs libjpeg-turbo (${missing[1]}): on Debian, \`apt-get install libjpeg62-turbo\`.`);
   } else if (missing?.[1]?.startsWith('libgomp')) {
@@ -497,7 +510,7 @@ function explainLoadFailure(error: unknown, root: string): ResnetError {
   if (message.includes('No native build was found')) {
     hints.push(
       `No prebuilt binary matches ${process.platform}-${process.arch} (Node ${process.versions.node}) and no local build exists in ${join(root, 'build/Release')}.`,
-      'Build from source with `npm run build:native` (needs CMake, a C++17 compiler and `libdnnl-dev`; `scripts/setup` installs them).',
+      'Build from source with `npm run build:native` (needs CMake, a C++17 compiler, `libdnnl-dev` and `libgloo-dev`; `scripts/setup` installs them).',
     );
   }
   const err = new ResnetError(

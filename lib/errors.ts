@@ -33,6 +33,11 @@ export const ERROR_CODES = [
   'ERR_RC_CORRUPT_FILE',
   /** A broken invariant of the native code or of the TypeScript layer (a bug). */
   'ERR_RC_INTERNAL',
+  /**
+   * Data-parallel rendezvous: the store or a peer process is unreachable, refused this process,
+   * went away, or did not answer within the timeout; the message names the address, key or rank.
+   */
+  'ERR_RC_DISTRIBUTED',
   /** A state dict that does not match the module. */
   'ERR_RC_STATE_DICT',
   /** A checkpoint that cannot be written or read. */

@@ -108,7 +108,7 @@ export {
 } from './optim/grad-scaler.js';
 export { clipGradNorm, gradNorm, type GradTarget } from './optim/clip.js';
 export { SHAPE_CLASSES, generateShapes, type GenerateShapesOptions, type GeneratedImages } from './data/generated.js';
-export { Communicator, CudaGraph, createUniqueId, type CommunicatorOptions } from './cuda.js';
+export { CudaGraph } from './cuda.js';
 export { DataLoader, DataLoaderError, type Batch, type DataLoaderOptions } from './data/loader.js';
 export {
   DistributedSampler,
@@ -359,6 +359,31 @@ export {
   type WeightsFormat,
 } from './nn/pretrained.js';
 export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';
+// Data-parallel jobs: where this process sits (torchrun, SLURM or Open MPI variables) and the
+// launcher behind `resnet-cuda launch`.
+export { rendezvousFromEnv } from './distributed/env.js';
+export {
+  launchRanks,
+  type LaunchOptions,
+  type LaunchResult,
+  type LaunchStream,
+  type RankBinding,
+  type RankExit,
+} from './distributed/launcher.js';
+// Process groups (torch.distributed): NCCL between GPUs, Gloo on the CPU, rendezvous through rank 0's store.
+export {
+  DEFAULT_PROCESS_GROUP_TIMEOUT_SECONDS,
+  DistributedProcessGroup,
+  initProcessGroup,
+  type ProcessGroupOptions,
+} from './distributed/process-group.js';
+export type {
+  CollectiveRecord,
+  ProcessGroup,
+  ProcessGroupBackend,
+  ReduceOp,
+  RendezvousInfo,
+} from './distributed/types.js';
 // SyncBatchNorm: batch statistics shared by the processes of a group (torch.nn.SyncBatchNorm).
 export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from './distributed/sync-batchnorm.js';
 export type { BatchNormSync } from './nn/layers.js';

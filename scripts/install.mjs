@@ -244,8 +244,8 @@ function build(cmakeJs) {
       fail(
         [
           `the native ${args[1]} step failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
-          'It needs CMake >= 3.18, a C++17 compiler, OpenMP and oneDNN 2.6 with its CMake files;',
-          'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 ocl-icd-opencl-dev',
+          'It needs CMake >= 3.18, a C++17 compiler, OpenMP, oneDNN 2.6 and Gloo with their CMake files;',
+          'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 libgloo-dev ocl-icd-opencl-dev',
           '(scripts/setup in the source repository installs all of it).',
           ...(cuda.enabled
             ? [
@@ -297,7 +297,7 @@ if (found.found) {
     found.error,
     ...(lib
       ? [
-          `A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgomp1 ocl-icd-libopencl1 libjpeg62-turbo`,
+          `A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgloo0 libgomp1 ocl-icd-libopencl1 libjpeg62-turbo`,
         ]
       : []),
   ]);

@@ -13,6 +13,7 @@ import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { benchCommand } from '../lib/cli/bench.js';
 import { doctorCommand, type DoctorReport } from '../lib/cli/doctor.js';
+import { launchCommand } from '../lib/cli/launch.js';
 import { embedCommand } from '../lib/cli/embed.js';
 import { evalCommand } from '../lib/cli/eval.js';
 import { lrFindCommand } from '../lib/cli/lr-find.js';
@@ -39,6 +40,7 @@ const COMMANDS: Record<string, Command> = {
   'lr-find': lrFindCommand,
   embed: embedCommand,
   bench: benchCommand,
+  launch: launchCommand,
   doctor: doctorCommand,
 };
 

@@ -15,7 +15,7 @@ import {
   CudaGraph,
   SGD,
   Sequential,
-  createUniqueId,
+  initProcessGroup,
   Tensor,
   listBackends,
   memoryStats,
@@ -121,7 +121,9 @@ describe('bad input gets a clear error', () => {
         // Never runs: the device is refused before the capture starts.
       }),
     ).toThrow(/graph capture needs a CUDA device/);
-    expect(() => createUniqueId('cpu')).toThrow(/NCCL collectives needs a CUDA device/);
+    expect(() => initProcessGroup({ backend: 'nccl', device: 'cpu', worldSize: 1, rank: 0 })).toThrow(
+      /a CUDA device \('cuda:N'\) for the NCCL backend/,
+    );
   });
 
   it('rejects an optimizer over parameters of two different models', () => {

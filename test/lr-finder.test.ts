@@ -246,17 +246,18 @@ describe('Trainer.findLr', () => {
   it('averages the loss over the ranks in data-parallel training, so that every rank stops at the same step', async () => {
     // Two ranks with identical data (gradients averaged unchanged); the other rank's loss is twice this one's.
     const reduced: number[] = [];
-    const communicator = {
+    const processGroup = {
       rank: 0,
       worldSize: 2,
-      allReduce(tensor: Tensor, options: { average?: boolean } = {}) {
+      allReduce(tensor: Tensor, options: { op?: string } = {}) {
         if (tensor.numel !== 1) return;
         reduced.push(tensor.item());
-        if (options.average) tensor.copyFromHost(tensor.toFloat32Array().map((v) => (v + 2 * v) / 2));
+        if (options.op === 'avg') tensor.copyFromHost(tensor.toFloat32Array().map((v) => (v + 2 * v) / 2));
       },
+      wait() {},
     };
     const single = await make().findLr(loader(), { startLr: 1e-3, endLr: 1e-1, numIter: 5 });
-    const ranked = await make({ distributed: { communicator: communicator as never } }).findLr(loader(), {
+    const ranked = await make({ distributed: { processGroup: processGroup as never } }).findLr(loader(), {
       startLr: 1e-3,
       endLr: 1e-1,
       numIter: 5,

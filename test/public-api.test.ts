@@ -60,6 +60,8 @@ describe('the package entry point', () => {
       'loadTorchCheckpoint',
       'readTorchCheckpoint',
       'backboneGroups',
+      'rendezvousFromEnv',
+      'launchRanks',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

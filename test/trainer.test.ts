@@ -425,20 +425,21 @@ describe('Trainer', () => {
     expect((await trainer.predict(images, { topk: 10 })).topk).toBe(4);
   });
 
-  it('averages gradients over ranks and sums evaluation counts through the communicator', async () => {
+  it('averages gradients over ranks and sums evaluation counts through the process group', async () => {
     // Two ranks with identical data: the average of the gradients is each rank's gradient, and
     // every evaluation count doubles.
     const calls: string[] = [];
-    const communicator = {
+    const processGroup = {
       rank: 0,
       worldSize: 2,
-      allReduce(tensor: Tensor, options: { average?: boolean } = {}) {
-        calls.push(options.average ? `average ${tensor.numel}` : `sum ${tensor.numel}`);
-        if (!options.average) tensor.copyFromHost(tensor.toFloat32Array().map((v) => 2 * v));
+      allReduce(tensor: Tensor, options: { op?: string } = {}) {
+        calls.push(options.op === 'avg' ? `average ${tensor.numel}` : `sum ${tensor.numel}`);
+        if (options.op !== 'avg') tensor.copyFromHost(tensor.toFloat32Array().map((v) => 2 * v));
       },
+      wait() {},
     };
     const single = make(12);
-    const ranked = make(12, { distributed: { communicator: communicator as never } });
+    const ranked = make(12, { distributed: { processGroup: processGroup as never } });
     const a = await single.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
     const b = await ranked.fit(loader(32), { epochs: 1, val: loader(24, { dataSeed: 5 }) });
     const arena = ranked.model.arena().size;

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
  * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `lr-find`, `embed`, `bench`, `summary`, `prune`,
- * `export` and `doctor`, like torchvision's `references/classification/train.py` split into subcommands.
+ * `export`, `launch` and `doctor`, like torchvision's `references/classification/train.py` split into subcommands.
  *
  * Exit codes: 0 on success, 2 for a usage error (reported before any work starts), 1 for a
  * failure while working. Errors are one line, `resnet-cuda <command>: <message>`, and a hint;
@@ -60,6 +60,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
     summary: 'Export trained weights for deployment: ONNX (batch norm folded) for ONNX Runtime and TensorRT.',
     load: async () => (await import('./export.js')).exportCommand,
   },
+  launch: {
+    summary: 'Start a data-parallel job: one process per GPU or CPU share, supervised (as torchrun does).',
+    load: async () => (await import('./launch.js')).launchCommand,
+  },
   doctor: {
     summary: 'Check the installation: the addon, each backend, sharp; says what to fix.',
     load: async () => (await import('./doctor.js')).doctorCommand,
@@ -89,6 +93,7 @@ function topLevelHelp(): string {
     '  resnet-cuda summary --model resnet50\n' +
     '  resnet-cuda prune --checkpoint runs/x --structured --amount 0.3 --output-dir runs/x-slim\n' +
     '  resnet-cuda export --checkpoint runs/x --output runs/x/model.onnx\n' +
+    '  resnet-cuda launch --nproc-per-node gpu -- resnet-cuda train data/imagenet --device cuda\n' +
     '  resnet-cuda doctor\n'
   );
 }

@@ -163,6 +163,8 @@ export interface ParsedCommand {
   positionals: string[];
   /** The config file, resolved, when one was read. */
   configFile: string | undefined;
+  /** The words after a `--` terminator, exactly as given (not resolved as paths); empty without one. */
+  afterDoubleDash: string[];
   /** `--verbose`. */
   verbose: boolean;
 }
@@ -552,7 +554,8 @@ export function parseCommand(spec: CommandSpec, argv: readonly string[], cwd: st
   const required = spec.positionals.filter((p) => p.required);
   if (positionals.length < required.length) throw new UsageError(`missing ${required[positionals.length]!.name}`);
 
-  return { values, explicit, positionals, configFile, verbose: values.verbose === true };
+  const afterDoubleDash = end === -1 ? [] : argv.slice(end + 1);
+  return { values, explicit, positionals, configFile, afterDoubleDash, verbose: values.verbose === true };
 }
 
 /** Wraps `text` to `width` columns, indenting continuation lines by `indent` spaces. */

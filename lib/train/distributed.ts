@@ -3,19 +3,21 @@
  * step, evaluation counts summed so that every rank reports the whole validation set.
  * @packageDocumentation
  */
-import type { Communicator } from '../cuda.js';
+import type { ProcessGroup } from '../distributed/types.js';
 import type { Optimizer } from '../optim/optimizer.js';
 import { Tensor } from '../tensor.js';
 import { ConfusionMatrix } from './metrics.js';
 
-/** Whether `communicator` joins more than one process. */
-export function isDistributed(communicator: Communicator | null): communicator is Communicator {
-  return communicator !== null && communicator.worldSize > 1;
+/** Whether `group` joins more than one process. */
+export function isDistributed(group: ProcessGroup | null): group is ProcessGroup {
+  return group !== null && group.worldSize > 1;
 }
 
-/** Averages the optimizer's gradient arena over the ranks. */
-export function averageGradients(communicator: Communicator | null, optimizer: Optimizer<{ lr: number }>): void {
-  if (isDistributed(communicator)) communicator.allReduce(optimizer.arena().grads, { average: true });
+/** Averages the optimizer's gradient arena over the ranks; later device work waits for it. */
+export function averageGradients(group: ProcessGroup | null, optimizer: Optimizer<{ lr: number }>): void {
+  if (!isDistributed(group)) return;
+  group.allReduce(optimizer.arena().grads, { op: 'avg' });
+  group.wait();
 }
 
 /** An evaluation's counts on one rank, or over all of them. */
@@ -27,13 +29,14 @@ export interface EvalCounts {
 }
 
 /** Sums every rank's counts (the confusion matrix, the loss total, the top-k hits and the count) in one all-reduce. */
-export function sumEvalCounts(communicator: Communicator | null, counts: EvalCounts, device: string): EvalCounts {
-  if (!isDistributed(communicator)) return counts;
+export function sumEvalCounts(group: ProcessGroup | null, counts: EvalCounts, device: string): EvalCounts {
+  if (!isDistributed(group)) return counts;
   const cells = counts.confusion.toArray().flat();
   const packed = Tensor.from([...cells, counts.lossTotal, counts.topHits, counts.count], [cells.length + 3], {
     device,
   });
-  communicator.allReduce(packed);
+  group.allReduce(packed);
+  group.wait();
   const all = packed.toFloat32Array();
   packed.dispose();
   const n = counts.confusion.toArray().length;

@@ -3,7 +3,7 @@
  * and resolved with their defaults.
  * @packageDocumentation
  */
-import type { Communicator } from '../cuda.js';
+import type { ProcessGroup } from '../distributed/types.js';
 import type { DataLoader } from '../data/loader.js';
 import { ResnetError, expectBool, expectInt, expectNumber, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { Module } from '../nn/module.js';
@@ -115,8 +115,8 @@ export interface TrainerOptions {
   mlflow?: boolean | MlflowRunOptions;
   /** Class names for reports; default the dataset's. */
   classNames?: readonly string[];
-  /** Data-parallel training: gradients are averaged over the communicator's ranks; rank 0 writes the outputs. */
-  distributed?: { communicator: Communicator };
+  /** Data-parallel training: gradients are averaged over the process group's ranks; rank 0 writes the outputs. */
+  distributed?: { processGroup: ProcessGroup };
   /** Your own JSON-serialisable description of the run (model, data, flags), kept in checkpoints. */
   config?: Record<string, unknown>;
 }
@@ -187,7 +187,7 @@ export interface TrainerSettings {
   plots: boolean;
   mlflow: MlflowRunOptions | null;
   classNames: readonly string[] | null;
-  communicator: Communicator | null;
+  processGroup: ProcessGroup | null;
   config: Record<string, unknown>;
 }
 
@@ -326,7 +326,7 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     plots: expectBool('plots', o.plots ?? true),
     mlflow: parseMlflow(o.mlflow, outDir),
     classNames,
-    communicator: parseCommunicator(o.distributed),
+    processGroup: parseProcessGroup(o.distributed),
     config: parseConfig(o.config),
   };
 }
@@ -409,14 +409,14 @@ function parseProgress(progress: TrainerOptions['progress']): ProgressStream | n
   return invalid('progress', 'a boolean or a writable stream', progress);
 }
 
-function parseCommunicator(distributed: TrainerOptions['distributed']): Communicator | null {
+function parseProcessGroup(distributed: TrainerOptions['distributed']): ProcessGroup | null {
   if (distributed === undefined) return null;
-  const d = expectOptions<{ communicator: Communicator }>('distributed', distributed, ['communicator']);
-  const c = d.communicator;
-  if (!c || typeof c.allReduce !== 'function' || typeof c.rank !== 'number') {
-    invalid('distributed.communicator', 'a Communicator', c);
+  const d = expectOptions<{ processGroup: ProcessGroup }>('distributed', distributed, ['processGroup']);
+  const g = d.processGroup;
+  if (!g || typeof g.allReduce !== 'function' || typeof g.wait !== 'function' || typeof g.rank !== 'number') {
+    invalid('distributed.processGroup', 'a ProcessGroup (initProcessGroup)', g);
   }
-  return c;
+  return g;
 }
 
 function parseConfig(config: unknown): Record<string, unknown> {
@@ -472,7 +472,7 @@ export function parseFitOptions(
         `fit: ${where} is '${monitor}' but no validation data (val) was given`,
       );
     }
-    if (monitor.startsWith('train') && s.communicator && s.communicator.worldSize > 1) {
+    if (monitor.startsWith('train') && s.processGroup && s.processGroup.worldSize > 1) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         `fit: ${where} is '${monitor}', which differs between ranks in data-parallel training; monitor a val/ metric (evaluation combines all ranks)`,

@@ -216,7 +216,7 @@ export class Trainer {
 
   /** Whether this process writes outputs (rank 0, or not distributed). */
   get isMain(): boolean {
-    return (this.#s.communicator?.rank ?? 0) === 0;
+    return (this.#s.processGroup?.rank ?? 0) === 0;
   }
 
   /**
@@ -696,7 +696,7 @@ export class Trainer {
       return { logits, loss: this.#evalLoss.forward(logits, batch.labels).item() };
     };
     const counts = await evaluateBatches(batches, forward, bar, signal);
-    return evalResult(sumEvalCounts(this.#s.communicator, counts, this.device), classNames);
+    return evalResult(sumEvalCounts(this.#s.processGroup, counts, this.device), classNames);
   }
 
   /**
@@ -818,8 +818,11 @@ export class Trainer {
     try {
       for (let i = 0; i < this.accumulate; i++) this.#forwardBackward(await next(), this.accumulate, null);
       this.#update();
-      const communicator = this.#s.communicator;
-      if (isDistributed(communicator)) communicator.allReduce(stepLoss, { average: true });
+      const group = this.#s.processGroup;
+      if (isDistributed(group)) {
+        group.allReduce(stepLoss, { op: 'avg' });
+        group.wait();
+      }
     } catch (error) {
       this.scaler.abandonStep();
       this.optimizer.zeroGrad();
@@ -904,7 +907,7 @@ export class Trainer {
 
   /** The update of a step: gradients averaged over ranks, unscaled and clipped; the optimizer steps, the scaler updates, gradients are zeroed. */
   #update(): void {
-    averageGradients(this.#s.communicator, this.optimizer);
+    averageGradients(this.#s.processGroup, this.optimizer);
     if (this.#s.clip !== null) {
       this.scaler.unscale(this.optimizer);
       clipGradNorm(this.model, this.#s.clip);
@@ -928,7 +931,7 @@ export class Trainer {
         ...(s.clip !== null ? { clip_grad_norm: s.clip } : {}),
         ...(s.ema ? { ema: s.ema } : {}),
         ...(s.schedule ? { schedule: s.schedule.constructor.name } : {}),
-        ...(s.communicator ? { world_size: s.communicator.worldSize } : {}),
+        ...(s.processGroup ? { world_size: s.processGroup.worldSize } : {}),
       },
       config: s.config,
     });

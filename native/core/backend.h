@@ -17,6 +17,7 @@
 
 #include "allocator.h"
 #include "inference_plan.h"
+#include "tcp_store.h"
 #include "tensor.h"
 
 namespace rc {
@@ -328,17 +329,56 @@ struct ConvertInputArgs {
 // A collective-communication group over devices of one kind (NCCL on CUDA). Collectives are
 // enqueued on the backend's stream in program order; errors and timeouts surface from
 // `synchronize`, which aborts the group so that no rank is left waiting for a dead peer.
+// How Communicator::allReduce combines the ranks' values. Avg is the sum divided by the number of
+// ranks (truncated toward zero for integer types).
+enum class ReduceOp { Sum, Avg, Max };
+
+// What a communicator joins: NCCL ranks meet through the unique id that rank 0 created and published
+// (Backend::createUniqueId); Gloo ranks exchange their addresses through the job's TCP store, under
+// `storePrefix` so that several groups can share one store.
+struct CommunicatorParams {
+  std::string backend;      // "nccl" or "gloo"
+  std::string uniqueId;     // nccl: the hex id from createUniqueId
+  TcpStoreAddress store;    // gloo: the store served by rank 0
+  std::string storePrefix;  // gloo: the group's key namespace in the store
+  int rank = 0, worldSize = 1;
+  double timeoutSeconds = 1800;  // joining, every collective and every wait
+};
+
+// One collective as a communicator's own thread ran it, on CLOCK_MONOTONIC in milliseconds (the
+// clock of Node's process.hrtime).
+struct CollectiveRecord {
+  std::string op;  // allReduce, broadcast, allGather, barrier
+  uint64_t bytes = 0;
+  double enqueuedMs = 0, startMs = 0, endMs = 0;
+};
+
+// A group of ranks running collectives. Collectives are enqueued after the device work enqueued
+// before them and run asynchronously (NCCL on a stream of its own, Gloo on a thread of its own):
+// the caller must not touch a tensor given to one until waitOnDevice (device work) or synchronize
+// (the host). Errors of an asynchronous collective are thrown by the next call; after an error the
+// communicator is broken and every later call throws.
 class Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // In-place sum (or mean) of `t` over all ranks.
-  virtual void allReduce(const Tensor& t, bool average) = 0;
+  // In-place reduction of `t` over all ranks.
+  virtual void allReduce(const Tensor& t, ReduceOp op) = 0;
   // In-place copy of rank `root`'s `t` to every rank.
   virtual void broadcast(const Tensor& t, int root) = 0;
-  // Waits for the queued collectives; throws (and aborts the group) on error or after `timeoutSeconds`.
+  // Every rank's `in` into `out` (size() times as many elements, same dtype), rank after rank.
+  virtual void allGather(const Tensor& in, const Tensor& out) = 0;
+  // Returns when every rank has reached it (and this rank's earlier collectives are done).
+  virtual void barrier() = 0;
+  // Makes device work enqueued from now on wait for the collectives enqueued so far; on the CPU,
+  // whose ops run on the host, a host wait with the communicator's timeout.
+  virtual void waitOnDevice() = 0;
+  // Waits for the queued collectives; throws (and breaks the group) on error or after `timeoutSeconds`.
   virtual void synchronize(double timeoutSeconds) = 0;
+  // The collectives finished since the last call (the latest 1024 at most), oldest first; empty
+  // where collectives run on a device (NCCL).
+  virtual std::vector<CollectiveRecord> takeRecords() { return {}; }
 };
 
 // A profiler's mark on the device's timeline (see Backend::profileMark).
@@ -420,10 +460,10 @@ class Backend {
   virtual void replay(int64_t graph) = 0;
   virtual void destroyGraph(int64_t graph) = 0;
 
-  // Collectives: rank 0 creates the unique id and publishes it; every rank then joins.
+  // Collectives: NCCL's rank 0 creates the unique id and publishes it; every rank then joins.
+  // Backends that cannot run params.backend throw code::kBackendUnavailable.
   virtual std::string createUniqueId() = 0;
-  virtual std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
-                                                           double timeoutSeconds) = 0;
+  virtual std::unique_ptr<Communicator> createCommunicator(const CommunicatorParams& params) = 0;
 
   // Per-op timing for the profiler, on the device's own clock and without host synchronisation:
   // profileMark records a mark (a CUDA event) on the stream after the work enqueued so far, and

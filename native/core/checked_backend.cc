@@ -821,9 +821,18 @@ class CheckedBackend final : public Backend {
   void destroyGraph(int64_t graph) override { b_->destroyGraph(graph); }
 
   std::string createUniqueId() override { return b_->createUniqueId(); }
-  std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
-                                                   double timeoutSeconds) override {
-    return b_->createCommunicator(uniqueId, rank, worldSize, timeoutSeconds);
+  std::unique_ptr<Communicator> createCommunicator(const CommunicatorParams& p) override {
+    RC_CHECK_ARG(p.backend == "nccl" || p.backend == "gloo",
+                 "createCommunicator: backend must be 'nccl' or 'gloo', got '" << p.backend << "'");
+    RC_CHECK_ARG(p.worldSize >= 1 && p.rank >= 0 && p.rank < p.worldSize,
+                 "createCommunicator: rank " << p.rank << " is outside a world of " << p.worldSize);
+    RC_CHECK_ARG(p.timeoutSeconds > 0, "createCommunicator: timeoutSeconds must be positive, got " << p.timeoutSeconds);
+    if (p.backend == "gloo" && p.worldSize > 1) {
+      RC_CHECK_ARG(!p.store.host.empty() && p.store.port > 0 && p.store.port < 65536,
+                   "createCommunicator: Gloo needs the store's host and port, got '" << p.store.host << ":"
+                                                                                     << p.store.port << "'");
+    }
+    return b_->createCommunicator(p);
   }
 
   int64_t profileMark(const ProfileMarkArgs& args) override { return b_->profileMark(args); }

@@ -21,6 +21,8 @@ constexpr const char* kCublas = "ERR_RC_CUBLAS";
 constexpr const char* kNccl = "ERR_RC_NCCL";
 constexpr const char* kCorruptFile = "ERR_RC_CORRUPT_FILE";
 constexpr const char* kInternal = "ERR_RC_INTERNAL";
+// The rendezvous store or a peer process: unreachable, refused, gone, or too late.
+constexpr const char* kDistributed = "ERR_RC_DISTRIBUTED";
 }  // namespace code
 
 class Error : public std::runtime_error {

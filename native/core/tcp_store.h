@@ -20,8 +20,8 @@ struct TcpStoreAddress {
 
 class TcpStoreServer {
  public:
-  // Binds and starts serving on its own thread; throws (code::kInvalidArgument / kSystem) when the
-  // address cannot be bound, naming it.
+  // Binds and starts serving on its own thread; throws naming the address when it cannot be bound
+  // (code::kInvalidArgument: not an address of this machine; code::kDistributed: the port is taken).
   explicit TcpStoreServer(const TcpStoreAddress& address);
   ~TcpStoreServer();  // stops the thread and closes every connection
   TcpStoreServer(const TcpStoreServer&) = delete;

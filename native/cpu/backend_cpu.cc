@@ -6,6 +6,7 @@
 
 #include "backend_cpu.h"
 #include "cpu_ops.h"
+#include "gloo_communicator.h"
 
 namespace rc::cpu {
 
@@ -91,8 +92,12 @@ class CpuBackend final : public Backend {
   void replay(int64_t) override { unsupported("graph replay"); }
   void destroyGraph(int64_t) override { unsupported("graph replay"); }
   std::string createUniqueId() override { unsupported("NCCL collectives"); }
-  std::unique_ptr<Communicator> createCommunicator(const std::string&, int, int, double) override {
-    unsupported("NCCL collectives");
+  std::unique_ptr<Communicator> createCommunicator(const CommunicatorParams& params) override {
+    if (params.backend != "gloo") {
+      RC_THROW(code::kBackendUnavailable,
+               "the CPU backend runs Gloo process groups, not '" << params.backend << "' (NCCL needs a CUDA device)");
+    }
+    return createGlooCommunicator(params);
   }
   int64_t profileMark(const ProfileMarkArgs&) override { unsupported("device timing marks"); }
   std::vector<double> profileRead() override { unsupported("device timing marks"); }

@@ -20,9 +20,10 @@ namespace {
 // moved into the addon's core (a library of ABI 4 trusts its caller to have checked the arguments), 5 mul,
 // the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss, 6 the
 // inference plan and the quantization-aware training ops (fakeQuantize, fakeQuantizeBackward,
-// absMaxScale, observeMinMax), 7 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
+// absMaxScale, observeMinMax), 7 the generalised communicator (CommunicatorParams, reduce ops,
+// allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
 // syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise).
-constexpr int kBackendAbi = 7;
+constexpr int kBackendAbi = 8;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -346,9 +347,12 @@ class CudaBackend final : public Backend {
 
   std::string createUniqueId() override { return createNcclUniqueId(); }
 
-  std::unique_ptr<Communicator> createCommunicator(const std::string& uniqueId, int rank, int worldSize,
-                                                   double timeoutSeconds) override {
-    return createNcclCommunicator(ctx_, uniqueId, rank, worldSize, timeoutSeconds);
+  std::unique_ptr<Communicator> createCommunicator(const CommunicatorParams& params) override {
+    if (params.backend != "nccl") {
+      RC_THROW(code::kBackendUnavailable,
+               "the CUDA backend runs NCCL process groups, not '" << params.backend << "' (Gloo runs on the CPU)");
+    }
+    return createNcclCommunicator(ctx_, params);
   }
 
   int64_t profileMark(const ProfileMarkArgs& args) override {

@@ -10,7 +10,6 @@ std::unique_ptr<LinearPlan> createLinearPlan(CudaContext& ctx, const LinearParam
 std::unique_ptr<Pool2dPlan> createPool2dPlan(CudaContext& ctx, const Pool2dParams& params);
 std::unique_ptr<InferencePlan> buildInferencePlan(CudaContext& ctx, const InferencePlanParams& params);
 std::string createNcclUniqueId();
-std::unique_ptr<Communicator> createNcclCommunicator(CudaContext& ctx, const std::string& uniqueId, int rank,
-                                                     int worldSize, double timeoutSeconds);
+std::unique_ptr<Communicator> createNcclCommunicator(CudaContext& ctx, const CommunicatorParams& params);
 
 }  // namespace rc::cuda

@@ -1,5 +1,9 @@
-// The NCCL communicator: non-blocking initialisation and collectives on the backend's stream, so
-// that every wait can time out; a timeout or an asynchronous error aborts the communicator, which
+// The NCCL communicator: non-blocking initialisation and collectives on a CUDA stream of its own,
+// so that every wait can time out and collectives overlap the compute stream's work. Each
+// collective first waits (on the device) for an event recorded on the compute stream, so it sees
+// the work enqueued before it; waitOnDevice makes the compute stream wait for an event recorded on
+// the NCCL stream. Neither blocks the host, and both are events between streams, which a CUDA graph
+// captures as a fork and a join. A timeout or an asynchronous error aborts the communicator, which
 // makes the other ranks' collectives fail instead of hanging.
 #include <chrono>
 #include <cstdio>
@@ -43,10 +47,11 @@ std::string toHex(const char* bytes, size_t n) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(CudaContext& ctx, const std::string& uniqueId, int rank, int worldSize, double timeoutSeconds)
-      : ctx_(ctx), rank_(rank), size_(worldSize) {
-    RC_CHECK_ARG(worldSize >= 1 && rank >= 0 && rank < worldSize,
-                 "NCCL: rank " << rank << " is outside a world of " << worldSize);
+  NcclCommunicator(CudaContext& ctx, const CommunicatorParams& params)
+      : ctx_(ctx), rank_(params.rank), size_(params.worldSize), timeoutSeconds_(params.timeoutSeconds) {
+    const std::string& uniqueId = params.uniqueId;
+    RC_CHECK_ARG(size_ >= 1 && rank_ >= 0 && rank_ < size_,
+                 "NCCL: rank " << rank_ << " is outside a world of " << size_);
     RC_CHECK_ARG(uniqueId.size() == 2 * NCCL_UNIQUE_ID_BYTES,
                  "NCCL: the unique id must be " << 2 * NCCL_UNIQUE_ID_BYTES << " hex digits, got " << uniqueId.size());
     ncclUniqueId id;
@@ -56,30 +61,44 @@ class NcclCommunicator final : public Communicator {
       id.internal[i] = static_cast<char>(value);
     }
     DeviceGuard guard(ctx.device());
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    // The destructor does not run when the constructor throws: a failed start aborts what exists.
-    enqueued(ncclCommInitRankConfig(&comm_, worldSize, id, rank, &config), "joining the communicator");
-    waitReady(timeoutSeconds, "joining the communicator");
+    // The destructor does not run when the constructor throws: release what exists on the way out.
+    try {
+      RC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      RC_CUDA_CHECK(cudaEventCreateWithFlags(&computeReady_, cudaEventDisableTiming));
+      RC_CUDA_CHECK(cudaEventCreateWithFlags(&collectivesDone_, cudaEventDisableTiming));
+      RC_CUDA_CHECK(cudaMalloc(&barrierWord_, sizeof(int32_t)));
+      RC_CUDA_CHECK(cudaMemsetAsync(barrierWord_, 0, sizeof(int32_t), stream_));
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      enqueued(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "joining the communicator");
+      waitReady(timeoutSeconds_, "joining the communicator");
+    } catch (...) {
+      release();
+      throw;
+    }
   }
 
   ~NcclCommunicator() override {
-    if (comm_ == nullptr) return;
-    if (broken_) {
-      ncclCommAbort(comm_);
-    } else {
-      ncclCommDestroy(comm_);
+    if (comm_ != nullptr) {
+      if (broken_) {
+        ncclCommAbort(comm_);
+      } else {
+        ncclCommDestroy(comm_);
+      }
+      comm_ = nullptr;
     }
+    release();
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  void allReduce(const Tensor& t, bool average) override {
+  void allReduce(const Tensor& t, ReduceOp op) override {
     usable(t, "allReduce");
     DeviceGuard guard(ctx_.device());
-    enqueued(ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()),
-                           average ? ncclAvg : ncclSum, comm_, ctx_.stream()),
+    afterCompute();
+    const ncclRedOp_t nop = op == ReduceOp::Max ? ncclMax : op == ReduceOp::Avg ? ncclAvg : ncclSum;
+    enqueued(ncclAllReduce(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()), nop, comm_, stream_),
              "enqueueing an all-reduce");
     waitReady(kEnqueueTimeoutSeconds, "enqueueing an all-reduce");
   }
@@ -88,17 +107,50 @@ class NcclCommunicator final : public Communicator {
     usable(t, "broadcast");
     RC_CHECK_ARG(root >= 0 && root < size_, "NCCL broadcast: root " << root << " is outside a world of " << size_);
     DeviceGuard guard(ctx_.device());
-    enqueued(ncclBroadcast(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()), root, comm_,
-                           ctx_.stream()),
+    afterCompute();
+    enqueued(ncclBroadcast(t.data(), t.data(), static_cast<size_t>(t.numel()), toNccl(t.dtype()), root, comm_, stream_),
              "enqueueing a broadcast");
     waitReady(kEnqueueTimeoutSeconds, "enqueueing a broadcast");
   }
 
+  void allGather(const Tensor& in, const Tensor& out) override {
+    usable(in, "allGather");
+    usable(out, "allGather");
+    RC_CHECK_ARG(in.dtype() == out.dtype(),
+                 "NCCL allGather: the output is " << dtypeName(out.dtype()) << ", the input " << dtypeName(in.dtype()));
+    RC_CHECK_ARG(out.numel() == in.numel() * size_, "NCCL allGather: the output must have "
+                                                        << in.numel() * size_ << " elements (" << size_ << " ranks x "
+                                                        << in.numel() << "), got " << out.numel());
+    DeviceGuard guard(ctx_.device());
+    afterCompute();
+    enqueued(ncclAllGather(in.data(), out.data(), static_cast<size_t>(in.numel()), toNccl(in.dtype()), comm_, stream_),
+             "enqueueing an all-gather");
+    waitReady(kEnqueueTimeoutSeconds, "enqueueing an all-gather");
+  }
+
+  // An all-reduce of one word, then a host wait: every rank has enqueued it when this returns.
+  void barrier() override {
+    RC_CHECK_ARG(!broken_, "NCCL barrier: the communicator was aborted after an earlier error");
+    DeviceGuard guard(ctx_.device());
+    afterCompute();
+    enqueued(ncclAllReduce(barrierWord_, barrierWord_, 1, ncclInt32, ncclSum, comm_, stream_), "enqueueing a barrier");
+    waitReady(kEnqueueTimeoutSeconds, "enqueueing a barrier");
+    synchronize(timeoutSeconds_);
+  }
+
+  void waitOnDevice() override {
+    RC_CHECK_ARG(!broken_, "NCCL wait: the communicator was aborted after an earlier error");
+    DeviceGuard guard(ctx_.device());
+    RC_CUDA_CHECK(cudaEventRecord(collectivesDone_, stream_));
+    RC_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream(), collectivesDone_, 0));
+  }
+
   void synchronize(double timeoutSeconds) override {
     RC_CHECK_ARG(!broken_, "NCCL synchronize: the communicator was aborted after an earlier error");
+    DeviceGuard guard(ctx_.device());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
     for (;;) {
-      const cudaError_t done = cudaStreamQuery(ctx_.stream());
+      const cudaError_t done = cudaStreamQuery(stream_);
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) RC_CUDA_CHECK(done);
       checkAsyncError("waiting for collectives");
@@ -114,6 +166,22 @@ class NcclCommunicator final : public Communicator {
 
  private:
   static constexpr double kEnqueueTimeoutSeconds = 300.0;
+
+  // The next collective waits for the work enqueued so far on the compute stream.
+  void afterCompute() {
+    RC_CUDA_CHECK(cudaEventRecord(computeReady_, ctx_.stream()));
+    RC_CUDA_CHECK(cudaStreamWaitEvent(stream_, computeReady_, 0));
+  }
+
+  void release() {
+    if (barrierWord_ != nullptr) cudaFree(barrierWord_);
+    if (collectivesDone_ != nullptr) cudaEventDestroy(collectivesDone_);
+    if (computeReady_ != nullptr) cudaEventDestroy(computeReady_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);  // queued work still completes
+    barrierWord_ = nullptr;
+    collectivesDone_ = computeReady_ = nullptr;
+    stream_ = nullptr;
+  }
 
   // A call that fails at once leaves the other ranks waiting for this one: abort, so that they
   // see the error instead of a hang.
@@ -166,7 +234,11 @@ class NcclCommunicator final : public Communicator {
 
   CudaContext& ctx_;
   int rank_, size_;
+  double timeoutSeconds_;
   ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t computeReady_ = nullptr, collectivesDone_ = nullptr;
+  void* barrierWord_ = nullptr;
   bool broken_ = false;
 };
 
@@ -178,9 +250,8 @@ std::string createNcclUniqueId() {
   return toHex(id.internal, NCCL_UNIQUE_ID_BYTES);
 }
 
-std::unique_ptr<Communicator> createNcclCommunicator(CudaContext& ctx, const std::string& uniqueId, int rank,
-                                                     int worldSize, double timeoutSeconds) {
-  return std::make_unique<NcclCommunicator>(ctx, uniqueId, rank, worldSize, timeoutSeconds);
+std::unique_ptr<Communicator> createNcclCommunicator(CudaContext& ctx, const CommunicatorParams& params) {
+  return std::make_unique<NcclCommunicator>(ctx, params);
 }
 
 }  // namespace rc::cuda

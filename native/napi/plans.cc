@@ -213,30 +213,56 @@ Napi::Function CommunicatorWrap::Init(Napi::Env env) {
       env, "Communicator",
       {InstanceMethod<&CommunicatorWrap::AllReduce>("allReduce"),
        InstanceMethod<&CommunicatorWrap::Broadcast>("broadcast"),
-       InstanceMethod<&CommunicatorWrap::Synchronize>("synchronize"), InstanceAccessor<&CommunicatorWrap::Rank>("rank"),
+       InstanceMethod<&CommunicatorWrap::AllGather>("allGather"), InstanceMethod<&CommunicatorWrap::Barrier>("barrier"),
+       InstanceMethod<&CommunicatorWrap::WaitOnDevice>("waitOnDevice"),
+       InstanceMethod<&CommunicatorWrap::Synchronize>("synchronize"),
+       InstanceMethod<&CommunicatorWrap::TakeRecords>("takeRecords"), InstanceAccessor<&CommunicatorWrap::Rank>("rank"),
        InstanceAccessor<&CommunicatorWrap::Size>("size"), InstanceMethod<&CommunicatorWrap::Dispose>("dispose")});
 }
 
-// new Communicator({ device, uniqueId, rank, worldSize, timeoutSeconds })
+namespace {
+
+ReduceOp reduceOpArg(const Napi::Object& o) {
+  if (!o.Has("op") || o.Get("op").IsUndefined()) return ReduceOp::Sum;
+  const std::string op = getString(o, "op");
+  if (op == "sum") return ReduceOp::Sum;
+  if (op == "avg") return ReduceOp::Avg;
+  if (op == "max") return ReduceOp::Max;
+  RC_THROW(code::kInvalidArgument, "Communicator.allReduce: op must be 'sum', 'avg' or 'max', got '" << op << "'");
+}
+
+}  // namespace
+
+// new Communicator({ device, backend, rank, worldSize, timeoutSeconds, uniqueId? (nccl),
+//                    storeHost?, storePort?, storeToken?, storePrefix? (gloo) })
 CommunicatorWrap::CommunicatorWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<CommunicatorWrap>(info) {
   guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "Communicator");
+    CommunicatorParams p;
+    p.backend = getString(o, "backend");
     const int64_t rank = getInt(o, "rank");
     const int64_t worldSize = getInt(o, "worldSize");
     RC_CHECK_ARG(worldSize >= 1 && worldSize <= 65536 && rank >= 0 && rank < worldSize,
                  "Communicator: rank " << rank << " is outside a world of " << worldSize);
-    const double timeout = getNumber(o, "timeoutSeconds", 300.0);
-    RC_CHECK_ARG(timeout > 0, "Communicator: timeoutSeconds must be positive, got " << timeout);
-    comm_ =
-        backendFor(getDevice(o, "device"))
-            .createCommunicator(getString(o, "uniqueId"), static_cast<int>(rank), static_cast<int>(worldSize), timeout);
+    p.rank = static_cast<int>(rank);
+    p.worldSize = static_cast<int>(worldSize);
+    p.timeoutSeconds = getNumber(o, "timeoutSeconds", 1800.0);
+    RC_CHECK_ARG(p.timeoutSeconds > 0, "Communicator: timeoutSeconds must be positive, got " << p.timeoutSeconds);
+    if (p.backend == "nccl") p.uniqueId = getString(o, "uniqueId");
+    if (p.backend == "gloo" && p.worldSize > 1) {
+      p.store.host = getString(o, "storeHost");
+      p.store.port = static_cast<int>(getInt(o, "storePort"));
+      p.store.token = getString(o, "storeToken");
+    }
+    if (p.backend == "gloo") p.storePrefix = getString(o, "storePrefix");
+    comm_ = backendFor(getDevice(o, "device")).createCommunicator(p);
   });
 }
 
 Napi::Value CommunicatorWrap::AllReduce(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "Communicator.allReduce");
-    live(comm_, "Communicator").allReduce(getTensor(o, "tensor"), getBool(o, "average", false));
+    live(comm_, "Communicator").allReduce(getTensor(o, "tensor"), reduceOpArg(o));
     return info.Env().Undefined();
   });
 }
@@ -249,13 +275,54 @@ Napi::Value CommunicatorWrap::Broadcast(const Napi::CallbackInfo& info) {
   });
 }
 
+Napi::Value CommunicatorWrap::AllGather(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "Communicator.allGather");
+    live(comm_, "Communicator").allGather(getTensor(o, "input"), getTensor(o, "output"));
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value CommunicatorWrap::Barrier(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    live(comm_, "Communicator").barrier();
+    return info.Env().Undefined();
+  });
+}
+
+Napi::Value CommunicatorWrap::WaitOnDevice(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    live(comm_, "Communicator").waitOnDevice();
+    return info.Env().Undefined();
+  });
+}
+
 Napi::Value CommunicatorWrap::Synchronize(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "Communicator.synchronize");
-    const double timeout = getNumber(o, "timeoutSeconds", 300.0);
+    const double timeout = getNumber(o, "timeoutSeconds", 1800.0);
     RC_CHECK_ARG(timeout > 0, "Communicator.synchronize: timeoutSeconds must be positive, got " << timeout);
     live(comm_, "Communicator").synchronize(timeout);
     return info.Env().Undefined();
+  });
+}
+
+// [{ op, bytes, enqueuedMs, startMs, endMs }] of the collectives finished since the last call.
+Napi::Value CommunicatorWrap::TakeRecords(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    const std::vector<CollectiveRecord> records = live(comm_, "Communicator").takeRecords();
+    Napi::Env env = info.Env();
+    Napi::Array out = Napi::Array::New(env, records.size());
+    for (size_t i = 0; i < records.size(); ++i) {
+      Napi::Object r = Napi::Object::New(env);
+      r.Set("op", records[i].op);
+      r.Set("bytes", static_cast<double>(records[i].bytes));
+      r.Set("enqueuedMs", records[i].enqueuedMs);
+      r.Set("startMs", records[i].startMs);
+      r.Set("endMs", records[i].endMs);
+      out.Set(static_cast<uint32_t>(i), r);
+    }
+    return Napi::Value(out);
   });
 }
 

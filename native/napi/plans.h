@@ -48,7 +48,7 @@ class Pool2dPlanWrap : public Napi::ObjectWrap<Pool2dPlanWrap> {
   std::unique_ptr<Pool2dPlan> plan_;
 };
 
-// A collective-communication group (NCCL on CUDA devices).
+// A collective-communication group (NCCL on CUDA devices, Gloo on the CPU).
 class CommunicatorWrap : public Napi::ObjectWrap<CommunicatorWrap> {
  public:
   static Napi::Function Init(Napi::Env env);
@@ -57,7 +57,11 @@ class CommunicatorWrap : public Napi::ObjectWrap<CommunicatorWrap> {
  private:
   Napi::Value AllReduce(const Napi::CallbackInfo& info);
   Napi::Value Broadcast(const Napi::CallbackInfo& info);
+  Napi::Value AllGather(const Napi::CallbackInfo& info);
+  Napi::Value Barrier(const Napi::CallbackInfo& info);
+  Napi::Value WaitOnDevice(const Napi::CallbackInfo& info);
   Napi::Value Synchronize(const Napi::CallbackInfo& info);
+  Napi::Value TakeRecords(const Napi::CallbackInfo& info);
   Napi::Value Rank(const Napi::CallbackInfo& info);
   Napi::Value Size(const Napi::CallbackInfo& info);
   Napi::Value Dispose(const Napi::CallbackInfo& info);

@@ -39,7 +39,6 @@ import {
   ResNet18,
   ShapesDataset,
   Trainer,
-  Communicator,
   CrossEntropyLoss,
   CudaGraph,
   LAMB,
@@ -47,15 +46,16 @@ import {
   ResNet50,
   SGD,
   Tensor,
-  createUniqueId,
   deviceUtilization,
   gradNorm,
+  initProcessGroup,
   listBackends,
   parameterGroups,
   synchronize,
 } from '../../lib/index.js';
 import { diagnose } from '../../lib/cli/doctor.js';
 import { inferencePlanCheck } from './inference.js';
+import { COLLECTIVE_CASES } from '../helpers/collectives.js';
 
 /** Where and how big a check runs, and where it reports details. */
 export interface GpuCheckContext {
@@ -240,23 +240,30 @@ export const gpuChecks: GpuCheck[] = [
     },
   },
   {
-    name: 'an NCCL communicator of one rank all-reduces and broadcasts in place',
-    run: ({ device }) => {
-      const comm = new Communicator({
+    name: 'an NCCL process group of one rank passes the collectives table (test/helpers/collectives.ts)',
+    run: ({ device, log }) => {
+      const group = initProcessGroup({
+        backend: 'nccl',
         device,
-        uniqueId: createUniqueId(device),
         rank: 0,
         worldSize: 1,
+        localRank: 0,
+        localWorldSize: 1,
+        masterAddr: '127.0.0.1',
+        masterPort: 0,
+        token: '',
         timeoutSeconds: 60,
       });
-      const t = Tensor.from([1, 2, 3, 4], [4], { device });
-      comm.allReduce(t);
-      comm.allReduce(t, { average: true });
-      comm.broadcast(t, 0);
-      comm.synchronize();
-      const values = [...t.toFloat32Array()];
-      assert(values.join(',') === '1,2,3,4', `expected 1,2,3,4, got ${values.join(',')}`);
-      comm.dispose();
+      try {
+        for (const c of COLLECTIVE_CASES) {
+          c.run(group);
+          log(`ok: ${c.name}`);
+        }
+        const records = group.takeCollectiveRecords();
+        assert(records.length === 0, `NCCL keeps no host records, got ${records.length}`);
+      } finally {
+        group.destroy();
+      }
     },
   },
   {

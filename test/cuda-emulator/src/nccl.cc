@@ -289,3 +289,9 @@ extern "C" ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size
   }
   return collective("ncclBroadcast", sendbuff, recvbuff, count, datatype, comm, stream);
 }
+
+// With one rank the gathered output is the input: sendcount elements.
+extern "C" ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  return collective("ncclAllGather", sendbuff, recvbuff, sendcount, datatype, comm, stream);
+}
