@@ -85,8 +85,9 @@ function resolveRendezvous(options: ProcessGroupOptions): RendezvousInfo {
   const localWorldSize = expectInt('localWorldSize', o.localWorldSize ?? env?.localWorldSize, 1, worldSize);
   const localRank = expectInt('localRank', o.localRank ?? env?.localRank, 0, localWorldSize - 1);
   const masterAddr = o.masterAddr ?? env?.masterAddr;
-  if (typeof masterAddr !== 'string' || masterAddr.length === 0)
+  if (typeof masterAddr !== 'string' || masterAddr.length === 0) {
     invalid('masterAddr', 'a host name or address', masterAddr);
+  }
   const masterPort = expectInt('masterPort', o.masterPort ?? env?.masterPort, 0, 65535);
   const token = o.token ?? env?.token ?? '';
   if (typeof token !== 'string') invalid('token', 'a string', token);
@@ -205,12 +206,19 @@ interface GroupParts extends RendezvousInfo {
  * the store server.
  */
 export class DistributedProcessGroup implements ProcessGroup {
+  /** {@inheritDoc ProcessGroup.backend} */
   readonly backend: ProcessGroupBackend;
+  /** {@inheritDoc ProcessGroup.rank} */
   readonly rank: number;
+  /** {@inheritDoc ProcessGroup.worldSize} */
   readonly worldSize: number;
+  /** {@inheritDoc ProcessGroup.localRank} */
   readonly localRank: number;
+  /** {@inheritDoc ProcessGroup.localWorldSize} */
   readonly localWorldSize: number;
+  /** {@inheritDoc ProcessGroup.device} */
   readonly device: string;
+  /** {@inheritDoc ProcessGroup.timeoutSeconds} */
   readonly timeoutSeconds: number;
   #raw: RawCommunicator | null;
   #server: TcpStoreServer | null;
@@ -230,17 +238,20 @@ export class DistributedProcessGroup implements ProcessGroup {
     this.#store = parts.store;
   }
 
+  /** {@inheritDoc ProcessGroup.allReduce} */
   allReduce(tensor: Tensor, options: { op?: ReduceOp } = {}): void {
     const o = expectOptions<{ op?: ReduceOp }>('allReduce options', options, ['op']);
     const op = o.op === undefined ? 'sum' : expectOneOf('op', o.op, REDUCE_OPS);
     this.#comm().allReduce({ tensor: this.#tensor('tensor', tensor).raw, op });
   }
 
+  /** {@inheritDoc ProcessGroup.broadcast} */
   broadcast(tensor: Tensor, root = 0): void {
     const t = this.#tensor('tensor', tensor);
     this.#comm().broadcast({ tensor: t.raw, root: expectInt('root', root, 0, this.worldSize - 1) });
   }
 
+  /** {@inheritDoc ProcessGroup.allGather} */
   allGather(input: Tensor, output: Tensor): void {
     const i = this.#tensor('input', input);
     const out = this.#tensor('output', output);
@@ -254,18 +265,22 @@ export class DistributedProcessGroup implements ProcessGroup {
     this.#comm().allGather({ input: i.raw, output: out.raw });
   }
 
+  /** {@inheritDoc ProcessGroup.barrier} */
   barrier(): void {
     this.#comm().barrier();
   }
 
+  /** {@inheritDoc ProcessGroup.wait} */
   wait(): void {
     this.#comm().waitOnDevice();
   }
 
+  /** {@inheritDoc ProcessGroup.synchronize} */
   synchronize(timeoutSeconds = this.timeoutSeconds): void {
     this.#comm().synchronize({ timeoutSeconds: expectNumber('timeoutSeconds', timeoutSeconds, Number.MIN_VALUE) });
   }
 
+  /** {@inheritDoc ProcessGroup.takeCollectiveRecords} */
   takeCollectiveRecords(): CollectiveRecord[] {
     return this.#comm().takeRecords();
   }

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -41,6 +42,12 @@ namespace rc::cpu {
 namespace {
 
 constexpr size_t kRecordCapacity = 1024;
+// How long destroying a communicator waits for a collective still running.
+constexpr double kJoinSeconds = 5;
+// How often a waiting caller asks the store whether a rank has gone, and how long a collective may
+// still take to finish after that.
+constexpr double kPollSeconds = 0.5;
+constexpr double kGraceSeconds = 2;
 
 // CLOCK_MONOTONIC in milliseconds: the clock of Node's process.hrtime on Linux.
 double monotonicMs() {
@@ -245,6 +252,16 @@ struct Shared {
     return out.str();
   }
 
+  // Whether the store reports a rank gone, or cannot be reached any more.
+  bool peerGone() {
+    try {
+      std::lock_guard<std::mutex> lock(clientMutex);
+      return !client->lostRanks().empty();
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
+
   // Marks the group broken with a message naming the op, this rank and the cause. Call unlocked.
   void fail(const std::string& op, bool stalled, const std::string& detail) {
     std::ostringstream message;
@@ -339,9 +356,11 @@ class GlooCommunicator final : public Communicator {
       shared_->queue.clear();
       shared_->stop = true;
       shared_->changed.notify_all();
-      // A collective in flight finishes, fails or times out within the group's timeout; after a
-      // failure nobody waits for it.
-      const auto patience = shared_->broken ? std::chrono::milliseconds(0) : toMs(shared_->timeoutSeconds);
+      // The thread owns what a collective in flight uses (the context, the tensors), so it may
+      // outlive the communicator: wait a moment for it, then let it finish (or fail) on its own.
+      // After a failure nobody waits for it.
+      const auto patience =
+          shared_->broken ? std::chrono::milliseconds(0) : std::min(toMs(shared_->timeoutSeconds), toMs(kJoinSeconds));
       busy = !shared_->changed.wait_for(lock, patience, [&] { return shared_->running.empty(); });
     }
     if (busy) {
@@ -414,16 +433,33 @@ class GlooCommunicator final : public Communicator {
   // The CPU's ops run on the host: device work waits when the host does.
   void waitOnDevice() override { synchronize(shared_->timeoutSeconds); }
 
+  // Waits in slices of kPollSeconds; between them asks the store whether a rank has gone, since
+  // Gloo may notice a dead peer only at its own timeout. A rank seen gone (or a store that no
+  // longer answers) fails the group once the collective has had kGraceSeconds more to finish: a
+  // peer that did its part and exited is not a failure.
   void synchronize(double timeoutSeconds) override {
     Shared& s = *shared_;
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + toMs(timeoutSeconds);
+    Clock::time_point goneSince = Clock::time_point::max();
     std::string inFlight;
-    {
-      std::unique_lock<std::mutex> lock(s.mutex);
-      const bool done = s.changed.wait_for(lock, toMs(timeoutSeconds),
-                                           [&] { return s.broken || (s.queue.empty() && s.running.empty()); });
-      if (s.broken) RC_THROW(code::kDistributed, s.error);
-      if (done) return;
-      inFlight = s.running.empty() ? "synchronize" : s.running;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(s.mutex);
+        const auto until = std::min(deadline, Clock::now() + toMs(kPollSeconds));
+        const bool done =
+            s.changed.wait_until(lock, until, [&] { return s.broken || (s.queue.empty() && s.running.empty()); });
+        if (s.broken) RC_THROW(code::kDistributed, s.error);
+        if (done) return;
+        inFlight = s.running.empty() ? "synchronize" : s.running;
+      }
+      if (Clock::now() >= deadline) break;
+      if (goneSince == Clock::time_point::max() && s.client && s.peerGone()) goneSince = Clock::now();
+      if (Clock::now() - goneSince > toMs(kGraceSeconds)) {
+        s.fail(inFlight, false, "");
+        std::lock_guard<std::mutex> lock(s.mutex);
+        RC_THROW(code::kDistributed, s.error);
+      }
     }
     std::ostringstream waited;
     waited << "rank " << s.rank << " waited " << timeoutSeconds << " s for it";
