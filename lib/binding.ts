@@ -211,6 +211,24 @@ export interface RawCommunicator {
   dispose(): void;
 }
 
+/** Rank 0's rendezvous key-value server, serving on a native thread of its own. @internal */
+export interface RawTcpStoreServer {
+  /** The port it listens on (the one chosen when 0 was asked). */
+  readonly port: number;
+  close(): void;
+}
+
+/** A client of the rendezvous store; every call blocks up to its deadline. @internal */
+export interface RawTcpStore {
+  set(args: { key: string; value: Uint8Array }): void;
+  get(args: { key: string }): Uint8Array;
+  add(args: { key: string; delta: number }): number;
+  wait(args: { keys: string[]; timeoutSeconds?: number }): void;
+  check(args: { keys: string[] }): boolean;
+  lostRanks(): number[];
+  close(): void;
+}
+
 /** A JPEG decode with a fused crop, resize, window and mirror (all optional). @internal */
 export interface RawJpegRequest {
   bytes: Uint8Array;
@@ -258,6 +276,14 @@ export interface RawAddon {
   LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
   Pool2dPlan: new (options: RawPool2dOptions) => RawPool2dPlan;
   InferencePlan: new (options: RawInferenceOptions) => RawInferencePlan;
+  TcpStoreServer: new (options: { host: string; port: number; token?: string }) => RawTcpStoreServer;
+  TcpStore: new (options: {
+    host: string;
+    port: number;
+    token?: string;
+    rank: number;
+    timeoutSeconds: number;
+  }) => RawTcpStore;
   Communicator: new (options: {
     device: string;
     backend: 'nccl' | 'gloo';

@@ -109,6 +109,16 @@ export {
 export { clipGradNorm, gradNorm, type GradTarget } from './optim/clip.js';
 export { SHAPE_CLASSES, generateShapes, type GenerateShapesOptions, type GeneratedImages } from './data/generated.js';
 export { CudaGraph } from './cuda.js';
+// The rendezvous key-value store of data-parallel jobs (torch.distributed's TCPStore, PrefixStore).
+export {
+  DEFAULT_STORE_TIMEOUT_SECONDS,
+  PrefixStore,
+  TcpStore,
+  TcpStoreServer,
+  type KeyValueStore,
+  type TcpStoreOptions,
+  type TcpStoreServerOptions,
+} from './distributed/store.js';
 export { DataLoader, DataLoaderError, type Batch, type DataLoaderOptions } from './data/loader.js';
 export {
   DistributedSampler,

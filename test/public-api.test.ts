@@ -62,6 +62,9 @@ describe('the package entry point', () => {
       'backboneGroups',
       'rendezvousFromEnv',
       'launchRanks',
+      'TcpStore',
+      'TcpStoreServer',
+      'PrefixStore',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

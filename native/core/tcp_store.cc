@@ -708,23 +708,26 @@ struct TcpStoreClient::Impl {
     for (;;) {
       fd = tryConnect(deadline, lastError);
       if (fd >= 0) break;
-      if (Clock::now() + pause >= deadline) {
+      if (Clock::now() >= deadline) {
         RC_THROW(code::kDistributed, "no store answered at " << where() << " within " << timeout
                                                              << " s; is rank 0 running and MASTER_ADDR/MASTER_PORT "
                                                                 "right? (last error: "
                                                              << lastError << ")");
       }
-      std::this_thread::sleep_for(pause);
+      // Retries every 20 ms at first, backing off to every second, with a last try at the deadline.
+      std::this_thread::sleep_until(std::min(Clock::now() + pause, deadline));
       pause = std::min(pause * 2, std::chrono::milliseconds(1000));
     }
+    // A connection made just before the deadline still gets a moment for the greeting.
+    const auto greetingDeadline = std::max(deadline, Clock::now() + std::chrono::seconds(1));
     std::string fields;
     putU32(fields, kMagic);
     putU32(fields, static_cast<uint32_t>(rank));
     putString(fields, address.token);
-    const uint32_t id = send(kHello, fields, deadline, "greeting");
+    const uint32_t id = send(kHello, fields, greetingDeadline, "greeting");
     Status status = kOk;
     std::string reply;
-    if (!receive(id, deadline, status, reply, true)) {
+    if (!receive(id, greetingDeadline, status, reply, true)) {
       broken = true;
       RC_THROW(code::kDistributed, "the service at " << where() << " did not answer the store's greeting within "
                                                      << timeout << " s; is MASTER_PORT the store's port?");

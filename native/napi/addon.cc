@@ -9,6 +9,7 @@
 #include "inference_plan.h"
 #include "plans.h"
 #include "registry.h"
+#include "tcp_store.h"
 #include "tensor_wrap.h"
 
 #ifndef RC_VERSION
@@ -578,6 +579,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
     exports.Set(name, Napi::Function::New(env, fn, name, const_cast<char*>(name)));
   }
   RegisterImage(env, exports);
+  RegisterTcpStore(env, exports);
   exports.Set("version", Napi::String::New(env, RC_VERSION));
   return exports;
 }

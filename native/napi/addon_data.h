@@ -6,6 +6,7 @@ namespace rc::napi {
 
 struct AddonData {
   Napi::FunctionReference tensorConstructor;
+  Napi::FunctionReference tcpStoreConstructor;
 };
 
 inline AddonData& addonData(Napi::Env env) { return *env.GetInstanceData<AddonData>(); }
