@@ -1,10 +1,19 @@
 /**
- * SyncBatchNorm in one process: with a group of one rank it is BatchNorm2d bit for bit; with a
- * mirror group (k ranks holding the same batch) it is BatchNorm2d over the k copies; conversion
- * keeps a model's values and state-dict names; bad groups and inputs are refused.
+ * SyncBatchNorm in one process: with a group of one rank (a stand-in and a real Gloo group) it is
+ * BatchNorm2d bit for bit; with a mirror group (k ranks holding the same batch) it is BatchNorm2d
+ * over the k copies; conversion keeps a model's values and state-dict names; bad groups and inputs
+ * are refused.
  */
 import { describe, expect, it } from 'vitest';
-import { BatchNorm2d, Conv2d, Sequential, SyncBatchNorm, Tensor, convertSyncBatchNorm } from '../lib/index.js';
+import {
+  BatchNorm2d,
+  Conv2d,
+  Sequential,
+  SyncBatchNorm,
+  Tensor,
+  convertSyncBatchNorm,
+  initProcessGroup,
+} from '../lib/index.js';
 import { defined, lookup } from './helpers/defined.js';
 import { mirrorGroup, repeatBatch } from './helpers/mirror-group.js';
 
@@ -181,6 +190,36 @@ describe.skipIf(onlyCuda)('convertSyncBatchNorm', () => {
     for (const [key, entry] of before) expect(after.get(key)).toEqual(entry);
     m.forward(x);
     expect(group.calls.filter((c) => c === 'allGather')).toHaveLength(2);
+  });
+
+  it('with a real Gloo group of one rank, a converted model trains as the unconverted one, bit for bit', () => {
+    const group = initProcessGroup({
+      backend: 'gloo',
+      rank: 0,
+      worldSize: 1,
+      localRank: 0,
+      localWorldSize: 1,
+      masterAddr: '127.0.0.1',
+      masterPort: 0,
+      timeoutSeconds: 30,
+    });
+    try {
+      const plain = model().to('cpu');
+      const synced = convertSyncBatchNorm(model().to('cpu'), group);
+      for (let step = 0; step < 2; ++step) {
+        const x = Tensor.randn([2, 5, 5, 3], { seed: 10 + step });
+        const dy = Tensor.randn([2, 5, 5, 4], { seed: 20 + step });
+        for (const m of [plain, synced]) {
+          m.zeroGrad();
+          m.forward(x);
+          m.backward(dy);
+        }
+        expect(synced.stateDict()).toEqual(plain.stateDict());
+        expect([...synced.arena().grads.toFloat32Array()]).toEqual([...plain.arena().grads.toFloat32Array()]);
+      }
+    } finally {
+      group.destroy();
+    }
   });
 
   it('a SyncBatchNorm checkpoint loads into BatchNorm2d and back', () => {
