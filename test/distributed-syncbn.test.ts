@@ -1,7 +1,8 @@
 /**
  * SyncBatchNorm over two processes with Gloo: ranks holding parts of a batch (even and uneven)
  * get the outputs, input gradients and running statistics of one process holding all of it, and
- * local parameter gradients that add up to its own.
+ * local parameter gradients that add up to its own. The ranks run the compiled rank script
+ * test/distributed/syncbn-rank.ts (`npm run build:ts` first).
  */
 import { describe, expect, it } from 'vitest';
 import { BatchNorm2d, Tensor } from '../lib/index.js';

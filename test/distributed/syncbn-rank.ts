@@ -10,7 +10,7 @@ import { SyncBatchNorm, Tensor } from '../../lib/index.js';
 import { SYNCBN_CHANNELS, SYNCBN_HW, syncBnBatch, type SyncBnRankResult } from './syncbn-data.js';
 
 const sizes = (process.argv[2] ?? '').split(',').map(Number);
-const group = initProcessGroup({ backend: 'gloo' });
+const group = initProcessGroup({ backend: 'gloo', timeoutSeconds: 60 });
 if (sizes.length !== group.worldSize || sizes.some((n) => !Number.isInteger(n) || n < 1)) {
   throw new Error(`syncbn-rank: expected ${group.worldSize} batch sizes, got '${process.argv[2] ?? ''}'`);
 }
