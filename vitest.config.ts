@@ -50,6 +50,7 @@ export default defineConfig({
             'test/inference-cuda.test.ts',
             'test/qat.test.ts',
             'test/inference-artifact.test.ts',
+            'test/sync-batchnorm.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

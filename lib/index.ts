@@ -370,9 +370,6 @@ export {
   type WeightsFormat,
 } from './nn/pretrained.js';
 export { backboneGroups, freezeBackbone, type FineTuneGroup } from './optim/fine-tune.js';
-// SyncBatchNorm: batch statistics shared by the processes of a group (torch.nn.SyncBatchNorm).
-export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from './distributed/sync-batchnorm.js';
-export type { BatchNormSync } from './nn/layers.js';
 // Data-parallel jobs: where this process sits (torchrun, SLURM or Open MPI variables) and the
 // launcher behind `resnet-cuda launch`.
 export { rendezvousFromEnv } from './distributed/env.js';
@@ -406,3 +403,6 @@ export {
 } from './distributed/ddp.js';
 export { planBuckets, type GradientBucket } from './distributed/buckets.js';
 export type { PostBackwardHook, RemovableHook } from './nn/module.js';
+// SyncBatchNorm: batch statistics shared by the processes of a group (torch.nn.SyncBatchNorm).
+export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from './distributed/sync-batchnorm.js';
+export type { BatchNormSync } from './nn/layers.js';

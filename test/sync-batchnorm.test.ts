@@ -1,10 +1,19 @@
 /**
- * SyncBatchNorm in one process: with a group of one rank it is BatchNorm2d bit for bit; with a
- * mirror group (k ranks holding the same batch) it is BatchNorm2d over the k copies; conversion
- * keeps a model's values and state-dict names; bad groups and inputs are refused.
+ * SyncBatchNorm in one process: with a group of one rank (a stand-in and a real Gloo group) it is
+ * BatchNorm2d bit for bit; with a mirror group (k ranks holding the same batch) it is BatchNorm2d
+ * over the k copies; conversion keeps a model's values and state-dict names; bad groups and inputs
+ * are refused.
  */
 import { describe, expect, it } from 'vitest';
-import { BatchNorm2d, Conv2d, Sequential, SyncBatchNorm, Tensor, convertSyncBatchNorm } from '../lib/index.js';
+import {
+  BatchNorm2d,
+  Conv2d,
+  Sequential,
+  SyncBatchNorm,
+  Tensor,
+  convertSyncBatchNorm,
+  initProcessGroup,
+} from '../lib/index.js';
 import { defined, lookup } from './helpers/defined.js';
 import { mirrorGroup, repeatBatch } from './helpers/mirror-group.js';
 
@@ -20,10 +29,20 @@ const FORMS: Form[] = [
   { relu: true, residual: true },
 ];
 
+// In the test project that runs on the emulated CUDA device (RESNET_TEST_BACKENDS=cuda), the layer
+// cases run on CUDA; in 'main' on the CPU.
+const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
+const DEVICE = onlyCuda ? 'cuda:0' : 'cpu';
+
+/** A tensor of normal values on the case's device. */
+function randn(shape: number[], seed: number): Tensor {
+  return Tensor.randn(shape, { seed, device: DEVICE });
+}
+
 /** Non-trivial parameters and running statistics, the same for every layer built with `seed`. */
 function setUp(bn: BatchNorm2d, seed: number): void {
   const c = bn.numFeatures;
-  bn.to('cpu');
+  bn.to(DEVICE);
   const state = bn.stateDict();
   const pick = (k: number): Float32Array => Tensor.randn([c], { seed: seed + k }).toFloat32Array();
   state.set('weight', { shape: [c], dtype: 'f32', data: pick(1).map((v) => 1 + 0.3 * v) });
@@ -63,18 +82,18 @@ function maxRelError(a: Float32Array, b: Float32Array): number {
   return num / Math.max(den, 1e-30);
 }
 
-describe('SyncBatchNorm with a group of one rank equals BatchNorm2d exactly', () => {
+describe(`SyncBatchNorm (${DEVICE}) with a group of one rank equals BatchNorm2d exactly`, () => {
   for (const form of FORMS) {
     it(`relu=${form.relu} residual=${form.residual}: outputs, gradients, running statistics`, () => {
-      const group = mirrorGroup(1);
+      const group = mirrorGroup(1, DEVICE);
       const plain = new BatchNorm2d({ numFeatures: 6, relu: form.relu, momentum: 0.2 });
       const sync = new SyncBatchNorm({ numFeatures: 6, relu: form.relu, momentum: 0.2, group });
       setUp(plain, 10);
       setUp(sync, 10);
       for (let step = 0; step < 2; ++step) {
-        const x = Tensor.randn([3, 4, 4, 6], { seed: 20 + step });
-        const dy = Tensor.randn([3, 4, 4, 6], { seed: 30 + step });
-        const residual = form.residual ? Tensor.randn([3, 4, 4, 6], { seed: 40 + step }) : undefined;
+        const x = randn([3, 4, 4, 6], 20 + step);
+        const dy = randn([3, 4, 4, 6], 30 + step);
+        const residual = form.residual ? randn([3, 4, 4, 6], 40 + step) : undefined;
         const a = run(plain, x, dy, residual);
         const b = run(sync, x, dy, residual);
         expect(b).toEqual(a);
@@ -83,24 +102,24 @@ describe('SyncBatchNorm with a group of one rank equals BatchNorm2d exactly', ()
       expect(group.calls).toEqual([]);
       sync.eval();
       plain.eval();
-      const x = Tensor.randn([2, 4, 4, 6], { seed: 50 });
+      const x = randn([2, 4, 4, 6], 50);
       expect(sync.forward(x).toFloat32Array()).toEqual(plain.forward(x).toFloat32Array());
     });
   }
 });
 
-describe('SyncBatchNorm with k ranks holding the same batch equals BatchNorm2d over the k copies', () => {
+describe(`SyncBatchNorm (${DEVICE}) with k ranks holding the same batch equals BatchNorm2d over the k copies`, () => {
   for (const form of FORMS) {
     it(`relu=${form.relu} residual=${form.residual}, 3 ranks`, () => {
       const k = 3;
-      const group = mirrorGroup(k);
+      const group = mirrorGroup(k, DEVICE);
       const whole = new BatchNorm2d({ numFeatures: 5, relu: form.relu });
       const sync = new SyncBatchNorm({ numFeatures: 5, relu: form.relu, group });
       setUp(whole, 60);
       setUp(sync, 60);
-      const x = Tensor.randn([2, 3, 3, 5], { seed: 70 });
-      const dy = Tensor.randn([2, 3, 3, 5], { seed: 71 });
-      const residual = form.residual ? Tensor.randn([2, 3, 3, 5], { seed: 72 }) : undefined;
+      const x = randn([2, 3, 3, 5], 70);
+      const dy = randn([2, 3, 3, 5], 71);
+      const residual = form.residual ? randn([2, 3, 3, 5], 72) : undefined;
       const a = run(whole, repeatBatch(x, k), repeatBatch(dy, k), residual && repeatBatch(residual, k));
       const b = run(sync, x, dy, residual);
       const n = x.numel;
@@ -133,10 +152,10 @@ describe('SyncBatchNorm with k ranks holding the same batch equals BatchNorm2d o
   }
 
   it('a single sample of a single pixel per rank is enough when the group holds more', () => {
-    const group = mirrorGroup(2);
+    const group = mirrorGroup(2, DEVICE);
     const sync = new SyncBatchNorm({ numFeatures: 3, group });
     const plain = new BatchNorm2d({ numFeatures: 3 });
-    const x = Tensor.randn([1, 1, 1, 3], { seed: 80 });
+    const x = randn([1, 1, 1, 3], 80);
     expect(() => plain.forward(x)).toThrow(/more than one value per channel/);
     // Two identical values per channel: zero variance, so y = beta = 0, up to the f32 rounding of
     // x·scale + shift with scale = 1/sqrt(eps) ≈ 316.
@@ -144,7 +163,7 @@ describe('SyncBatchNorm with k ranks holding the same batch equals BatchNorm2d o
   });
 });
 
-describe('convertSyncBatchNorm', () => {
+describe.skipIf(onlyCuda)('convertSyncBatchNorm', () => {
   function model(): Sequential {
     return new Sequential(
       new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed: 1 }),
@@ -171,6 +190,36 @@ describe('convertSyncBatchNorm', () => {
     for (const [key, entry] of before) expect(after.get(key)).toEqual(entry);
     m.forward(x);
     expect(group.calls.filter((c) => c === 'allGather')).toHaveLength(2);
+  });
+
+  it('with a real Gloo group of one rank, a converted model trains as the unconverted one, bit for bit', () => {
+    const group = initProcessGroup({
+      backend: 'gloo',
+      rank: 0,
+      worldSize: 1,
+      localRank: 0,
+      localWorldSize: 1,
+      masterAddr: '127.0.0.1',
+      masterPort: 0,
+      timeoutSeconds: 30,
+    });
+    try {
+      const plain = model().to('cpu');
+      const synced = convertSyncBatchNorm(model().to('cpu'), group);
+      for (let step = 0; step < 2; ++step) {
+        const x = Tensor.randn([2, 5, 5, 3], { seed: 10 + step });
+        const dy = Tensor.randn([2, 5, 5, 4], { seed: 20 + step });
+        for (const m of [plain, synced]) {
+          m.zeroGrad();
+          m.forward(x);
+          m.backward(dy);
+        }
+        expect(synced.stateDict()).toEqual(plain.stateDict());
+        expect([...synced.arena().grads.toFloat32Array()]).toEqual([...plain.arena().grads.toFloat32Array()]);
+      }
+    } finally {
+      group.destroy();
+    }
   });
 
   it('a SyncBatchNorm checkpoint loads into BatchNorm2d and back', () => {

@@ -21,9 +21,9 @@ namespace {
 // the driver's utilisation reading (NVML), the profiler's timing marks and the distillation loss, 6 the
 // inference plan and the quantization-aware training ops (fakeQuantize, fakeQuantizeBackward,
 // absMaxScale, observeMinMax), 7 the generalised communicator (CommunicatorParams, reduce ops,
-// allGather, barrier, waitOnDevice) and the SyncBatchNorm ops (syncBatchNormStats,
-// syncBatchNormForward, syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise).
-constexpr int kBackendAbi = 7;
+// allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
+// syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise).
+constexpr int kBackendAbi = 8;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;

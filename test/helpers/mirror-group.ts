@@ -13,8 +13,8 @@ export interface MirrorGroup extends ProcessGroup {
   readonly calls: string[];
 }
 
-/** A group of `worldSize` ranks on the CPU that all hold this rank's data. */
-export function mirrorGroup(worldSize: number): MirrorGroup {
+/** A group of `worldSize` ranks on `device` that all hold this rank's data. */
+export function mirrorGroup(worldSize: number, device = 'cpu'): MirrorGroup {
   const calls: string[] = [];
   return {
     backend: 'gloo',
@@ -22,7 +22,7 @@ export function mirrorGroup(worldSize: number): MirrorGroup {
     worldSize,
     localRank: 0,
     localWorldSize: worldSize,
-    device: 'cpu',
+    device,
     timeoutSeconds: 10,
     calls,
     allReduce(tensor: Tensor, options?: { op?: ReduceOp }): void {
@@ -66,5 +66,5 @@ export function repeatBatch(x: Tensor, k: number): Tensor {
   const one = x.toFloat32Array();
   const all = new Float32Array(one.length * k);
   for (let r = 0; r < k; ++r) all.set(one, r * one.length);
-  return Tensor.from(all, [x.shape[0]! * k, ...x.shape.slice(1)]);
+  return Tensor.from(all, [x.shape[0]! * k, ...x.shape.slice(1)], { device: x.device });
 }

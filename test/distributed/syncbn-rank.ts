@@ -1,0 +1,43 @@
+/**
+ * Rank script of test/distributed-syncbn.test.ts: each rank runs a SyncBatchNorm (fused residual
+ * add and ReLU) over its share of a batch that every rank generates identically, for two steps,
+ * and prints what it got as one JSON line.
+ *
+ * Arguments: the per-rank batch sizes, comma-separated (e.g. `2,2` or `1,3`).
+ */
+import { initProcessGroup } from '../../lib/distributed/process-group.js';
+import { SyncBatchNorm, Tensor } from '../../lib/index.js';
+import { SYNCBN_CHANNELS, SYNCBN_HW, syncBnBatch, type SyncBnRankResult } from './syncbn-data.js';
+
+const sizes = (process.argv[2] ?? '').split(',').map(Number);
+const group = initProcessGroup({ backend: 'gloo', timeoutSeconds: 60 });
+if (sizes.length !== group.worldSize || sizes.some((n) => !Number.isInteger(n) || n < 1)) {
+  throw new Error(`syncbn-rank: expected ${group.worldSize} batch sizes, got '${process.argv[2] ?? ''}'`);
+}
+const first = sizes.slice(0, group.rank).reduce((a, b) => a + b, 0);
+const mine = sizes[group.rank]!;
+const total = sizes.reduce((a, b) => a + b, 0);
+const bn = new SyncBatchNorm({ numFeatures: SYNCBN_CHANNELS, relu: true, group });
+const out: SyncBnRankResult = { rank: group.rank, steps: [] };
+for (let step = 0; step < 2; ++step) {
+  const batch = syncBnBatch(total, step);
+  const slice = (a: Float32Array): Tensor => {
+    const per = SYNCBN_HW * SYNCBN_HW * SYNCBN_CHANNELS;
+    return Tensor.from(a.subarray(first * per, (first + mine) * per), [mine, SYNCBN_HW, SYNCBN_HW, SYNCBN_CHANNELS]);
+  };
+  bn.zeroGrad();
+  const y = bn.forward(slice(batch.x), slice(batch.residual));
+  const dx = bn.backward(slice(batch.dy));
+  const state = bn.stateDict();
+  out.steps.push({
+    y: [...y.toFloat32Array()],
+    dx: [...(dx?.toFloat32Array() ?? [])],
+    dResidual: [...(bn.residualGrad?.toFloat32Array() ?? [])],
+    dGamma: [...bn.weight.grad.toFloat32Array()],
+    dBeta: [...bn.bias.grad.toFloat32Array()],
+    runningMean: [...(state.get('running_mean')?.data as Float32Array)],
+    runningVar: [...(state.get('running_var')?.data as Float32Array)],
+  });
+}
+group.destroy();
+console.log(JSON.stringify(out));
