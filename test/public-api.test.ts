@@ -58,6 +58,8 @@ describe('the package entry point', () => {
       'loadTorchCheckpoint',
       'readTorchCheckpoint',
       'backboneGroups',
+      'stepRoofline',
+      'GPU_PEAKS',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }
