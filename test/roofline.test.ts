@@ -164,7 +164,7 @@ describe('the fused plan beside the current one', () => {
     expect(fused.byType.has('add')).toBe(false);
   });
 
-  it('bounds ResNet-50 at batch 256 in bf16 on an H200 at 16,000 images/s or more (the target of issue 17)', () => {
+  it('bounds ResNet-50 at batch 256 in bf16 on an H200 at 16,000 images/s or more (the target set for the fused step)', () => {
     expect(fused.imagesPerSecond).toBeGreaterThanOrEqual(16000);
     expect(current.imagesPerSecond).toBeLessThan(fused.imagesPerSecond);
   });

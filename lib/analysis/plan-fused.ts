@@ -1,5 +1,5 @@
 /**
- * The fused plan of issue 17, the step we intend to build on cuDNN's graph API, with the same
+ * The fused plan, the step to be built on cuDNN's graph API, with the same
  * accounting as the current plan (lib/analysis/plan-current.ts):
  *
  * - Forward: each convolution writes its raw output and, in its epilogue, the per-channel sums its

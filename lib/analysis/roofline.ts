@@ -5,7 +5,7 @@
  * optional fixed cost per launch), and the step's bound is their sum. The FLOPs of every op are set
  * against the tensor-core peak, which is above what element-wise code reaches, so the bound stays a
  * lower bound. Two plans: the one the CUDA backend runs today (lib/analysis/plan-current.ts) and the
- * fused one of issue 17 (lib/analysis/plan-fused.ts).
+ * fused one planned on cuDNN's graph API (lib/analysis/plan-fused.ts).
  * @packageDocumentation
  */
 import { expectBool, expectInt, expectNumber, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
@@ -20,7 +20,7 @@ import { OP_TYPES, type OpType, type StepOp } from './step-ops.js';
 /** The plans the model accounts for. */
 export const ROOFLINE_PLANS = ['current', 'fused'] as const;
 
-/** A plan of {@link ROOFLINE_PLANS}: today's kernels, or the fused plan of issue 17. */
+/** A plan of {@link ROOFLINE_PLANS}: today's kernels, or the fused plan to be built on cuDNN's graph API. */
 export type RooflinePlan = (typeof ROOFLINE_PLANS)[number];
 
 /** Options of {@link stepRoofline}. */
