@@ -6,7 +6,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { GPU_NAMES, GPU_PEAKS } from '../lib/analysis/gpu-peaks.js';
 import { currentPlan } from '../lib/analysis/plan-current.js';
 import { fusedPlan } from '../lib/analysis/plan-fused.js';
@@ -17,6 +17,8 @@ import { Sequential } from '../lib/nn/containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, ReLU } from '../lib/nn/layers.js';
 import { ResNet } from '../lib/nn/resnet.js';
 import { summary } from '../lib/nn/summary.js';
+import { Profiler } from '../lib/profile/profiler.js';
+import { benchmarkTraining } from '../lib/train/benchmark.js';
 import { runCli } from './helpers/cli.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-roofline-'));
@@ -127,6 +129,104 @@ describe('bytes of single ops, counted by hand from the kernels', () => {
       bytesRead: 4 * params,
       bytesWritten: 4 * params,
     });
+  });
+});
+
+describe('the current plan against a step that runs', () => {
+  it('has the library calls, per op type, that the profiler records in a ResNet-18 training step (CPU)', () => {
+    const model = new ResNet(18, { numClasses: 10, seed: 4 });
+    onTestFinished(() => model.dispose());
+    const profiler = new Profiler({ model });
+    benchmarkTraining({
+      model,
+      device: 'cpu',
+      numClasses: 10,
+      dtype: 'bf16',
+      batch: 2,
+      size: 32,
+      steps: 1,
+      warmup: 1,
+      profiler,
+    });
+    const calls = new Map(profiler.summary().byOp.map((r) => [r.name, r.calls]));
+    const plan = stepRoofline(model, { batchSize: 2, inputSize: 32, plan: 'current' });
+    const count = (kernel: string) => plan.ops.filter((o) => o.kernel === kernel).length;
+    expect({
+      convert_input: count('convert_input_kernel'),
+      'conv2d.forward': count('cudnnConvolutionForward'),
+      'conv2d.backward_data': count('cudnnConvolutionBackwardData'),
+      'conv2d.backward_weights': count('cudnnConvolutionBackwardFilter'),
+      'batchnorm.forward': count('batchnorm_fwd_kernel'),
+      'batchnorm.backward': count('batchnorm_bwd_kernel'),
+      add: count('add_kernel'),
+      'max_pool2d.forward': count('maxpool_fwd_kernel'),
+      'max_pool2d.backward': count('maxpool_bwd_kernel'),
+      'avg_pool2d.forward': count('avgpool_fwd_kernel'),
+      'avg_pool2d.backward': count('avgpool_bwd_kernel'),
+      'linear.forward': count('cublasGemmEx (forward)'),
+      'linear.backward_data': count('cublasGemmEx (input gradient)'),
+      'linear.backward_weights': count('cublasGemmEx (weight gradient)'),
+      zero_grad: count('cudaMemsetAsync (gradient arena)'),
+    }).toEqual(
+      Object.fromEntries(
+        [
+          'convert_input',
+          'conv2d.forward',
+          'conv2d.backward_data',
+          'conv2d.backward_weights',
+          'batchnorm.forward',
+          'batchnorm.backward',
+          'add',
+          'max_pool2d.forward',
+          'max_pool2d.backward',
+          'avg_pool2d.forward',
+          'avg_pool2d.backward',
+          'linear.forward',
+          'linear.backward_data',
+          'linear.backward_weights',
+          'zero_grad',
+        ].map((name) => [name, calls.get(name) ?? 0]),
+      ),
+    );
+    // ResNet-18: 20 convolutions, the stem's without backward data; 8 blocks, each adding gradients.
+    expect(count('cudnnConvolutionForward')).toBe(20);
+    expect(count('cudnnConvolutionBackwardData')).toBe(19);
+    expect(count('add_kernel')).toBe(8);
+  });
+});
+
+describe('bytes of fused ops, counted by hand', () => {
+  it('scale-bias-relu-conv-genstats forward and dgrad-drelu-dbn backward of a 1x1 convolution between two BNs', () => {
+    const model = new Sequential(
+      new Conv2d({ inChannels: 3, outChannels: 8, kernelSize: 1, seed: 1 }),
+      new BatchNorm2d({ numFeatures: 8, relu: true }),
+      new Conv2d({ inChannels: 8, outChannels: 8, kernelSize: 1, seed: 2 }),
+      new BatchNorm2d({ numFeatures: 8, relu: true }),
+      new AdaptiveAvgPool2d(1),
+      new Flatten(),
+      new Linear({ inFeatures: 8, outFeatures: 2, seed: 3 }),
+    );
+    onTestFinished(() => model.dispose());
+    const ops = fusedPlan(stepLayers(model, [2, 4, 4, 3]), { activationBytes: 2, gradScaler: false });
+    const conv = ops.filter((o) => o.layer === '2');
+    const e = 2 * 4 * 4 * 8; // elements of both raw outputs
+    const stats = 2 * 4 * 8; // sum and sum of squares per channel, one tile of 128 rows
+    // Forward: the raw y1 read through BN1's scale and bias, the weight; raw y2 and its sums written.
+    expect(conv.find((o) => o.type === 'conv fwd')).toMatchObject({
+      kernel: 'scale-bias-relu-conv-genstats',
+      bytesRead: 2 * (e + 64) + 2 * 4 * 8,
+      bytesWritten: 2 * e + stats,
+    });
+    // Backward data: (g2, raw y2) and BN2's coefficients, the weight, raw y1 for the mask and x-hat;
+    // g1 and BN1's sums written.
+    expect(conv.find((o) => o.type === 'conv dgrad')).toMatchObject({
+      kernel: 'dbn-apply dgrad + drelu-dbn',
+      bytesRead: 2 * 2 * e + 3 * 4 * 8 + 2 * 64 + 2 * e,
+      bytesWritten: 2 * e + stats,
+    });
+    // Nothing but the finalize kernels for the first BN; the second is written out once for the pooling.
+    expect(ops.filter((o) => o.layer === '1').map((o) => o.kernel)).toEqual(['bn finalize', 'dbn finalize']);
+    expect(ops.filter((o) => o.layer === '3').map((o) => o.kernel)).toEqual(['bn finalize', 'bn-relu', 'dbn finalize']);
   });
 });
 
