@@ -2,7 +2,7 @@
  * `resnet-cuda bench`: training throughput on synthetic data that stays on the device, so that
  * only the model is measured: input conversion, forward, loss, backward and the SGD step, timed
  * between device synchronisations after a warm-up (as the project's GPU benchmark does), eagerly
- * or replayed as one CUDA graph.
+ * or replayed as one CUDA graph; or, with `--model-only`, the roofline model of the step (lib/analysis/roofline.ts).
  * @packageDocumentation
  */
 import { resolve } from 'node:path';
@@ -29,7 +29,8 @@ const SPEC: CommandSpec = {
   summary: 'Measure training throughput.',
   description:
     'Measures training throughput with synthetic images already on the device: one step is the input conversion, forward, cross-entropy, backward and an SGD step (momentum, Nesterov, weight decay). ' +
-    'After --warmup steps, --steps steps are timed between device synchronisations; the result is ms/step, images/s and the peak device memory. The data loader is not part of it.',
+    'After --warmup steps, --steps steps are timed between device synchronisations; the result is ms/step, images/s and the peak device memory. The data loader is not part of it. ' +
+    "With --model-only nothing runs: the step's roofline model (today's plan and the fused one) gives per op type its FLOPs, bytes and launches and the lower bound of the step time on --gpu.",
   positionals: [],
   options: [
     { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet50', help: 'The network.' },
