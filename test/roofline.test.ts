@@ -306,6 +306,14 @@ describe('the bound', () => {
     expect(() => stepRoofline(resnet50, { amp: 'f32' as never })).toThrow(/for amp/);
     expect(() => stepRoofline(resnet50, { batchSize: 0 })).toThrow(/for batchSize/);
     expect(() => stepRoofline(resnet50, { launchOverheadUs: -1 })).toThrow(/for launchOverheadUs/);
+    const headless = new Sequential(
+      new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 1 }),
+      new BatchNorm2d({ numFeatures: 4 }),
+    );
+    onTestFinished(() => headless.dispose());
+    expect(() => stepRoofline(headless, { batchSize: 2, inputSize: 4 })).toThrow(
+      /output must be \[N, classes\] logits for the cross-entropy, but it is \[2, 4, 4, 4\]/,
+    );
     const odd = new Sequential(new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 1 }), new ReLU(), new Flatten());
     try {
       expect(() => fusedPlan(stepLayers(odd, [1, 2, 2, 3]), { activationBytes: 2, gradScaler: false })).toThrow(

@@ -8,6 +8,7 @@
  * Activations are bf16 or fp16; parameters, their gradients and the optimizer state are f32.
  * @packageDocumentation
  */
+import { ResnetError } from '../errors.js';
 import { F32, op, type StepOp } from './step-ops.js';
 import {
   shapeNumel,
@@ -41,12 +42,9 @@ function reductionRowBlocks(rows: number, channels: number): number {
 export function currentPlan(step: StepLayers, o: PlanOptions): StepOp[] {
   const s = o.activationBytes;
   const ops: StepOp[] = [];
-  const image = shapeNumel(step.input);
-  // elementwise.cu convert_input_kernel: u8 in, (x * scale + shift) out; the mean/std table is
-  // uploaded once (CudaContext::upload resends only a changed table).
-  ops.push(op('input', 'input', 'convert_input_kernel', 2 * image, image, s * image));
+  ops.push(inputOp(step, s));
   forward(step.layers, s, ops);
-  lossOps(step.output, s, ops);
+  ops.push(...lossOps(step, s));
   backward(step.layers, s, ops);
   optimizerOps(step, o, ops);
   return ops;
@@ -252,13 +250,32 @@ function linearBackward(l: LinearLayer, s: number, ops: StepOp[]): void {
   }
 }
 
-// loss.cu crossEntropy: cross_entropy_kernel (one block per row: logits read, dLogits written, one
-// partial loss per block, at most 1024 blocks) and cross_entropy_mean_kernel.
-function lossOps(output: readonly number[], s: number, ops: StepOp[]): void {
-  const [n, k] = output as [number, number];
+/**
+ * elementwise.cu convert_input_kernel: u8 in, `x * scale + shift` out; the mean/std table is
+ * uploaded once (CudaContext::upload resends only a changed table). Both plans start with it.
+ */
+export function inputOp(step: StepLayers, s: number): StepOp {
+  const image = shapeNumel(step.input);
+  return op('input', 'input', 'convert_input_kernel', 2 * image, image, s * image);
+}
+
+/**
+ * loss.cu crossEntropy: cross_entropy_kernel (one block per row: logits read, dLogits written, one
+ * partial loss per block, at most 1024 blocks) and cross_entropy_mean_kernel. Both plans run it.
+ */
+export function lossOps(step: StepLayers, s: number): StepOp[] {
+  if (step.output.length !== 2) {
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `roofline: the model's output must be [N, classes] logits for the cross-entropy, but it is [${step.output.join(', ')}]`,
+    );
+  }
+  const [n, k] = step.output as [number, number];
   const blocks = Math.min(n, 1024);
-  ops.push(op('loss', 'loss', 'cross_entropy_kernel', 6 * n * k, s * n * k + 4 * n, s * n * k + F32 * blocks));
-  ops.push(op('loss', 'loss', 'cross_entropy_mean_kernel', blocks, F32 * blocks, F32));
+  return [
+    op('loss', 'loss', 'cross_entropy_kernel', 6 * n * k, s * n * k + 4 * n, s * n * k + F32 * blocks),
+    op('loss', 'loss', 'cross_entropy_mean_kernel', blocks, F32 * blocks, F32),
+  ];
 }
 
 // sgd.cu sgd_step_kernel (momentum, Nesterov, weight decay: param, grad and momentum read, param and

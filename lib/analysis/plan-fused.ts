@@ -26,7 +26,7 @@
  * @packageDocumentation
  */
 import { ResnetError } from '../errors.js';
-import type { PlanOptions } from './plan-current.js';
+import { inputOp, lossOps, type PlanOptions } from './plan-current.js';
 import { F32, op, type StepOp } from './step-ops.js';
 import {
   shapeNumel,
@@ -85,22 +85,15 @@ class FusedPlanner {
   }
 
   plan(step: StepLayers): StepOp[] {
-    const s = this.#s;
-    const image = shapeNumel(step.input);
-    this.#ops.push(op('input', 'input', 'convert_input_kernel', 2 * image, image, s * image));
+    this.#ops.push(inputOp(step, this.#s));
     const input: Activation = {
       kind: 'materialised',
-      elems: image,
+      elems: shapeNumel(step.input),
       channels: step.input[3]!,
       producer: { kind: 'input' },
     };
     this.#sequence(step.layers, input);
-    const [n, k] = step.output as [number, number];
-    const blocks = Math.min(n, 1024);
-    this.#ops.push(
-      op('loss', 'loss', 'cross_entropy_kernel', 6 * n * k, s * n * k + 4 * n, s * n * k + F32 * blocks),
-      op('loss', 'loss', 'cross_entropy_mean_kernel', blocks, F32 * blocks, F32),
-    );
+    this.#ops.push(...lossOps(step, this.#s));
     for (let i = this.#backward.length - 1; i >= 0; i--) this.#backward[i]!();
     this.#optimizer(step);
     return this.#ops;
