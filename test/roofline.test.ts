@@ -13,6 +13,7 @@ import { fusedPlan } from '../lib/analysis/plan-fused.js';
 import { stepRoofline, type StepRoofline } from '../lib/analysis/roofline.js';
 import { stepLayers } from '../lib/analysis/step-layers.js';
 import type { StepOp } from '../lib/analysis/step-ops.js';
+import { setCheckpointing } from '../lib/nn/checkpoint.js';
 import { Sequential } from '../lib/nn/containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, ReLU } from '../lib/nn/layers.js';
 import { ResNet } from '../lib/nn/resnet.js';
@@ -306,6 +307,12 @@ describe('the bound', () => {
     expect(() => stepRoofline(resnet50, { amp: 'f32' as never })).toThrow(/for amp/);
     expect(() => stepRoofline(resnet50, { batchSize: 0 })).toThrow(/for batchSize/);
     expect(() => stepRoofline(resnet50, { launchOverheadUs: -1 })).toThrow(/for launchOverheadUs/);
+    const checkpointed = new ResNet(18, { numClasses: 4, seed: 5 });
+    onTestFinished(() => checkpointed.dispose());
+    setCheckpointing(checkpointed, { segments: 'stage' });
+    expect(() => stepRoofline(checkpointed)).toThrow(/layer1 is checkpointed .* setCheckpointing\(model, false\)/);
+    setCheckpointing(checkpointed, false);
+    expect(stepRoofline(checkpointed).total.launches).toBeGreaterThan(0);
     const headless = new Sequential(
       new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 1 }),
       new BatchNorm2d({ numFeatures: 4 }),

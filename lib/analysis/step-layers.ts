@@ -150,6 +150,12 @@ class Walker {
       return h;
     }
     if (m instanceof Chain) {
+      if (m.runner) {
+        throw new ResnetError(
+          'ERR_RC_INVALID_ARGUMENT',
+          `roofline: ${name || 'the model'} is checkpointed (its forward runs again in backward), which the model does not count; turn it off with setCheckpointing(model, false)`,
+        );
+      }
       let h = x;
       m.modules.forEach((c, i) => {
         h = this.walk(c, h, i > 0 || inputGrad, out);
