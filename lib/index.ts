@@ -291,6 +291,18 @@ export {
 export { encodeNpy, type NpyArray } from './analysis/npy.js';
 export { tsne, type TsneOptions, type TsneReport, type TsneResult } from './analysis/tsne.js';
 export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
+// The roofline model of a training step on a GPU (today's plan and the fused one), and the GPU peaks it uses.
+export {
+  ROOFLINE_PLANS,
+  StepRoofline,
+  stepRoofline,
+  type BoundOp,
+  type RooflinePlan,
+  type RooflineTotals,
+  type StepRooflineOptions,
+} from './analysis/roofline.js';
+export { GPU_NAMES, GPU_PEAKS, gpuPeak, type GpuName, type GpuPeak } from './analysis/gpu-peaks.js';
+export { OP_TYPES, type OpType, type StepOp } from './analysis/step-ops.js';
 // Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
 // Quantization-aware training: fake quantization in training, then the INT8 inference graph.
 export { FakeQuantizer, type FakeQuantizerOptions } from './nn/fake-quant.js';

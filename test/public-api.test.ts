@@ -64,6 +64,8 @@ describe('the package entry point', () => {
       'TcpStore',
       'TcpStoreServer',
       'PrefixStore',
+      'stepRoofline',
+      'GPU_PEAKS',
     ]) {
       expect(Object.keys(api)).toContain(name);
     }

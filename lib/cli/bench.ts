@@ -2,10 +2,12 @@
  * `resnet-cuda bench`: training throughput on synthetic data that stays on the device, so that
  * only the model is measured: input conversion, forward, loss, backward and the SGD step, timed
  * between device synchronisations after a warm-up (as the project's GPU benchmark does), eagerly
- * or replayed as one CUDA graph.
+ * or replayed as one CUDA graph; or, with `--model-only`, the roofline model of the step (lib/analysis/roofline.ts).
  * @packageDocumentation
  */
 import { resolve } from 'node:path';
+import { GPU_NAMES, type GpuName } from '../analysis/gpu-peaks.js';
+import { stepRoofline, type RooflinePlan } from '../analysis/roofline.js';
 import { listBackends } from '../device.js';
 import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
 import { Profiler } from '../profile/profiler.js';
@@ -27,7 +29,8 @@ const SPEC: CommandSpec = {
   summary: 'Measure training throughput.',
   description:
     'Measures training throughput with synthetic images already on the device: one step is the input conversion, forward, cross-entropy, backward and an SGD step (momentum, Nesterov, weight decay). ' +
-    'After --warmup steps, --steps steps are timed between device synchronisations; the result is ms/step, images/s and the peak device memory. The data loader is not part of it.',
+    'After --warmup steps, --steps steps are timed between device synchronisations; the result is ms/step, images/s and the peak device memory. The data loader is not part of it. ' +
+    "With --model-only nothing runs: the step's roofline model (today's plan and the fused one) gives per op type its FLOPs, bytes and launches and the lower bound of the step time on --gpu.",
   positionals: [],
   options: [
     { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet50', help: 'The network.' },
@@ -77,6 +80,33 @@ const SPEC: CommandSpec = {
       default: 'trace.json',
       help: 'Where --profile writes the Chrome trace (open it in Perfetto or chrome://tracing).',
     },
+    {
+      name: 'model-only',
+      type: 'boolean',
+      help: 'Run nothing: print the roofline model of the step (FLOPs, GB moved, launches and the lower bound of the time, per op type) for --gpu.',
+    },
+    {
+      name: 'gpu',
+      type: 'choice',
+      choices: GPU_NAMES,
+      default: 'h200',
+      help: 'With --model-only: the GPU whose peaks bound the step.',
+    },
+    {
+      name: 'plan',
+      type: 'choice',
+      choices: ['current', 'fused', 'both'],
+      default: 'both',
+      help: "With --model-only: today's kernels, the fused plan, or both side by side.",
+    },
+    {
+      name: 'launch-overhead-us',
+      type: 'number',
+      min: 0,
+      default: 0,
+      valueName: 'US',
+      help: 'With --model-only: microseconds added to the bound per kernel launch.',
+    },
     SHARED_OPTIONS.json,
   ],
   examples: [
@@ -84,6 +114,7 @@ const SPEC: CommandSpec = {
     'resnet-cuda bench --model resnet18 --size 64 -b 8 --steps 3',
     'resnet-cuda bench --device cuda --cuda-graph --json',
     'resnet-cuda bench --model resnet18 --size 32 --small-input -b 8 --steps 3 --profile',
+    'resnet-cuda bench --model-only --gpu h200 --amp bf16 -b 256 --plan both',
   ],
 };
 
@@ -101,6 +132,10 @@ interface BenchArgs {
   gradCheckpoint: string | undefined;
   profile: boolean;
   profileTrace: string;
+  modelOnly: boolean;
+  gpu: GpuName;
+  plan: RooflinePlan | 'both';
+  launchOverheadUs: number;
   json: boolean;
 }
 
@@ -128,6 +163,14 @@ export interface BenchResult {
 // The benchmark runs synchronously; the command's `run` still reports a failure as a rejection.
 function bench(parsed: ParsedCommand, io: CliIO): number {
   const a = parsed.values as unknown as BenchArgs;
+  if (a.modelOnly) return modelOnly(a, parsed, io);
+  for (const [key, flag] of [
+    ['gpu', 'gpu'],
+    ['plan', 'plan'],
+    ['launchOverheadUs', 'launch-overhead-us'],
+  ] as const) {
+    if (parsed.explicit.has(key)) throw new UsageError(`--${flag} goes with --model-only`);
+  }
   const device = checkDevice(a.device);
   const cuda = device.startsWith('cuda');
   const amp: AmpName = a.amp ?? (cuda ? 'bf16' : 'none');
@@ -206,6 +249,68 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   }
   if (!a.json) io.stdout.write(profileText);
   return 0;
+}
+
+/** What `bench --model-only --json` prints. */
+export interface BenchModelResult {
+  model: ModelName;
+  size: number;
+  /** One entry per plan: {@link StepRoofline.toJSON}. */
+  plans: Record<string, unknown>[];
+}
+
+// --model-only: the roofline of the step (lib/analysis/roofline.ts); nothing runs on a device.
+function modelOnly(a: BenchArgs, parsed: ParsedCommand, io: CliIO): number {
+  for (const [key, flag] of [
+    ['device', 'device'],
+    ['steps', 'steps'],
+    ['warmup', 'warmup'],
+    ['cudaGraph', 'cuda-graph'],
+    ['gradCheckpoint', 'grad-checkpoint'],
+    ['profile', 'profile'],
+  ] as const) {
+    if (parsed.explicit.has(key)) throw new UsageError(`--model-only runs nothing: leave out --${flag}`);
+  }
+  const amp = a.amp ?? 'bf16';
+  if (amp === 'none') {
+    throw new UsageError(
+      '--model-only models mixed precision (--amp bf16 or fp16); f32 runs on CUDA cores, which the peaks table does not list',
+    );
+  }
+  const model = buildModel(
+    { model: a.model, numClasses: a.numClasses, smallInput: a.smallInput },
+    { device: 'cpu', seed: 1 },
+  );
+  try {
+    const plans: RooflinePlan[] = a.plan === 'both' ? ['current', 'fused'] : [a.plan];
+    const results = plans.map((plan) =>
+      stepRoofline(model, {
+        batchSize: a.batchSize ?? 256,
+        inputSize: a.size,
+        amp,
+        gpu: a.gpu,
+        plan,
+        launchOverheadUs: a.launchOverheadUs,
+      }),
+    );
+    if (a.json) {
+      const out: BenchModelResult = { model: a.model, size: a.size, plans: results.map((r) => r.toJSON()) };
+      io.stdout.write(`${JSON.stringify(out, null, 2)}\n`);
+      return 0;
+    }
+    io.stdout.write(`resnet-cuda bench --model-only: ${a.model}, ${a.size} px, ${amp}; lower bounds, nothing run\n\n`);
+    for (const r of results) io.stdout.write(`${r.format()}\n`);
+    const [current, fused] = results;
+    if (current && fused) {
+      io.stdout.write(
+        `fused / current: ${(fused.bytes / current.bytes).toFixed(2)}x the bytes, ${fused.total.launches} / ${current.total.launches} launches, ` +
+          `bound ${fused.imagesPerSecond.toFixed(0)} / ${current.imagesPerSecond.toFixed(0)} images/s (${(fused.imagesPerSecond / current.imagesPerSecond).toFixed(2)}x)\n`,
+      );
+    }
+    return 0;
+  } finally {
+    model.dispose();
+  }
 }
 
 /** The `bench` command. */
