@@ -54,6 +54,7 @@ import {
   parameterGroups,
   synchronize,
 } from '../../lib/index.js';
+import { addon } from '../../lib/binding.js';
 import { diagnose } from '../../lib/cli/doctor.js';
 import { inferencePlanCheck } from './inference.js';
 import { ddpNcclCheck } from './ddp.js';
@@ -263,6 +264,21 @@ export const gpuChecks: GpuCheck[] = [
         }
         const records = group.takeCollectiveRecords();
         assert(records.length === 0, `NCCL keeps no host records, got ${records.length}`);
+        // The collective and its join are events between the compute and NCCL streams: capturable.
+        const t = Tensor.from([1, 2, 3], [3], { device });
+        const two = Tensor.from([2, 2, 2], [3], { device });
+        const graph = CudaGraph.capture(device, () => {
+          group.allReduce(t, { op: 'max' });
+          group.wait();
+          addon().mul({ a: t.raw, b: two.raw, out: t.raw });
+        });
+        graph.replay();
+        graph.replay();
+        const values = [...t.toFloat32Array()].join(',');
+        assert(values === '4,8,12', `two replays of max-all-reduce then doubling: expected 4,8,12, got ${values}`);
+        graph.dispose();
+        t.dispose();
+        two.dispose();
       } finally {
         group.destroy();
       }

@@ -137,6 +137,10 @@ cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
 // ---- graphs -----------------------------------------------------------------------------------
+// Capture follows events across streams as CUDA does: a stream that waits on an event recorded
+// during a capture joins it (a fork), and the capturing stream must wait on an event recorded after
+// the forked stream's last work (a join) before cudaStreamEndCapture, else that returns
+// cudaErrorStreamCaptureUnjoined. Captured work runs in the order it was enqueued.
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);

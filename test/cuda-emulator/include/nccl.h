@@ -1,6 +1,6 @@
 // NCCL as the emulator provides it: communicators, their non-blocking initialisation, errors, and
-// the all-reduce, broadcast and all-gather collectives, with the types, enumerators and numeric values of the
-// NCCL 2.21 header.
+// the all-reduce, broadcast and all-gather collectives, with the types, enumerators and numeric
+// values of the NCCL 2.21 header.
 //
 // The emulator's behaviour (src/nccl.cc):
 // - One rank only: ncclCommInitRankConfig succeeds for nranks == 1, rank 0, and returns
@@ -11,8 +11,8 @@
 //   communicator, a bad data type, reduction or root, and pointers that are not device memory
 //   covering count elements: the checks NCCL makes with NCCL_CHECK_POINTERS=1), then are queued
 //   on the stream (rc_emu::enqueue); with one rank the result is the input, copied when the output
-//   is another buffer (the all-gather's output holds the one rank's input). Operations still queued when the
-//   communicator is aborted do nothing.
+//   is another buffer (the all-gather's output holds the one rank's input). Operations still
+//   queued when the communicator is aborted do nothing.
 // - A communicator that has been destroyed or aborted is remembered: calls on it return
 //   ncclInvalidArgument instead of using freed memory.
 #pragma once

@@ -220,6 +220,7 @@ struct Node {
 
 struct Graph {
   std::vector<Node> nodes;
+  bool open = false;  // being captured: a stream that waits on one of its events joins it (a fork)
   std::shared_ptr<GraphMemory> memory = std::make_shared<GraphMemory>();
   bool instantiated = false;  // graphs with memory nodes may have one instantiation at a time
 };
@@ -264,6 +265,12 @@ struct Stream {
   bool captureInvalid = false;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
   std::thread::id captureThread;
+  // A stream forked into another stream's capture (it waited on an event recorded there): its work
+  // is captured too, in call order, and the capturing stream must wait on an event recorded after
+  // its last work (a join) before the capture ends.
+  bool forked = false;
+  uint64_t forkedWork = 0;  // nodes captured from it
+  uint64_t joinedWork = 0;  // of those, the ones a join covers
 };
 
 Stream& gLegacyStream = *new Stream();
@@ -275,6 +282,8 @@ struct Event {
   Stream* stream = nullptr;
   uint64_t sequence = 0;
   Graph* capturedIn = nullptr;
+  Stream* capturedOn = nullptr;  // recorded during a capture: on which stream, after how much of its work
+  uint64_t capturedWork = 0;
   // Timing (events without cudaEventDisableTiming): the emulated device's clock is the host's
   // steady clock when the stream's work reaches the record, so times follow the order the work
   // ran in. `generation` (unique over all records) tells this record's timestamp from one of an
@@ -353,6 +362,7 @@ cudaError_t enqueue(cudaStream_t s, std::function<void()> op, const char* what) 
   if (stream->capture != nullptr) {
     if (stream->captureInvalid) return cudaErrorStreamCaptureInvalidated;
     stream->capture->nodes.push_back(Node{std::move(op), what});
+    if (stream->forked) stream->forkedWork++;
     return cudaSuccess;
   }
   stream->queue.push_back(Node{std::move(op), what});
@@ -521,6 +531,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
     case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     default: return "cudaErrorUnknown";
   }
@@ -552,6 +563,7 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
     case cudaErrorStreamCaptureImplicit:
       return "operation would make the legacy stream depend on a capturing blocking stream";
     default: return "unknown error";
@@ -1006,11 +1018,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t s) {
   e->timed = false;
   if (stream->capture != nullptr) {
     e->capturedIn = stream->capture;
+    e->capturedOn = stream;
+    e->capturedWork = stream->forkedWork;
     e->stream = nullptr;
     e->recorded = false;
     return cudaSuccess;
   }
   e->capturedIn = nullptr;
+  e->capturedOn = nullptr;
   e->recorded = true;
   if ((e->flags & cudaEventDisableTiming) == 0) {
     const cudaError_t queued = enqueue(
@@ -1076,8 +1091,25 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t event, unsigned int 
   if (e == nullptr || stream == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (flags != 0) return fail(cudaErrorInvalidValue);
   if (stream->capture != nullptr) {
-    if (e->capturedIn == stream->capture) return cudaSuccess;  // same capture: already ordered
-    return invalidate(stream, "cudaStreamWaitEvent on an event from outside the capture");
+    if (e->capturedIn != stream->capture) {
+      return invalidate(stream, "cudaStreamWaitEvent on an event from outside the capture");
+    }
+    // Same capture: already ordered (nodes run in call order). An event of a forked stream joins it.
+    Stream* from = e->capturedOn;
+    if (from != nullptr && from != stream && gStreams.count(from) && from->capture == stream->capture && from->forked) {
+      from->joinedWork = std::max(from->joinedWork, e->capturedWork);
+    }
+    return cudaSuccess;
+  }
+  if (e->capturedIn != nullptr && e->capturedIn->open && e->capturedOn != nullptr && gStreams.count(e->capturedOn)) {
+    // A fork: this stream joins the capture of the stream the event was recorded on.
+    stream->capture = e->capturedIn;
+    stream->captureInvalid = false;
+    stream->mode = e->capturedOn->mode;
+    stream->captureThread = e->capturedOn->captureThread;
+    stream->forked = true;
+    stream->forkedWork = stream->joinedWork = 0;
+    return cudaSuccess;
   }
   if (e->stream == nullptr || e->stream == stream) return cudaSuccess;
   Stream* other = e->stream;
@@ -1098,6 +1130,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
   auto* graph = new Graph();
   gGraphs.insert(graph);
   stream->capture = graph;
+  graph->open = true;
   stream->captureInvalid = false;
   stream->mode = mode;
   stream->captureThread = std::this_thread::get_id();
@@ -1112,8 +1145,28 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
   if (stream->mode != cudaStreamCaptureModeRelaxed && stream->captureThread != std::this_thread::get_id()) {
     return fail(cudaErrorStreamCaptureUnmatched);
   }
+  if (stream->forked) return fail(cudaErrorStreamCaptureUnmatched);  // only the origin ends a capture
   Graph* captured = stream->capture;
   stream->capture = nullptr;
+  captured->open = false;
+  // The forked streams leave the capture; one with work no join covers makes it fail.
+  bool unjoined = false;
+  for (Stream* other : gStreams) {
+    if (other->capture != captured) continue;
+    if (other->joinedWork != other->forkedWork) unjoined = true;
+    if (other->captureInvalid) stream->captureInvalid = true;
+    other->capture = nullptr;
+    other->captureInvalid = false;
+    other->forked = false;
+  }
+  if (unjoined && !stream->captureInvalid) {
+    complain("stream capture ended with work on a forked stream that the capturing stream did not wait for");
+    gGraphs.erase(captured);
+    dropGraphMemory(captured->memory);
+    delete captured;
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureUnjoined);
+  }
   if (stream->captureInvalid) {
     stream->captureInvalid = false;
     gGraphs.erase(captured);
