@@ -28,12 +28,12 @@ import {
 } from '../lib/index.js';
 import { planBuckets } from '../lib/distributed/buckets.js';
 import { DistributedDataParallel } from '../lib/distributed/ddp.js';
-import { initProcessGroup } from '../lib/distributed/process-group.js';
 import type { ProcessGroup } from '../lib/distributed/types.js';
 import { grads, images, labels, referenceSteps, smallResNet } from './helpers/ddp-fixtures.js';
 import { lookup } from './helpers/defined.js';
 import { loopbackGroups } from './helpers/loopback-group.js';
 import { rankScript, runRanks, type RankRun } from './helpers/ranks.js';
+import { soloGroup } from './gpu/solo-group.js';
 
 const MiB = 1024 * 1024;
 
@@ -567,17 +567,7 @@ describe('DistributedDataParallel over Gloo, 2 processes', () => {
 
 describe('DistributedDataParallel on a one-rank Gloo group', () => {
   it("reduces on the group's thread while backward runs; f32 unchanged, bf16 rounded once", () => {
-    const group = initProcessGroup({
-      backend: 'gloo',
-      rank: 0,
-      worldSize: 1,
-      localRank: 0,
-      localWorldSize: 1,
-      masterAddr: '127.0.0.1',
-      masterPort: 0,
-      token: '',
-      timeoutSeconds: 30,
-    });
+    const group = soloGroup('gloo', undefined, 30);
     try {
       const reference = referenceSteps(1, 2);
       for (const gradientCompression of ['none', 'bf16'] as const) {

@@ -5,17 +5,10 @@
  * are refused.
  */
 import { describe, expect, it } from 'vitest';
-import {
-  BatchNorm2d,
-  Conv2d,
-  Sequential,
-  SyncBatchNorm,
-  Tensor,
-  convertSyncBatchNorm,
-  initProcessGroup,
-} from '../lib/index.js';
+import { BatchNorm2d, Conv2d, Sequential, SyncBatchNorm, Tensor, convertSyncBatchNorm } from '../lib/index.js';
 import { defined, lookup } from './helpers/defined.js';
 import { mirrorGroup, repeatBatch } from './helpers/mirror-group.js';
+import { soloGroup } from './gpu/solo-group.js';
 
 interface Form {
   relu: boolean;
@@ -193,16 +186,7 @@ describe.skipIf(onlyCuda)('convertSyncBatchNorm', () => {
   });
 
   it('with a real Gloo group of one rank, a converted model trains as the unconverted one, bit for bit', () => {
-    const group = initProcessGroup({
-      backend: 'gloo',
-      rank: 0,
-      worldSize: 1,
-      localRank: 0,
-      localWorldSize: 1,
-      masterAddr: '127.0.0.1',
-      masterPort: 0,
-      timeoutSeconds: 30,
-    });
+    const group = soloGroup('gloo', undefined, 30);
     try {
       const plain = model().to('cpu');
       const synced = convertSyncBatchNorm(model().to('cpu'), group);

@@ -10,6 +10,7 @@ import { ResnetError } from '../errors.js';
 import { Chain, Residual } from '../nn/containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, ReLU } from '../nn/layers.js';
 import type { Module } from '../nn/module.js';
+import { refuseShape, windowOut } from '../nn/summary.js';
 
 /** A convolution (cuDNN forward, backward data, backward filter). */
 export interface ConvLayer {
@@ -107,16 +108,8 @@ export interface StepLayers {
   castWeights: number;
 }
 
-/** PyTorch's output length of a window along one axis (floor mode), as summary.ts computes it. */
-function windowOut(size: number, kernel: number, stride: number, pad: number, dilation: number): number {
-  return Math.floor((size + 2 * pad - dilation * (kernel - 1) - 1) / stride) + 1;
-}
-
 function refuse(name: string, what: string, shape: readonly number[]): never {
-  throw new ResnetError(
-    'ERR_RC_INVALID_ARGUMENT',
-    `roofline: ${name || 'the model'} expects ${what}, but the input size gives it [${shape.join(', ')}]`,
-  );
+  refuseShape('roofline', name, what, shape);
 }
 
 function numel(shape: readonly number[]): number {

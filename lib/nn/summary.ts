@@ -171,16 +171,23 @@ function count(n: number): string {
 }
 
 /** The output length of a window along one axis (PyTorch's formula, floor mode). */
-function windowOut(size: number, kernel: number, stride: number, pad: number, dilation: number): number {
+export function windowOut(size: number, kernel: number, stride: number, pad: number, dilation: number): number {
   return Math.floor((size + 2 * pad - dilation * (kernel - 1) - 1) / stride) + 1;
 }
 
-/** Refuses an input a layer cannot take, naming the layer and the shape that reached it. */
-function refuse(name: string, what: string, shape: readonly number[]): never {
+/**
+ * Refuses an input a layer cannot take, naming the tool that walked the model (`summary`,
+ * `roofline`), the layer and the shape that reached it.
+ */
+export function refuseShape(tool: string, name: string, what: string, shape: readonly number[]): never {
   throw new ResnetError(
     'ERR_RC_INVALID_ARGUMENT',
-    `summary: ${name || 'the model'} expects ${what}, but the input size gives it [${shape.join(', ')}]`,
+    `${tool}: ${name || 'the model'} expects ${what}, but the input size gives it [${shape.join(', ')}]`,
   );
+}
+
+function refuse(name: string, what: string, shape: readonly number[]): never {
+  refuseShape('summary', name, what, shape);
 }
 
 /** A leaf's output shape and MACs for an input shape. */

@@ -49,7 +49,6 @@ import {
   Tensor,
   deviceUtilization,
   gradNorm,
-  initProcessGroup,
   listBackends,
   parameterGroups,
   synchronize,
@@ -59,6 +58,7 @@ import { diagnose } from '../../lib/cli/doctor.js';
 import { inferencePlanCheck } from './inference.js';
 import { ddpNcclCheck } from './ddp.js';
 import { COLLECTIVE_CASES } from '../helpers/collectives.js';
+import { soloGroup } from './solo-group.js';
 
 /** Where and how big a check runs, and where it reports details. */
 export interface GpuCheckContext {
@@ -245,18 +245,7 @@ export const gpuChecks: GpuCheck[] = [
   {
     name: 'an NCCL process group of one rank passes the collectives table (test/helpers/collectives.ts)',
     run: ({ device, log }) => {
-      const group = initProcessGroup({
-        backend: 'nccl',
-        device,
-        rank: 0,
-        worldSize: 1,
-        localRank: 0,
-        localWorldSize: 1,
-        masterAddr: '127.0.0.1',
-        masterPort: 0,
-        token: '',
-        timeoutSeconds: 60,
-      });
+      const group = soloGroup('nccl', device);
       try {
         for (const c of COLLECTIVE_CASES) {
           c.run(group);

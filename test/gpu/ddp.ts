@@ -5,15 +5,9 @@
  * average over one rank) and the bf16-compressed ones within one bf16 rounding.
  * @packageDocumentation
  */
-import {
-  CrossEntropyLoss,
-  DistributedDataParallel,
-  ResNet,
-  Tensor,
-  hostSyncStats,
-  initProcessGroup,
-} from '../../lib/index.js';
+import { CrossEntropyLoss, DistributedDataParallel, ResNet, Tensor, hostSyncStats } from '../../lib/index.js';
 import type { GpuCheck } from './cases.js';
+import { soloGroup } from './solo-group.js';
 
 function check(condition: boolean, message: string): asserts condition {
   if (!condition) throw new Error(message);
@@ -47,18 +41,7 @@ export const ddpNcclCheck: GpuCheck = {
       loss.dispose();
       return grads;
     };
-    const group = initProcessGroup({
-      backend: 'nccl',
-      device,
-      rank: 0,
-      worldSize: 1,
-      localRank: 0,
-      localWorldSize: 1,
-      masterAddr: '127.0.0.1',
-      masterPort: 0,
-      token: '',
-      timeoutSeconds: 60,
-    });
+    const group = soloGroup('nccl', device);
     try {
       const plain = gradsOf(null);
       const f32 = gradsOf((m) => new DistributedDataParallel(m, group, { bucketCapMb: 0.1 }));

@@ -3,20 +3,10 @@
  * with the environment torchrun gives its workers, and collects what each one did.
  * @packageDocumentation
  */
-import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { createServer } from 'node:net';
 import { resolve } from 'node:path';
+import { freePort, startRanks, type RankRun } from '../../bench/spawn-ranks.js';
 
-/** What one rank's process did. */
-export interface RankRun {
-  rank: number;
-  /** Exit code, or null when a signal ended it. */
-  code: number | null;
-  signal: NodeJS.Signals | null;
-  stdout: string;
-  stderr: string;
-}
+export { freePort, type RankRun };
 
 /** Options of {@link runRanks}. */
 export interface RunRanksOptions {
@@ -32,19 +22,6 @@ export interface RunRanksOptions {
   onSpawn?: (rank: number, pid: number) => void;
 }
 
-/** A TCP port that was free a moment ago on 127.0.0.1. */
-export async function freePort(): Promise<number> {
-  return await new Promise((done, fail) => {
-    const server = createServer();
-    server.once('error', fail);
-    server.listen(0, '127.0.0.1', () => {
-      const address = server.address();
-      const port = typeof address === 'object' && address ? address.port : 0;
-      server.close(() => done(port));
-    });
-  });
-}
-
 /** The compiled path of a rank script in test/distributed (run `npm run build:ts` first). */
 export function rankScript(name: string): string {
   return resolve('dist/test/distributed', `${name}.js`);
@@ -56,38 +33,12 @@ export function rankScript(name: string): string {
  * waits for all of them.
  */
 export async function runRanks(script: string, options: RunRanksOptions = {}): Promise<RankRun[]> {
-  const worldSize = options.worldSize ?? 2;
-  const port = await freePort();
-  const token = randomBytes(16).toString('hex');
-  const runs = Array.from({ length: worldSize }, (_, rank) => {
-    const extra = typeof options.env === 'function' ? options.env(rank) : (options.env ?? {});
-    const child = spawn(process.execPath, [script, ...(options.args ?? [])], {
-      env: {
-        ...process.env,
-        OMP_NUM_THREADS: '1',
-        MASTER_ADDR: '127.0.0.1',
-        MASTER_PORT: String(port),
-        RANK: String(rank),
-        WORLD_SIZE: String(worldSize),
-        LOCAL_RANK: String(rank),
-        LOCAL_WORLD_SIZE: String(worldSize),
-        RESNET_STORE_TOKEN: token,
-        ...extra,
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    if (child.pid !== undefined) options.onSpawn?.(rank, child.pid);
-    const killer = setTimeout(() => child.kill('SIGKILL'), options.timeoutMs ?? 300_000);
-    return new Promise<RankRun>((done) => {
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
-      child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
-      child.on('close', (code, signal) => {
-        clearTimeout(killer);
-        done({ rank, code, signal, stdout, stderr });
-      });
-    });
+  const env = options.env;
+  return await startRanks(script, options.args ?? [], {
+    worldSize: options.worldSize ?? 2,
+    threads: 1,
+    timeoutMs: options.timeoutMs ?? 300_000,
+    env: typeof env === 'function' ? env : () => env ?? {},
+    ...(options.onSpawn ? { onSpawn: options.onSpawn } : {}),
   });
-  return await Promise.all(runs);
 }
