@@ -9,9 +9,12 @@ namespace rc::cuda {
 
 namespace {
 
-// Running log-sum-exp state: m = max seen, s = sum exp(z - m).
+// Running log-sum-exp state: m = max seen, s = sum exp(z - m). The sum is kept in double: with a
+// confident prediction it is 1 + a small remainder, and in f32 that remainder (the whole loss) would
+// keep only a few digits.
 struct SoftmaxState {
-  float m, s;
+  float m;
+  double s;
 };
 
 __device__ __forceinline__ SoftmaxState mergeSoftmax(SoftmaxState a, SoftmaxState b) {
@@ -19,7 +22,16 @@ __device__ __forceinline__ SoftmaxState mergeSoftmax(SoftmaxState a, SoftmaxStat
   if (b.m == -INFINITY) return a;
   if (a.m == -INFINITY) return b;
   const float m = fmaxf(a.m, b.m);
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+  return {m, a.s * static_cast<double>(expf(a.m - m)) + b.s * static_cast<double>(expf(b.m - m))};
+}
+
+// log(sum exp(z)) of a reduced state.
+__device__ __forceinline__ float logSumExp(SoftmaxState v) { return v.m + static_cast<float>(log(v.s)); }
+
+// log(sum exp(z)) - z0, without rounding log(sum exp(z)) to the scale of the maximum first: when z0
+// is the maximum (a correct prediction) the difference is log(s) alone, tiny and exact to f32.
+__device__ __forceinline__ float logSumExpMinus(SoftmaxState v, float z0) {
+  return (v.m - z0) + static_cast<float>(log(v.s));
 }
 
 __device__ __forceinline__ SoftmaxState shuffleDown(SoftmaxState v, int offset) {
@@ -42,7 +54,7 @@ __device__ void blockReduce(SoftmaxState& state, float& sum, SoftmaxState* sStat
   }
   __syncthreads();
   if (warp == 0) {
-    state = lane < warps ? sState[lane] : SoftmaxState{-INFINITY, 0.0f};
+    state = lane < warps ? sState[lane] : SoftmaxState{-INFINITY, 0.0};
     sum = lane < warps ? sSum[lane] : 0.0f;
     for (int offset = kMaxWarps / 2; offset > 0; offset /= 2) {
       state = mergeSoftmax(state, shuffleDown(state, offset));
@@ -83,29 +95,29 @@ __global__ void __launch_bounds__(kThreads)
       }
       continue;
     }
-    SoftmaxState state{-INFINITY, 0.0f};
+    SoftmaxState state{-INFINITY, 0.0};
     float sumZ = 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
       const float v = toFloat(z[j]);
       // exp(v - v): 1, or NaN for an infinite logit, so +inf gives a NaN loss as in PyTorch, where
       // the shift by the row's maximum turns inf - inf into NaN (-inf elements still add nothing).
-      state = mergeSoftmax(state, SoftmaxState{v, isfinite(v) ? 1.0f : NAN});
+      state = mergeSoftmax(state, SoftmaxState{v, isfinite(v) ? 1.0 : static_cast<double>(NAN)});
       sumZ += v;
     }
     blockReduce(state, sumZ, sState, sSum);
-    const float logSumExp = state.m + logf(state.s);
+    const float lse = logSumExp(state);
     if (threadIdx.x == 0) {
       // sum_j q_j (logSumExp - z_j), leaving out the terms whose weight is 0: a logit of -inf away
       // from the label then gives a finite loss without smoothing (not 0 * inf = NaN), as in PyTorch.
-      const float hard = smoothing < 1.0f ? (1.0f - smoothing) * (logSumExp - toFloat(z[label])) : 0.0f;
-      const float smooth = smoothing > 0.0f ? smoothing * logSumExp - offLabel * sumZ : 0.0f;
+      const float hard = smoothing < 1.0f ? (1.0f - smoothing) * logSumExpMinus(state, toFloat(z[label])) : 0.0f;
+      const float smooth = smoothing > 0.0f ? smoothing * lse - offLabel * sumZ : 0.0f;
       blockLoss += hard + smooth;
     }
     if (dLogits) {
       T* g = dLogits + row * k;
       for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
         const float q = (j == label ? 1.0f - smoothing : 0.0f) + offLabel;
-        g[j] = fromFloat<T>((expf(toFloat(z[j]) - logSumExp) - q) * scale);
+        g[j] = fromFloat<T>((expf(toFloat(z[j]) - lse) - q) * scale);
       }
     }
   }
@@ -128,7 +140,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The running (max, sum exp) state of one element, NaN for an infinite one as in cross_entropy_kernel.
-__device__ __forceinline__ SoftmaxState elementState(float v) { return SoftmaxState{v, isfinite(v) ? 1.0f : NAN}; }
+__device__ __forceinline__ SoftmaxState elementState(float v) {
+  return SoftmaxState{v, isfinite(v) ? 1.0 : static_cast<double>(NAN)};
+}
 
 // Knowledge distillation, per row: loss_i = alpha T^2 KL(pt || ps) + (1 - alpha) CE_i with
 // ps = softmax(s/T), pt = softmax(t/T); dz = gradScale / n * (alpha T (ps - pt) + (1 - alpha) (softmax(s) - q)).
@@ -158,7 +172,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       continue;
     }
-    SoftmaxState plain{-INFINITY, 0.0f}, soft{-INFINITY, 0.0f}, soft_t{-INFINITY, 0.0f};
+    SoftmaxState plain{-INFINITY, 0.0}, soft{-INFINITY, 0.0}, soft_t{-INFINITY, 0.0};
     float sumZ = 0.0f, unused = 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
       const float v = toFloat(s[j]);
@@ -170,9 +184,9 @@ __global__ void __launch_bounds__(kThreads)
     blockReduce(plain, sumZ, sState, sSum);
     blockReduce(soft, unused, sState, sSum);
     blockReduce(soft_t, unused, sState, sSum);
-    const float lsePlain = plain.m + logf(plain.s);
-    const float lseSoft = soft.m + logf(soft.s);
-    const float lseTeacher = soft_t.m + logf(soft_t.s);
+    const float lsePlain = logSumExp(plain);
+    const float lseSoft = logSumExp(soft);
+    const float lseTeacher = logSumExp(soft_t);
     float kl = 0.0f;
     for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
       const float v = toFloat(s[j]);
@@ -187,11 +201,11 @@ __global__ void __launch_bounds__(kThreads)
         dLogits[row * k + j] = fromFloat<T>(d * scale);
       }
     }
-    SoftmaxState none{-INFINITY, 0.0f};
+    SoftmaxState none{-INFINITY, 0.0};
     blockReduce(none, kl, sState, sSum);
     if (threadIdx.x == 0) {
       const float sm = p.labelSmoothing;
-      const float hard = sm < 1.0f ? (1.0f - sm) * (lsePlain - toFloat(s[label])) : 0.0f;
+      const float hard = sm < 1.0f ? (1.0f - sm) * logSumExpMinus(plain, toFloat(s[label])) : 0.0f;
       const float smooth = sm > 0.0f ? sm * lsePlain - offLabel * sumZ : 0.0f;
       // Terms of weight 0 are left out: alpha = 0 is the plain cross-entropy, alpha = 1 ignores labels.
       blockLoss += (kdWeight > 0.0f ? kdWeight * kl : 0.0f) + (ceWeight > 0.0f ? ceWeight * (hard + smooth) : 0.0f);
