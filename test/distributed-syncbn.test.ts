@@ -6,7 +6,13 @@
  */
 import { describe, expect, it } from 'vitest';
 import { BatchNorm2d, Tensor } from '../lib/index.js';
-import { SYNCBN_CHANNELS, SYNCBN_HW, syncBnBatch, type SyncBnRankResult } from './distributed/syncbn-data.js';
+import {
+  SYNCBN_CHANNELS,
+  SYNCBN_HW,
+  syncBnBatch,
+  syncBnStep,
+  type SyncBnRankResult,
+} from './distributed/syncbn-data.js';
 import { rankScript, runRanks } from './helpers/ranks.js';
 
 /** f32: the merged statistics and summed gradient terms round differently from one pass. */
@@ -24,16 +30,7 @@ function wholeBatch(total: number): Step[] {
     bn.zeroGrad();
     const y = bn.forward(Tensor.from(batch.x, shape), Tensor.from(batch.residual, shape));
     const dx = bn.backward(Tensor.from(batch.dy, shape));
-    const state = bn.stateDict();
-    steps.push({
-      y: [...y.toFloat32Array()],
-      dx: [...(dx?.toFloat32Array() ?? [])],
-      dResidual: [...(bn.residualGrad?.toFloat32Array() ?? [])],
-      dGamma: [...bn.weight.grad.toFloat32Array()],
-      dBeta: [...bn.bias.grad.toFloat32Array()],
-      runningMean: [...(state.get('running_mean')?.data as Float32Array)],
-      runningVar: [...(state.get('running_var')?.data as Float32Array)],
-    });
+    steps.push(syncBnStep(bn, y, dx));
   }
   bn.dispose();
   return steps;

@@ -3,7 +3,7 @@
  * same way from its size and step.
  * @packageDocumentation
  */
-import { Tensor } from '../../lib/index.js';
+import { Tensor, type BatchNorm2d } from '../../lib/index.js';
 
 /** Channels of the layer. */
 export const SYNCBN_CHANNELS = 6;
@@ -36,4 +36,18 @@ export interface SyncBnRankResult {
     runningMean: number[];
     runningVar: number[];
   }[];
+}
+
+/** One step's record: the layer's output `y`, input gradient `dx`, and its gradients and running statistics now. */
+export function syncBnStep(bn: BatchNorm2d, y: Tensor, dx: Tensor | null): SyncBnRankResult['steps'][number] {
+  const state = bn.stateDict();
+  return {
+    y: [...y.toFloat32Array()],
+    dx: [...(dx?.toFloat32Array() ?? [])],
+    dResidual: [...(bn.residualGrad?.toFloat32Array() ?? [])],
+    dGamma: [...bn.weight.grad.toFloat32Array()],
+    dBeta: [...bn.bias.grad.toFloat32Array()],
+    runningMean: [...(state.get('running_mean')?.data as Float32Array)],
+    runningVar: [...(state.get('running_var')?.data as Float32Array)],
+  };
 }

@@ -7,7 +7,7 @@
  */
 import { initProcessGroup } from '../../lib/distributed/process-group.js';
 import { SyncBatchNorm, Tensor } from '../../lib/index.js';
-import { SYNCBN_CHANNELS, SYNCBN_HW, syncBnBatch, type SyncBnRankResult } from './syncbn-data.js';
+import { SYNCBN_CHANNELS, SYNCBN_HW, syncBnBatch, syncBnStep, type SyncBnRankResult } from './syncbn-data.js';
 
 const sizes = (process.argv[2] ?? '').split(',').map(Number);
 const group = initProcessGroup({ backend: 'gloo', timeoutSeconds: 60 });
@@ -28,16 +28,7 @@ for (let step = 0; step < 2; ++step) {
   bn.zeroGrad();
   const y = bn.forward(slice(batch.x), slice(batch.residual));
   const dx = bn.backward(slice(batch.dy));
-  const state = bn.stateDict();
-  out.steps.push({
-    y: [...y.toFloat32Array()],
-    dx: [...(dx?.toFloat32Array() ?? [])],
-    dResidual: [...(bn.residualGrad?.toFloat32Array() ?? [])],
-    dGamma: [...bn.weight.grad.toFloat32Array()],
-    dBeta: [...bn.bias.grad.toFloat32Array()],
-    runningMean: [...(state.get('running_mean')?.data as Float32Array)],
-    runningVar: [...(state.get('running_var')?.data as Float32Array)],
-  });
+  out.steps.push(syncBnStep(bn, y, dx));
 }
 group.destroy();
 console.log(JSON.stringify(out));
