@@ -412,6 +412,24 @@ __global__ void syncbn_bwd_coef_kernel(const float* __restrict__ sums, const flo
 // The finalize kernels run one warp per channel.
 constexpr int kFinalizeWarps = kThreads / 32;
 
+// Launches batchnorm_fwd_kernel alone, for statistics that already exist (running or merged ones).
+template <bool kFromVariance>
+void normalise(DType dtype, const char* what, const void* x, const void* residual, void* y, const float* gamma,
+               const float* beta, const float* mean, const float* spread, float eps, int64_t rows, int64_t channels,
+               bool relu, cudaStream_t stream) {
+  dispatchFloat(dtype, what, [&](auto tag) {
+    using T = decltype(tag);
+    dispatchPack<T>(channelPackable<T>(channels, {x, residual, y}), [&](auto pack) {
+      constexpr int V = decltype(pack)::value;
+      const ChannelTiling t = channelTiling(channels, V);
+      batchnorm_fwd_kernel<T, V, kFromVariance><<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(
+          static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<T*>(y), gamma, beta, mean, spread, eps,
+          rows, channels, relu);
+      checkLaunch("batchnorm_fwd_kernel");
+    });
+  });
+}
+
 }  // namespace
 
 // partial[0, 2*C*rowBlocks): per-row-block partials; partial[2*C*rowBlocks, +2*C): backward's
@@ -460,17 +478,8 @@ void batchNormForwardInference(DType dtype, const void* x, const void* residual,
         runningMean, runningVar, eps, channels, saveMean, saveInvStd);
     checkLaunch("batchnorm_save_running_kernel");
   }
-  dispatchFloat(dtype, "batchnorm inference", [&](auto tag) {
-    using T = decltype(tag);
-    dispatchPack<T>(channelPackable<T>(channels, {x, residual, y}), [&](auto pack) {
-      constexpr int V = decltype(pack)::value;
-      const ChannelTiling t = channelTiling(channels, V);
-      batchnorm_fwd_kernel<T, V, true><<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<T*>(y), gamma, beta, runningMean,
-          runningVar, eps, rows, channels, relu);
-      checkLaunch("batchnorm_fwd_kernel");
-    });
-  });
+  normalise<true>(dtype, "batchnorm inference", x, residual, y, gamma, beta, runningMean, runningVar, eps, rows,
+                  channels, relu, stream);
 }
 
 void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy, void* dx, void* dResidual,
@@ -531,17 +540,8 @@ void syncBatchNormForward(DType dtype, const void* x, const void* residual, void
   syncbn_merge_kernel<<<static_cast<unsigned>(ceilDiv(channels, kThreads)), kThreads, 0, stream>>>(
       stats, ranks, channels, momentum, eps, runningMean, runningVar, saveMean, saveInvStd);
   checkLaunch("syncbn_merge_kernel");
-  dispatchFloat(dtype, "sync batchnorm forward", [&](auto tag) {
-    using T = decltype(tag);
-    dispatchPack<T>(channelPackable<T>(channels, {x, residual, y}), [&](auto pack) {
-      constexpr int V = decltype(pack)::value;
-      const ChannelTiling t = channelTiling(channels, V);
-      batchnorm_fwd_kernel<T, V, false><<<rowsGrid(t, rows), dim3(t.tx, t.ty), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<T*>(y), gamma, beta, saveMean,
-          saveInvStd, eps, rows, channels, relu);
-      checkLaunch("batchnorm_fwd_kernel");
-    });
-  });
+  normalise<false>(dtype, "sync batchnorm forward", x, residual, y, gamma, beta, saveMean, saveInvStd, eps, rows,
+                   channels, relu, stream);
 }
 
 void syncBatchNormBackwardReduce(DType dtype, const void* x, const void* y, const void* dy, const float* saveMean,
