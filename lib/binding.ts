@@ -4,11 +4,14 @@
  * @packageDocumentation
  */
 import { createRequire } from 'node:module';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { addonLoadHint } from './addon-load-hint.js';
 import { ResnetError } from './errors.js';
 import { applyOpenMpDefaults } from './openmp-env.js';
+
+export { addonLoadHint, type AddonLoadContext } from './addon-load-hint.js';
 
 /** Element types known to the native layer. */
 export type DTypeName = 'f32' | 'bf16' | 'f16' | 'i32' | 'i64' | 'u8';
@@ -517,31 +520,23 @@ export function packageRoot(): string {
   }
 }
 
-/** The `ERR_RC_ADDON_LOAD` error for a failed load: the loader's message and what to do about it. */
+/** The package version in `root`'s package.json, or undefined when it cannot be read. */
+function packageVersion(root: string): string | undefined {
+  try {
+    const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version?: unknown };
+    return typeof pkg.version === 'string' ? pkg.version : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The `ERR_RC_ADDON_LOAD` error for a failed load: the loader's message and {@link addonLoadHint}'s. */
 function explainLoadFailure(error: unknown, root: string): ResnetError {
   const message = error instanceof Error ? error.message : String(error);
-  const hints: string[] = [];
-  const missing = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(message);
-  if (missing?.[1]?.startsWith('libdnnl')) {
-    hints.push(`The CPU backend needs oneDNN 2.6 (${missing[1]}): on Debian/Ubuntu, \`apt-get install libdnnl2\`.`);
-  } else if (missing?.[1]?.startsWith('libgloo')) {
-    hints.push(`The CPU process groups need Gloo (${missing[1]}): on Debian bookworm, \`apt-get install libgloo0\`.`);
-  } else if (missing?.[1]?.startsWith('libjpeg')) {
-    hints.push(`The JPEG decoder needs libjpeg-turbo (${missing[1]}): on Debian, \`apt-get install libjpeg62-turbo\`.`);
-  } else if (missing?.[1]?.startsWith('libgomp')) {
-    hints.push(`OpenMP's runtime (${missing[1]}) is missing: \`apt-get install libgomp1\`.`);
-  } else if (missing) {
-    hints.push(`A shared library the addon needs is missing: ${missing[1]}.`);
-  }
-  if (message.includes('No native build was found')) {
-    hints.push(
-      `No prebuilt binary matches ${process.platform}-${process.arch} (Node ${process.versions.node}) and no local build exists in ${join(root, 'build/Release')}.`,
-      'Build from source with `npm run build:native` (needs CMake, a C++17 compiler, `libdnnl-dev` and `libgloo-dev`; `scripts/setup` installs them).',
-    );
-  }
+  const hint = addonLoadHint(error, { root, version: packageVersion(root) });
   const err = new ResnetError(
     'ERR_RC_ADDON_LOAD',
-    `resnet-cuda: the native addon failed to load.\n${message}${hints.length ? '\n' + hints.join('\n') : ''}`,
+    `resnet-cuda: the native addon failed to load.\n${message}\n${hint}`,
   );
   Object.assign(err, { cause: error });
   return err;

@@ -147,7 +147,7 @@ describe('error codes', () => {
     const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-addon-load-'));
     try {
       mkdirSync(join(dir, 'lib'));
-      for (const f of ['binding.js', 'errors.js', 'openmp-env.js']) {
+      for (const f of ['binding.js', 'errors.js', 'openmp-env.js', 'addon-load-hint.js']) {
         copyFileSync(new URL(`../dist/lib/${f}`, import.meta.url), join(dir, 'lib', f));
       }
       writeFileSync(join(dir, 'package.json'), '{"type":"module"}');
@@ -163,7 +163,8 @@ describe('error codes', () => {
       });
       const result = JSON.parse(child.stdout) as { typed: boolean; code: string; message: string };
       expect(result).toMatchObject({ typed: true, code: 'ERR_RC_ADDON_LOAD' });
-      expect(result.message).toMatch(/native addon failed to load[\s\S]*npm run build:native/);
+      expect(result.message).toMatch(/native addon failed to load[\s\S]*npm rebuild resnet-cuda/);
+      expect(result.message).not.toMatch(/scripts\/setup/);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
