@@ -1,0 +1,97 @@
+import { spawnSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { defined } from './helpers/defined.js';
+
+// The node-gyp build itself runs in CI (scripts/gyp-check.mjs: minutes of compiling); these check
+// that binding.gyp builds what CMakeLists.txt builds, and how it finds the libraries.
+const root = fileURLToPath(new URL('..', import.meta.url));
+const cmake = readFileSync(join(root, 'CMakeLists.txt'), 'utf8');
+const gyp = readFileSync(join(root, 'binding.gyp'), 'utf8');
+
+/** Runs scripts/gyp-deps.mjs with `env` over this process's environment (undefined: unset). */
+function gypDeps(what: string, env: Record<string, string | undefined> = {}) {
+  const merged = Object.fromEntries(
+    Object.entries({ ...process.env, ...env }).filter((e): e is [string, string] => e[1] !== undefined),
+  );
+  return spawnSync(process.execPath, [join(root, 'scripts/gyp-deps.mjs'), what], { encoding: 'utf8', env: merged });
+}
+
+/** The source files of the CMake target `name` (its add_library list). */
+function cmakeSources(name: string): string[] {
+  const block = new RegExp(`add_library\\(${name.replace(/[${}]/g, '\\$&')} (?:STATIC|SHARED)([^)]*)\\)`).exec(cmake);
+  return defined(block?.[1], `add_library(${name}) in CMakeLists.txt`)
+    .split(/\s+/)
+    .filter((f) => f.startsWith('native/'));
+}
+
+describe('binding.gyp', () => {
+  it('compiles the sources of the CMake addon, less the CUDA backend', () => {
+    const fromCmake = ['rc_core', 'rc_cpu', 'rc_image', '${PROJECT_NAME}'].flatMap(cmakeSources).sort();
+    const listed = gypDeps('sources');
+    expect(listed.status, listed.stderr).toBe(0);
+    const fromGyp = [...listed.stdout.trim().split('\n'), 'native/cpu/optim.cc'].sort();
+    expect(fromGyp).toEqual(fromCmake);
+    expect(gyp).toContain("'sources': ['native/cpu/optim.cc']");
+    expect(gyp).toContain("'cflags': ['-fno-math-errno']");
+  });
+
+  it('has the defines of the CMake addon', () => {
+    const definitions = defined(
+      /target_compile_definitions\(\$\{PROJECT_NAME\} PRIVATE([^)]*)\)/.exec(cmake)?.[1],
+      "the addon's target_compile_definitions",
+    );
+    const defines = definitions.split(/\s+/).filter(Boolean);
+    expect(defines).toContain('RC_VERSION="${RC_VERSION}"');
+    for (const d of defines) {
+      expect(gyp).toContain(d === 'RC_VERSION="${RC_VERSION}"' ? `'RC_VERSION="<(rc_version)"'` : `'${d}'`);
+    }
+    const version = gypDeps('version');
+    expect(version.stdout.trim()).toBe(
+      (JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }).version,
+    );
+  });
+
+  it("links the system's libraries without RESNET_DEPS_PREFIX", () => {
+    const libs = gypDeps('libraries', { RESNET_DEPS_PREFIX: undefined });
+    expect(libs.status, libs.stderr).toBe(0);
+    expect(libs.stdout.trim().split('\n')).toEqual(expect.arrayContaining(['-ldnnl', '-lgloo', '-ljpeg', '-fopenmp']));
+    expect(gypDeps('include_dirs', { RESNET_DEPS_PREFIX: undefined }).stdout).toBe('');
+  });
+
+  it("links a static prefix's archives, and names what a prefix lacks", () => {
+    const prefix = mkdtempSync(join(tmpdir(), 'resnet-cuda-deps-prefix-'));
+    try {
+      const missingHeader = gypDeps('libraries', { RESNET_DEPS_PREFIX: prefix });
+      expect(missingHeader.status).toBe(1);
+      expect(missingHeader.stderr).toContain(`RESNET_DEPS_PREFIX=${prefix} has no include/dnnl.hpp`);
+
+      mkdirSync(join(prefix, 'include', 'gloo'), { recursive: true });
+      for (const h of ['dnnl.hpp', 'jpeglib.h', 'gloo/allreduce.h']) writeFileSync(join(prefix, 'include', h), '');
+      mkdirSync(join(prefix, 'lib64'));
+      writeFileSync(join(prefix, 'lib64', 'libdnnl.a'), '');
+      writeFileSync(join(prefix, 'lib64', 'libgloo.a'), '');
+      const missingArchive = gypDeps('libraries', { RESNET_DEPS_PREFIX: prefix });
+      expect(missingArchive.status).toBe(1);
+      expect(missingArchive.stderr).toContain(join(prefix, 'lib64', 'libjpeg.a'));
+
+      writeFileSync(join(prefix, 'lib64', 'libjpeg.a'), '');
+      const libs = gypDeps('libraries', { RESNET_DEPS_PREFIX: prefix });
+      expect(libs.status, libs.stderr).toBe(0);
+      const lines = libs.stdout.trim().split('\n');
+      expect(lines.slice(0, 3)).toEqual(['libdnnl.a', 'libgloo.a', 'libjpeg.a'].map((a) => join(prefix, 'lib64', a)));
+      expect(lines).not.toContain('-ldnnl');
+      expect(gypDeps('include_dirs', { RESNET_DEPS_PREFIX: prefix }).stdout.trim()).toBe(join(prefix, 'include'));
+    } finally {
+      rmSync(prefix, { recursive: true, force: true });
+    }
+  });
+
+  it('adds -Werror with RESNET_CUDA_WERROR=1 only', () => {
+    expect(gypDeps('cflags', { RESNET_CUDA_WERROR: '1' }).stdout.split('\n')).toContain('-Werror');
+    expect(gypDeps('cflags', { RESNET_CUDA_WERROR: undefined }).stdout.split('\n')).not.toContain('-Werror');
+  });
+});
