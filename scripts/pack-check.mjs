@@ -4,9 +4,13 @@
 //   2. installs the tarball into an empty project the normal way (install scripts run), with
 //      RESNET_CUDA_FORBID_BUILD=1 so that the install fails if it would compile anything;
 //   3. type-checks a strict TypeScript consumer against the installed typings, compiles it, runs it
-//      with node and checks that ResNet-18 trains one step and gives logits of shape [2, 10].
+//      with node and checks that ResNet-18 trains one step and gives logits of shape [2, 10];
+//   4. checks the installed manifest (license, repository, homepage, bugs, cpu) and that
+//      require('resnet-cuda') from CommonJS, where Node cannot require ES modules, says how to import it;
+//   5. checks that `npm pack` refuses, in a copy of the package, without a prebuilt addon and with
+//      one built from another version (the prepack step).
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -70,6 +74,10 @@ function pack() {
   const problems = [];
   const required = [
     'package.json',
+    'LICENSE',
+    'binding.gyp',
+    'scripts/gyp-deps.mjs',
+    'cjs/index.cjs',
     'dist/lib/index.js',
     'dist/lib/index.d.ts',
     'dist/lib/binding.js',
@@ -196,13 +204,87 @@ function consume(project) {
   if (!report || typeof report !== 'object') throw new CheckError('resnet-cuda doctor --json printed no JSON object');
 }
 
+/** The installed manifest's fields, and the message of require('resnet-cuda') without require(esm). */
+function checkManifest(project) {
+  const installed = join(project, 'node_modules', 'resnet-cuda');
+  const manifest = JSON.parse(readFileSync(join(installed, 'package.json'), 'utf8'));
+  const problems = [];
+  if (manifest.license !== 'MIT') problems.push(`license is ${JSON.stringify(manifest.license)}, not MIT`);
+  if (!/^MIT License\n/.test(readFileSync(join(installed, 'LICENSE'), 'utf8'))) {
+    problems.push('LICENSE is not the MIT text');
+  }
+  if (!/^git\+https:\/\/github\.com\/[\w.-]+\/[\w.-]+\.git$/.test(manifest.repository?.url ?? '')) {
+    problems.push(`repository.url is ${JSON.stringify(manifest.repository?.url)}`);
+  }
+  if (!/^https:\/\/github\.com\/.+#readme$/.test(manifest.homepage ?? '')) problems.push('homepage is not the #readme');
+  if (!/^https:\/\/github\.com\/.+\/issues$/.test(manifest.bugs?.url ?? '')) {
+    problems.push('bugs.url is not the issues');
+  }
+  if (JSON.stringify(manifest.cpu) !== JSON.stringify(['x64'])) problems.push(`cpu is ${JSON.stringify(manifest.cpu)}`);
+  if (problems.length) throw new CheckError(`the installed package.json is not right:\n  ${problems.join('\n  ')}`);
+  step('the installed package has LICENSE (MIT), repository, homepage, bugs and cpu');
+
+  step("require('resnet-cuda') from CommonJS with --no-experimental-require-module");
+  const probe =
+    "try { require('resnet-cuda'); console.log('loaded'); } catch (e) { console.log(e.code + '\\n' + e.message); }";
+  const r = run(process.execPath, ['--no-experimental-require-module', '-e', probe], { cwd: project });
+  if (!r.stdout.startsWith('ERR_REQUIRE_ESM\n') || !r.stdout.includes("await import('resnet-cuda')")) {
+    throw new CheckError(`require('resnet-cuda') did not explain how to import it:\n${r.stdout.trimEnd()}`);
+  }
+}
+
+/**
+ * `npm pack` in a copy of the package (never the real prebuilds/): it must refuse with no prebuilt
+ * addon, and with a prebuilt addon of another version.
+ */
+function checkPrepackRefuses() {
+  const copy = temp('resnet-cuda-prepack-');
+  for (const path of ['package.json', 'scripts/prepack.mjs', 'native']) {
+    cpSync(join(root, path), join(copy, path), { recursive: true });
+  }
+  const dest = temp('resnet-cuda-prepack-out-');
+  const attempt = (what, expected) => {
+    const r = spawnSync(npm, ['pack', '--pack-destination', dest], { cwd: copy, encoding: 'utf8' });
+    const output = `${r.stdout}${r.stderr}`;
+    if (r.status === 0 || readdirSync(dest).length > 0) {
+      throw new CheckError(`npm pack made a tarball ${what}:\n${output.trimEnd()}`);
+    }
+    if (!output.includes('refusing to pack') || !expected.test(output)) {
+      throw new CheckError(
+        `npm pack failed ${what}, but not with the prepack message ${expected}:\n${output.trimEnd()}`,
+      );
+    }
+    step(`npm pack refuses ${what}`);
+  };
+  attempt(
+    'without a prebuilt addon',
+    /node\.napi\.glibc\.node is missing[\s\S]*npm run build:native && npm run prebuilds/,
+  );
+
+  cpSync(join(root, 'prebuilds'), join(copy, 'prebuilds'), { recursive: true });
+  const manifest = JSON.parse(readFileSync(join(copy, 'package.json'), 'utf8'));
+  const version = manifest.version;
+  manifest.version = `${version}-other.1`;
+  writeFileSync(join(copy, 'package.json'), JSON.stringify(manifest, null, 2) + '\n');
+  attempt(
+    'with a prebuilt addon of another version',
+    new RegExp(
+      `built from version ${version.replace(/\./g, '\\.')}, package\\.json says ${manifest.version.replace(/\./g, '\\.')}`,
+    ),
+  );
+}
+
 let code = 0;
 try {
   ensureBuilt();
   const tarball = pack();
   const project = install(tarball);
   consume(project);
-  step('OK: the packed tarball installs without compiling, type-checks and trains');
+  checkManifest(project);
+  checkPrepackRefuses();
+  step(
+    'OK: the packed tarball installs without compiling, type-checks and trains; prepack refuses a tarball without the addon',
+  );
 } catch (error) {
   code = 1;
   console.error(`pack-check: FAILED: ${error instanceof CheckError ? error.message : (error?.stack ?? error)}`);
