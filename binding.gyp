@@ -1,5 +1,5 @@
-# The node-gyp build of the addon, for machines without CMake:
-#   npx node-gyp rebuild --nodedir="$(dirname "$(dirname "$(command -v node)")")"
+# The node-gyp build of the addon, for machines without CMake: `npm run build:gyp`
+# (scripts/gyp-build.mjs: node-gyp rebuild --nodedir=<the running Node's prefix>, no download).
 # It builds build/Release/resnet_cuda.node with the CPU backend (oneDNN), JPEG decoding
 # (libjpeg-turbo) and the CPU process groups (Gloo), from the same sources, defines and flags as
 # CMakeLists.txt. The CUDA backend (libresnet_cuda_backend.so) is built by CMake only

@@ -67,7 +67,7 @@ export function addonLoadHint(error: unknown, context: AddonLoadContext = {}): s
     if (isSourceCheckout(context.root)) {
       lines.push(
         `No addon is built in this source checkout (${join(context.root ?? '.', 'build/Release')} is empty) and no prebuilt binary matches ${tuple}.`,
-        'Build it with `npm run build:native` (CMake), or without CMake with `npx node-gyp rebuild` (CPU only; see the README).',
+        'Build it with `npm run build:native` (CMake), or without CMake with `npm run build:gyp` (node-gyp, CPU only).',
       );
     } else if (tuple !== 'linux-x64' || glibc === undefined) {
       lines.push(

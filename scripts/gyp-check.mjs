@@ -7,14 +7,14 @@
 //   3. loads the result through the package's own loader (dist/lib) and checks that it is the
 //      node-gyp binary, that a Linear layer's forward pass matches a JavaScript reference, and that
 //      a small ResNet-18 trains one step.
-// node-gyp: the one in node_modules when there is one, else the copy bundled with npm.
+// node-gyp and the headers are found as `npm run build:gyp` finds them (scripts/gyp-build.mjs).
 // Exits 2 (skipped, with the reason) when node-gyp or the Node.js headers are absent.
 import { spawnSync } from 'node:child_process';
 import { cpSync, existsSync, mkdtempSync, realpathSync, rmSync, symlinkSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { availableParallelism, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { nodeDir, nodeGyp, rebuildArgs } from './gyp-build.mjs';
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const keep = process.argv.includes('--keep');
@@ -27,30 +27,6 @@ function step(line) {
 function skip(reason) {
   console.log(`gyp-check: SKIPPED: ${reason}`);
   process.exit(2);
-}
-
-/** node-gyp's entry point: node_modules' own, else npm's bundled copy; undefined when neither. */
-function nodeGyp() {
-  try {
-    return createRequire(join(root, 'package.json')).resolve('node-gyp/bin/node-gyp.js');
-  } catch {
-    // npm bundles node-gyp: <prefix>/lib/node_modules/npm/node_modules/node-gyp.
-  }
-  const which = spawnSync('sh', ['-c', 'command -v npm'], { encoding: 'utf8' });
-  const npm = which.status === 0 ? which.stdout.trim() : '';
-  if (!npm) return undefined;
-  const npmRoot = dirname(dirname(realpathSync(npm)));
-  const bundled = join(npmRoot, 'node_modules', 'node-gyp', 'bin', 'node-gyp.js');
-  return existsSync(bundled) ? bundled : undefined;
-}
-
-/** The prefix of the running Node.js when it has its headers (include/node), else undefined. */
-function nodeDir() {
-  for (const exe of [process.execPath, realpathSync(process.execPath)]) {
-    const prefix = dirname(dirname(exe));
-    if (existsSync(join(prefix, 'include', 'node', 'node_api.h'))) return prefix;
-  }
-  return undefined;
 }
 
 const gyp = nodeGyp();
@@ -74,13 +50,13 @@ try {
   }
   symlinkSync(realpathSync(join(root, 'node_modules')), join(dir, 'node_modules'));
 
-  const jobs = String(Math.max(1, availableParallelism()));
+  const args = rebuildArgs(gyp, nodedir);
   const deps = process.env.RESNET_DEPS_PREFIX
     ? `static libraries of ${process.env.RESNET_DEPS_PREFIX}`
     : "the system's";
-  step(`node-gyp rebuild --nodedir=${nodedir} -j ${jobs} in ${dir}, with ${deps} oneDNN, libjpeg and Gloo`);
+  step(`node-gyp ${args.slice(1).join(' ')} in ${dir}, with ${deps} oneDNN, libjpeg and Gloo`);
   const started = Date.now();
-  const build = spawnSync(process.execPath, [gyp, 'rebuild', `--nodedir=${nodedir}`, '-j', jobs], {
+  const build = spawnSync(process.execPath, args, {
     cwd: dir,
     encoding: 'utf8',
     maxBuffer: 256 << 20,

@@ -75,7 +75,7 @@ describe('addonLoadHint: the cause, from the loader message', () => {
     }
     const checkout = addonLoadHint(new Error(message), { root: fileURLToPath(new URL('..', import.meta.url)) });
     expect(checkout).toContain('npm run build:native');
-    expect(checkout).toContain('npx node-gyp rebuild');
+    expect(checkout).toContain('npm run build:gyp');
   });
 });
 
