@@ -35,7 +35,7 @@ import {
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { dirname, join, relative } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const tuple = `${process.platform}-${process.arch}`;
@@ -291,15 +291,16 @@ if (tools.missing.length === 0) {
 }
 
 if (found.found) {
-  const lib = /(lib[\w.+-]+\.so[\w.]*): cannot open shared object file/.exec(found.error ?? '')?.[1];
+  // The loader's hint (dist/lib/addon-load-hint.js, in the package): the cause and the command.
+  const hintModule = join(root, 'dist', 'lib', 'addon-load-hint.js');
+  const { version } = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8'));
+  const hint = existsSync(hintModule)
+    ? (await import(pathToFileURL(hintModule).href)).addonLoadHint(new Error(found.error), { root, version })
+    : '';
   fail([
     `the prebuilt native addon ${rel(found.file)} does not load:`,
     found.error,
-    ...(lib
-      ? [
-          `A shared library it needs is missing (${lib}); on Debian/Ubuntu: apt-get install libdnnl2 libgloo0 libgomp1 ocl-icd-libopencl1 libjpeg62-turbo`,
-        ]
-      : []),
+    ...hint.split('\n').filter(Boolean),
   ]);
 }
 fail([
