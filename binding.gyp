@@ -4,8 +4,9 @@
 # (libjpeg-turbo) and the CPU process groups (Gloo), from the same sources, defines and flags as
 # CMakeLists.txt. The CUDA backend (libresnet_cuda_backend.so) is built by CMake only
 # (`npm run build:native`): without it the addon runs on the CPU.
-# The libraries come from scripts/gyp-deps.mjs: the static archives of RESNET_DEPS_PREFIX when it
-# is set, else the system's packages (Debian/Ubuntu: libdnnl-dev, libjpeg-dev, libgloo-dev).
+# The libraries come from scripts/gyp-deps.mjs: the static archives of RESNET_DEPS_PREFIX's prefixes
+# (':'-separated) or of `scripts/deps --prefix`, else (or with RESNET_CUDA_SYSTEM_LIBS=1) the
+# system's packages (Debian/Ubuntu: libdnnl-dev, libjpeg-dev, libgloo-dev).
 # `npm install` never runs this file: the package's install script uses the prebuilt binary.
 {
   'variables': {
@@ -22,6 +23,9 @@
     'cflags_cc!': ['-fno-exceptions', '-fno-rtti', '-std=gnu++17', '-std=gnu++20'],
     'cflags_cc': ['-std=c++17'],
     'defines': ['NDEBUG'],
+    # The static libraries' symbols stay out of the dynamic symbol table (as CMakeLists.txt links),
+    # so that another oneDNN or libjpeg in the same process binds to its own.
+    'ldflags': ['-Wl,--exclude-libs,ALL'],
   },
   'targets': [
     {

@@ -2,7 +2,8 @@
 // Checks the node-gyp build path (binding.gyp) end to end, in a temporary copy of the sources so
 // that build/ (the CMake build the tests use) is left alone:
 //   1. `node-gyp rebuild --nodedir=<the running Node's prefix>` (no header download), with the
-//      libraries of RESNET_DEPS_PREFIX when it is set, else the system's;
+//      libraries scripts/gyp-deps.mjs picks (static archives of RESNET_DEPS_PREFIX or scripts/deps,
+//      else the system's);
 //   2. lists the addon's shared-library dependencies;
 //   3. loads the result through the package's own loader (dist/lib) and checks that it is the
 //      node-gyp binary, that a Linear layer's forward pass matches a JavaScript reference, and that
@@ -42,8 +43,15 @@ const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-gyp-'));
 let code = 1;
 try {
   // The files binding.gyp builds from, the compiled loader, and this checkout's node_modules.
-  for (const path of ['binding.gyp', 'package.json', 'CMakeLists.txt', 'scripts/gyp-deps.mjs', 'dist/lib']) {
-    cpSync(join(root, path), join(dir, path), { recursive: true });
+  for (const path of [
+    'binding.gyp',
+    'package.json',
+    'CMakeLists.txt',
+    'scripts/gyp-deps.mjs',
+    'scripts/deps',
+    'dist/lib',
+  ]) {
+    if (existsSync(join(root, path))) cpSync(join(root, path), join(dir, path), { recursive: true });
   }
   for (const sub of ['core', 'cpu', 'image', 'napi']) {
     cpSync(join(root, 'native', sub), join(dir, 'native', sub), { recursive: true });
@@ -51,10 +59,10 @@ try {
   symlinkSync(realpathSync(join(root, 'node_modules')), join(dir, 'node_modules'));
 
   const args = rebuildArgs(gyp, nodedir);
-  const deps = process.env.RESNET_DEPS_PREFIX
-    ? `static libraries of ${process.env.RESNET_DEPS_PREFIX}`
-    : "the system's";
-  step(`node-gyp ${args.slice(1).join(' ')} in ${dir}, with ${deps} oneDNN, libjpeg and Gloo`);
+  const libraries = spawnSync(process.execPath, ['scripts/gyp-deps.mjs', 'libraries'], { cwd: dir, encoding: 'utf8' });
+  if (libraries.status !== 0) throw new Error(`scripts/gyp-deps.mjs libraries failed:\n${libraries.stderr.trim()}`);
+  step(`node-gyp ${args.slice(1).join(' ')} in ${dir}`);
+  step(`links: ${libraries.stdout.trim().split('\n').join(' ')}`);
   const started = Date.now();
   const build = spawnSync(process.execPath, args, {
     cwd: dir,

@@ -9,13 +9,16 @@
 //                                            CMakeLists.txt (-Werror with RESNET_CUDA_WERROR=1)
 //   node scripts/gyp-deps.mjs version        the package version (RC_VERSION)
 //
-// With RESNET_DEPS_PREFIX set, the libraries are the static archives of that prefix
-// (<prefix>/include, <prefix>/lib or lib64 with libdnnl.a, libjpeg.a and libgloo.a); otherwise the
-// system's shared libraries (Debian/Ubuntu: libdnnl-dev, libjpeg-dev, libgloo-dev). A prefix that
-// lacks a file stops the build here, naming the file.
+// The libraries are static archives, as CMakeLists.txt links them, from the prefixes of
+// RESNET_DEPS_PREFIX (one or several, separated by ':', each with include/ and lib/ or lib64/; together
+// they hold libdnnl.a, libjpeg.a and libgloo.a), else from those `scripts/deps --prefix` prints when
+// it has built them. Without either, or with RESNET_CUDA_SYSTEM_LIBS=1, they are the system's
+// shared libraries (Debian/Ubuntu: libdnnl-dev, libjpeg-dev, libgloo-dev). A header or archive the
+// prefixes lack stops the build here, naming it.
+import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { dirname, join, resolve } from 'node:path';
+import { delimiter, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
@@ -24,6 +27,7 @@ const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const sourceDirs = ['native/core', 'native/cpu', 'native/image', 'native/napi'];
 const separateSources = ['native/cpu/optim.cc'];
 const archives = ['libdnnl.a', 'libgloo.a', 'libjpeg.a'];
+const headers = ['dnnl.hpp', 'gloo/allreduce.h', 'jpeglib.h'];
 // The system's Gloo (libgloo-dev) installs into /usr/lib, outside the multiarch folder.
 const systemGlooDir = '/usr/lib';
 
@@ -48,22 +52,46 @@ function nodeAddonApiDir() {
   }
 }
 
-/** The static prefix's include and library folders, or undefined without RESNET_DEPS_PREFIX. */
-function staticPrefix() {
-  const prefix = process.env.RESNET_DEPS_PREFIX;
-  if (!prefix) return undefined;
-  const include = join(prefix, 'include');
-  for (const header of ['dnnl.hpp', 'jpeglib.h', 'gloo/allreduce.h']) {
-    if (!existsSync(join(include, header))) fail(`RESNET_DEPS_PREFIX=${prefix} has no include/${header}`);
+/**
+ * The static prefixes: RESNET_DEPS_PREFIX's list (separated by ':'), else those that
+ * `scripts/deps --prefix` prints when that script is there and has built them; none with
+ * RESNET_CUDA_SYSTEM_LIBS=1 or when neither gives any (then the system's packages are linked).
+ */
+function staticPrefixes() {
+  const listed = process.env.RESNET_DEPS_PREFIX;
+  if (listed) return { prefixes: listed.split(delimiter).filter(Boolean), from: 'RESNET_DEPS_PREFIX' };
+  if (envFlag('RESNET_CUDA_SYSTEM_LIBS')) return undefined;
+  const script = join(root, 'scripts', 'deps');
+  if (!existsSync(script)) return undefined;
+  const r = spawnSync('bash', [script, '--prefix'], { encoding: 'utf8' });
+  const printed = r.status === 0 ? r.stdout.split('\n').filter(Boolean) : [];
+  return printed.length ? { prefixes: printed, from: 'scripts/deps --prefix' } : undefined;
+}
+
+/**
+ * The header folders and archives of the static prefixes, or undefined without any. Each header and
+ * archive may be in any one of them; one found in none stops the build, naming it.
+ */
+function staticDeps() {
+  const found = staticPrefixes();
+  if (!found) return undefined;
+  const { prefixes, from } = found;
+  const where = `${from} (${prefixes.join(delimiter)})`;
+  const includes = new Set();
+  for (const header of headers) {
+    const include = prefixes.map((p) => join(p, 'include')).find((d) => existsSync(join(d, header)));
+    if (!include) fail(`no include/${header} in ${where}`);
+    includes.add(include);
   }
-  const lib = ['lib', 'lib64'].map((d) => join(prefix, d)).find((d) => existsSync(join(d, archives[0])));
-  if (!lib) fail(`RESNET_DEPS_PREFIX=${prefix} has no lib/${archives[0]} (nor lib64/${archives[0]})`);
-  for (const a of archives) if (!existsSync(join(lib, a))) fail(`RESNET_DEPS_PREFIX=${prefix} has no ${join(lib, a)}`);
-  return { include, lib };
+  const libs = archives.map((a) => {
+    const file = prefixes.flatMap((p) => ['lib', 'lib64'].map((d) => join(p, d, a))).find((f) => existsSync(f));
+    return file ?? fail(`no lib/${a} (nor lib64/${a}) in ${where}`);
+  });
+  return { includes: [...includes], libs };
 }
 
 const what = process.argv[2];
-const deps = staticPrefix();
+const deps = staticDeps();
 let lines;
 switch (what) {
   case 'sources':
@@ -77,11 +105,11 @@ switch (what) {
       .filter((f) => !separateSources.includes(f));
     break;
   case 'include_dirs':
-    lines = deps ? [deps.include] : [];
+    lines = deps ? deps.includes : [];
     break;
   case 'libraries':
     lines = deps
-      ? [...archives.map((a) => join(deps.lib, a)), '-fopenmp', '-lpthread', '-ldl']
+      ? [...deps.libs, '-fopenmp', '-lpthread', '-ldl']
       : ['-ldnnl', `-L${systemGlooDir}`, '-lgloo', '-ljpeg', '-fopenmp', '-ldl'];
     break;
   case 'cflags':

@@ -55,38 +55,53 @@ describe('binding.gyp', () => {
     );
   });
 
-  it("links the system's libraries without RESNET_DEPS_PREFIX", () => {
-    const libs = gypDeps('libraries', { RESNET_DEPS_PREFIX: undefined });
+  it("links the system's libraries with RESNET_CUDA_SYSTEM_LIBS=1", () => {
+    const system = { RESNET_DEPS_PREFIX: undefined, RESNET_CUDA_SYSTEM_LIBS: '1' };
+    const libs = gypDeps('libraries', system);
     expect(libs.status, libs.stderr).toBe(0);
     expect(libs.stdout.trim().split('\n')).toEqual(expect.arrayContaining(['-ldnnl', '-lgloo', '-ljpeg', '-fopenmp']));
-    expect(gypDeps('include_dirs', { RESNET_DEPS_PREFIX: undefined }).stdout).toBe('');
+    expect(gypDeps('include_dirs', system).stdout).toBe('');
   });
 
-  it("links a static prefix's archives, and names what a prefix lacks", () => {
-    const prefix = mkdtempSync(join(tmpdir(), 'resnet-cuda-deps-prefix-'));
+  it("links static archives from RESNET_DEPS_PREFIX's prefixes, and names what they lack", () => {
+    // Two prefixes, as scripts/deps installs one per library: oneDNN and Gloo in one, libjpeg in the other.
+    const top = mkdtempSync(join(tmpdir(), 'resnet-cuda-deps-prefix-'));
+    const a = join(top, 'a');
+    const b = join(top, 'b');
     try {
-      const missingHeader = gypDeps('libraries', { RESNET_DEPS_PREFIX: prefix });
+      mkdirSync(join(a, 'include', 'gloo'), { recursive: true });
+      mkdirSync(join(b, 'include'), { recursive: true });
+      const prefixes = { RESNET_DEPS_PREFIX: `${a}:${b}` };
+      const missingHeader = gypDeps('libraries', prefixes);
       expect(missingHeader.status).toBe(1);
-      expect(missingHeader.stderr).toContain(`RESNET_DEPS_PREFIX=${prefix} has no include/dnnl.hpp`);
+      expect(missingHeader.stderr).toContain(`no include/dnnl.hpp in RESNET_DEPS_PREFIX (${a}:${b})`);
 
-      mkdirSync(join(prefix, 'include', 'gloo'), { recursive: true });
-      for (const h of ['dnnl.hpp', 'jpeglib.h', 'gloo/allreduce.h']) writeFileSync(join(prefix, 'include', h), '');
-      mkdirSync(join(prefix, 'lib64'));
-      writeFileSync(join(prefix, 'lib64', 'libdnnl.a'), '');
-      writeFileSync(join(prefix, 'lib64', 'libgloo.a'), '');
-      const missingArchive = gypDeps('libraries', { RESNET_DEPS_PREFIX: prefix });
+      for (const h of ['dnnl.hpp', 'gloo/allreduce.h']) writeFileSync(join(a, 'include', h), '');
+      writeFileSync(join(b, 'include', 'jpeglib.h'), '');
+      mkdirSync(join(a, 'lib64'));
+      mkdirSync(join(b, 'lib'));
+      writeFileSync(join(a, 'lib64', 'libdnnl.a'), '');
+      writeFileSync(join(a, 'lib64', 'libgloo.a'), '');
+      const missingArchive = gypDeps('libraries', prefixes);
       expect(missingArchive.status).toBe(1);
-      expect(missingArchive.stderr).toContain(join(prefix, 'lib64', 'libjpeg.a'));
+      expect(missingArchive.stderr).toContain('no lib/libjpeg.a (nor lib64/libjpeg.a) in RESNET_DEPS_PREFIX');
 
-      writeFileSync(join(prefix, 'lib64', 'libjpeg.a'), '');
-      const libs = gypDeps('libraries', { RESNET_DEPS_PREFIX: prefix });
+      writeFileSync(join(b, 'lib', 'libjpeg.a'), '');
+      const libs = gypDeps('libraries', prefixes);
       expect(libs.status, libs.stderr).toBe(0);
       const lines = libs.stdout.trim().split('\n');
-      expect(lines.slice(0, 3)).toEqual(['libdnnl.a', 'libgloo.a', 'libjpeg.a'].map((a) => join(prefix, 'lib64', a)));
+      expect(lines.slice(0, 3)).toEqual([
+        join(a, 'lib64', 'libdnnl.a'),
+        join(a, 'lib64', 'libgloo.a'),
+        join(b, 'lib', 'libjpeg.a'),
+      ]);
       expect(lines).not.toContain('-ldnnl');
-      expect(gypDeps('include_dirs', { RESNET_DEPS_PREFIX: prefix }).stdout.trim()).toBe(join(prefix, 'include'));
+      expect(gypDeps('include_dirs', prefixes).stdout.trim().split('\n')).toEqual([
+        join(a, 'include'),
+        join(b, 'include'),
+      ]);
     } finally {
-      rmSync(prefix, { recursive: true, force: true });
+      rmSync(top, { recursive: true, force: true });
     }
   });
 
