@@ -23,8 +23,8 @@
     'cflags_cc!': ['-fno-exceptions', '-fno-rtti', '-std=gnu++17', '-std=gnu++20'],
     'cflags_cc': ['-std=c++17'],
     'defines': ['NDEBUG'],
-    # The static libraries' symbols stay out of the dynamic symbol table (as CMakeLists.txt links),
-    # so that another oneDNN or libjpeg in the same process binds to its own.
+    # The static libraries' symbols stay out of the dynamic symbol table, so that another oneDNN or
+    # libjpeg in the same process (PyTorch, sharp) binds to its own.
     'ldflags': ['-Wl,--exclude-libs,ALL'],
   },
   'targets': [

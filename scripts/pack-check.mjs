@@ -76,6 +76,7 @@ function pack() {
     'package.json',
     'LICENSE',
     'binding.gyp',
+    'scripts/gyp-build.mjs',
     'scripts/gyp-deps.mjs',
     'cjs/index.cjs',
     'dist/lib/index.js',
