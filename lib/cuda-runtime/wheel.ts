@@ -1,14 +1,16 @@
 /**
- * Reading the shared libraries out of a wheel (a zip archive): the central directory is read from
- * the end of the file, and each wanted member is streamed through an inflater to its file, so a
- * wheel of several hundred megabytes is never held in memory.
+ * Reading the shared libraries out of a wheel (a zip archive, PKWARE's APPNOTE.TXT): the central
+ * directory is read from the end of the file, and each wanted member is streamed through an
+ * inflater to its file with its CRC-32 checked, so that a wheel of several hundred megabytes is
+ * never held in memory (lib/nn/zip.ts reads archives that fit in memory, checkpoints).
  * @packageDocumentation
  */
 import { createReadStream, createWriteStream, type promises as fsp } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
-import { createInflateRaw } from 'node:zlib';
+import { Transform } from 'node:stream';
+import { crc32, createInflateRaw } from 'node:zlib';
 import { ResnetError } from '../errors.js';
 
 /** One member of a zip archive, from its central directory. */
@@ -20,6 +22,8 @@ export interface ZipMember {
   size: number;
   /** Offset of the member's local header. */
   headerOffset: number;
+  /** The CRC-32 of the unpacked bytes. */
+  crc: number;
 }
 
 function corrupt(file: string, what: string): never {
@@ -88,6 +92,7 @@ export async function zipMembers(file: string): Promise<ZipMember[]> {
         compressedSize: cd.readUInt32LE(at + 20),
         size: cd.readUInt32LE(at + 24),
         headerOffset: cd.readUInt32LE(at + 42),
+        crc: cd.readUInt32LE(at + 16),
       };
       zip64Fields(cd.subarray(at + 46 + nameLength, at + 46 + nameLength + extraLength), member);
       members.push(member);
@@ -114,15 +119,23 @@ async function extractMember(file: string, m: ZipMember, target: string): Promis
   const source =
     m.compressedSize === 0 ? null : createReadStream(file, { start: dataStart, end: dataStart + m.compressedSize - 1 });
   const out = createWriteStream(target, { mode: 0o755 });
+  let crc = 0;
+  const check = new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      crc = crc32(chunk, crc);
+      done(null, chunk);
+    },
+  });
   if (source === null) {
     out.end();
     await new Promise<void>((resolve, reject) => out.on('finish', resolve).on('error', reject));
   } else if (m.method === 8) {
-    await pipeline(source, createInflateRaw(), out);
+    await pipeline(source, createInflateRaw(), check, out);
   } else {
-    await pipeline(source, out);
+    await pipeline(source, check, out);
   }
   if (out.bytesWritten !== m.size) corrupt(file, `${m.name}: ${out.bytesWritten} bytes unpacked, ${m.size} expected`);
+  if (crc >>> 0 !== m.crc) corrupt(file, `${m.name}: CRC-32 mismatch`);
 }
 
 /** Whether a member is a shared library of an NVIDIA wheel: `nvidia/<part>/lib/<name>.so[.N...]`. */

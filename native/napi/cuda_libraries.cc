@@ -335,10 +335,11 @@ CudaLibrarySearch findCudaLibraries(const EnvLookup& env, bool load, int pythonT
   CudaLibrarySearch search;
   search.load = load;
   search.places = cudaLibraryPlaces(env, pythonTimeoutMs, &search.notes);
-  // The first place that has every required group: all come from there if they load.
+  // The first place (after an explicit path) that has every required group: all come from there
+  // if they load, rather than each from the first place that has it.
   const CudaLibraryPlace* whole = nullptr;
   for (const auto& place : search.places) {
-    if (place.loaderSearch) continue;
+    if (place.loaderSearch || place.kind == "explicit") continue;
     if (std::all_of(groups().begin(), groups().end(),
                     [&](const GroupSpec& g) { return !g.required || placeHasGroup(place, g); })) {
       whole = &place;
@@ -355,10 +356,14 @@ CudaLibrarySearch findCudaLibraries(const EnvLookup& env, bool load, int pythonT
       r.required = group.required;
       records.push_back(r);
     }
+    // An explicit path wins for what it has; then the place that has everything; then each place.
     std::vector<const CudaLibraryPlace*> order;
+    for (const auto& place : search.places) {
+      if (place.kind == "explicit") order.push_back(&place);
+    }
     if (whole != nullptr) order.push_back(whole);
     for (const auto& place : search.places) {
-      if (&place != whole) order.push_back(&place);
+      if (&place != whole && place.kind != "explicit") order.push_back(&place);
     }
     std::vector<CudaLibraryRecord> firstFailure;
     bool done = false;

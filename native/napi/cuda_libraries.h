@@ -1,6 +1,7 @@
 // Where the CUDA libraries the backend needs (cuDNN, cuBLAS, NCCL) are found at run time, and
-// loading them. The places are searched in this order, each library group taken from the first
-// place that has it, and all of them from one place when one place has them all:
+// loading them. The places are searched in this order; what the explicit path has comes from
+// there, the rest all from the first place that has all of it, and only when no place has them all
+// each library group (cuBLAS with cuBLASLt, cuDNN, NCCL) from the first place that has it:
 //   1. RESNET_CUDA_LIBRARY_PATH (colon-separated folders);
 //   2. the nvidia-* wheels (site-packages/nvidia/*/lib) of the active Python environment:
 //      $VIRTUAL_ENV, $CONDA_PREFIX, else the site-packages of the `python3` on PATH;
