@@ -129,21 +129,31 @@ function checkUtilization(backend: DoctorBackend, problems: DoctorProblem[]): vo
 }
 
 /**
- * The problem of an addon that does not load, from the loader's error: its first line says that it
- * failed, the second is the system's reason, and the lines after it are the loader's hints.
+ * The problem of an addon that does not load, from the loader's error (lib/binding.ts): its first
+ * line says that it failed, then comes the system's reason (the error's `cause`), then the loader's
+ * hints, which are the fix.
  */
-export function addonLoadProblem(error: string): DoctorProblem {
-  const lines = error
+export function addonLoadProblem(error: unknown): DoctorProblem {
+  const text = message(error);
+  const cause = error instanceof Error && error.cause instanceof Error ? error.cause.message : undefined;
+  const body = text.replace(/^[^\n]*failed to load\.?\n?/, '');
+  const reason = cause ?? body.split('\n')[0] ?? '';
+  const hints = (
+    cause !== undefined && body.startsWith(cause) ? body.slice(cause.length) : body.split('\n').slice(1).join('\n')
+  )
     .split('\n')
     .map((l) => l.trim())
     .filter(Boolean);
-  const headed = /failed to load/.test(lines[0] ?? '');
-  const reason = (headed ? lines[1] : lines[0]) ?? 'unknown reason';
-  const hints = lines.slice(headed ? 2 : 1);
+  const oneLine = (t: string) =>
+    t
+      .split('\n')
+      .map((l) => l.trim())
+      .filter(Boolean)
+      .join(' ');
   return {
     component: 'addon',
     severity: 'error',
-    message: `the native addon does not load: ${reason.replace(/^resnet-cuda: /, '')}`,
+    message: `the native addon does not load: ${oneLine(reason).replace(/^resnet-cuda: /, '') || 'unknown reason'}`,
     fix:
       hints.length > 0
         ? hints.join(' ')
@@ -221,7 +231,7 @@ export async function diagnose(): Promise<DoctorReport> {
     }
   } catch (error) {
     addon.error = message(error);
-    problems.push(addonLoadProblem(addon.error));
+    problems.push(addonLoadProblem(error));
   }
 
   for (const backend of backends) {
