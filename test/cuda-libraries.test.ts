@@ -12,6 +12,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { addon, type CudaLibrarySearch } from '../lib/binding.js';
+import { defined } from './helpers/defined.js';
 
 const root = mkdtempSync(join(tmpdir(), 'rc-cuda-libs-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
@@ -64,6 +65,7 @@ describe('the CUDA library search', () => {
     const cudaHome = fresh('cuda-home');
     const s = search({
       RESNET_CUDA_LIBRARY_PATH: `${explicit}::${explicit}-b`,
+      LD_LIBRARY_PATH: `${explicit}-ld`,
       VIRTUAL_ENV: prefix,
       RESNET_CUDA_CACHE: cache,
       CUDA_HOME: cudaHome,
@@ -72,13 +74,15 @@ describe('the CUDA library search', () => {
     const s2 = search({ RESNET_CUDA_CACHE: cache, PATH: '' });
     expect(s.places.map((p) => [p.kind, p.label])).toEqual([
       ['explicit', 'RESNET_CUDA_LIBRARY_PATH'],
+      ['explicit', 'LD_LIBRARY_PATH'],
       ['python', `Python environment ${sitePackages}`],
       ['system', `CUDA_HOME ${cudaHome}`],
       ['system', '/usr/local/cuda'],
-      ['system', "the dynamic loader's search (LD_LIBRARY_PATH, ld.so.cache)"],
+      ['system', "the dynamic loader's search (ld.so.cache)"],
     ]);
     expect(s.places[0]!.dirs).toEqual([explicit, `${explicit}-b`]);
-    expect(s.places[2]!.dirs).toEqual([join(cudaHome, 'lib64'), join(cudaHome, 'lib')]);
+    expect(s.places[1]!.dirs).toEqual([`${explicit}-ld`]);
+    expect(s.places[3]!.dirs).toEqual([join(cudaHome, 'lib64'), join(cudaHome, 'lib')]);
     expect(s2.places.map((p) => p.kind)).toEqual(['cache', 'system', 'system']);
     expect(s2.places[0]!.dirs).toEqual([join(cache, 'cuda-runtime-13.0-abc', 'lib')]);
     // Nothing anywhere: every required library is reported missing.
@@ -104,7 +108,12 @@ describe('the CUDA library search', () => {
     const one = search({ VIRTUAL_ENV: prefix, RESNET_CUDA_CACHE: cache, CUDA_HOME: cudaHome });
     expect(one.complete).toBe(true);
     expect(new Set(Object.values(placesOf(one)).filter(Boolean))).toEqual(new Set([cacheLabel]));
-    expect(one.libraries.find((l) => l.name === 'cuDNN')!.path).toBe(join(runtime, 'libcudnn.so.9'));
+    expect(
+      defined(
+        one.libraries.find((l) => l.name === 'cuDNN'),
+        'cuDNN',
+      ).path,
+    ).toBe(join(runtime, 'libcudnn.so.9'));
     // An explicit folder with cuDNN alone: cuDNN from there, the rest still together from the cache.
     const explicit = fresh('explicit');
     touch(explicit, ['libcudnn.so.9']);
@@ -130,7 +139,12 @@ describe('the CUDA library search', () => {
       'libnccl.so.2': `Python environment ${sitePackages}`,
       'libnvrtc.so.13': undefined,
     });
-    expect(s.libraries.find((l) => l.name === 'cuBLAS')!.path).toBe(join(cudaHome, 'lib', 'libcublas.so.13'));
+    expect(
+      defined(
+        s.libraries.find((l) => l.name === 'cuBLAS'),
+        'cuBLAS',
+      ).path,
+    ).toBe(join(cudaHome, 'lib', 'libcublas.so.13'));
     expect(s.complete).toBe(true);
   });
 
@@ -208,7 +222,10 @@ describe('loading the CUDA libraries', () => {
     const broken = fresh('broken');
     writeFileSync(join(broken, 'libnccl.so.2'), 'not a shared library');
     const only = search({ RESNET_CUDA_LIBRARY_PATH: broken, PATH: '' }, true);
-    const nccl = only.libraries.find((l) => l.name === 'NCCL')!;
+    const nccl = defined(
+      only.libraries.find((l) => l.name === 'NCCL'),
+      'NCCL',
+    );
     expect(nccl).toMatchObject({ found: true, loaded: false, path: join(broken, 'libnccl.so.2') });
     expect(nccl.error).toMatch(/libnccl\.so\.2: (invalid ELF header|file too short)/);
     expect(only.complete).toBe(false);
@@ -252,7 +269,9 @@ describe('the CUDA backend without its libraries', () => {
       expect(cuda.reason).toContain(
         'CUDA libraries it needs are missing: cuBLASLt (libcublasLt.so.13) was not found; cuBLAS (libcublas.so.13) was not found; cuDNN (libcudnn.so.9) was not found; NCCL (libnccl.so.2) was not found',
       );
-      expect(cuda.reason).toContain("Looked in, in this order: /usr/local/cuda, the dynamic loader's search");
+      expect(cuda.reason).toContain(
+        `Looked in, in this order: LD_LIBRARY_PATH, /usr/local/cuda, the dynamic loader's search`,
+      );
       expect(cuda.reason).toContain('`npx resnet-cuda install-cuda`');
     },
   );

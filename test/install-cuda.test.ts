@@ -196,12 +196,9 @@ describe('install-cuda', () => {
     } finally {
       index.armOnly.clear();
     }
-    await expect(
-      installCudaRuntime({ cacheDir: join(dir, 'x'), indexUrl: `${index.url}/files`, pins }),
-    ).rejects.toMatchObject({
-      code: 'ERR_RC_DOWNLOAD',
-      message: expect.stringMatching(/\/files\/nvidia-fake\/1\.0\/json: HTTP 404/),
-    });
+    const notAnIndex = installCudaRuntime({ cacheDir: join(dir, 'x'), indexUrl: `${index.url}/files`, pins });
+    await expect(notAnIndex).rejects.toThrow(/\/files\/nvidia-fake\/1\.0\/json: HTTP 404/);
+    await expect(notAnIndex).rejects.toHaveProperty('code', 'ERR_RC_DOWNLOAD');
     const bad = await runCli(['install-cuda', '--index-url', 'ftp://example.org'], dir);
     expect(bad.code).not.toBe(0);
     expect(bad.stderr).toContain("--index-url must be an http(s) URL, got 'ftp://example.org'");

@@ -104,7 +104,7 @@ function cudaFix(status: BackendStatus): string {
   if (!status.built) {
     return 'This installation has no CUDA backend (libresnet_cuda_backend.so). To train on NVIDIA GPUs, install a build that includes it: a prebuilt package for linux-x64 with CUDA, or a build from source on a machine with a CUDA 13 toolkit, cuDNN 9 and NCCL (`npm rebuild resnet-cuda` with CUDA_HOME set to the toolkit).';
   }
-  if (/libraries it needs are missing/.test(reason)) return INSTALL_CUDA_FIX;
+  if (reason.includes('libraries it needs are missing')) return INSTALL_CUDA_FIX;
   if (/libcuda\.so|driver/i.test(reason) && !reason.includes('could not be loaded')) {
     return 'Install the NVIDIA driver (R580 or newer for CUDA 13) on a machine with an NVIDIA GPU; in a container, expose the GPU (docker run --gpus all).';
   }
@@ -177,7 +177,7 @@ function checkCudaLibraries(cuda: DoctorBackend, problems: DoctorProblem[]): Cud
   }
   // The backend's own reason already names what is missing (and the same fix); an emulated backend
   // (RESNET_CUDA_BACKEND_LIBRARY) needs none of them.
-  const reported = /libraries it needs are missing/.test(cuda.reason ?? '');
+  const reported = (cuda.reason ?? '').includes('libraries it needs are missing');
   if (!search.complete && !reported && !process.env.RESNET_CUDA_BACKEND_LIBRARY) {
     const missing = search.libraries.filter((l) => l.required && !(l.found && l.loaded));
     problems.push({

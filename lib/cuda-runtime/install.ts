@@ -56,6 +56,13 @@ interface ReleaseFile {
   digests?: { sha256?: string };
 }
 
+/** The wheel chosen for this machine, with the digest it must have. */
+interface WheelFile {
+  filename: string;
+  url: string;
+  sha256: string;
+}
+
 function downloadError(message: string): ResnetError {
   return new ResnetError('ERR_RC_DOWNLOAD', message);
 }
@@ -75,12 +82,9 @@ async function fetchWithIdleTimeout(
   try {
     const response = await fetch(url, { signal: controller.signal, redirect: 'follow' });
     if (!response.ok || response.body === null) throw downloadError(`GET ${url}: HTTP ${response.status}`);
-    const reader = response.body.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
+    for await (const chunk of response.body as AsyncIterable<Uint8Array>) {
       rearm();
-      await onChunk(value);
+      await onChunk(chunk);
     }
   } catch (error) {
     if (error instanceof ResnetError) throw error;
@@ -98,7 +102,7 @@ async function fetchWithIdleTimeout(
 }
 
 /** The release's wheel for this machine and its sha256, from the index's JSON API. */
-async function findWheel(pin: WheelPin, indexUrl: string, machine: string, idleMs: number): Promise<ReleaseFile> {
+async function findWheel(pin: WheelPin, indexUrl: string, machine: string, idleMs: number): Promise<WheelFile> {
   const url = `${indexUrl.replace(/\/+$/, '')}/${pin.name}/${pin.version}/json`;
   const chunks: Uint8Array[] = [];
   await fetchWithIdleTimeout(url, idleMs, (c) => void chunks.push(c));
@@ -121,10 +125,11 @@ async function findWheel(pin: WheelPin, indexUrl: string, machine: string, idleM
       `${pin.name}==${pin.version} has no manylinux ${machine} wheel at ${url} (files: ${files.map((f) => f.filename).join(', ') || 'none'})`,
     );
   }
-  if (!/^[0-9a-f]{64}$/.test(wheel.digests?.sha256 ?? '')) {
+  const sha256 = wheel.digests?.sha256 ?? '';
+  if (!/^[0-9a-f]{64}$/.test(sha256)) {
     throw downloadError(`${url} gives no sha256 digest for ${wheel.filename}; refusing to install it unchecked`);
   }
-  return wheel;
+  return { filename: wheel.filename, url: wheel.url, sha256 };
 }
 
 async function sha256Of(file: string): Promise<string> {
@@ -138,14 +143,9 @@ async function sha256Of(file: string): Promise<string> {
  * checked, otherwise it is downloaded to a temporary name and renamed only once its digest matches
  * (a mismatch deletes it). Returns whether it was downloaded.
  */
-async function fetchWheel(
-  file: ReleaseFile,
-  wheels: string,
-  idleMs: number,
-  log: (l: string) => void,
-): Promise<boolean> {
+async function fetchWheel(file: WheelFile, wheels: string, idleMs: number, log: (l: string) => void): Promise<boolean> {
   const target = join(wheels, file.filename);
-  const expected = file.digests!.sha256!;
+  const expected = file.sha256;
   if (existsSync(target)) {
     if ((await sha256Of(target)) === expected) return false;
     log(`${file.filename} in the cache does not match its sha256; downloading it again`);
@@ -200,11 +200,11 @@ export async function installCudaRuntime(options: InstallCudaRuntimeOptions): Pr
   }
   const wheels = join(options.cacheDir, 'wheels');
   await mkdir(wheels, { recursive: true });
-  const files: ReleaseFile[] = [];
-  for (const pin of pins)
-    files.push(
-      await findWheel(pin, options.indexUrl ?? DEFAULT_INDEX_URL, options.machine ?? defaultMachine(), idleMs),
-    );
+  const files: WheelFile[] = [];
+  const indexUrl = options.indexUrl ?? DEFAULT_INDEX_URL;
+  for (const pin of pins) {
+    files.push(await findWheel(pin, indexUrl, options.machine ?? defaultMachine(), idleMs));
+  }
   const downloaded: string[] = [];
   for (const file of files) {
     if (await fetchWheel(file, wheels, idleMs, log)) downloaded.push(file.filename);

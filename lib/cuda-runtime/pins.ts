@@ -74,5 +74,6 @@ export function runtimeKey(pins: readonly WheelPin[]): string {
 export function defaultCudaCache(env: Readonly<Record<string, string | undefined>> = process.env): string {
   if (env.RESNET_CUDA_CACHE) return env.RESNET_CUDA_CACHE;
   if (env.XDG_CACHE_HOME) return join(env.XDG_CACHE_HOME, 'resnet-cuda');
-  return join(env.HOME || homedir(), '.cache', 'resnet-cuda');
+  const home = env.HOME !== undefined && env.HOME !== '' ? env.HOME : homedir();
+  return join(home, '.cache', 'resnet-cuda');
 }

@@ -81,8 +81,9 @@ export async function zipMembers(file: string): Promise<ZipMember[]> {
     if (cd.length !== cdSize) corrupt(file, 'the central directory is cut short');
     const members: ZipMember[] = [];
     for (let at = 0, i = 0; i < count; i++) {
-      if (at + 46 > cd.length || cd.readUInt32LE(at) !== 0x02014b50)
+      if (at + 46 > cd.length || cd.readUInt32LE(at) !== 0x02014b50) {
         corrupt(file, `central directory entry ${i} is damaged`);
+      }
       const nameLength = cd.readUInt16LE(at + 28);
       const extraLength = cd.readUInt16LE(at + 30);
       const commentLength = cd.readUInt16LE(at + 32);

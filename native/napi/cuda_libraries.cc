@@ -291,6 +291,9 @@ std::vector<CudaLibraryPlace> cudaLibraryPlaces(const EnvLookup& env, int python
   std::vector<CudaLibraryPlace> places;
   const std::vector<std::string> userDirs = splitColons(env("RESNET_CUDA_LIBRARY_PATH"));
   if (!userDirs.empty()) places.push_back({"explicit", "RESNET_CUDA_LIBRARY_PATH", userDirs});
+  // The dynamic loader's own path is the user's word too: it comes before anything found here.
+  const std::vector<std::string> loaderDirs = splitColons(env("LD_LIBRARY_PATH"));
+  if (!loaderDirs.empty()) places.push_back({"explicit", "LD_LIBRARY_PATH", loaderDirs});
 
   const std::string venv = env("VIRTUAL_ENV");
   const std::string conda = env("CONDA_PREFIX");
@@ -326,7 +329,7 @@ std::vector<CudaLibraryPlace> cudaLibraryPlaces(const EnvLookup& env, int python
   if (roots.insert("/usr/local/cuda").second) {
     places.push_back({"system", "/usr/local/cuda", {"/usr/local/cuda/lib64", "/usr/local/cuda/lib"}});
   }
-  CudaLibraryPlace loader{"system", "the dynamic loader's search (LD_LIBRARY_PATH, ld.so.cache)", {}, true};
+  CudaLibraryPlace loader{"system", "the dynamic loader's search (ld.so.cache)", {}, true};
   places.push_back(loader);
   return places;
 }

@@ -2,14 +2,14 @@
 // loading them. The places are searched in this order; what the explicit path has comes from
 // there, the rest all from the first place that has all of it, and only when no place has them all
 // each library group (cuBLAS with cuBLASLt, cuDNN, NCCL) from the first place that has it:
-//   1. RESNET_CUDA_LIBRARY_PATH (colon-separated folders);
+//   1. RESNET_CUDA_LIBRARY_PATH (colon-separated folders), then LD_LIBRARY_PATH's folders;
 //   2. the nvidia-* wheels (site-packages/nvidia/*/lib) of the active Python environment:
 //      $VIRTUAL_ENV, $CONDA_PREFIX, else the site-packages of the `python3` on PATH;
 //   3. the cache: `resnet-cuda install-cuda`'s cuda-runtime-*/lib, then scripts/setup-cuda-sdk's
 //      cuda-sdk-*/lib (under $RESNET_CUDA_CACHE, else $XDG_CACHE_HOME/resnet-cuda, else
 //      ~/.cache/resnet-cuda);
 //   4. the system's CUDA: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, then the dynamic loader's own
-//      search (LD_LIBRARY_PATH, ld.so.cache).
+//      search (ld.so.cache, the system's library folders).
 #pragma once
 
 #include <functional>
