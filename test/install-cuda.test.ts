@@ -55,10 +55,12 @@ interface Index {
   tamper: Set<string>;
   /** Release names that have only an aarch64 wheel. */
   armOnly: Set<string>;
+  /** Serve only the project documents (`/pypi/<name>/json`, all releases), with relative file addresses, as some mirrors do. */
+  projectOnly: boolean;
 }
 
 let server: Server;
-const index: Index = { url: '', requests: [], tamper: new Set(), armOnly: new Set() };
+const index: Index = { url: '', requests: [], tamper: new Set(), armOnly: new Set(), projectOnly: false };
 const wheels = new Map<string, Buffer>();
 
 beforeAll(async () => {
@@ -66,28 +68,34 @@ beforeAll(async () => {
     const path = req.url ?? '';
     index.requests.push(path);
     const release = /^\/pypi\/([^/]+)\/([^/]+)\/json$/.exec(path);
-    if (release) {
-      const pin: WheelPin = { name: release[1]!, version: release[2]!, role: 'runtime' };
+    const project = /^\/pypi\/([^/]+)\/json$/.exec(path);
+    if ((release && !index.projectOnly) || (project && index.projectOnly)) {
+      const projectName = project?.[1] ?? '';
+      const pin: WheelPin = release
+        ? { name: release[1]!, version: release[2]!, role: 'runtime' }
+        : (runtimePins().find((p) => p.name === projectName) ?? { name: projectName, version: '1.0', role: 'runtime' });
       const name = wheelName(pin, index.armOnly.has(pin.name) ? 'aarch64' : 'x86_64');
       const bytes = wheel(pin);
       wheels.set(name, bytes);
       const sha256 = createHash('sha256')
         .update(index.tamper.has(pin.name) ? Buffer.from('something else') : bytes)
         .digest('hex');
+      const files = [
+        {
+          filename: `${name.replace(/-py3-.*/, '')}.tar.gz`,
+          url: `${index.url}/files/x.tar.gz`,
+          packagetype: 'sdist',
+          digests: { sha256 },
+        },
+        {
+          filename: name,
+          url: index.projectOnly ? `../../files/${name}` : `${index.url}/files/${name}`,
+          packagetype: 'bdist_wheel',
+          digests: { sha256 },
+        },
+      ];
       res.setHeader('content-type', 'application/json');
-      res.end(
-        JSON.stringify({
-          urls: [
-            {
-              filename: `${name.replace(/-py3-.*/, '')}.tar.gz`,
-              url: `${index.url}/files/x.tar.gz`,
-              packagetype: 'sdist',
-              digests: { sha256 },
-            },
-            { filename: name, url: `${index.url}/files/${name}`, packagetype: 'bdist_wheel', digests: { sha256 } },
-          ],
-        }),
-      );
+      res.end(JSON.stringify(release ? { urls: files } : { releases: { '0.1': [], [pin.version]: files } }));
       return;
     }
     const file = /^\/files\/(.+)$/.exec(path);
@@ -202,6 +210,20 @@ describe('install-cuda', () => {
     const bad = await runCli(['install-cuda', '--index-url', 'ftp://example.org'], dir);
     expect(bad.code).not.toBe(0);
     expect(bad.stderr).toContain("--index-url must be an http(s) URL, got 'ftp://example.org'");
+  });
+
+  it("reads a mirror that serves only the project's document, with relative file addresses", async () => {
+    const cache = join(dir, 'mirror');
+    index.projectOnly = true;
+    try {
+      const run = await runCli(['install-cuda', '--cache-dir', cache, '--index-url', `${index.url}/pypi`], dir);
+      expect(run.stderr).toContain('unpacked 5 libraries from 3 downloaded wheels');
+      expect(run.code).toBe(0);
+      expect(index.requests).toContain(`/pypi/nvidia-cudnn-cu13/json`);
+      expect(index.requests).toContain(`/files/${wheelName(runtimePins()[1]!)}`);
+    } finally {
+      index.projectOnly = false;
+    }
   });
 
   it('unpacks zip64 wheels and refuses a damaged member', async () => {

@@ -14,7 +14,7 @@ const SPEC: CommandSpec = {
     'Download the pinned CUDA libraries (cuDNN, cuBLAS, NCCL) into the cache, where the CUDA backend finds them.',
   description:
     "Downloads NVIDIA's wheels of cuBLAS, cuDNN and NCCL at the versions the CUDA backend is built against, checks each against the sha256 the index publishes, and unpacks only their shared libraries into <cache>/cuda-runtime-<key>/lib (no compiler, no headers). " +
-    'The CUDA backend looks there after RESNET_CUDA_LIBRARY_PATH and the active Python environment, so nothing else needs setting with the default cache. ' +
+    'The CUDA backend looks there after an explicit path (RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH) and the active Python environment, so nothing else needs setting with the default cache. ' +
     'Needed only where neither a Python environment with the nvidia-* wheels (as PyTorch installs) nor a CUDA toolkit with cuDNN and NCCL provides them; `resnet-cuda doctor` says which it found. ' +
     'The NVIDIA driver is not part of it.',
   positionals: [],

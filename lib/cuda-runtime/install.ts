@@ -101,19 +101,54 @@ async function fetchWithIdleTimeout(
   }
 }
 
+/** A JSON document from the index; `undefined` when it answers 404. */
+async function fetchJson(url: string, idleMs: number): Promise<unknown> {
+  const chunks: Uint8Array[] = [];
+  try {
+    await fetchWithIdleTimeout(url, idleMs, (c) => void chunks.push(c));
+  } catch (error) {
+    if (error instanceof ResnetError && error.message.endsWith(': HTTP 404')) return undefined;
+    throw error;
+  }
+  try {
+    return JSON.parse(Buffer.concat(chunks).toString('utf8')) as unknown;
+  } catch (error) {
+    throw downloadError(`${url} is not JSON: ${(error as Error).message}`);
+  }
+}
+
+/**
+ * The files of release `pin` from the index's JSON API: `<index>/<name>/<version>/json` (its
+ * `urls`), else, where only the project's document is served, `<index>/<name>/json` (its
+ * `releases[version]`).
+ */
+async function releaseFiles(
+  pin: WheelPin,
+  indexUrl: string,
+  idleMs: number,
+): Promise<{ url: string; files: ReleaseFile[] }> {
+  const base = `${indexUrl.replace(/\/+$/, '')}/${pin.name}`;
+  const release = `${base}/${pin.version}/json`;
+  const one = (await fetchJson(release, idleMs)) as { urls?: unknown } | undefined;
+  if (one !== undefined) {
+    if (!Array.isArray(one.urls)) {
+      throw downloadError(`${release} is not a release in PyPI's JSON format (no "urls" list)`);
+    }
+    return { url: release, files: one.urls as ReleaseFile[] };
+  }
+  const project = `${base}/json`;
+  const all = (await fetchJson(project, idleMs)) as { releases?: Record<string, unknown> } | undefined;
+  if (all === undefined) {
+    throw downloadError(`GET ${release}: HTTP 404 (and ${project} too): is ${pin.name} on this index?`);
+  }
+  const files = all.releases?.[pin.version];
+  if (!Array.isArray(files)) throw downloadError(`${project} lists no release ${pin.version} of ${pin.name}`);
+  return { url: project, files: files as ReleaseFile[] };
+}
+
 /** The release's wheel for this machine and its sha256, from the index's JSON API. */
 async function findWheel(pin: WheelPin, indexUrl: string, machine: string, idleMs: number): Promise<WheelFile> {
-  const url = `${indexUrl.replace(/\/+$/, '')}/${pin.name}/${pin.version}/json`;
-  const chunks: Uint8Array[] = [];
-  await fetchWithIdleTimeout(url, idleMs, (c) => void chunks.push(c));
-  let files: ReleaseFile[];
-  try {
-    const json = JSON.parse(Buffer.concat(chunks).toString('utf8')) as { urls?: ReleaseFile[] };
-    if (!Array.isArray(json.urls)) throw new Error('no "urls" list');
-    files = json.urls;
-  } catch (error) {
-    throw downloadError(`${url} is not a release in PyPI's JSON format: ${(error as Error).message}`);
-  }
+  const { url, files } = await releaseFiles(pin, indexUrl, idleMs);
   const wheel = files.find(
     (f) =>
       (f.packagetype ?? 'bdist_wheel') === 'bdist_wheel' &&
@@ -129,7 +164,14 @@ async function findWheel(pin: WheelPin, indexUrl: string, machine: string, idleM
   if (!/^[0-9a-f]{64}$/.test(sha256)) {
     throw downloadError(`${url} gives no sha256 digest for ${wheel.filename}; refusing to install it unchecked`);
   }
-  return { filename: wheel.filename, url: wheel.url, sha256 };
+  // A mirror may give the file's address relative to the JSON document.
+  let fileUrl: string;
+  try {
+    fileUrl = new URL(wheel.url, url).href;
+  } catch {
+    throw downloadError(`${url} gives '${wheel.url}' as the address of ${wheel.filename}, which is not a URL`);
+  }
+  return { filename: wheel.filename, url: fileUrl, sha256 };
 }
 
 async function sha256Of(file: string): Promise<string> {
