@@ -102,7 +102,7 @@ const INSTALL_CUDA_FIX =
 function cudaFix(status: BackendStatus): string {
   const reason = status.reason ?? '';
   if (!status.built) {
-    return 'This installation has no CUDA backend (libresnet_cuda_backend.so). To train on NVIDIA GPUs, install a build that includes it: a prebuilt package for linux-x64 with CUDA, or a build from source on a machine with a CUDA 13 toolkit, cuDNN 9 and NCCL (`npm rebuild resnet-cuda` with CUDA_HOME set to the toolkit).';
+    return 'This installation has no CUDA backend (libresnet_cuda_backend.so). To train on NVIDIA GPUs, install a build that includes it: a prebuilt package with the CUDA backend, or a build from source on a machine with a CUDA 13 toolkit, cuDNN 9 and NCCL (CUDA_HOME set to the toolkit).';
   }
   if (reason.includes('libraries it needs are missing')) return INSTALL_CUDA_FIX;
   if (/libcuda\.so|driver/i.test(reason) && !reason.includes('could not be loaded')) {

@@ -104,8 +104,9 @@ CudaLibrary& openCudaLibrary() {
   const std::string path = addonDirectory() + "/" + kCudaLibrary;
   if (!cudaLibraryBuilt()) {
     gCudaLib.error = std::string("this build has no CUDA backend (") + kCudaLibrary +
-                     " was not built: no CUDA toolkit with cuDNN, cuBLAS and NCCL was found at build time; "
-                     "run scripts/setup-cuda-sdk and rebuild, or install a prebuilt binary with CUDA)";
+                     " was not built: no CUDA toolkit with cuDNN, cuBLAS and NCCL was found at build time). "
+                     "Install a prebuilt package that includes it, or build from source on a machine with a CUDA 13 "
+                     "toolkit, cuDNN 9 and NCCL (CUDA_HOME set to the toolkit)";
     return gCudaLib;
   }
   // The CUDA runtime opens the driver itself; checking first gives the plain reason on machines
