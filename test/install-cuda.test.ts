@@ -2,8 +2,10 @@
  * `resnet-cuda install-cuda` against a local stand-in for PyPI's JSON API (an HTTP server in this
  * process serving small wheels made here): the shared libraries unpacked, nothing else; the CUDA
  * library search finding them in the cache; a second run doing nothing; a wheel whose digest does
- * not match refused with nothing left behind; no wheel for this machine reported by name.
+ * not match refused with nothing left behind; no wheel for this machine reported by name; and
+ * scripts/setup-cuda-sdk --runtime producing the same folder under the same key.
  */
+import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
@@ -243,5 +245,30 @@ describe('install-cuda', () => {
       /liby\.so\.1: CRC-32 mismatch/,
     );
     expect(existsSync(join(dir, 'z64', 'libx.so.1'))).toBe(true);
+  });
+
+  const hasPip = spawnSync('python3', ['-m', 'pip', '--version'], { timeout: 30_000 }).status === 0;
+  it.skipIf(!hasPip)('is what scripts/setup-cuda-sdk --runtime installs, under the same key', async () => {
+    // The wheels already in the cache (as install-cuda leaves them): the script downloads nothing.
+    const cache = join(dir, 'script');
+    mkdirSync(join(cache, 'wheels'), { recursive: true });
+    for (const pin of runtimePins()) writeFileSync(join(cache, 'wheels', wheelName(pin)), wheel(pin));
+    const script = spawnSync('bash', [join(import.meta.dirname, '..', 'scripts', 'setup-cuda-sdk'), '--runtime'], {
+      encoding: 'utf8',
+      timeout: 120_000,
+      env: { ...process.env, RESNET_CUDA_CACHE: cache },
+    });
+    expect(script.stderr).toContain('installed the CUDA runtime libraries');
+    expect(script.status).toBe(0);
+    const runtimeDir = join(cache, `cuda-runtime-${runtimeKey(runtimePins())}`);
+    expect(script.stdout).toBe(`${runtimeDir}\n`);
+    const fromScript = tree(runtimeDir);
+    rmSync(runtimeDir, { recursive: true });
+    const fromCli = await runCli(['install-cuda', '--cache-dir', cache, '--index-url', `${index.url}/pypi`], dir);
+    expect(fromCli.code).toBe(0);
+    expect(tree(runtimeDir)).toEqual(fromScript);
+    expect(readFileSync(join(runtimeDir, 'lib', 'libnccl.so.2'), 'utf8')).toBe(
+      'nvidia/nccl/lib/libnccl.so.2 '.repeat(200),
+    );
   });
 });
