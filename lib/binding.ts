@@ -201,6 +201,49 @@ export interface BackendStatus {
   properties?: Record<string, string>;
 }
 
+/** A place the CUDA libraries are looked for in (native/napi/cuda_libraries.h), in search order. */
+export interface CudaLibraryPlace {
+  /** `explicit` (RESNET_CUDA_LIBRARY_PATH), `python` (nvidia-* wheels), `cache` or `system`. */
+  kind: 'explicit' | 'python' | 'cache' | 'system';
+  /** What it is: `Python environment /venv/lib/python3.12/site-packages`. */
+  label: string;
+  /** The folders searched (none for the dynamic loader's own search). */
+  dirs: string[];
+}
+
+/** One CUDA library the backend loads, and where it was found. */
+export interface CudaLibraryRecord {
+  /** `cuBLASLt`, `cuBLAS`, `cuDNN`, `NCCL` or `NVRTC`. */
+  name: string;
+  /** The file name looked for (`libcudnn.so.9`). */
+  soname: string;
+  /** The pip package that provides it. */
+  package: string;
+  /** Whether the backend needs it (NVRTC is optional). */
+  required: boolean;
+  found: boolean;
+  loaded: boolean;
+  path?: string;
+  /** The label of the place it came from. */
+  place?: string;
+  /** The version the library reports (when loaded). */
+  version?: string;
+  /** Why it was found but did not load. */
+  error?: string;
+}
+
+/** What `cudaLibraries()` reports. */
+export interface CudaLibrarySearch {
+  places: CudaLibraryPlace[];
+  /** Places that could not be searched, and why (a `python3` that did not answer). */
+  notes: string[];
+  libraries: CudaLibraryRecord[];
+  /** Whether the libraries were loaded (versions known), not only looked for. */
+  loaded: boolean;
+  /** Whether every required library was found (and loaded, when loading). */
+  complete: boolean;
+}
+
 export interface RawCommunicator {
   readonly rank: number;
   readonly size: number;
@@ -501,6 +544,11 @@ export interface RawAddon {
   resetPeakMemory(args: { device: string }): void;
   emptyCache(args: { device: string }): void;
   listBackends(): BackendStatus[];
+  /**
+   * Where the CUDA libraries are (searched and loaded once per process); with `env`, a fresh search
+   * in that environment only (tests), loading only when `load` is true.
+   */
+  cudaLibraries(args?: { env?: Record<string, string>; load?: boolean; pythonTimeoutMs?: number }): CudaLibrarySearch;
 }
 
 /** The package root: the nearest folder above this file that holds `package.json`. */

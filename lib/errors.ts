@@ -48,6 +48,8 @@ export const ERROR_CODES = [
   'ERR_RC_DATA_LOADER',
   /** The native addon could not be loaded; the message says why and how to fix it. */
   'ERR_RC_ADDON_LOAD',
+  /** A download that failed: an unreachable index, no file for this platform, or a digest that does not match. */
+  'ERR_RC_DOWNLOAD',
 ] as const;
 
 /** The stable code of a {@link ResnetError}, one of {@link ERROR_CODES}. */

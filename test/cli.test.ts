@@ -328,6 +328,17 @@ describe('doctor', () => {
     if (!defined(cuda, 'the cuda backend').available) {
       expect(report.problems.find((p: { component: string }) => p.component === 'cuda')?.severity).toBe('warning');
     }
+    // A build with the CUDA backend lists where its libraries were looked for, in the text too.
+    if (defined(cuda, 'the cuda backend').built) {
+      expect(report.cudaLibraries?.libraries.map((l) => l.name)).toEqual([
+        'cuBLASLt',
+        'cuBLAS',
+        'cuDNN',
+        'NCCL',
+        'NVRTC',
+      ]);
+      expect(text.stdout).toMatch(/^ {9}searched in order: .*the dynamic loader's search/m);
+    }
     expect(report.sharp.version).toMatch(/^\d+\.\d+\.\d+$/);
   });
 });

@@ -7,7 +7,7 @@
  * @packageDocumentation
  */
 import { availableParallelism } from 'node:os';
-import { addon as rawAddon, type BackendStatus } from '../binding.js';
+import { addon as rawAddon, type BackendStatus, type CudaLibrarySearch } from '../binding.js';
 import { deviceUtilization, listBackends, nativeVersion } from '../device.js';
 import { Conv2d } from '../nn/layers.js';
 import { Tensor } from '../tensor.js';
@@ -19,6 +19,7 @@ const SPEC: CommandSpec = {
   summary: 'Check the installation.',
   description:
     'Checks the installation: Node.js, the native addon (and the libjpeg-turbo it decodes JPEGs with), every backend (CPU with oneDNN, CUDA with cuDNN, cuBLAS and NCCL) with the versions it was built with and a test convolution on each available device, and sharp with libvips. ' +
+    'For CUDA it lists the places the CUDA libraries are looked for, in order, and which library it loaded from where, with its version. ' +
     'Each problem comes with what to do about it. The exit code is 0 when the CPU backend works, 1 otherwise.\n\n' +
     'With --run DIR, reads the log of the training run in DIR instead and says what limits it (data loading, host overhead, device compute or host-device synchronisations), with the time per step of each and what to change.',
   positionals: [],
@@ -62,6 +63,8 @@ export interface DoctorReport {
   node: { version: string; platform: string; arch: string; cpus: number };
   addon: { loaded: boolean; nativeVersion?: string; libjpegTurbo?: string; error?: string };
   backends: DoctorBackend[];
+  /** Where the CUDA backend's libraries were found (absent when the addon does not load or has no CUDA backend). */
+  cudaLibraries?: CudaLibrarySearch;
   sharp: { loaded: boolean; version?: string; libvips?: string; error?: string };
   problems: DoctorProblem[];
 }
@@ -91,18 +94,21 @@ function message(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+/** The one command that installs the CUDA libraries where the backend finds them. */
+const INSTALL_CUDA_FIX =
+  '`npx resnet-cuda install-cuda` (downloads the pinned cuDNN, cuBLAS and NCCL into the cache, where they are found), or set RESNET_CUDA_LIBRARY_PATH to the folders that hold them.';
+
 /** What to do about a CUDA backend that is not available, from its reason. */
 function cudaFix(status: BackendStatus): string {
   const reason = status.reason ?? '';
   if (!status.built) {
-    return 'To train on NVIDIA GPUs, rebuild with the CUDA backend: `scripts/setup --cuda` (installs the pinned CUDA 13 SDK and rebuilds), or `scripts/setup-cuda-sdk` then `RESNET_CUDA_BUILD_CUDA=1 npm run build:native`.';
+    return 'This installation has no CUDA backend (libresnet_cuda_backend.so). To train on NVIDIA GPUs, install a build that includes it: a prebuilt package with the CUDA backend, or a build from source on a machine with a CUDA 13 toolkit, cuDNN 9 and NCCL (CUDA_HOME set to the toolkit).';
   }
+  if (reason.includes('libraries it needs are missing')) return INSTALL_CUDA_FIX;
   if (/libcuda\.so|driver/i.test(reason) && !reason.includes('could not be loaded')) {
     return 'Install the NVIDIA driver (R580 or newer for CUDA 13) on a machine with an NVIDIA GPU; in a container, expose the GPU (docker run --gpus all).';
   }
-  if (/could not be loaded|libcudnn|libcublas|libnccl/.test(reason)) {
-    return 'Install cuDNN 9, cuBLAS and NCCL for CUDA 13 (`pip install nvidia-cudnn-cu13 nvidia-cublas nvidia-nccl-cu13`, or `scripts/setup-cuda-sdk`) and make them visible through RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH or CUDA_HOME.';
-  }
+  if (/could not be loaded|libcudnn|libcublas|libnccl/.test(reason)) return INSTALL_CUDA_FIX;
   return 'Check `nvidia-smi`: the driver must see a GPU, and CUDA_VISIBLE_DEVICES must not hide them all.';
 }
 
@@ -120,6 +126,73 @@ function checkUtilization(backend: DoctorBackend, problems: DoctorProblem[]): vo
       fix: 'NVML (libnvidia-ml.so.1) comes with the NVIDIA driver; in a container, expose the driver libraries (--gpus all, NVIDIA_DRIVER_CAPABILITIES including utility).',
     });
   }
+}
+
+/**
+ * The problem of an addon that does not load, from the loader's error (lib/binding.ts): its first
+ * line says that it failed, then comes the system's reason (the error's `cause`), then the loader's
+ * hints, which are the fix.
+ */
+export function addonLoadProblem(error: unknown): DoctorProblem {
+  const text = message(error);
+  const cause = error instanceof Error && error.cause instanceof Error ? error.cause.message : undefined;
+  const body = text.replace(/^[^\n]*failed to load\.?\n?/, '');
+  const reason = cause ?? body.split('\n')[0] ?? '';
+  const hints = (
+    cause !== undefined && body.startsWith(cause) ? body.slice(cause.length) : body.split('\n').slice(1).join('\n')
+  )
+    .split('\n')
+    .map((l) => l.trim())
+    .filter(Boolean);
+  const oneLine = (t: string) =>
+    t
+      .split('\n')
+      .map((l) => l.trim())
+      .filter(Boolean)
+      .join(' ');
+  return {
+    component: 'addon',
+    severity: 'error',
+    message: `the native addon does not load: ${oneLine(reason).replace(/^resnet-cuda: /, '') || 'unknown reason'}`,
+    fix:
+      hints.length > 0
+        ? hints.join(' ')
+        : `Reinstall the package so that its prebuilt binary for ${process.platform}-${process.arch} is used (\`npm install resnet-cuda\`), or build it from source: \`npm rebuild resnet-cuda\`.`,
+  };
+}
+
+/** Looks for the CUDA libraries (loading them, for their versions); a problem when a required one is missing. */
+function checkCudaLibraries(cuda: DoctorBackend, problems: DoctorProblem[]): CudaLibrarySearch | undefined {
+  let search: CudaLibrarySearch;
+  try {
+    search = rawAddon().cudaLibraries();
+  } catch (error) {
+    problems.push({
+      component: 'cuda',
+      severity: 'warning',
+      message: `the CUDA libraries could not be looked for: ${message(error)}`,
+      fix: 'Rebuild or reinstall the package: its addon is older than its JavaScript.',
+    });
+    return undefined;
+  }
+  // The backend's own reason already names what is missing (and the same fix); an emulated backend
+  // (RESNET_CUDA_BACKEND_LIBRARY) needs none of them.
+  const reported = (cuda.reason ?? '').includes('libraries it needs are missing');
+  if (!search.complete && !reported && !process.env.RESNET_CUDA_BACKEND_LIBRARY) {
+    const missing = search.libraries.filter((l) => l.required && !(l.found && l.loaded));
+    problems.push({
+      component: 'cuda',
+      severity: 'warning',
+      message: `CUDA libraries the backend needs are missing: ${missing
+        .map(
+          (l) =>
+            `${l.name} (${l.soname}) ${l.found ? `does not load: ${l.error ?? 'unknown reason'}` : 'was not found'}`,
+        )
+        .join('; ')}`,
+      fix: INSTALL_CUDA_FIX,
+    });
+  }
+  return search;
 }
 
 /** Gathers the report; never throws. */
@@ -158,16 +231,7 @@ export async function diagnose(): Promise<DoctorReport> {
     }
   } catch (error) {
     addon.error = message(error);
-    problems.push({
-      component: 'addon',
-      severity: 'error',
-      message: addon.error
-        .split('\n')
-        .slice(0, 2)
-        .join(' ')
-        .replace(/^resnet-cuda: /, ''),
-      fix: 'Follow the hint above; `scripts/setup` installs the build tools and oneDNN and builds the addon, `npm run build:native` rebuilds it.',
-    });
+    problems.push(addonLoadProblem(error));
   }
 
   for (const backend of backends) {
@@ -216,6 +280,9 @@ export async function diagnose(): Promise<DoctorReport> {
     });
   }
 
+  const cuda = backends.find((b) => b.name === 'cuda');
+  const cudaLibraries = cuda?.built ? checkCudaLibraries(cuda, problems) : undefined;
+
   const sharp: DoctorReport['sharp'] = { loaded: false };
   try {
     const module = (await import('sharp')).default;
@@ -234,7 +301,9 @@ export async function diagnose(): Promise<DoctorReport> {
   }
 
   const ok = backends.some((b) => b.name === 'cpu' && b.works === true);
-  return { ok, version, node, addon, backends, sharp, problems };
+  const report: DoctorReport = { ok, version, node, addon, backends, sharp, problems };
+  if (cudaLibraries !== undefined) report.cudaLibraries = cudaLibraries;
+  return report;
 }
 
 function describeBackend(b: DoctorBackend): string {
@@ -257,6 +326,22 @@ function describeBackend(b: DoctorBackend): string {
   const state = b.works === true ? 'ok' : b.works === false ? 'FAILED' : 'available';
   const nvml = b.utilization ? `; GPU utilisation ${b.utilization.available ? 'readable (NVML)' : 'not readable'}` : '';
   return `${state}: ${[b.device, ...details].filter(Boolean).join(', ')}${b.works ? '; a test convolution ran' : ''}${nvml}`;
+}
+
+/** The CUDA libraries under the `cuda` row: where each came from, then the places searched. */
+function writeCudaLibraries(search: CudaLibrarySearch, io: CliIO): void {
+  const pad = ' '.repeat(9);
+  const width = Math.max(...search.libraries.map((l) => l.name.length)) + 2;
+  for (const l of search.libraries) {
+    const what = l.loaded
+      ? `${l.version ?? 'version unknown'} from ${l.path} (${l.place})`
+      : l.found
+        ? `FAILED to load ${l.path}: ${l.error ?? 'unknown reason'}`
+        : `not found (${l.soname}${l.required ? '' : ', optional'})`;
+    io.stdout.write(`${pad}${l.name.padEnd(width)}${what}\n`);
+  }
+  io.stdout.write(`${pad}searched in order: ${search.places.map((p) => p.label).join('; ')}\n`);
+  for (const note of search.notes) io.stdout.write(`${pad}not searched: ${note}\n`);
 }
 
 /** Reads the run's bottleneck report; a missing folder, log or record is a CLI error naming `--run`. */
@@ -305,9 +390,12 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
     'addon',
     report.addon.loaded
       ? `loaded (native version ${report.addon.nativeVersion}; JPEG decoding with libjpeg-turbo ${report.addon.libjpegTurbo})`
-      : `FAILED to load: ${report.addon.error?.split('\n')[1] ?? report.addon.error}`,
+      : `FAILED to load (see below)`,
   );
-  for (const b of report.backends) row(b.name, describeBackend(b));
+  for (const b of report.backends) {
+    row(b.name, describeBackend(b));
+    if (b.name === 'cuda' && report.cudaLibraries) writeCudaLibraries(report.cudaLibraries, io);
+  }
   row(
     'sharp',
     report.sharp.loaded

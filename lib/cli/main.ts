@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
  * `resnet-cuda`, the command line: `train`, `eval`, `predict`, `lr-find`, `embed`, `bench`, `summary`, `prune`,
- * `export`, `launch` and `doctor`, like torchvision's `references/classification/train.py` split into subcommands.
+ * `export`, `launch`, `doctor` and `install-cuda`, like torchvision's `references/classification/train.py` split into subcommands.
  *
  * Exit codes: 0 on success, 2 for a usage error (reported before any work starts), 1 for a
  * failure while working. Errors are one line, `resnet-cuda <command>: <message>`, and a hint;
@@ -67,6 +67,11 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<Command> }
   doctor: {
     summary: 'Check the installation: the addon, each backend, sharp; says what to fix.',
     load: async () => (await import('./doctor.js')).doctorCommand,
+  },
+  'install-cuda': {
+    summary:
+      'Download the pinned CUDA libraries (cuDNN, cuBLAS, NCCL) into the cache, where the CUDA backend finds them.',
+    load: async () => (await import('./install-cuda.js')).installCudaCommand,
   },
 };
 

@@ -2,6 +2,8 @@
 // per call.
 #include <napi.h>
 
+#include <map>
+
 #include "../core/error.h"
 #include "addon_data.h"
 #include "convert.h"
@@ -507,6 +509,79 @@ Napi::Value ListBackends(const Napi::CallbackInfo& info) {
   });
 }
 
+// cudaLibraries({ env?, load?, pythonTimeoutMs? }) -> { places, notes, libraries, complete }: where
+// the CUDA libraries were found (cuda_libraries.h). Without `env`, this process's search (done and
+// loaded once, shared with the CUDA backend); with `env` (variable -> value, the only variables
+// seen), a fresh search in that made-up environment, loading only when `load` is true.
+Napi::Value CudaLibraries(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Env env = info.Env();
+    const bool given = info.Length() > 0 && !info[0].IsUndefined();
+    const Napi::Object o = given ? optionsArg(info, "cudaLibraries") : Napi::Object::New(env);
+    CudaLibrarySearch fresh;
+    const CudaLibrarySearch* search = nullptr;
+    if (has(o, "env")) {
+      RC_CHECK_ARG(o.Get("env").IsObject(), "option 'env' must be an object of environment variables");
+      const Napi::Object vars = o.Get("env").As<Napi::Object>();
+      std::map<std::string, std::string> values;
+      const Napi::Array names = vars.GetPropertyNames();
+      for (uint32_t i = 0; i < names.Length(); ++i) {
+        const std::string name = names.Get(i).As<Napi::String>().Utf8Value();
+        RC_CHECK_ARG(vars.Get(name).IsString(), "option 'env'." << name << " must be a string");
+        values[name] = vars.Get(name).As<Napi::String>().Utf8Value();
+      }
+      const int64_t timeoutMs = getInt(o, "pythonTimeoutMs", 5000);
+      RC_CHECK_ARG(timeoutMs > 0 && timeoutMs <= 600000,
+                   "option 'pythonTimeoutMs' must be in 1..600000, got " << timeoutMs);
+      fresh = findCudaLibraries(
+          [&](const std::string& name) {
+            const auto it = values.find(name);
+            return it == values.end() ? std::string() : it->second;
+          },
+          getBool(o, "load", false), static_cast<int>(timeoutMs));
+      search = &fresh;
+    } else {
+      search = &cudaRuntimeLibraries();
+    }
+    Napi::Array places = Napi::Array::New(env, search->places.size());
+    for (size_t i = 0; i < search->places.size(); ++i) {
+      const CudaLibraryPlace& p = search->places[i];
+      Napi::Object po = Napi::Object::New(env);
+      po.Set("kind", p.kind);
+      po.Set("label", p.label);
+      Napi::Array dirs = Napi::Array::New(env, p.dirs.size());
+      for (size_t j = 0; j < p.dirs.size(); ++j) dirs.Set(static_cast<uint32_t>(j), p.dirs[j]);
+      po.Set("dirs", dirs);
+      places.Set(static_cast<uint32_t>(i), po);
+    }
+    Napi::Array notes = Napi::Array::New(env, search->notes.size());
+    for (size_t i = 0; i < search->notes.size(); ++i) notes.Set(static_cast<uint32_t>(i), search->notes[i]);
+    Napi::Array libraries = Napi::Array::New(env, search->libraries.size());
+    for (size_t i = 0; i < search->libraries.size(); ++i) {
+      const CudaLibraryRecord& r = search->libraries[i];
+      Napi::Object lo = Napi::Object::New(env);
+      lo.Set("name", r.name);
+      lo.Set("soname", r.soname);
+      lo.Set("package", r.package);
+      lo.Set("required", r.required);
+      lo.Set("found", r.found);
+      lo.Set("loaded", r.loaded);
+      if (!r.path.empty()) lo.Set("path", r.path);
+      if (!r.place.empty()) lo.Set("place", r.place);
+      if (!r.version.empty()) lo.Set("version", r.version);
+      if (!r.error.empty()) lo.Set("error", r.error);
+      libraries.Set(static_cast<uint32_t>(i), lo);
+    }
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("places", places);
+    out.Set("notes", notes);
+    out.Set("libraries", libraries);
+    out.Set("loaded", search->load);
+    out.Set("complete", search->complete());
+    return Napi::Value(out);
+  });
+}
+
 }  // namespace
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -567,6 +642,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"resetPeakMemory", ResetPeakMemory},
       {"emptyCache", EmptyCache},
       {"listBackends", ListBackends},
+      {"cudaLibraries", CudaLibraries},
       {"beginCapture", BeginCapture},
       {"endCapture", EndCapture},
       {"replayGraph", ReplayGraph},

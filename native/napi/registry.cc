@@ -1,7 +1,6 @@
 #include "registry.h"
 
 #include <dlfcn.h>
-#include <glob.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,11 +8,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 
 #include "../core/checked_backend.h"
 #include "../core/error.h"
 #include "../cpu/backend_cpu.h"
+#include "cuda_libraries.h"
 
 namespace rc {
 
@@ -22,6 +21,8 @@ namespace {
 constexpr const char* kCudaLibrary = "libresnet_cuda_backend.so";
 // Bumped whenever the Backend interface changes, so a stale library is refused, not misused.
 constexpr int kBackendAbi = 8;
+// How long python3 may take to list its site-packages when the CUDA libraries are looked for.
+constexpr int kPythonTimeoutMs = 5000;
 
 using CreateFn = Backend* (*)(int deviceIndex, int abiVersion);
 using CountFn = int (*)(char* error, size_t errorSize);
@@ -54,131 +55,23 @@ bool cudaLibraryBuilt() {
   return access(path.c_str(), R_OK) == 0;
 }
 
-// The shared libraries libresnet_cuda_backend.so needs (by these sonames) besides the driver. It
-// carries no RUNPATH, so they are loaded here first, RTLD_GLOBAL, from wherever they are found:
-// the dynamic loader then resolves the backend's NEEDED entries to these already-loaded objects.
-// Loaded in this order because libcublas.so.13 needs libcublasLt.so.13, and cuDNN dlopens
-// libcublasLt.so.13 (and libnvrtc.so.13) by soname, which its RUNPATH does not find in the CUDA 13
-// wheels' layout (nvidia/cu13/lib). cuDNN finds its own sub-libraries (libcudnn_ops.so.9, ...)
-// through its RUNPATH $ORIGIN, i.e. next to libcudnn.so.9 wherever that was loaded from.
-struct RuntimeLibrary {
-  const char* soname;
-  const char* what;
-  const char* howToGet;
-  bool required;
-};
-constexpr RuntimeLibrary kRuntimeLibraries[] = {
-    {"libcublasLt.so.13", "cuBLASLt 13", "pip install nvidia-cublas", true},
-    {"libcublas.so.13", "cuBLAS 13", "pip install nvidia-cublas", true},
-    {"libcudnn.so.9", "cuDNN 9", "pip install nvidia-cudnn-cu13", true},
-    {"libnccl.so.2", "NCCL 2", "pip install nvidia-nccl-cu13", true},
-    // Optional: only cuDNN's runtime-compiled engines use it; without it cuDNN uses the others.
-    {"libnvrtc.so.13", "NVRTC 13", "pip install nvidia-cuda-nvrtc", false},
-};
-
 std::string envOr(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
   return value != nullptr && value[0] != '\0' ? std::string(value) : fallback;
 }
 
-void appendGlob(const std::string& pattern, std::vector<std::string>* out) {
-  glob_t g{};
-  if (glob(pattern.c_str(), GLOB_ONLYDIR | GLOB_NOSORT, nullptr, &g) == 0) {
-    std::vector<std::string> found(g.gl_pathv, g.gl_pathv + g.gl_pathc);
-    std::sort(found.begin(), found.end());
-    out->insert(out->end(), found.begin(), found.end());
-  }
-  globfree(&g);
-}
-
-// Folders to look in after the dynamic loader's own search, most specific first. Python
-// environments are found by their usual locations, without running Python: the nvidia-* wheels
-// (also PyTorch's) install their libraries under site-packages/nvidia/<name>/lib.
-std::vector<std::string> cudaLibrarySearchPath() {
-  std::vector<std::string> dirs;
-  for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
-    const std::string root = envOr(var, "");
-    if (!root.empty()) {
-      dirs.push_back(root + "/lib64");
-      dirs.push_back(root + "/lib");
-    }
-  }
-  const std::string home = envOr("HOME", "");
-  std::vector<std::string> sitePackages;
-  const std::string venv = envOr("VIRTUAL_ENV", "");
-  if (!venv.empty()) appendGlob(venv + "/lib/python3*/site-packages", &sitePackages);
-  const std::string conda = envOr("CONDA_PREFIX", "");
-  if (!conda.empty()) {
-    dirs.push_back(conda + "/lib");
-    appendGlob(conda + "/lib/python3*/site-packages", &sitePackages);
-  }
-  appendGlob("/opt/*/.venv/lib/python3*/site-packages", &sitePackages);
-  if (!home.empty()) appendGlob(home + "/.local/lib/python3*/site-packages", &sitePackages);
-  appendGlob("/usr/local/lib/python3*/site-packages", &sitePackages);
-  appendGlob("/usr/local/lib/python3*/dist-packages", &sitePackages);
-  appendGlob("/usr/lib/python3/dist-packages", &sitePackages);
-  for (const auto& sp : sitePackages) appendGlob(sp + "/nvidia/*/lib", &dirs);
-  // The SDK of scripts/setup-cuda-sdk, which a machine with a GPU may use at run time too.
-  const std::string cache = envOr(
-      "RESNET_CUDA_CACHE", envOr("XDG_CACHE_HOME", home.empty() ? std::string() : home + "/.cache") + "/resnet-cuda");
-  appendGlob(cache + "/cuda-sdk-*/lib", &dirs);
-  return dirs;
-}
-
-// Loads the libraries of kRuntimeLibraries; on failure returns false with `error` naming each
-// missing library and how to get it. RESNET_CUDA_LIBRARY_PATH (colon-separated folders) comes first,
-// then the dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache), then cudaLibrarySearchPath().
+// libresnet_cuda_backend.so carries no RUNPATH: the libraries it needs besides the driver (cuDNN,
+// cuBLAS, NCCL) are loaded first, RTLD_GLOBAL, from where cuda_libraries.h finds them, and the
+// dynamic loader then resolves the backend's NEEDED entries to these already-loaded objects.
 bool preloadCudaLibraries(std::string* error) {
-  std::vector<std::string> first;
-  const std::string userPath = envOr("RESNET_CUDA_LIBRARY_PATH", "");
-  for (size_t start = 0; start <= userPath.size();) {
-    const size_t end = std::min(userPath.find(':', start), userPath.size());
-    if (end > start) first.push_back(userPath.substr(start, end - start));
-    start = end + 1;
-  }
-  std::vector<std::string> later;
-  bool searched = false;
-  std::string missing;
-  for (const RuntimeLibrary& lib : kRuntimeLibraries) {
-    std::string firstFailure;
-    auto tryPath = [&](const std::string& path) {
-      if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) != nullptr) return true;
-      const char* message = dlerror();
-      const std::string why = message != nullptr ? message : "";
-      // A library that is there but does not load (a missing dependency, a wrong architecture) is
-      // worth reporting; "<path>: cannot open shared object file" only means it is not there.
-      if (firstFailure.empty() && why.rfind(path + ": cannot open shared object file", 0) != 0) firstFailure = why;
-      return false;
-    };
-    bool loaded = false;
-    for (const auto& dir : first) {
-      if ((loaded = tryPath(dir + "/" + lib.soname))) break;
-    }
-    if (!loaded) loaded = tryPath(lib.soname);
-    if (!loaded) {
-      if (!searched) {
-        later = cudaLibrarySearchPath();
-        searched = true;
-      }
-      std::set<std::string> seen;
-      for (const auto& dir : later) {
-        if (!seen.insert(dir).second) continue;
-        const std::string path = dir + "/" + lib.soname;
-        if (access(path.c_str(), F_OK) == 0 && (loaded = tryPath(path))) break;
-      }
-    }
-    if (loaded || !lib.required) continue;
-    missing += missing.empty() ? "" : "; ";
-    missing += std::string(lib.what) + " (" + lib.soname + ") " +
-               (firstFailure.empty() ? std::string("was not found") : "does not load: " + firstFailure) +
-               ": install it with `" + lib.howToGet + "`";
-  }
-  if (missing.empty()) return true;
-  *error = "the CUDA backend is built, but CUDA libraries it needs are missing: " + missing +
-           ". They are looked for in RESNET_CUDA_LIBRARY_PATH, the dynamic loader's path (LD_LIBRARY_PATH), "
-           "$CUDA_HOME/lib64, the nvidia/*/lib folders of Python environments ($VIRTUAL_ENV, $CONDA_PREFIX, "
-           "/opt/*/.venv, ~/.local, /usr/local/lib/python3*) and the SDK of scripts/setup-cuda-sdk; or set "
-           "CUDA_HOME to a CUDA 13 toolkit that has cuDNN 9 and NCCL";
+  const CudaLibrarySearch& search = cudaRuntimeLibraries();
+  if (search.complete()) return true;
+  std::string places;
+  for (const auto& place : search.places) places += (places.empty() ? "" : ", ") + place.label;
+  *error = "the CUDA backend is built, but CUDA libraries it needs are missing: " + search.missing() +
+           ". Looked in, in this order: " + places +
+           ". Install them with `npx resnet-cuda install-cuda`, or set RESNET_CUDA_LIBRARY_PATH to the folders "
+           "that hold them; `npx resnet-cuda doctor` shows what was found where";
   return false;
 }
 
@@ -211,8 +104,9 @@ CudaLibrary& openCudaLibrary() {
   const std::string path = addonDirectory() + "/" + kCudaLibrary;
   if (!cudaLibraryBuilt()) {
     gCudaLib.error = std::string("this build has no CUDA backend (") + kCudaLibrary +
-                     " was not built: no CUDA toolkit with cuDNN, cuBLAS and NCCL was found at build time; "
-                     "run scripts/setup-cuda-sdk and rebuild, or install a prebuilt binary with CUDA)";
+                     " was not built: no CUDA toolkit with cuDNN, cuBLAS and NCCL was found at build time). "
+                     "Install a prebuilt package that includes it, or build from source on a machine with a CUDA 13 "
+                     "toolkit, cuDNN 9 and NCCL (CUDA_HOME set to the toolkit)";
     return gCudaLib;
   }
   // The CUDA runtime opens the driver itself; checking first gives the plain reason on machines
@@ -230,9 +124,9 @@ CudaLibrary& openCudaLibrary() {
   if (gCudaLib.handle == nullptr) {
     const char* why = dlerror();
     gCudaLib.error = std::string("the CUDA backend could not be loaded: ") + (why ? why : "unknown error") +
-                     ". Install the NVIDIA driver and the CUDA 13 libraries it names (cuDNN 9: pip install "
-                     "nvidia-cudnn-cu13; cuBLAS: pip install nvidia-cublas; NCCL: pip install nvidia-nccl-cu13) "
-                     "and make them visible through RESNET_CUDA_LIBRARY_PATH, LD_LIBRARY_PATH or CUDA_HOME";
+                     ". Install the CUDA 13 libraries it names with `npx resnet-cuda install-cuda`, or set "
+                     "RESNET_CUDA_LIBRARY_PATH to the folders that hold them; `npx resnet-cuda doctor` shows what was "
+                     "found where";
     return gCudaLib;
   }
   bindCudaLibrary(kCudaLibrary);
@@ -252,6 +146,16 @@ int cudaDeviceCount(std::string* reason) {
 }
 
 }  // namespace
+
+const CudaLibrarySearch& cudaRuntimeLibraries() {
+  static std::mutex mutex;
+  static std::unique_ptr<CudaLibrarySearch> search;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!search) {
+    search = std::make_unique<CudaLibrarySearch>(findCudaLibraries(processEnv, true, kPythonTimeoutMs));
+  }
+  return *search;
+}
 
 Backend& backendFor(const Device& device) {
   std::lock_guard<std::mutex> lock(gMutex);

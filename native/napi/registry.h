@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../core/backend.h"
+#include "cuda_libraries.h"
 
 namespace rc {
 
@@ -21,5 +22,9 @@ struct BackendStatus {
 };
 
 std::vector<BackendStatus> listBackends();
+
+// The CUDA libraries of this process: searched for and loaded once (the CUDA backend's first use,
+// or this call), then the same record.
+const CudaLibrarySearch& cudaRuntimeLibraries();
 
 }  // namespace rc
