@@ -70,6 +70,12 @@ export class SGD extends Optimizer<SGDOptions> {
       firstStep: ctx.step === 1 || fresh,
       ...(ctx.foundInf ? { foundInf: ctx.foundInf.raw } : {}),
       gradScaleInv: ctx.gradScaleInv,
+      ...(ctx.tablesOnly ? { tablesOnly: true } : {}),
     });
+  }
+
+  /** SGD's step can be captured in a CUDA graph (its learning rates are sent before each replay). */
+  override get capturable(): boolean {
+    return true;
   }
 }
