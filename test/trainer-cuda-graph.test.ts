@@ -26,6 +26,7 @@ import {
 } from '../lib/index.js';
 import type { Module } from '../lib/nn/module.js';
 import type { Optimizer } from '../lib/optim/optimizer.js';
+import { soloGroup } from './gpu/solo-group.js';
 
 const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
 const cuda = listBackends().find((b) => b.name === 'cuda');
@@ -204,6 +205,31 @@ describe.skipIf(cudaSkip !== null)(
       await Promise.all([graph.trainer.dispose(), eager.trainer.dispose()]);
     });
 
+    it('data-parallel (an NCCL group of one rank): the bucket all-reduces are captured with the step', async () => {
+      const run = async (cudaGraph: TrainerOptions['cudaGraph']): Promise<RunRecord> => {
+        const group = soloGroup('nccl', 'cuda');
+        try {
+          return await train(
+            {
+              device: 'cuda',
+              samples: 24,
+              epochs: 1,
+              optimizer: (m) => new SGD(m, { lr: 0.05, momentum: 0.9 }),
+              options: { amp: 'bf16', distributed: { processGroup: group } },
+            },
+            cudaGraph,
+          );
+        } finally {
+          group.destroy();
+        }
+      };
+      const eager = await run(undefined);
+      const graph = await run({ warmup: 2 });
+      expectSameRun(graph, eager);
+      expect(graph.trainer.cudaGraphStats).toEqual({ captures: 1, replays: 4, eagerSteps: 2, reasons: [] });
+      await Promise.all([graph.trainer.dispose(), eager.trainer.dispose()]);
+    });
+
     it('gradient accumulation and a moving average are not captured: each says why and trains', async () => {
       for (const [options, reason] of [
         [{ accumulate: 2 }, /gradient accumulation \(accumulate: 2\) is not captured/],
@@ -255,8 +281,6 @@ describe.skipIf(onlyCuda)('Trainer cudaGraph on the CPU', () => {
     expect(() => new Trainer({ model, optimizer, progress: false, cudaGraph: { warmup: 0 } })).toThrow(
       /cudaGraph\.warmup/,
     );
-    expect(() => new Trainer({ model, optimizer, progress: false, cudaGraph: { steps: 2 } as never })).toThrow(
-      /steps/,
-    );
+    expect(() => new Trainer({ model, optimizer, progress: false, cudaGraph: { steps: 2 } as never })).toThrow(/steps/);
   });
 });

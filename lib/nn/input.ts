@@ -65,7 +65,11 @@ export class InputNormalize {
     if (flip instanceof Tensor) {
       expectTensor('flip', flip, { rank: 1, dtype: 'u8' });
       if (flip.shape[0] !== images.shape[0] || flip.device !== images.device) {
-        mismatch('flip', `a u8 tensor [${images.shape[0]}] on ${images.device}`, `[${flip.shape.join(', ')}] on ${flip.device}`);
+        mismatch(
+          'flip',
+          `a u8 tensor [${images.shape[0]}] on ${images.device}`,
+          `[${flip.shape.join(', ')}] on ${flip.device}`,
+        );
       }
       flipTensor = flip;
     } else if (flip !== undefined) {

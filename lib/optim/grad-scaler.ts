@@ -264,10 +264,7 @@ export class GradScaler {
    * optimizer's skipped steps are brought up to date by {@link GradScaler.refreshFromDevice}.
    * Disabled, it steps the optimizer only.
    */
-  stepOnDevice(
-    optimizer: ScalerOptimizer,
-    options: { stepCount?: Tensor; afterUnscale?: () => void } = {},
-  ): void {
+  stepOnDevice(optimizer: ScalerOptimizer, options: { stepCount?: Tensor; afterUnscale?: () => void } = {}): void {
     const { afterUnscale, ...stepOptions } = options;
     if (!this.enabled) {
       afterUnscale?.();

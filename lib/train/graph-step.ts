@@ -100,6 +100,11 @@ export class CapturedStep {
     const countersBefore = model.counterValues();
     let countersAfter = countersBefore;
     try {
+      // The current learning rates go to the device first: a table that changed during the
+      // capture could not be sent (the capture records the table's address, not its contents).
+      optimizer.step({ tablesOnly: true });
+      // The scaler's device state must exist before the capture (making it copies from the host).
+      if (parts.scaler.enabled) parts.scaler.deviceState(optimizer.arena().device);
       const graph = CudaGraph.capture(device, () => {
         try {
           recordStep(parts, inputs, stepCount, skips);
@@ -209,9 +214,11 @@ interface CaptureState {
  * gradient zeroing. Run inside a capture.
  */
 function recordStep(parts: StepParts, inputs: Inputs, stepCount: Tensor, skips: Tensor): void {
-  const { net, ddp, normalize, loss, optimizer, scaler, clip, lossSum, stepLoss, model, device } = parts;
+  const { net, ddp, normalize, loss, optimizer, scaler, clip, lossSum, stepLoss, model } = parts;
+  // The scaler's state lives on the arena's device, by its canonical name (cuda:0 for cuda).
+  const scalerState = scaler.enabled ? scaler.deviceState(optimizer.arena().device) : null;
   scaler.scale(loss, 1);
-  loss.gradScaleFrom = scaler.enabled ? scaler.deviceState(device).scale : null;
+  loss.gradScaleFrom = scalerState?.scale ?? null;
   const logits = net.forward(normalize.forward(inputs.images, inputs.flips));
   const value = loss.forward(logits, inputs.labels);
   addon().add({ a: lossSum.raw, b: value.raw, out: lossSum.raw });
@@ -222,8 +229,6 @@ function recordStep(parts: StepParts, inputs: Inputs, stepCount: Tensor, skips: 
     stepCount,
     ...(clip !== null ? { afterUnscale: () => void clipGradNorm(model, clip) } : {}),
   });
-  if (scaler.enabled) {
-    addon().add({ a: skips.raw, b: scaler.deviceState(device).foundInf.raw, out: skips.raw });
-  }
+  if (scalerState) addon().add({ a: skips.raw, b: scalerState.foundInf.raw, out: skips.raw });
   optimizer.zeroGrad();
 }

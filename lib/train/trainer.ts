@@ -85,6 +85,7 @@ export type { DistillationOptions } from './distillation.js';
 export type { EvalResult, Predictions } from './evaluation.js';
 export type {
   CheckpointPolicy,
+  CudaGraphOptions,
   DistributedTrainingOptions,
   EarlyStoppingOptions,
   FitOptions,

@@ -262,9 +262,9 @@ void validateSgd(const SgdArgs& a) {
   if (needsMomentum) validateArenaTensor(a.momentumBuffer, a.params, op, "momentumBuffer");
   validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
   validateOptionalFoundInf(a.foundInf, op);
-  RC_CHECK_ARG(!a.tablesOnly || a.params.device().type == DeviceType::Cuda,
-               op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got "
-                  << a.params.describe());
+  RC_CHECK_ARG(
+      !a.tablesOnly || a.params.device().type == DeviceType::Cuda,
+      op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got " << a.params.describe());
 }
 
 void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
@@ -284,9 +284,9 @@ void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
   validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
   validateOptionalFoundInf(a.foundInf, op);
   if (a.stepCount.defined()) validateDeviceScalar(a.stepCount, DType::I32, op, "stepCount");
-  RC_CHECK_ARG(!a.tablesOnly || a.params.device().type == DeviceType::Cuda,
-               op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got "
-                  << a.params.describe());
+  RC_CHECK_ARG(
+      !a.tablesOnly || a.params.device().type == DeviceType::Cuda,
+      op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got " << a.params.describe());
 }
 
 void validateGradNorm(const GradNormArgs& a) {

@@ -462,8 +462,8 @@ class CudaBackend final : public Backend {
                      a.gradScaleInv, ctx_.scratch(lambScratchBytes(table.segments, table.chunks)), ctx_.stream());
     } else {
       cuda::adamwStep(a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(), a.expAvgSq.ptr<float>(),
-                      table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, stepCount,
-                      foundInf, a.gradScaleInv, ctx_.stream());
+                      table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, stepCount, foundInf,
+                      a.gradScaleInv, ctx_.stream());
     }
   }
 

@@ -304,9 +304,9 @@ void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq,
   lamb_ratio_kernel<<<optimBlocks(segmentCount), kThreads, 0, stream>>>(segments, segmentCount, groups, foundInf,
                                                                         partial, ratio);
   checkLaunch("lamb_ratio_kernel");
-  lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
-      params, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount, foundInf,
-      ratio);
+  lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(params, expAvg, expAvgSq, segments,
+                                                                           segmentCount, chunkCount, groups, groupCount,
+                                                                           step, stepCount, foundInf, ratio);
   checkLaunch("lamb_update_kernel");
 }
 
