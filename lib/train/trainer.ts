@@ -220,8 +220,11 @@ export class Trainer {
       s.cudaGraphWarmup === null
         ? null
         : new GraphMode(s.cudaGraphWarmup, (reason) => {
+            // On the progress stream when there is one (the command line), else as a process warning.
             this.#outputs.log({ type: 'cuda-graph', step: this.#step, reason });
-            process.emitWarning(reason, { code: 'RESNET_CUDA_GRAPH' });
+            if (!this.isMain) return;
+            if (this.#s.progress) this.#outputs.say(reason);
+            else process.emitWarning(reason, { code: 'RESNET_CUDA_GRAPH' });
           });
     this.#checkpoints =
       this.isMain && this.#s.outDir !== null && s.checkpoint
