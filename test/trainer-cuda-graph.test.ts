@@ -20,6 +20,7 @@ import {
   SGD,
   Sequential,
   ShapesDataset,
+  Tensor,
   Trainer,
   listBackends,
   type TrainerOptions,
@@ -33,8 +34,8 @@ const cuda = listBackends().find((b) => b.name === 'cuda');
 const noCuda = cuda?.available ? null : (cuda?.reason ?? 'no CUDA backend');
 
 /** Conv-BN-ReLU twice and a linear head: every kind of op of the step, small enough for the emulator. */
-function tinyNet(device: string): Sequential {
-  return new Sequential(
+function tinyLayers(): Module[] {
+  return [
     new Conv2d({ inChannels: 3, outChannels: 8, kernelSize: 3, padding: 1, seed: 1 }),
     new BatchNorm2d({ numFeatures: 8 }),
     new ReLU(),
@@ -44,10 +45,28 @@ function tinyNet(device: string): Sequential {
     new AdaptiveAvgPool2d(1),
     new Flatten(),
     new Linear({ inFeatures: 8, outFeatures: 4, seed: 3 }),
-  ).to(device);
+  ];
+}
+
+function tinyNet(device: string): Module {
+  return new Sequential(...tinyLayers()).to(device);
+}
+
+/** The tiny net, checking on the host that its input is finite: host control flow in a forward. */
+class CheckedNet extends Sequential {
+  constructor() {
+    super(...tinyLayers());
+  }
+
+  override forward(x: Tensor): Tensor {
+    if (x.toFloat32Array().some((v) => !Number.isFinite(v))) throw new Error('non-finite input');
+    return super.forward(x);
+  }
 }
 
 interface RunSetup {
+  /** The model; default {@link tinyNet}. */
+  model?: (device: string) => Module;
   device: string;
   samples: number;
   epochs: number;
@@ -68,7 +87,7 @@ interface RunRecord {
 
 /** Trains a fresh tiny net on generated shapes, recording every step's loss and learning rate. */
 async function train(setup: RunSetup, cudaGraph: TrainerOptions['cudaGraph']): Promise<RunRecord> {
-  const model = tinyNet(setup.device);
+  const model = setup.model?.(setup.device) ?? tinyNet(setup.device);
   const optimizer = setup.optimizer(model);
   const loader = new DataLoader(new ShapesDataset({ length: setup.samples, size: 8, classes: 4, seed: 3 }), {
     batchSize: 4,
@@ -227,6 +246,27 @@ describe.skipIf(cudaSkip !== null)(
       const graph = await run({ warmup: 2 });
       expectSameRun(graph, eager);
       expect(graph.trainer.cudaGraphStats).toEqual({ captures: 1, replays: 4, eagerSteps: 2, reasons: [] });
+      await Promise.all([graph.trainer.dispose(), eager.trainer.dispose()]);
+    });
+
+    it('a model that reads a value back in its forward cannot be captured: the capture error is said and it trains eagerly', async () => {
+      const setup: RunSetup = {
+        device: 'cuda',
+        samples: 16,
+        epochs: 1,
+        optimizer: (m) => new SGD(m, { lr: 0.05, momentum: 0.9 }),
+        options: {},
+        model: (device) => new CheckedNet().to(device),
+      };
+      const eager = await train(setup, undefined);
+      const graph = await train(setup, { warmup: 1 });
+      expectSameRun(graph, eager);
+      const stats = graph.trainer.cudaGraphStats;
+      expect(stats?.captures).toBe(0);
+      expect(stats?.eagerSteps).toBe(4);
+      expect(stats?.reasons).toEqual([
+        expect.stringMatching(/^cudaGraph: the step could not be captured \(copy to host .*\); training eagerly$/),
+      ]);
       await Promise.all([graph.trainer.dispose(), eager.trainer.dispose()]);
     });
 
