@@ -13,6 +13,7 @@ import {
   BatchNorm2d,
   Conv2d,
   CosineAnnealingLR,
+  CrossEntropyLoss,
   DataLoader,
   Flatten,
   Linear,
@@ -61,6 +62,13 @@ class CheckedNet extends Sequential {
   override forward(x: Tensor): Tensor {
     if (x.toFloat32Array().some((v) => !Number.isFinite(v))) throw new Error('non-finite input');
     return super.forward(x);
+  }
+}
+
+/** An optimizer of the user's that does not declare capture support. */
+class UncapturableSGD extends SGD {
+  override get capturable(): boolean {
+    return false;
   }
 }
 
@@ -270,18 +278,16 @@ describe.skipIf(cudaSkip !== null)(
       await Promise.all([graph.trainer.dispose(), eager.trainer.dispose()]);
     });
 
-    it('gradient accumulation and a moving average are not captured: each says why and trains', async () => {
-      for (const [options, reason] of [
-        [{ accumulate: 2 }, /gradient accumulation \(accumulate: 2\) is not captured/],
-        [{ ema: { decay: 0.9 } }, /the moving average \(ema\)/],
-      ] as const) {
-        const setup: RunSetup = {
-          device: 'cuda',
-          samples: 16,
-          epochs: 1,
-          optimizer: (m) => new SGD(m, { lr: 0.05, momentum: 0.9 }),
-          options,
-        };
+    it('gradient accumulation, a moving average, distillation and an optimizer without capture support are not captured: each says why and trains', async () => {
+      const sgd = (m: Module): Optimizer<{ lr: number }> => new SGD(m, { lr: 0.05, momentum: 0.9 });
+      const cases: [Partial<TrainerOptions>, RunSetup['optimizer'], RegExp][] = [
+        [{ accumulate: 2 }, sgd, /gradient accumulation \(accumulate: 2\) is not captured/],
+        [{ ema: { decay: 0.9 } }, sgd, /the moving average \(ema\)/],
+        [{ distillation: { teacher: tinyNet('cuda') } }, sgd, /knowledge distillation/],
+        [{}, (m) => new UncapturableSGD(m, { lr: 0.05 }), /UncapturableSGD cannot be captured/],
+      ];
+      for (const [options, optimizer, reason] of cases) {
+        const setup: RunSetup = { device: 'cuda', samples: 16, epochs: 1, optimizer, options };
         const eager = await train(setup, undefined);
         const graph = await train(setup, true);
         expectSameRun(graph, eager);
@@ -313,6 +319,25 @@ describe.skipIf(onlyCuda)('Trainer cudaGraph on the CPU', () => {
       reasons: ['cudaGraph: the device is cpu (CUDA graphs need a CUDA device); training eagerly'],
     });
     await Promise.all([graph.trainer.dispose(), eager.trainer.dispose()]);
+  });
+
+  it('the device-read arguments of a captured step are refused on the CPU, naming the argument', () => {
+    const model = tinyNet('cpu');
+    const sgd = new SGD(model, { lr: 0.1 });
+    expect(() => sgd.step({ tablesOnly: true })).toThrow(/sgd step: tablesOnly .* needs CUDA tensors/);
+    expect(() => new UncapturableSGD(model, { lr: 0.1 }).step({ tablesOnly: true })).toThrow(
+      /SGD: stepCount and tablesOnly need an optimizer that supports CUDA graph capture/,
+    );
+    const adam = new AdamW(model, { lr: 0.1 });
+    expect(() => adam.step({ stepCount: Tensor.zeros([1], { dtype: 'f32' }) })).toThrow(/stepCount/);
+    expect(() => adam.step({ stepCount: Tensor.zeros([1], { dtype: 'i32' }) })).toThrow(
+      /adamw step: stepCount \(a value read on the device, for CUDA graphs\) needs a CUDA tensor/,
+    );
+    expect(adam.stepCount).toBe(0);
+    const loss = new CrossEntropyLoss();
+    loss.gradScaleFrom = Tensor.from([2], [1]);
+    const logits = Tensor.from([0.5, -0.5, 0.25, 0], [2, 2]);
+    expect(() => loss.forward(logits, [0, 1])).toThrow(/cross entropy: gradScaleFrom .* needs a CUDA tensor/);
   });
 
   it('checks the option', () => {
