@@ -173,6 +173,10 @@ export interface RawAdamArgs {
   step: number;
   foundInf?: RawTensor;
   gradScaleInv?: number;
+  /** i32[1] device counter of the steps taken: the op adds one (unless foundInf is set) and uses it as t. */
+  stepCount?: RawTensor;
+  /** Send the group and segment tables only (a captured step reads them when replayed). */
+  tablesOnly?: boolean;
 }
 
 export interface RawMemoryStats {
@@ -442,6 +446,8 @@ export interface RawAddon {
     dLogits?: RawTensor;
     labelSmoothing?: number;
     gradScale?: number;
+    /** f32[1] on the device whose value replaces gradScale when the op runs (a captured step). */
+    gradScaleFrom?: RawTensor;
   }): void;
   /**
    * Knowledge distillation's loss, `alpha * T² * KL(softmax(t/T) ‖ softmax(s/T)) + (1 - alpha) * CE`,
@@ -467,13 +473,22 @@ export interface RawAddon {
     firstStep?: boolean;
     foundInf?: RawTensor;
     gradScaleInv?: number;
+    /** Send the group and segment tables only (a captured step reads them when replayed). */
+    tablesOnly?: boolean;
   }): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;
   /** `segments` (triples, groups ignored) absent: the whole tensor. */
   gradNorm(args: { grads: RawTensor; out: RawTensor; foundInf?: RawTensor; segments?: Int32Array }): void;
-  unscaleAndCheck(args: { grads: RawTensor; invScale: number; foundInf: RawTensor; segments?: Int32Array }): void;
+  /** With `scale` (f32[1] on the device), `invScale` is 1 / its value when the op runs (a captured step). */
+  unscaleAndCheck(args: {
+    grads: RawTensor;
+    invScale?: number;
+    scale?: RawTensor;
+    foundInf: RawTensor;
+    segments?: Int32Array;
+  }): void;
   clipGradNorm(args: { grads: RawTensor; norm: RawTensor; maxNorm: number; segments?: Int32Array }): void;
   scalerUpdate(args: {
     scale: RawTensor;

@@ -191,6 +191,8 @@ export {
   type Callback,
   type CheckpointInfo,
   type CheckpointPolicy,
+  type CudaGraphOptions,
+  type CudaGraphStats,
   type DistributedTrainingOptions,
   type EarlyStoppingOptions,
   type EpochRecord,

@@ -869,6 +869,29 @@ describe('train', () => {
     );
   });
 
+  it('train --cuda-graph on the CPU says once that CUDA graphs need a CUDA device, and trains', async () => {
+    const run = await cli([
+      'train',
+      '--dataset',
+      'synthetic',
+      '--num-classes',
+      '10',
+      '--max-steps',
+      '2',
+      '-b',
+      '2',
+      '--train-crop-size',
+      '16',
+      '-j',
+      '0',
+      '--cuda-graph',
+      '--output-dir',
+      join(dir, 'synthetic-graph'),
+    ]);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stderr.split('cudaGraph: the device is cpu (CUDA graphs need a CUDA device)').length).toBe(2);
+  });
+
   it('overfits a few batches with --dry-run and writes no checkpoint', async () => {
     const out = join(dir, 'dry');
     mkdirSync(out);

@@ -413,6 +413,12 @@ const OPTIONS: OptionSpec[] = [
     section: S_TRAIN,
   },
   {
+    name: 'cuda-graph',
+    type: 'boolean',
+    help: 'Capture the training step as one CUDA graph after a few eager steps and replay it (CUDA only; a configuration that cannot be captured trains eagerly and says why).',
+    section: S_TRAIN,
+  },
+  {
     name: 'sync-bn',
     type: 'boolean',
     help: 'Data-parallel training: batch-norm statistics over every rank (SyncBatchNorm) instead of per rank.',
@@ -657,6 +663,7 @@ interface TrainArgs extends TeacherArgs, PruneArgs, FineTuneArgs {
   epochs: number;
   amp: AmpName;
   accumulate: number;
+  cudaGraph: boolean;
   syncBn: boolean;
   nprocPerNode: number | undefined;
   modelEma: boolean;
@@ -1270,6 +1277,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
       labelSmoothing: a.labelSmoothing,
       amp: ampOption(a.amp),
       accumulate: a.accumulate,
+      ...(a.cudaGraph ? { cudaGraph: true } : {}),
       outDir,
       checkpoint: {
         everyEpochs: 1,

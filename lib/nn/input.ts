@@ -49,8 +49,11 @@ export class InputNormalize {
     this.dtype = expectOneOf('dtype', o.dtype ?? 'f32', ['f32', 'bf16', 'f16'] as const);
   }
 
-  /** Converts `images`; `flip[i] != 0` mirrors sample i. */
-  forward(images: Tensor, flip?: Uint8Array): Tensor {
+  /**
+   * Converts `images`; `flip[i] != 0` mirrors sample i. `flip` is host bytes, or a u8 tensor `[N]`
+   * on the images' device (read when the op runs, as a captured CUDA graph needs).
+   */
+  forward(images: Tensor, flip?: Uint8Array | Tensor): Tensor {
     expectTensor('images', images, { rank: 4, dtype: 'u8' });
     if (images.shape[3] !== this.mean.length) {
       mismatch('images', `an NHWC batch with ${this.mean.length} channels`, `shape [${images.shape.join(', ')}]`);
@@ -59,7 +62,17 @@ export class InputNormalize {
     let flipTensor: Tensor | undefined;
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('convert_input', 'input', images.device) : 0;
-    if (flip !== undefined) {
+    if (flip instanceof Tensor) {
+      expectTensor('flip', flip, { rank: 1, dtype: 'u8' });
+      if (flip.shape[0] !== images.shape[0] || flip.device !== images.device) {
+        mismatch(
+          'flip',
+          `a u8 tensor [${images.shape[0]}] on ${images.device}`,
+          `[${flip.shape.join(', ')}] on ${flip.device}`,
+        );
+      }
+      flipTensor = flip;
+    } else if (flip !== undefined) {
       if (!(flip instanceof Uint8Array) || flip.length !== images.shape[0]) {
         mismatch(
           'flip',

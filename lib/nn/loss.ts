@@ -31,6 +31,12 @@ export interface LossOutputs {
 export abstract class LogitsLoss {
   /** Multiplies the gradient (loss scaling for fp16, 1/k for accumulation over k steps). */
   gradScale = 1;
+  /**
+   * An f32[1] tensor on the logits' device whose value, read by the device when the op runs,
+   * multiplies the gradient instead of `gradScale` (a GradScaler's scale inside a captured CUDA
+   * graph); null (default) uses `gradScale`. Only {@link CrossEntropyLoss} reads it.
+   */
+  gradScaleFrom: Tensor | null = null;
   #loss: Tensor | null = null;
   #grad: Tensor | null = null;
   #labels: Tensor | null = null;
@@ -108,6 +114,7 @@ export class CrossEntropyLoss extends LogitsLoss {
         dLogits: out.dLogits.raw,
         labelSmoothing: this.labelSmoothing,
         gradScale: this.gradScale,
+        ...(this.gradScaleFrom ? { gradScaleFrom: this.gradScaleFrom.raw } : {}),
       });
     });
   }

@@ -158,6 +158,36 @@ export abstract class Module {
     this.#counters.set(name, (this.#counters.get(name) ?? 0n) + by);
   }
 
+  /**
+   * The host counters of this subtree (`num_batches_tracked`), one entry per counter, in
+   * {@link Module.namedModules} order. Kept to replay host bookkeeping, not for state dicts.
+   */
+  counterValues(): bigint[] {
+    const out: bigint[] = [];
+    for (const [, m] of this.namedModules()) out.push(...m.#counters.values());
+    return out;
+  }
+
+  /**
+   * Adds `deltas[i]` times `times` to the i-th counter of {@link Module.counterValues}: the
+   * bookkeeping of forward passes that ran on the device without the host (a replayed CUDA graph).
+   */
+  addToCounters(deltas: readonly bigint[], times: bigint): void {
+    let i = 0;
+    for (const [, m] of this.namedModules()) {
+      for (const [name, value] of m.#counters) {
+        const delta = deltas[i++];
+        if (delta === undefined) {
+          throw new ResnetError('ERR_RC_INVALID_ARGUMENT', 'addToCounters: fewer deltas than counters');
+        }
+        m.#counters.set(name, value + delta * times);
+      }
+    }
+    if (i !== deltas.length) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `addToCounters: ${deltas.length} deltas for ${i} counters`);
+    }
+  }
+
   /** Direct children, in registration order. */
   children(): [string, Module][] {
     return [...this.#children];

@@ -103,6 +103,8 @@ function nativeArgs(
     step: ctx.step,
     ...(ctx.foundInf ? { foundInf: ctx.foundInf.raw } : {}),
     gradScaleInv: ctx.gradScaleInv,
+    ...(ctx.stepCount ? { stepCount: ctx.stepCount.raw } : {}),
+    ...(ctx.tablesOnly ? { tablesOnly: true } : {}),
   };
 }
 
@@ -129,6 +131,11 @@ export class AdamW extends Optimizer<AdamWOptions> {
   protected override applyStep(ctx: StepContext<AdamWOptions>): void {
     addon().adamwStep(nativeArgs(ctx, this.buffer('expAvg', ctx.arena), this.buffer('expAvgSq', ctx.arena)));
   }
+
+  /** AdamW's step can be captured in a CUDA graph (t is counted on the device). */
+  override get capturable(): boolean {
+    return true;
+  }
 }
 
 /**
@@ -154,5 +161,10 @@ export class LAMB extends Optimizer<LAMBOptions> {
 
   protected override applyStep(ctx: StepContext<LAMBOptions>): void {
     addon().lambStep(nativeArgs(ctx, this.buffer('expAvg', ctx.arena), this.buffer('expAvgSq', ctx.arena)));
+  }
+
+  /** LAMB's step can be captured in a CUDA graph (t is counted on the device). */
+  override get capturable(): boolean {
+    return true;
   }
 }

@@ -43,6 +43,14 @@ export interface ScalerOptimizer {
   stepSkipped(): void;
 }
 
+/** A GradScaler's device state, as a captured step reads it. */
+export interface ScalerDeviceState {
+  /** f32[1]: the current scale. */
+  scale: Tensor;
+  /** f32[1]: 1 when the last unscaled gradients held inf/NaN, else 0. */
+  foundInf: Tensor;
+}
+
 function positive(name: string, value: unknown): number {
   const n = expectNumber(name, value);
   if (!(n > 0)) invalid(name, 'a positive finite number', value);
@@ -235,6 +243,71 @@ export class GradScaler {
   abandonStep(): void {
     this.#unscaled.clear();
     this.#stepped.clear();
+  }
+
+  /**
+   * The device tensors of the scale and the found-inf flag on `device` (made there when missing),
+   * for a step captured in a CUDA graph: the loss reads its gradient scale from `scale`
+   * (`gradScaleFrom`) and {@link GradScaler.stepOnDevice} does the rest.
+   */
+  deviceState(device: string): ScalerDeviceState {
+    const dev = this.#ensureDevice(device);
+    return { scale: dev.scaleView, foundInf: dev.foundInfView };
+  }
+
+  /**
+   * The whole update of a step with nothing read back, so that it can be captured in a CUDA graph:
+   * clears the found-inf flag, unscales the gradients by the device's scale, steps the optimizer
+   * (skipped on the device on inf/NaN) and updates the scale on the device. `afterUnscale` runs
+   * between the unscale and the optimizer step (gradient clipping); `stepCount` goes to the
+   * optimizer's step. The host mirror {@link GradScaler.lossScale} and the
+   * optimizer's skipped steps are brought up to date by {@link GradScaler.refreshFromDevice}.
+   * Disabled, it steps the optimizer only.
+   */
+  stepOnDevice(optimizer: ScalerOptimizer, options: { stepCount?: Tensor; afterUnscale?: () => void } = {}): void {
+    const { afterUnscale, ...stepOptions } = options;
+    if (!this.enabled) {
+      afterUnscale?.();
+      optimizer.step(stepOptions);
+      return;
+    }
+    if (this.#unscaled.size > 0 || this.#stepped.size > 0) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'GradScaler.stepOnDevice(): a step is in progress (unscale or step called without update)',
+      );
+    }
+    const arena = optimizer.arena();
+    const dev = this.#ensureDevice(arena.device);
+    addon().fill({ tensor: dev.foundInfView.raw, value: 0 });
+    addon().unscaleAndCheck({
+      grads: arena.grads.raw,
+      scale: dev.scaleView.raw,
+      foundInf: dev.foundInfView.raw,
+      segments: optimizer.segmentTable(),
+    });
+    afterUnscale?.();
+    optimizer.step({ ...stepOptions, foundInf: dev.foundInfView });
+    addon().scalerUpdate({
+      scale: dev.scaleView.raw,
+      growthTracker: dev.tracker.raw,
+      foundInf: dev.foundInfView.raw,
+      growthFactor: this.#growthFactor,
+      backoffFactor: this.#backoffFactor,
+      growthInterval: this.#growthInterval,
+    });
+  }
+
+  /**
+   * Reads the scale and the last step's found-inf flag from the device (one synchronisation) into
+   * {@link GradScaler.lossScale} and {@link GradScaler.skippedLastStep}, after steps that ran on the
+   * device alone ({@link GradScaler.stepOnDevice} in a replayed graph).
+   */
+  refreshFromDevice(): void {
+    if (!this.enabled || !this.#dev) return;
+    const flags = this.#dev.flags.toFloat32Array();
+    this.#scale = flags[0]!;
+    this.#skipped = flags[1]! !== 0;
   }
 
   /** Whether the last updated step found inf/NaN gradients (and its optimizer steps were skipped). */

@@ -30,6 +30,18 @@ export interface OptimizerStepOptions {
   foundInf?: Tensor;
   /** Gradients are multiplied by this first (an unscale fused into the step); default 1. */
   gradScaleInv?: number;
+  /**
+   * An i32[1] tensor on the arena's device holding the steps taken, for a step captured in a CUDA
+   * graph: the step adds one to it on the device (not when `foundInf` is set) and optimizers whose
+   * update depends on t (AdamW's and LAMB's bias corrections) read t from it. The host count still
+   * advances by one per call: see {@link Optimizer.setStepCount}.
+   */
+  stepCount?: Tensor;
+  /**
+   * Only send the settings (learning rates, the parameter table) to the device and update nothing:
+   * a captured step replayed afterwards reads them. The step count does not change.
+   */
+  tablesOnly?: boolean;
 }
 
 /** An optimizer's checkpoint, plain data (typed arrays and numbers). */
@@ -56,6 +68,10 @@ export interface StepContext<O extends object> {
   step: number;
   foundInf: Tensor | undefined;
   gradScaleInv: number;
+  /** See {@link OptimizerStepOptions.stepCount}. */
+  stepCount: Tensor | undefined;
+  /** See {@link OptimizerStepOptions.tablesOnly}. */
+  tablesOnly: boolean;
 }
 
 /**
@@ -140,13 +156,62 @@ export abstract class Optimizer<O extends object> {
         invalid('foundInf', `an f32 tensor of one element on ${arena.device}`, foundInf);
       }
     }
+    const stepCount = options.stepCount;
+    if (
+      stepCount !== undefined &&
+      (!(stepCount instanceof Tensor) ||
+        stepCount.dtype !== 'i32' ||
+        stepCount.numel !== 1 ||
+        stepCount.device !== arena.device)
+    ) {
+      invalid('stepCount', `an i32 tensor of one element on ${arena.device}`, stepCount);
+    }
+    const tablesOnly = options.tablesOnly ?? false;
+    if (typeof tablesOnly !== 'boolean') invalid('tablesOnly', 'a boolean', tablesOnly);
+    if ((stepCount !== undefined || tablesOnly) && !this.capturable) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `${this.#name}: stepCount and tablesOnly need an optimizer that supports CUDA graph capture (SGD, AdamW, LAMB)`,
+      );
+    }
     const gradScaleInv = expectNumber('gradScaleInv', options.gradScaleInv ?? 1);
     const groups = this.paramGroups.map((g, i) => this.#check(`paramGroups[${i}]`, g as Partial<O>, g as Partial<O>));
+    const context = {
+      arena,
+      segments: this.segmentTable(),
+      groups,
+      step: this.#steps + 1,
+      foundInf,
+      gradScaleInv,
+      stepCount,
+      tablesOnly,
+    };
+    if (tablesOnly) {
+      this.applyStep(context);
+      return;
+    }
     const recorder = opRecorder;
     const token = recorder ? recorder.begin(this.#stepOp, 'optimizer', arena.device) : 0;
-    this.applyStep({ arena, segments: this.segmentTable(), groups, step: this.#steps + 1, foundInf, gradScaleInv });
+    this.applyStep(context);
     recorder?.end(token);
     this.#steps++;
+  }
+
+  /**
+   * Whether this optimizer's step can be captured in a CUDA graph and replayed: its native op takes
+   * {@link OptimizerStepOptions.stepCount} and {@link OptimizerStepOptions.tablesOnly}. False unless
+   * a subclass says so (SGD, AdamW and LAMB do).
+   */
+  get capturable(): boolean {
+    return false;
+  }
+
+  /**
+   * Sets the step count, for steps the host did not count itself: the replays of a captured step,
+   * less those skipped on the device (a GradScaler found inf/NaN), as read back from the device.
+   */
+  setStepCount(steps: number): void {
+    this.#steps = expectInt('steps', steps, 0);
   }
 
   /** Runs the native step; `ctx.step` is t of this step. */

@@ -60,6 +60,13 @@ export class SGD extends Optimizer<SGDOptions> {
     // The buffers start as the first d_p: on the first step, or when there were none before
     // (momentum switched on later, or a checkpoint without them).
     const fresh = needsMomentum && !this.hasBuffer('momentum');
+    if (fresh && ctx.tablesOnly) {
+      // A captured step has no momentum buffer to point at: it must be captured again.
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'SGD: momentum was switched on after the step was captured in a CUDA graph; capture the step again',
+      );
+    }
     const momentum = needsMomentum ? this.buffer('momentum', ctx.arena) : undefined;
     addon().sgdStep({
       params: ctx.arena.params.raw,
@@ -70,6 +77,12 @@ export class SGD extends Optimizer<SGDOptions> {
       firstStep: ctx.step === 1 || fresh,
       ...(ctx.foundInf ? { foundInf: ctx.foundInf.raw } : {}),
       gradScaleInv: ctx.gradScaleInv,
+      ...(ctx.tablesOnly ? { tablesOnly: true } : {}),
     });
+  }
+
+  /** SGD's step can be captured in a CUDA graph (its learning rates are sent before each replay). */
+  override get capturable(): boolean {
+    return true;
   }
 }

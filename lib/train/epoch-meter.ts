@@ -67,6 +67,14 @@ export class EpochMeter {
     this.#windowBatches++;
   }
 
+  /**
+   * Counts a micro-batch whose loss the device already added to the sum (a replayed CUDA graph
+   * adds into the same tensor).
+   */
+  countLoss(): void {
+    this.#windowBatches++;
+  }
+
   /** Counts the images of an optimizer step. */
   addImages(images: number): void {
     this.#windowImages += images;

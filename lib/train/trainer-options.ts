@@ -93,6 +93,15 @@ export interface TrainerOptions {
   clipGradNorm?: number;
   /** Micro-batches per optimizer step (gradient accumulation); default 1. */
   accumulate?: number;
+  /**
+   * Capture the whole training step (input conversion, forward, loss, backward, the data-parallel
+   * all-reduce, loss scaling, clipping, the optimizer update with its learning rate and step count
+   * on the device, gradient zeroing) as one CUDA graph after `warmup` eager steps (default 3), and
+   * replay it for every later step with the next batch copied into the captured input buffers.
+   * A configuration that cannot be captured trains eagerly, saying why once; see the README's
+   * "CUDA graphs in the Trainer". Default false.
+   */
+  cudaGraph?: boolean | CudaGraphOptions;
   /** Keep an exponential moving average of the weights and evaluate it too; default off. */
   ema?: TrainerEmaOptions | false;
   /**
@@ -177,6 +186,20 @@ export interface ResolvedCheckpointPolicy {
   mode: MetricMode | null;
 }
 
+/** Options of the Trainer's `cudaGraph`. */
+export interface CudaGraphOptions {
+  /** Eager steps before the step is captured (algorithm choice, buffers, the first momentum); default 3, at least 1. */
+  warmup?: number;
+}
+
+/** The eager steps before the capture, or null when `cudaGraph` is off. */
+function parseCudaGraph(value: unknown): number | null {
+  if (value === undefined || value === false) return null;
+  if (value === true) return 3;
+  const o = expectOptions<CudaGraphOptions>('cudaGraph', value, ['warmup']);
+  return expectInt('cudaGraph.warmup', o.warmup ?? 3, 1);
+}
+
 /** The Trainer's options, checked and with their defaults. */
 export interface TrainerSettings {
   model: Module;
@@ -184,6 +207,8 @@ export interface TrainerSettings {
   device: string;
   amp: 'bf16' | 'fp16' | false;
   accumulate: number;
+  /** Eager steps before the capture, or null without CUDA graphs. */
+  cudaGraphWarmup: number | null;
   labelSmoothing: number;
   distillation: DistillationSpec | null;
   gradScaler: GradScalerOptions;
@@ -236,6 +261,7 @@ const OPTION_KEYS = [
   'gradScaler',
   'clipGradNorm',
   'accumulate',
+  'cudaGraph',
   'ema',
   'qat',
   'normalize',
@@ -319,6 +345,7 @@ export function parseTrainerOptions(options: TrainerOptions): TrainerSettings {
     device,
     amp,
     accumulate: expectInt('accumulate', o.accumulate ?? 1, 1),
+    cudaGraphWarmup: parseCudaGraph(o.cudaGraph),
     labelSmoothing: expectNumber('labelSmoothing', o.labelSmoothing ?? 0, 0, 1),
     distillation: parseDistillation(o.distillation, o.model),
     gradScaler,

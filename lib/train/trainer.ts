@@ -59,6 +59,8 @@ import { Distillation } from './distillation.js';
 import { ModelEma } from './ema.js';
 import { startQat, type QatObserverSchedule } from './qat.js';
 import { EpochMeter, type EpochProgress, type EpochTotals } from './epoch-meter.js';
+import { GraphMode, type CudaGraphStats } from './graph-mode.js';
+import type { StepParts } from './graph-step.js';
 import { evalResult, evaluateBatches, rankPredictions, type EvalResult, type Predictions } from './evaluation.js';
 import { parseLrFinderOptions, rangeTest, type LrFinderOptions, type LrFinderResult } from './lr-finder.js';
 import { BestMetric, EarlyStopping, defaultMode } from './monitors.js';
@@ -78,10 +80,12 @@ import {
 import type { EpochRecord, FitResult, StepInfo } from './trainer-types.js';
 
 export type { CheckpointInfo, RunState } from './checkpoint-manager.js';
+export type { CudaGraphStats } from './graph-mode.js';
 export type { DistillationOptions } from './distillation.js';
 export type { EvalResult, Predictions } from './evaluation.js';
 export type {
   CheckpointPolicy,
+  CudaGraphOptions,
   DistributedTrainingOptions,
   EarlyStoppingOptions,
   FitOptions,
@@ -156,6 +160,7 @@ export class Trainer {
   readonly #plateau: ReduceLROnPlateau | null;
   readonly #early: EarlyStopping | null;
   readonly #qat: QatObserverSchedule | null;
+  readonly #graphs: GraphMode | null;
   #best: BestMetric | null = null;
   #normalize: InputNormalize | null = null;
   #scheduler: Scheduler | null = null;
@@ -211,6 +216,16 @@ export class Trainer {
       mlflow: s.mlflow,
     });
     this.#timing = new StepTiming(this.device, this.#outputs);
+    this.#graphs =
+      s.cudaGraphWarmup === null
+        ? null
+        : new GraphMode(s.cudaGraphWarmup, (reason) => {
+            // On the progress stream when there is one (the command line), else as a process warning.
+            this.#outputs.log({ type: 'cuda-graph', step: this.#step, reason });
+            if (!this.isMain) return;
+            if (this.#s.progress) this.#outputs.say(reason);
+            else process.emitWarning(reason, { code: 'RESNET_CUDA_GRAPH' });
+          });
     this.#checkpoints =
       this.isMain && this.#s.outDir !== null && s.checkpoint
         ? new CheckpointManager(this.#s.outDir, s.checkpoint.keepLast)
@@ -246,6 +261,14 @@ export class Trainer {
   /** The learning rate of the first parameter group. */
   get lr(): number {
     return this.optimizer.paramGroups[0]?.lr ?? 0;
+  }
+
+  /**
+   * With `cudaGraph`, what the last (or running) `fit` did: captures, replayed and eager steps, and
+   * why steps ran eagerly; null without the option.
+   */
+  get cudaGraphStats(): CudaGraphStats | null {
+    return this.#graphs?.stats ?? null;
   }
 
   /** Number of data-parallel ranks (1 without a process group). */
@@ -301,6 +324,7 @@ export class Trainer {
     let lastEval: EvalResult | undefined;
     let lastEvalEma: EvalResult | undefined;
     this.#beginTraining();
+    this.#graphs?.begin(this.#graphBlocker());
     try {
       for (let epoch = this.#epoch; epoch < f.epochs; epoch++) {
         // A stop asked for between steps (during evaluation, a checkpoint, a callback) or a step
@@ -359,6 +383,7 @@ export class Trainer {
       }
       throw error;
     } finally {
+      this.#graphs?.end();
       await this.#outputs.flush();
     }
     const best = this.#best?.best;
@@ -446,6 +471,7 @@ export class Trainer {
     // The lr the last optimizer step used (the schedule has already moved on to the next one).
     let windowLr = this.lr;
     const readWindow = (): void => {
+      this.#graphs?.sync();
       const reading = meter.readWindow();
       if (!reading) return;
       lastLoss = reading.loss;
@@ -458,7 +484,8 @@ export class Trainer {
       const groupSize = Math.min(this.accumulate, run.batchesPerEpoch - (batch.index - micro));
       this.#qat?.beforeStep(this.#step);
       this.#timing.computeStart();
-      this.#forwardBackward(batch, groupSize, meter, micro + 1 < groupSize);
+      const graphed = groupSize === 1 && this.#graphStep(batch, meter);
+      if (!graphed) this.#forwardBackward(batch, groupSize, meter, micro + 1 < groupSize);
       this.#timing.computeEnd();
       micro++;
       stepImages += batch.size;
@@ -466,7 +493,8 @@ export class Trainer {
 
       const lr = this.lr;
       this.#timing.computeStart();
-      this.#optimizerStep();
+      if (graphed) this.#scheduler?.step();
+      else this.#optimizerStep();
       this.#timing.computeEnd();
       this.#step++;
       this.#timing.stepEnd();
@@ -564,6 +592,45 @@ export class Trainer {
     const stepLoss = defined(this.#stepLoss, 'the step loss');
     addon().add({ a: stepLoss.raw, b: value.raw, out: stepLoss.raw });
     net.backward(loss.backward());
+  }
+
+  /**
+   * The step of `batch` as a replayed CUDA graph (captured when due); false when it must run
+   * eagerly (see graph-mode.ts). The schedule then advances on the host as after an eager step.
+   */
+  #graphStep(batch: DeviceBatch, meter: EpochMeter): boolean {
+    const graphs = this.#graphs;
+    if (!graphs) return false;
+    const parts = (): StepParts => ({
+      model: this.model,
+      net: this.ddp ?? this.model,
+      ddp: this.ddp,
+      normalize: this.#normalizer(),
+      loss: this.loss,
+      optimizer: this.optimizer,
+      scaler: this.scaler,
+      clip: this.#s.clip,
+      lossSum: defined(this.#lossSum, 'the loss accumulator'),
+      stepLoss: defined(this.#stepLoss, 'the step loss'),
+      device: this.device,
+    });
+    if (!graphs.tryStep(batch, parts, this.optimizer.stepCount)) return false;
+    meter.countLoss();
+    return true;
+  }
+
+  /** Why this Trainer's step cannot be captured as a CUDA graph, or null when it can. */
+  #graphBlocker(): string | null {
+    const eager = (why: string): string => `cudaGraph: ${why}; training eagerly`;
+    if (!this.device.startsWith('cuda')) return eager(`the device is ${this.device} (CUDA graphs need a CUDA device)`);
+    if (this.accumulate > 1) return eager(`gradient accumulation (accumulate: ${this.accumulate}) is not captured`);
+    if (this.distillation) return eager("knowledge distillation (the teacher's forward) is not captured");
+    if (this.ema) return eager('the moving average (ema) follows a host schedule and is not captured');
+    if (this.#qat) return eager('quantization-aware training changes its observers on a host schedule');
+    if (!this.optimizer.capturable) {
+      return eager(`${this.optimizer.constructor.name} cannot be captured (SGD, AdamW and LAMB can)`);
+    }
+    return null;
   }
 
   /** The `onStepEnd` information of the step just taken, whose `loss()` may be read until `end()`. */
@@ -1137,6 +1204,7 @@ export class Trainer {
   async #saveCheckpoint(run: FitRun, epoch: number, batch: number, meter: EpochMeter | null): Promise<void> {
     const manager = this.#checkpoints;
     if (!manager || run.cached || manager.hasStep(this.#step)) return;
+    this.#graphs?.sync();
     const progress = meter?.progress() ?? null;
     const name = await manager.save({ epoch, batch, step: this.#step }, (path, kept) =>
       this.#writeCheckpoint(path, epoch, this.#runState(run, batch, kept, progress), run.classNames),

@@ -164,6 +164,9 @@ struct CrossEntropyArgs {
   Tensor dLogits;  // same shape/dtype as logits, overwritten; may be undefined
   float labelSmoothing = 0.0f;
   float gradScale = 1.0f;  // dLogits = gradScale * dLoss/dLogits (loss scaling, accumulation)
+  // f32[1] on the op's device, optional: when given, its value (read by the kernel when it runs)
+  // replaces gradScale, so that a captured CUDA graph scales by a GradScaler's current scale.
+  Tensor gradScaleFrom;
 };
 
 // Knowledge distillation (Hinton et al. 2015, arXiv:1503.02531): per row, with ps = softmax(s/T),
@@ -205,6 +208,9 @@ struct SgdArgs {
   bool firstStep = false;  // momentum buffers start as the first gradient
   Tensor foundInf;
   float gradScaleInv = 1.0f;
+  // Send the group and segment tables to the device and launch nothing: a captured step reads
+  // them when it is replayed, so the learning rate of each replay is the one sent last.
+  bool tablesOnly = false;
 };
 
 // Per-group hyperparameters of AdamW and LAMB (the op receives them as f32).
@@ -230,6 +236,12 @@ struct AdamWArgs {
   int64_t step = 1;
   Tensor foundInf;
   float gradScaleInv = 1.0f;
+  // i32[1] on the op's device, optional: the steps taken, counted on the device. The op adds one
+  // unless foundInf is set and uses the result as t instead of `step` (a captured CUDA graph,
+  // whose skipped steps the host does not see).
+  Tensor stepCount;
+  // As SgdArgs::tablesOnly.
+  bool tablesOnly = false;
 };
 
 // One LAMB step (You et al. 2019, as NVIDIA's FusedLAMB and timm's Lamb, bias correction on, no
@@ -254,6 +266,9 @@ struct UnscaleArgs {
   Tensor grads, foundInf;
   std::vector<ArenaSegment> segments;
   float invScale = 1.0f;
+  // f32[1] on the op's device, optional: the scale, read when the op runs; invScale is then
+  // (float)(1.0 / scale), as the host computes it (a captured CUDA graph).
+  Tensor scale;
 };
 
 // torch.nn.utils.clip_grad_norm_'s scaling, with the total norm read on the device (no host

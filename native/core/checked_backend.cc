@@ -172,6 +172,16 @@ void validateSyncBatchNormBackwardElementwise(const SyncBatchNormBackwardElement
   checkShape(a.sums, Shape{3, c}, op, "sums ([3, C]: sum(g), sum(g * xhat), count over all ranks)");
 }
 
+// A scalar that a CUDA kernel reads when it runs (a captured graph's changing value): f32[1] or
+// i32[1], on a CUDA device (the CPU ops take their scalars as values).
+void validateDeviceScalar(const Tensor& t, DType dtype, const char* op, const char* what) {
+  checkDType(t, dtype, op, what);
+  checkShape(t, Shape{1}, op, what);
+  RC_CHECK_ARG(t.device().type == DeviceType::Cuda,
+               op << ": " << what << " (a value read on the device, for CUDA graphs) needs a CUDA tensor, got "
+                  << t.describe() << "; on the CPU pass the value itself");
+}
+
 void validateCrossEntropy(const CrossEntropyArgs& a) {
   const char* op = "cross entropy";
   checkDefined(a.logits, op, "logits");
@@ -184,6 +194,7 @@ void validateCrossEntropy(const CrossEntropyArgs& a) {
   if (a.dLogits.defined()) validateSameLayout(a.logits, a.dLogits, op);
   RC_CHECK_ARG(a.labelSmoothing >= 0.0f && a.labelSmoothing <= 1.0f,
                op << ": labelSmoothing must be in [0, 1], got " << a.labelSmoothing);
+  if (a.gradScaleFrom.defined()) validateDeviceScalar(a.gradScaleFrom, DType::F32, op, "gradScaleFrom");
 }
 
 void validateDistillation(const DistillationArgs& a) {
@@ -251,6 +262,9 @@ void validateSgd(const SgdArgs& a) {
   if (needsMomentum) validateArenaTensor(a.momentumBuffer, a.params, op, "momentumBuffer");
   validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
   validateOptionalFoundInf(a.foundInf, op);
+  RC_CHECK_ARG(
+      !a.tablesOnly || a.params.device().type == DeviceType::Cuda,
+      op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got " << a.params.describe());
 }
 
 void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
@@ -269,6 +283,10 @@ void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
   }
   validateSegments(a.segments, a.params.numel(), static_cast<int64_t>(a.groups.size()), op);
   validateOptionalFoundInf(a.foundInf, op);
+  if (a.stepCount.defined()) validateDeviceScalar(a.stepCount, DType::I32, op, "stepCount");
+  RC_CHECK_ARG(
+      !a.tablesOnly || a.params.device().type == DeviceType::Cuda,
+      op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got " << a.params.describe());
 }
 
 void validateGradNorm(const GradNormArgs& a) {
@@ -284,6 +302,7 @@ void validateUnscale(const UnscaleArgs& a) {
   checkDType(a.grads, DType::F32, op, "grads");
   validateFlag(a.foundInf, DType::F32, op, "foundInf");
   validateSegments(a.segments, a.grads.numel(), -1, op);
+  if (a.scale.defined()) validateDeviceScalar(a.scale, DType::F32, op, "scale");
 }
 
 void validateClipGradNorm(const ClipGradNormArgs& a) {
@@ -727,7 +746,7 @@ class CheckedBackend final : public Backend {
 
   void crossEntropy(const CrossEntropyArgs& a) override {
     validateCrossEntropy(a);
-    here({&a.logits, &a.labels, &a.loss, &a.dLogits}, "cross entropy");
+    here({&a.logits, &a.labels, &a.loss, &a.dLogits, &a.gradScaleFrom}, "cross entropy");
     b_->crossEntropy(a);
   }
 
@@ -751,13 +770,13 @@ class CheckedBackend final : public Backend {
 
   void adamwStep(const AdamWArgs& a) override {
     validateAdamW(a);
-    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, "adamw step");
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf, &a.stepCount}, "adamw step");
     b_->adamwStep(a);
   }
 
   void lambStep(const LambArgs& a) override {
     validateAdamW(a, "lamb step");
-    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf}, "lamb step");
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf, &a.stepCount}, "lamb step");
     b_->lambStep(a);
   }
 
@@ -769,7 +788,7 @@ class CheckedBackend final : public Backend {
 
   void unscaleAndCheck(const UnscaleArgs& a) override {
     validateUnscale(a);
-    here({&a.grads, &a.foundInf}, "unscale and check");
+    here({&a.grads, &a.foundInf, &a.scale}, "unscale and check");
     b_->unscaleAndCheck(a);
   }
 

@@ -22,8 +22,10 @@ namespace {
 // inference plan and the quantization-aware training ops (fakeQuantize, fakeQuantizeBackward,
 // absMaxScale, observeMinMax), 7 the generalised communicator (CommunicatorParams, reduce ops,
 // allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
-// syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise).
-constexpr int kBackendAbi = 8;
+// syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the values a captured training
+// step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
+// and the optimizers' tablesOnly.
+constexpr int kBackendAbi = 9;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -184,7 +186,8 @@ class CudaBackend final : public Backend {
     const int64_t n = a.logits.dim(0), k = a.logits.dim(1);
     cuda::crossEntropy(a.logits.dtype(), a.logits.data(), a.labels.ptr<int32_t>(), a.loss.ptr<float>(),
                        a.dLogits.defined() ? a.dLogits.data() : nullptr, n, k, a.labelSmoothing, a.gradScale,
-                       ctx_.invalidLabelFlag(), partial(n, 1), ctx_.stream());
+                       a.gradScaleFrom.defined() ? a.gradScaleFrom.ptr<float>() : nullptr, ctx_.invalidLabelFlag(),
+                       partial(n, 1), ctx_.stream());
   }
 
   void distillationLoss(const DistillationArgs& a) override {
@@ -199,7 +202,7 @@ class CudaBackend final : public Backend {
   void sgdStep(const SgdArgs& a) override {
     if (a.segments.empty()) return;
     // The kernel takes firstStep as a value: a graph would start the momentum afresh at every replay.
-    RC_CHECK_ARG(!a.firstStep || !ctx_.capturing(),
+    RC_CHECK_ARG(a.tablesOnly || !a.firstStep || !ctx_.capturing(),
                  "sgd step: the first step (which starts the momentum buffers) cannot be captured in a CUDA graph; "
                  "run one step before capturing");
     DeviceGuard guard(ctx_.device());
@@ -219,6 +222,7 @@ class CudaBackend final : public Backend {
         static_cast<const int64_t*>(ctx_.upload("sgd segments", segments.data(), segments.size() * sizeof(int64_t)));
     const auto* deviceGroups = static_cast<const SgdGroupParams*>(
         ctx_.upload("sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
+    if (a.tablesOnly) return;
     cuda::sgdStep(a.params.ptr<float>(), a.grads.ptr<float>(),
                   a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, deviceSegments,
                   static_cast<int64_t>(sorted.size()), total, deviceGroups, a.firstStep,
@@ -253,7 +257,7 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable("unscale segments", a.segments, a.grads.numel());
     cuda::unscaleAndCheck(a.grads.ptr<float>(), table.device, table.segments, table.chunks, a.invScale,
-                          a.foundInf.ptr<float>(), ctx_.stream());
+                          a.scale.defined() ? a.scale.ptr<float>() : nullptr, a.foundInf.ptr<float>(), ctx_.stream());
   }
 
   void clipGradNorm(const ClipGradNormArgs& a) override {
@@ -434,10 +438,11 @@ class CudaBackend final : public Backend {
 
   void adamStep(const AdamWArgs& a, bool lamb) {
     const char* op = lamb ? "lamb step" : "adamw step";
-    // The bias correction takes the step count as a value, which a graph would replay unchanged.
-    RC_CHECK_ARG(!ctx_.capturing(), op << " cannot be captured in a CUDA graph (its bias correction uses the step "
-                                          "count of the captured step); capture the forward and backward passes "
-                                          "and step the optimizer outside the graph, or use SGD");
+    // The bias correction takes the step count as a value, which a graph would replay unchanged,
+    // unless the count is kept on the device.
+    RC_CHECK_ARG(a.tablesOnly || a.stepCount.defined() || !ctx_.capturing(),
+                 op << " cannot be captured in a CUDA graph with its step count as a value (the bias correction "
+                       "would use the captured step's at every replay); pass stepCount, a device counter");
     if (a.segments.empty()) return;
     DeviceGuard guard(ctx_.device());
     const OptimTable table = optimTable(lamb ? "lamb segments" : "adamw segments", a.segments, a.params.numel(), false);
@@ -447,15 +452,17 @@ class CudaBackend final : public Backend {
       groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, g.alwaysAdapt ? 1 : 0});
     const auto* deviceGroups = static_cast<const AdamGroupParams*>(
         ctx_.upload(lamb ? "lamb groups" : "adamw groups", groups.data(), groups.size() * sizeof(AdamGroupParams)));
+    if (a.tablesOnly) return;
+    int32_t* stepCount = a.stepCount.defined() ? a.stepCount.ptr<int32_t>() : nullptr;
     const float* foundInf = a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr;
     const auto groupCount = static_cast<int64_t>(groups.size());
     if (lamb) {
       cuda::lambStep(a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(), a.expAvgSq.ptr<float>(),
-                     table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, foundInf,
+                     table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, stepCount, foundInf,
                      a.gradScaleInv, ctx_.scratch(lambScratchBytes(table.segments, table.chunks)), ctx_.stream());
     } else {
       cuda::adamwStep(a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(), a.expAvgSq.ptr<float>(),
-                      table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, foundInf,
+                      table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, stepCount, foundInf,
                       a.gradScaleInv, ctx_.stream());
     }
   }

@@ -58,7 +58,7 @@ void StreamAllocator::release(void* ptr) {
     if (it == live_.end()) return;
     stats_.allocatedBytes -= it->second;
     live_.erase(it);
-    if (capturing_ && allocatedInCapture_.erase(ptr) == 0) {
+    if ((capturing_ && allocatedInCapture_.erase(ptr) == 0) || graphVisible_.erase(ptr) > 0) {
       // Memory from before the capture: the graph may use it, and a captured free cannot take it.
       held_.push_back(ptr);
       return;
@@ -76,9 +76,14 @@ void StreamAllocator::beginCapture() {
   allocatedInCapture_.clear();
 }
 
-void StreamAllocator::endCapture() {
+void StreamAllocator::endCapture(bool graphCreated) {
   std::lock_guard<std::mutex> lock(mutex_);
   capturing_ = false;
+  if (graphCreated) {
+    // What the graph allocated itself (freed and allocated again by each launch) stays ordinary.
+    for (const auto& [ptr, bytes] : live_)
+      if (allocatedInCapture_.count(ptr) == 0) graphVisible_.insert(ptr);
+  }
   allocatedInCapture_.clear();
 }
 
@@ -87,6 +92,7 @@ void StreamAllocator::releaseHeld() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     held.swap(held_);
+    graphVisible_.clear();
   }
   for (void* ptr : held) {
     if (cudaFreeAsync(ptr, stream_) != cudaSuccess) (void)cudaGetLastError();
@@ -190,7 +196,7 @@ void CudaContext::retire(Tensor& t) {
 void CudaContext::beginCapture() { allocator_->beginCapture(); }
 
 void CudaContext::endCapture(bool graphCreated) {
-  allocator_->endCapture();
+  allocator_->endCapture(graphCreated);
   if (graphCreated) {
     ++graphs_;
   } else if (graphs_ == 0) {

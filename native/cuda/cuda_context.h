@@ -34,9 +34,12 @@ class StreamAllocator final : public Allocator {
   // Graph capture on the stream: a captured free may only release memory the graph itself
   // allocated, and memory freed while a graph may still use it must not be handed out again. So
   // between beginCapture and endCapture, frees of older memory are held (not freed), and they stay
-  // held while any graph exists: releaseHeld() frees them once the last graph is destroyed.
+  // held while any graph exists: releaseHeld() frees them once the last graph is destroyed. The
+  // same holds after the capture for the memory that existed when it ended (a graph may point at
+  // any of it): a layer that drops a buffer between replays (a batch of another size) must not
+  // hand the graph's buffer to someone else. endCapture(true) marks that memory.
   void beginCapture();
-  void endCapture();
+  void endCapture(bool graphCreated);
   void releaseHeld();
 
  private:
@@ -48,6 +51,7 @@ class StreamAllocator final : public Allocator {
   MemoryStats stats_;
   bool capturing_ = false;
   std::unordered_set<void*> allocatedInCapture_;
+  std::unordered_set<void*> graphVisible_;  // alive when a graph was made: held when freed
   std::vector<void*> held_;
 };
 

@@ -116,11 +116,12 @@ void avgPoolBackward(DType dtype, const void* dy, void* dx, int64_t n, int64_t h
 
 // ---- loss.cu -----------------------------------------------------------------------------------
 // Mean softmax cross-entropy with label smoothing over logits[n, k]; loss is one f32 on the device;
-// dLogits (may be null) = gradScale * (softmax - q) / n, q = (1-s) onehot + s/k. A label outside
-// [0, k) sets *invalidLabel = 1 (device int32, may be null) and contributes nothing.
+// dLogits (may be null) = gradScale * (softmax - q) / n, q = (1-s) onehot + s/k, with gradScale
+// read from gradScaleFrom (device f32, may be null) when given. A label outside [0, k) sets
+// *invalidLabel = 1 (device int32, may be null) and contributes nothing.
 void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float* loss, void* dLogits, int64_t n,
-                  int64_t k, float labelSmoothing, float gradScale, int32_t* invalidLabel, float* partial,
-                  cudaStream_t stream);
+                  int64_t k, float labelSmoothing, float gradScale, const float* gradScaleFrom, int32_t* invalidLabel,
+                  float* partial, cudaStream_t stream);
 
 // Knowledge distillation's loss and gradient (semantics in core/backend.h, DistillationArgs), with
 // the same grid, label flag and partial buffer as crossEntropy.
@@ -163,23 +164,26 @@ struct AdamGroupParams {
   float lr, beta1, beta2, eps, weightDecay;
   int32_t alwaysAdapt;
 };
-// `step` is t >= 1; the bias corrections 1 - beta^t are computed in double on the device.
+// `step` is t >= 1; the bias corrections 1 - beta^t are computed in double on the device. With
+// `stepCount` (device i32, may be null) the step first adds one to it, unless *foundInf is set, and
+// t is read from it instead (a captured step).
 void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
                int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
-               int64_t step, const float* foundInf, float gradScaleInv, cudaStream_t stream);
+               int64_t step, int32_t* stepCount, const float* foundInf, float gradScaleInv, cudaStream_t stream);
 // Bytes of scratch lambStep needs: per-chunk partial norms and per-segment trust ratios.
 size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount);
 void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
               int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount, int64_t step,
-              const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream);
+              int32_t* stepCount, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream);
 // Bytes of scratch gradNorm needs: one partial sum per chunk.
 size_t gradNormScratchBytes(int64_t chunkCount);
 // *out = sqrt(sum g^2) over the segments; *foundInf = 1 (if non-null) when an element is inf/NaN.
 void gradNorm(const float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float* out,
               float* foundInf, void* scratch, cudaStream_t stream);
-// grads *= invScale over the segments; *foundInf = 1 when an element was inf/NaN (never cleared).
+// grads *= invScale over the segments, invScale = (float)(1.0 / *scale) when `scale` (device f32,
+// may be null) is given; *foundInf = 1 when an element was inf/NaN (never cleared).
 void unscaleAndCheck(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float invScale,
-                     float* foundInf, cudaStream_t stream);
+                     const float* scale, float* foundInf, cudaStream_t stream);
 // grads *= min(1, maxNorm / (*norm + 1e-6)) over the segments, the norm read on the device.
 void clipGradNorm(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, const float* norm,
                   float maxNorm, cudaStream_t stream);

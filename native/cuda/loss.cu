@@ -77,11 +77,12 @@ __device__ void blockReduce(SoftmaxState& state, float& sum, SoftmaxState* sStat
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_kernel(const T* __restrict__ logits, const int32_t* __restrict__ labels, T* __restrict__ dLogits,
-                         int64_t n, int64_t k, float smoothing, float gradScale, int32_t* __restrict__ invalidLabel,
+                         int64_t n, int64_t k, float smoothing, float gradScale,
+                         const float* __restrict__ gradScaleFrom, int32_t* __restrict__ invalidLabel,
                          float* __restrict__ partial) {
   __shared__ SoftmaxState sState[kMaxWarps + 1];
   __shared__ float sSum[kMaxWarps + 1];
-  const float scale = gradScale / static_cast<float>(n);
+  const float scale = (gradScaleFrom ? *gradScaleFrom : gradScale) / static_cast<float>(n);
   const float offLabel = smoothing / static_cast<float>(k);
   float blockLoss = 0.0f;  // meaningful in thread 0 only
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(kThreads)
 // partial: min(n, kCrossEntropyBlocks) floats (<= batchNormScratchFloats(n, 1)). *invalidLabel is
 // only ever set, never cleared: the caller zeroes it.
 void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float* loss, void* dLogits, int64_t n,
-                  int64_t k, float labelSmoothing, float gradScale, int32_t* invalidLabel, float* partial,
-                  cudaStream_t stream) {
+                  int64_t k, float labelSmoothing, float gradScale, const float* gradScaleFrom, int32_t* invalidLabel,
+                  float* partial, cudaStream_t stream) {
   RC_CHECK_ARG(n > 0 && k > 0, "cross entropy: needs at least one row and one class, got [" << n << ", " << k << "]");
   const int64_t blocks = std::min(n, kCrossEntropyBlocks);
   // Threads for about four logits each: a full warp for small k, 256 from k = 1024 up.
@@ -228,8 +229,8 @@ void crossEntropy(DType dtype, const void* logits, const int32_t* labels, float*
   dispatchFloat(dtype, "cross entropy", [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        static_cast<const T*>(logits), labels, static_cast<T*>(dLogits), n, k, labelSmoothing, gradScale, invalidLabel,
-        partial);
+        static_cast<const T*>(logits), labels, static_cast<T*>(dLogits), n, k, labelSmoothing, gradScale, gradScaleFrom,
+        invalidLabel, partial);
     checkLaunch("cross_entropy_kernel");
   });
   cross_entropy_mean_kernel<<<1, kThreads, 0, stream>>>(partial, blocks, n, loss);

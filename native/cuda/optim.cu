@@ -35,10 +35,12 @@ __device__ __forceinline__ ChunkRange findChunk(const int64_t* __restrict__ segm
 __device__ __forceinline__ bool skipStep(const float* foundInf) { return foundInf != nullptr && *foundInf != 0.0f; }
 
 // Every block computes the coefficients of all groups once into shared memory (groupCount <=
-// kMaxOptimGroups, sized at launch), so no per-step table has to be uploaded.
+// kMaxOptimGroups, sized at launch), so no per-step table has to be uploaded. t is `step`, or the
+// device's step count when one is given (a captured step).
 __device__ void loadCoeffs(AdamCoeffs* sCoeffs, const AdamGroupParams* __restrict__ groups, int64_t groupCount,
-                           int64_t step) {
-  for (int64_t k = threadIdx.x; k < groupCount; k += blockDim.x) sCoeffs[k] = adamCoeffs(groups[k], step);
+                           int64_t step, const int32_t* __restrict__ stepCount) {
+  const int64_t t = stepCount ? static_cast<int64_t>(*stepCount) : step;
+  for (int64_t k = threadIdx.x; k < groupCount; k += blockDim.x) sCoeffs[k] = adamCoeffs(groups[k], t);
   __syncthreads();
 }
 
@@ -51,10 +53,10 @@ __global__ void __launch_bounds__(kThreads)
     adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ expAvg,
                  float* __restrict__ expAvgSq, const int64_t* __restrict__ segments, int64_t segmentCount,
                  int64_t chunkCount, const AdamGroupParams* __restrict__ groups, int64_t groupCount, int64_t step,
-                 const float* __restrict__ foundInf, float gradScaleInv) {
+                 const int32_t* __restrict__ stepCount, const float* __restrict__ foundInf, float gradScaleInv) {
   extern __shared__ AdamCoeffs sCoeffs[];
   if (skipStep(foundInf)) return;  // GradScaler found inf/NaN: the same for every thread
-  loadCoeffs(sCoeffs, groups, groupCount, step);
+  loadCoeffs(sCoeffs, groups, groupCount, step, stepCount);
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
     const AdamCoeffs c = sCoeffs[r.group];
@@ -77,12 +79,12 @@ __global__ void __launch_bounds__(kThreads)
     lamb_moments_kernel(const float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ expAvg,
                         float* __restrict__ expAvgSq, const int64_t* __restrict__ segments, int64_t segmentCount,
                         int64_t chunkCount, const AdamGroupParams* __restrict__ groups, int64_t groupCount,
-                        int64_t step, const float* __restrict__ foundInf, float gradScaleInv,
-                        double* __restrict__ partial) {
+                        int64_t step, const int32_t* __restrict__ stepCount, const float* __restrict__ foundInf,
+                        float gradScaleInv, double* __restrict__ partial) {
   extern __shared__ AdamCoeffs sCoeffs[];
   __shared__ typename BlockReduceDouble::TempStorage reduceStorage;
   if (skipStep(foundInf)) return;
-  loadCoeffs(sCoeffs, groups, groupCount, step);
+  loadCoeffs(sCoeffs, groups, groupCount, step, stepCount);
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
     const AdamCoeffs c = sCoeffs[r.group];
@@ -141,10 +143,11 @@ __global__ void __launch_bounds__(kThreads)
     lamb_update_kernel(float* __restrict__ params, const float* __restrict__ expAvg, const float* __restrict__ expAvgSq,
                        const int64_t* __restrict__ segments, int64_t segmentCount, int64_t chunkCount,
                        const AdamGroupParams* __restrict__ groups, int64_t groupCount, int64_t step,
-                       const float* __restrict__ foundInf, const float* __restrict__ ratio) {
+                       const int32_t* __restrict__ stepCount, const float* __restrict__ foundInf,
+                       const float* __restrict__ ratio) {
   extern __shared__ AdamCoeffs sCoeffs[];
   if (skipStep(foundInf)) return;
-  loadCoeffs(sCoeffs, groups, groupCount, step);
+  loadCoeffs(sCoeffs, groups, groupCount, step, stepCount);
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
     const AdamCoeffs c = sCoeffs[r.group];
@@ -193,7 +196,9 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     unscale_kernel(float* __restrict__ grads, const int64_t* __restrict__ segments, int64_t segmentCount,
-                   int64_t chunkCount, float invScale, float* __restrict__ foundInf) {
+                   int64_t chunkCount, float invScale, const float* __restrict__ scale, float* __restrict__ foundInf) {
+  // A scale on the device (a captured step): its reciprocal rounded as the host rounds 1 / scale.
+  if (scale) invScale = static_cast<float>(1.0 / static_cast<double>(*scale));
   bool nonFinite = false;
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
@@ -239,6 +244,17 @@ __global__ void scaler_update_kernel(float* __restrict__ scale, int32_t* __restr
   }
 }
 
+// The device's step count of a captured optimizer step: one more, unless the step is skipped.
+__global__ void step_count_kernel(int32_t* __restrict__ stepCount, const float* __restrict__ foundInf) {
+  if (!skipStep(foundInf)) ++*stepCount;
+}
+
+void advanceStepCount(int32_t* stepCount, const float* foundInf, cudaStream_t stream) {
+  if (stepCount == nullptr) return;
+  step_count_kernel<<<1, 1, 0, stream>>>(stepCount, foundInf);
+  checkLaunch("step_count_kernel");
+}
+
 unsigned optimBlocks(int64_t chunkCount) {
   return static_cast<unsigned>(std::clamp<int64_t>(chunkCount, 1, kMaxGridStrideBlocks));
 }
@@ -256,12 +272,13 @@ size_t alignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
                int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
-               int64_t step, const float* foundInf, float gradScaleInv, cudaStream_t stream) {
+               int64_t step, int32_t* stepCount, const float* foundInf, float gradScaleInv, cudaStream_t stream) {
   if (segmentCount <= 0 || chunkCount <= 0) return;
   checkGroups(groupCount, "adamw step");
+  advanceStepCount(stepCount, foundInf, stream);
   adamw_kernel<<<optimBlocks(chunkCount), kThreads, coeffBytes(groupCount), stream>>>(
-      params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, foundInf,
-      gradScaleInv);
+      params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount,
+      foundInf, gradScaleInv);
   checkLaunch("adamw_kernel");
 }
 
@@ -272,22 +289,24 @@ size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount) {
 
 void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
               int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount, int64_t step,
-              const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream) {
+              int32_t* stepCount, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream) {
   if (segmentCount <= 0 || chunkCount <= 0) return;
   checkGroups(groupCount, "lamb step");
+  advanceStepCount(stepCount, foundInf, stream);
   auto* partial = static_cast<double*>(scratch);
   auto* ratio = reinterpret_cast<float*>(static_cast<char*>(scratch) +
                                          alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)));
   const unsigned blocks = optimBlocks(chunkCount);
   lamb_moments_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
-      params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, foundInf,
-      gradScaleInv, partial);
+      params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount,
+      foundInf, gradScaleInv, partial);
   checkLaunch("lamb_moments_kernel");
   lamb_ratio_kernel<<<optimBlocks(segmentCount), kThreads, 0, stream>>>(segments, segmentCount, groups, foundInf,
                                                                         partial, ratio);
   checkLaunch("lamb_ratio_kernel");
-  lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
-      params, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, foundInf, ratio);
+  lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(params, expAvg, expAvgSq, segments,
+                                                                           segmentCount, chunkCount, groups, groupCount,
+                                                                           step, stepCount, foundInf, ratio);
   checkLaunch("lamb_update_kernel");
 }
 
@@ -310,10 +329,10 @@ void gradNorm(const float* grads, const int64_t* segments, int64_t segmentCount,
 }
 
 void unscaleAndCheck(float* grads, const int64_t* segments, int64_t segmentCount, int64_t chunkCount, float invScale,
-                     float* foundInf, cudaStream_t stream) {
+                     const float* scale, float* foundInf, cudaStream_t stream) {
   if (segmentCount <= 0 || chunkCount <= 0) return;
   unscale_kernel<<<optimBlocks(chunkCount), kThreads, 0, stream>>>(grads, segments, segmentCount, chunkCount, invScale,
-                                                                   foundInf);
+                                                                   scale, foundInf);
   checkLaunch("unscale_kernel");
 }
 

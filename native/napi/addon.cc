@@ -215,6 +215,7 @@ void parseCrossEntropy(const Napi::Object& o, CrossEntropyArgs& a) {
   a.dLogits = getTensor(o, "dLogits", false);
   a.labelSmoothing = getFloat(o, "labelSmoothing", 0.0);
   a.gradScale = getFloat(o, "gradScale", 1.0);
+  a.gradScaleFrom = getTensor(o, "gradScaleFrom", false);
 }
 
 // distillationLoss({ logits, teacherLogits, labels, loss, dLogits?, temperature, alpha,
@@ -242,8 +243,9 @@ SgdGroup parseSgdGroup(const Napi::Object& g) {
 }
 
 // sgdStep({ params, grads, momentumBuffer?, groups: [{lr, momentum, dampening, weightDecay,
-//           nesterov}], segments, firstStep, foundInf?, gradScaleInv })
+//           nesterov}], segments, firstStep, foundInf?, gradScaleInv, tablesOnly? })
 void parseSgd(const Napi::Object& o, SgdArgs& a) {
+  a.tablesOnly = getBool(o, "tablesOnly", false);
   a.params = getTensor(o, "params");
   a.grads = getTensor(o, "grads");
   a.momentumBuffer = getTensor(o, "momentumBuffer", false);
@@ -266,7 +268,7 @@ AdamGroup parseAdamGroup(const Napi::Object& g) {
 }
 
 // The fields AdamW and LAMB share: { params, grads, expAvg, expAvgSq, groups: [{lr, beta1, beta2,
-// eps, weightDecay, alwaysAdapt}], segments, step, foundInf?, gradScaleInv? }.
+// eps, weightDecay, alwaysAdapt}], segments, step, foundInf?, gradScaleInv?, stepCount?, tablesOnly? }.
 template <typename Args>
 void parseAdam(const Napi::Object& o, Args& a) {
   a.params = getTensor(o, "params");
@@ -275,6 +277,8 @@ void parseAdam(const Napi::Object& o, Args& a) {
   a.expAvgSq = getTensor(o, "expAvgSq");
   a.foundInf = getTensor(o, "foundInf", false);
   a.step = getInt(o, "step");
+  a.stepCount = getTensor(o, "stepCount", false);
+  a.tablesOnly = getBool(o, "tablesOnly", false);
   a.gradScaleInv = getFloat(o, "gradScaleInv", 1.0);
   a.groups = getGroups(o, parseAdamGroup);
   a.segments = getSegments(o, true);
@@ -288,11 +292,12 @@ void parseGradNorm(const Napi::Object& o, GradNormArgs& a) {
   a.segments = getSegments(o, false);
 }
 
-// unscaleAndCheck({ grads, invScale, foundInf, segments? })
+// unscaleAndCheck({ grads, invScale, foundInf, segments?, scale? }): invScale may be left out with scale.
 void parseUnscale(const Napi::Object& o, UnscaleArgs& a) {
   a.grads = getTensor(o, "grads");
   a.foundInf = getTensor(o, "foundInf");
-  a.invScale = getFloat(o, "invScale");
+  a.scale = getTensor(o, "scale", false);
+  a.invScale = a.scale.defined() ? getFloat(o, "invScale", 1.0) : getFloat(o, "invScale");
   a.segments = getSegments(o, false);
 }
 
