@@ -74,6 +74,8 @@ constexpr RuntimeLibrary kRuntimeLibraries[] = {
     {"libnccl.so.2", "NCCL 2", "pip install nvidia-nccl-cu13", true},
     // Optional: only cuDNN's runtime-compiled engines use it; without it cuDNN uses the others.
     {"libnvrtc.so.13", "NVRTC 13", "pip install nvidia-cuda-nvrtc", false},
+    // Optional: only decoding JPEGs on the device uses it, and says so when it is missing.
+    {"libnvjpeg.so.13", "nvJPEG 13", "pip install nvidia-nvjpeg", false},
 };
 
 std::string envOr(const char* name, const std::string& fallback) {
