@@ -8,6 +8,7 @@
 
 #include "cuda_check.h"
 #include "cuda_ops.h"
+#include "jpeg_decoder.h"
 #include "kernels.h"
 #include "nvml_monitor.h"
 #include "profile_timeline.h"
@@ -22,8 +23,9 @@ namespace {
 // inference plan and the quantization-aware training ops (fakeQuantize, fakeQuantizeBackward,
 // absMaxScale, observeMinMax), 7 the generalised communicator (CommunicatorParams, reduce ops,
 // allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
-// syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise).
-constexpr int kBackendAbi = 8;
+// syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the device JPEG decoder
+// (createJpegDecoder).
+constexpr int kBackendAbi = 9;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -76,6 +78,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override { return createConv2dPlan(ctx_, p); }
   std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
+  std::unique_ptr<JpegDecoder> createJpegDecoder() override { return createCudaJpegDecoder(ctx_); }
   std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& p) override {
     return buildInferencePlan(ctx_, p);
   }
