@@ -14,6 +14,9 @@
  * than TOLERANCE.level levels apart. The emulated nvJPEG decodes with libjpeg, so on the emulated
  * device the difference is 0 (the test still uses the tolerance, which also holds on a GPU).
  */
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import sharp, { type JpegOptions } from 'sharp';
 import { beforeAll, describe, expect, it } from 'vitest';
 import {
@@ -271,6 +274,18 @@ describe.skipIf(reason !== undefined)(`JPEG decoding on CUDA${reason ? ` (skippe
     } finally {
       decoder.dispose();
     }
+  });
+
+  // The emulated nvJPEG itself: pixels against libjpeg's, the documented argument checks and
+  // status codes, in its own C++ test next to the emulated backend.
+  const library = process.env.RESNET_CUDA_BACKEND_LIBRARY;
+  const nvjpegTest = library ? join(dirname(library), 'rc_emu_nvjpeg_test') : '';
+  it.skipIf(!existsSync(nvjpegTest))("the emulator's nvJPEG: pixels, image information, argument checks", () => {
+    const env = { ...process.env };
+    delete env.RESNET_CUDA_EMU_NVJPEG_HARDWARE;
+    const r = spawnSync(nvjpegTest, [], { encoding: 'utf8', env, timeout: 60_000 });
+    expect(r.stdout + r.stderr).toMatch(/nvjpeg: \d+ passed, 0 failed/);
+    expect(r.status).toBe(0);
   });
 
   it('checks its arguments', () => {
