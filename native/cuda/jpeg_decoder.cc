@@ -19,22 +19,23 @@ using EventHandle = Handle<cudaEvent_t, cudaEventDestroy>;
 constexpr size_t kAlign = 256;
 size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// A device buffer that only grows; growing waits for `stream` first, as earlier work may use it.
+// A device buffer that only grows, allocated and freed in the order of `stream` (the decoder's),
+// so that neither waits on the host and a freed buffer is released after the work using it.
 class DeviceBuffer {
  public:
-  DeviceBuffer() = default;
+  explicit DeviceBuffer(const cudaStream_t& stream) : stream_(stream) {}
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() {
-    if (data_ != nullptr) (void)cudaFree(data_);
+    if (data_ != nullptr) (void)cudaFreeAsync(data_, stream_);
   }
   uint8_t* reserve(size_t bytes) {
     if (bytes > capacity_) {
-      if (data_ != nullptr) RC_CUDA_CHECK(cudaFree(data_));  // cudaFree waits for the device's work
+      if (data_ != nullptr) RC_CUDA_CHECK(cudaFreeAsync(data_, stream_));
       data_ = nullptr;
       capacity_ = 0;
       void* p = nullptr;
-      RC_CUDA_CHECK(cudaMalloc(&p, bytes));
+      RC_CUDA_CHECK(cudaMallocAsync(&p, bytes, stream_));
       data_ = static_cast<uint8_t*>(p);
       capacity_ = bytes;
     }
@@ -42,6 +43,7 @@ class DeviceBuffer {
   }
 
  private:
+  const cudaStream_t& stream_;
   uint8_t* data_ = nullptr;
   size_t capacity_ = 0;
 };
@@ -86,6 +88,7 @@ class CudaJpegDecoder final : public JpegDecoder {
     const NvjpegApi& api = nvjpeg();
     DeviceGuard guard(ctx_.device());
     RC_CUDA_CHECK(cudaStreamCreateWithFlags(stream_.out(), cudaStreamNonBlocking));
+    rawStream_ = stream_;
     RC_CUDA_CHECK(cudaEventCreateWithFlags(done_.out(), cudaEventDisableTiming));
     RC_CUDA_CHECK(cudaEventCreateWithFlags(consumer_.out(), cudaEventDisableTiming));
     // The hardware decoder (A100, H100, H200) where there is one; nvJPEG refuses the backend
@@ -99,10 +102,9 @@ class CudaJpegDecoder final : public JpegDecoder {
     check(api.stateCreate(hybrid_.handle, &hybrid_.state), "nvjpegJpegStateCreate", -1);
   }
 
-  ~CudaJpegDecoder() override {
-    // Nothing may still use the buffers when they are freed.
-    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
-  }
+  // The buffers are freed in the stream's order and the stream is released once its work is done:
+  // nothing waits on the host.
+  ~CudaJpegDecoder() override = default;
 
   std::string implementation() const override {
     return hardware_.handle != nullptr ? "nvjpeg:hardware" : "nvjpeg:hybrid";
@@ -120,6 +122,8 @@ class CudaJpegDecoder final : public JpegDecoder {
     if (n == 0) return;
     const NvjpegApi& api = nvjpeg();
     DeviceGuard guard(ctx_.device());
+    RC_CHECK_ARG(!ctx_.capturing(), "JPEG decode: not while a CUDA graph is being captured on "
+                                        << ctx_.rcDevice().str() << " (decode the next batch outside the graph)");
     const int outH = static_cast<int>(dst.dim(1)), outW = static_cast<int>(dst.dim(2));
     // Host side: sizes, plans and the pass tables.
     std::vector<image::ResamplePlan> plans(n);
@@ -333,15 +337,17 @@ class CudaJpegDecoder final : public JpegDecoder {
   }
 
   CudaContext& ctx_;
+  // Declared before the buffers, which are freed on it.
   StreamHandle stream_;
   EventHandle done_;
   EventHandle consumer_;
   NvjpegHandles hardware_;
   NvjpegHandles hybrid_;
   int batch_ = 0;
-  DeviceBuffer images_;
-  DeviceBuffer tmp_;
-  DeviceBuffer tables_;
+  cudaStream_t rawStream_ = nullptr;
+  DeviceBuffer images_{rawStream_};
+  DeviceBuffer tmp_{rawStream_};
+  DeviceBuffer tables_{rawStream_};
 };
 
 }  // namespace
