@@ -52,6 +52,7 @@ export default defineConfig({
             'test/inference-artifact.test.ts',
             'test/sync-batchnorm.test.ts',
             'test/trainer-cuda-graph.test.ts',
+            'test/data-gpu-decode.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

@@ -39,6 +39,7 @@ import { ImageFolder } from '../lib/data/image-folder.js';
 import { DataLoader } from '../lib/data/loader.js';
 import { permutation, type Sampler } from '../lib/data/sampler.js';
 import { CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
+import { measureGpuDecode } from './gpu-decode.js';
 
 const cores = availableParallelism();
 
@@ -485,6 +486,16 @@ if (reference.available) {
     `torchvision reference: unavailable: ${reference.reason}. No published per-core figure for this pipeline is quoted.`,
   );
 }
+// JPEG decoding on the GPU (real GPUs only), the same pipelines and batch size.
+const gpuDecode = measureGpuDecode(dataset, pipelines, batchSize, Math.max(4, Math.ceil(timedImages / batchSize)));
+if (gpuDecode.available) {
+  console.log('GPU decode (nvJPEG + resampling kernels, file bytes in memory):');
+  for (const r of gpuDecode.rows) {
+    console.log(`  ${r.pipeline.padEnd(8)}${r.imagesPerSecond.toFixed(1)} images/s (${r.implementation})`);
+  }
+} else {
+  console.log(`GPU decode: skipped: ${gpuDecode.reason}`);
+}
 const packageVersion = (
   JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
 ).version;
@@ -504,5 +515,6 @@ console.log(
     parallelSpeedup: speedup,
     rows,
     torchvision: reference,
+    gpuDecode,
   })}`,
 );

@@ -302,6 +302,24 @@ export interface RawImage {
   channels: number;
 }
 
+/** One image of {@link RawJpegDecoder.decode}: the CPU decoder's request and the header's size. @internal */
+export interface RawJpegDecodeImage extends Omit<RawJpegRequest, 'bytes' | 'dctScaling'> {
+  bytes: Uint8Array;
+  height: number;
+  width: number;
+}
+
+/** The device JPEG decoder (nvJPEG and the backend's resampling). @internal */
+export interface RawJpegDecoder {
+  /** Decodes into `dst` (u8 `[n, H, W, 3]` on the decoder's device) on the decoder's stream. */
+  decode(args: { images: RawJpegDecodeImage[]; dst: RawTensor }): void;
+  /** Orders the device's stream after the last decode. */
+  join(): void;
+  synchronize(args: { timeoutSeconds: number }): void;
+  implementation(): string;
+  dispose(): void;
+}
+
 export interface RawAddon {
   version: string;
   /** The libjpeg-turbo version the addon was built against. */
@@ -326,6 +344,7 @@ export interface RawAddon {
   LinearPlan: new (options: RawLinearOptions) => RawLinearPlan;
   Pool2dPlan: new (options: RawPool2dOptions) => RawPool2dPlan;
   InferencePlan: new (options: RawInferenceOptions) => RawInferencePlan;
+  JpegDecoder: new (options: { device: string }) => RawJpegDecoder;
   TcpStoreServer: new (options: { host: string; port: number; token?: string }) => RawTcpStoreServer;
   TcpStore: new (options: {
     host: string;

@@ -138,6 +138,12 @@ export { ShapesDataset, type ShapesDatasetOptions, type WriteShapesOptions } fro
 export { Subset, randomSplit, type RandomSplitOptions, type SplitSubsets } from './data/split.js';
 export { sampleRandom } from './data/sample-random.js';
 export {
+  GpuJpegDecoder,
+  type GpuDecodeSample,
+  type GpuDecodedBatch,
+  type GpuJpegDecoderOptions,
+} from './data/gpu-decode.js';
+export {
   CenterCrop,
   ColorJitter,
   Compose,

@@ -31,6 +31,7 @@ describe('the package entry point', () => {
       'DataLoader',
       'DataLoaderError',
       'ImageFolder',
+      'GpuJpegDecoder',
       'Compose',
       'RandomResizedCrop',
       'randomSplit',

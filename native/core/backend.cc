@@ -35,4 +35,9 @@ Tensor Backend::empty(const Shape& shape, DType dtype) {
   return Tensor(std::move(storage), 0, shape, dtype);
 }
 
+std::unique_ptr<JpegDecoder> Backend::createJpegDecoder() {
+  RC_THROW(code::kBackendUnavailable, "decoding JPEGs on the device needs a CUDA device; the "
+                                          << info().name << " backend decodes them with libjpeg-turbo on the CPU");
+}
+
 }  // namespace rc

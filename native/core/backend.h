@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../image/resample.h"
 #include "allocator.h"
 #include "inference_plan.h"
 #include "tcp_store.h"
@@ -421,6 +422,39 @@ struct DeviceUtilization {
   uint64_t memoryUsedBytes = 0, memoryTotalBytes = 0;
 };
 
+// One image of a device JPEG decode (JpegDecoder::decode): the encoded bytes (host memory, read
+// during the call only) and the crop, resize and window of the CPU decoder (rc::image::ResampleSpec,
+// whose box is in pixels of the whole image), mirrored left to right when `mirror`.
+struct JpegDecodeJob {
+  const uint8_t* bytes = nullptr;
+  size_t size = 0;
+  // The image's size as the caller read it from the header (checked against the decoder's).
+  int height = 0;
+  int width = 0;
+  image::ResampleSpec spec;
+  bool mirror = false;
+};
+
+// JPEG decoding on the device (nvJPEG on CUDA), followed by the CPU decoder's resampling
+// (rc::image::planResample's weights, the same integer arithmetic) in the backend's kernels. Work
+// runs on the decoder's own stream, so that a batch is decoded while the backend's stream runs the
+// previous step; `join` orders the backend's stream after the last decode.
+class JpegDecoder {
+ public:
+  virtual ~JpegDecoder() = default;
+  // Decodes jobs.size() JPEGs into dst, u8 [n, H, W, 3] on the backend's device, where H x W is
+  // every job's window size; grey JPEGs are replicated to RGB. The writes into dst wait for the work
+  // enqueued on the backend's stream before this call (which may still read dst's previous batch).
+  // Throws rc::Error ERR_RC_CORRUPT_FILE naming the image's index when a JPEG does not decode.
+  virtual void decode(const std::vector<JpegDecodeJob>& jobs, const Tensor& dst) = 0;
+  // Makes the backend's stream wait for the last decode, without waiting on the host.
+  virtual void join() = 0;
+  // Waits on the host for the last decode, at most `timeoutSeconds` (then throws ERR_RC_DEVICE).
+  virtual void synchronize(double timeoutSeconds) = 0;
+  // The decoder's engine, for logs and benchmarks ("nvjpeg:hardware", "nvjpeg:hybrid").
+  virtual std::string implementation() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -489,6 +523,10 @@ class Backend {
   // synchronously on the host (the CPU) have no device timeline and throw: time them on the host.
   virtual int64_t profileMark(const ProfileMarkArgs& args) = 0;
   virtual std::vector<double> profileRead() = 0;
+
+  // A JPEG decoder on this device (see JpegDecoder). The default throws
+  // ERR_RC_BACKEND_UNAVAILABLE: only the CUDA backend decodes on its device.
+  virtual std::unique_ptr<JpegDecoder> createJpegDecoder();
 
   virtual void copyFromHost(const void* src, size_t bytes, const Tensor& dst) = 0;
   virtual void copyToHost(const Tensor& src, void* dst, size_t bytes) = 0;

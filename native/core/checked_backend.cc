@@ -879,6 +879,8 @@ class CheckedBackend final : public Backend {
 
   DeviceUtilization utilization() override { return b_->utilization(); }
 
+  std::unique_ptr<JpegDecoder> createJpegDecoder() override { return b_->createJpegDecoder(); }
+
  private:
   void here(std::initializer_list<const Tensor*> tensors, const char* op) const {
     checkOnDevice(tensors, device(), op);

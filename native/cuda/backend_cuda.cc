@@ -8,6 +8,7 @@
 
 #include "cuda_check.h"
 #include "cuda_ops.h"
+#include "jpeg_decoder.h"
 #include "kernels.h"
 #include "nvml_monitor.h"
 #include "profile_timeline.h"
@@ -24,7 +25,7 @@ namespace {
 // allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
 // syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the values a captured training
 // step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
-// and the optimizers' tablesOnly.
+// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder).
 constexpr int kBackendAbi = 9;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -78,6 +79,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Conv2dPlan> createConv2d(const Conv2dParams& p) override { return createConv2dPlan(ctx_, p); }
   std::unique_ptr<LinearPlan> createLinear(const LinearParams& p) override { return createLinearPlan(ctx_, p); }
   std::unique_ptr<Pool2dPlan> createPool2d(const Pool2dParams& p) override { return createPool2dPlan(ctx_, p); }
+  std::unique_ptr<JpegDecoder> createJpegDecoder() override { return createCudaJpegDecoder(ctx_); }
   std::unique_ptr<InferencePlan> createInferencePlan(const InferencePlanParams& p) override {
     return buildInferencePlan(ctx_, p);
   }

@@ -9,6 +9,7 @@
 #include "convert.h"
 #include "image.h"
 #include "inference_plan.h"
+#include "jpeg_decoder.h"
 #include "plans.h"
 #include "registry.h"
 #include "tcp_store.h"
@@ -600,6 +601,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Pool2dPlan", Pool2dPlanWrap::Init(env));
   exports.Set("InferencePlan", InferencePlanWrap::Init(env));
   exports.Set("Communicator", CommunicatorWrap::Init(env));
+  exports.Set("JpegDecoder", JpegDecoderWrap::Init(env));
   const std::pair<const char*, Fn> functions[] = {
       {"batchNormForward",
        StructOp<BatchNormForwardArgs, parseBatchNormForward, &BatchNormForwardArgs::x, &Backend::batchNormForward>},

@@ -41,6 +41,8 @@ const std::vector<GroupSpec>& groups() {
       {"nvidia-nccl-cu13", true, {{"NCCL", "libnccl.so.2"}}},
       // Optional: only cuDNN's runtime-compiled engines use it; without it cuDNN uses the others.
       {"nvidia-cuda-nvrtc", false, {{"NVRTC", "libnvrtc.so.13"}}},
+      // Optional: only decoding JPEGs on the device uses it, and says so when it is missing.
+      {"nvidia-nvjpeg", false, {{"nvJPEG", "libnvjpeg.so.13"}}},
   };
   return kGroups;
 }

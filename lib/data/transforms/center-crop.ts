@@ -2,6 +2,7 @@
  * torchvision's `CenterCrop`.
  * @packageDocumentation
  */
+import type { RawJpegRequest } from '../../binding.js';
 import { expectOptions, invalid } from '../../errors.js';
 import type { DecodedImage, SampleRandom, TransformSpec } from '../types.js';
 import { type EncodedJpeg, fusedJpeg } from './decode.js';
@@ -50,12 +51,22 @@ export class CenterCrop extends Transform {
       const out = centerCrop(fusedJpeg(jpeg, {}), [h, w]);
       return flip ? hflip(out) : out;
     }
-    const crop: [number, number, number, number] = [
-      roundHalfEven((jpeg.height - h) / 2),
-      roundHalfEven((jpeg.width - w) / 2),
-      h,
-      w,
-    ];
-    return fusedJpeg(jpeg, { crop, mirror: flip });
+    return fusedJpeg(jpeg, { crop: this.#crop(jpeg), mirror: flip });
+  }
+
+  /** The request of a crop inside the image; null when the image is smaller (padding needed). */
+  override jpegRequest(
+    jpeg: { height: number; width: number },
+    _rng: SampleRandom,
+    mirror: () => boolean,
+  ): Omit<RawJpegRequest, 'bytes'> | null {
+    const [h, w] = sizePair(this.size);
+    if (h > jpeg.height || w > jpeg.width) return null;
+    return { crop: this.#crop(jpeg), mirror: mirror() };
+  }
+
+  #crop(jpeg: { height: number; width: number }): [number, number, number, number] {
+    const [h, w] = sizePair(this.size);
+    return [roundHalfEven((jpeg.height - h) / 2), roundHalfEven((jpeg.width - w) / 2), h, w];
   }
 }

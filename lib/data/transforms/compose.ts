@@ -3,7 +3,8 @@
  * decoder), runs the transforms with the sample's random stream, and converts to the output channels.
  * @packageDocumentation
  */
-import { expectBool, expectOneOf, expectOptions, invalid, isArray, mismatch } from '../../errors.js';
+import type { RawJpegRequest } from '../../binding.js';
+import { ResnetError, expectBool, expectOneOf, expectOptions, invalid, isArray, mismatch } from '../../errors.js';
 import type { DecodedImage, RawSample, SampleRandom, TransformSpec } from '../types.js';
 import { CenterCrop } from './center-crop.js';
 import { decodeImage, endsWithEoi, jpegHeader } from './decode.js';
@@ -35,6 +36,26 @@ export interface ComposeResult {
   image: DecodedImage;
   /** With `deferFlip`: whether the image still has to be mirrored. Otherwise always false. */
   flip: boolean;
+}
+
+/** See {@link Compose.deviceJpegPlan}. @internal */
+export interface DeviceJpegPlan {
+  /** The decoder request: crop, resize, window, filter and mirroring. */
+  request: Omit<RawJpegRequest, 'bytes'>;
+  /** The image's size, from its header. */
+  height: number;
+  width: number;
+  /** Whether the consumer is to mirror the result (a deferred flip). */
+  flip: boolean;
+}
+
+/** The decode-fused part of a pipeline for one JPEG (see Compose's #fusion). */
+interface Fusion {
+  first: number;
+  span: number;
+  dims: { height: number; width: number } | null;
+  fuser: Transform | undefined;
+  centerCrop: [number, number] | undefined;
 }
 
 /** The plain description of a {@link Compose}. */
@@ -163,43 +184,15 @@ export class Compose {
     if (source.kind === 'encoded') {
       if (!(source.bytes instanceof Uint8Array)) invalid('sample.source.bytes', 'a Uint8Array', source.bytes);
       const path = typeof source.path === 'string' ? source.path : '<unnamed>';
-      // Normalize does nothing to pixels, so the first real transform may still fuse with the decode.
-      let first = 0;
-      while (first < this.transforms.length && this.transforms[first] instanceof Normalize) first++;
-      // The decoder stops at the last row a crop needs, so a truncated file (no end-of-image
-      // marker) is decoded whole: it then fails whatever the crop, as it does in PIL. CMYK and
-      // YCCK JPEGs (4 components) go to sharp.
-      const header =
-        first < this.transforms.length && endsWithEoi(source.bytes) ? jpegHeader(source.bytes, path) : null;
-      const dims = header?.supported ? { height: header.height, width: header.width } : null;
-      const fuser = this.transforms[first];
-      // A CenterCrop right after it joins the pipeline too (Resize(256) + CenterCrop(224)), when it
-      // needs no padding.
-      let span = 1;
-      let centerCrop: [number, number] | undefined;
-      const after = this.transforms[first + 1];
-      if (dims && fuser?.takesCenterCrop && after instanceof CenterCrop) {
-        const size = sizePair(after.size);
-        const fusedSize = fuser.outputSize([dims.height, dims.width]);
-        if (fusedSize && size[0] <= fusedSize[0] && size[1] <= fusedSize[1]) {
-          centerCrop = size;
-          span = 2;
-        }
-      }
-      // A flip right after the fused transforms is mirrored in the same native call, unless
-      // it is deferred to the device; it draws its decision after the fused transforms' draws.
-      const next = this.transforms[first + span];
-      let mirrored = false;
-      const mirror = (): boolean => {
-        if (!(next instanceof RandomHorizontalFlip) || (deferFlip && this.#deferrable[first + span])) return false;
-        mirrored = true;
-        return next.draw(rng);
-      };
+      const f = this.#fusion(source.bytes, path);
+      const mirrorNext = this.#mirrorNext(f, rng, deferFlip);
       const fused =
-        dims && fuser ? fuser.applyToJpeg({ bytes: source.bytes, path, ...dims }, rng, mirror, centerCrop) : null;
+        f.dims && f.fuser
+          ? f.fuser.applyToJpeg({ bytes: source.bytes, path, ...f.dims }, rng, mirrorNext.mirror, f.centerCrop)
+          : null;
       if (fused) {
         img = dropAlpha(await fused);
-        start = first + span + (mirrored ? 1 : 0);
+        start = f.first + f.span + (mirrorNext.mirrored() ? 1 : 0);
       } else {
         img = await decodeImage(source.bytes, path);
       }
@@ -219,6 +212,96 @@ export class Compose {
     }
     img = this.outputChannels === 3 ? toRGB(img) : toGrayscale(img);
     return { image: img, flip };
+  }
+
+  /**
+   * What the device JPEG decoder is to do with an encoded JPEG: the decoder request of the fused
+   * transforms (with the same draws as {@link Compose.run}, so that both give the same pixels up to
+   * the decoders' IDCT), the image's size from its header, and the deferred flip. Throws
+   * `ERR_RC_INVALID_ARGUMENT` when the pipeline is not one the device runs (a crop or resize first,
+   * then only flips and Normalize, 3 output channels), `ERR_RC_CORRUPT_FILE` naming `path` for a
+   * file that is not a JPEG of 1 or 3 components with its end-of-image marker.
+   * @internal
+   */
+  deviceJpegPlan(bytes: Uint8Array, path: string, rng: SampleRandom, deferFlip: boolean): DeviceJpegPlan {
+    if (this.outputChannels !== 3) invalid('transform outputChannels', "3 for decode: 'gpu'", this.outputChannels);
+    if (!(bytes instanceof Uint8Array)) invalid('bytes', 'a Uint8Array', bytes);
+    const notJpeg = (why: string): never => {
+      throw new ResnetError('ERR_RC_CORRUPT_FILE', `Cannot decode the image file '${path}' on the device: ${why}`);
+    };
+    if (bytes.length < 2 || bytes[0] !== 0xff || bytes[1] !== 0xd8) notJpeg('it is not a JPEG');
+    if (!endsWithEoi(bytes)) notJpeg('the JPEG has no end-of-image marker (truncated)');
+    const f = this.#fusion(bytes, path);
+    const dims =
+      f.dims ?? notJpeg('a JPEG of 4 components (CMYK or YCCK); the device decodes grey and YCbCr/RGB JPEGs');
+    const mirrorNext = this.#mirrorNext(f, rng, deferFlip);
+    const request = f.fuser?.jpegRequest(dims, rng, mirrorNext.mirror, f.centerCrop) ?? null;
+    if (request === null) {
+      return invalid(
+        'transform',
+        "for decode: 'gpu', a RandomResizedCrop, Resize or CenterCrop (inside the image) first, then only " +
+          'RandomHorizontalFlip and Normalize',
+        this.transforms.map((t) => t.kind).join(', '),
+      );
+    }
+    let flip = false;
+    for (let k = f.first + f.span + (mirrorNext.mirrored() ? 1 : 0); k < this.transforms.length; k++) {
+      const t = this.transforms[k]!;
+      if (t instanceof Normalize) continue;
+      if (deferFlip && t instanceof RandomHorizontalFlip && this.#deferrable[k]) {
+        if (t.draw(rng)) flip = !flip;
+        continue;
+      }
+      invalid(
+        'transform',
+        `for decode: 'gpu', only RandomHorizontalFlip (deferred) and Normalize after the crop, got ${t.kind}`,
+        this.transforms.map((x) => x.kind).join(', '),
+      );
+    }
+    return { request, height: dims.height, width: dims.width, flip };
+  }
+
+  /**
+   * The transforms that fuse with the decode of a JPEG: the first after any Normalize (which does
+   * nothing to pixels) and a CenterCrop right after it when it needs no padding
+   * (Resize(256) + CenterCrop(224)); `dims` is null when the file is not fused.
+   */
+  #fusion(bytes: Uint8Array, path: string): Fusion {
+    let first = 0;
+    while (first < this.transforms.length && this.transforms[first] instanceof Normalize) first++;
+    // The decoder stops at the last row a crop needs, so a truncated file (no end-of-image
+    // marker) is decoded whole: it then fails whatever the crop, as it does in PIL. CMYK and
+    // YCCK JPEGs (4 components) go to sharp.
+    const header = first < this.transforms.length && endsWithEoi(bytes) ? jpegHeader(bytes, path) : null;
+    const dims = header?.supported ? { height: header.height, width: header.width } : null;
+    const fuser = this.transforms[first];
+    let span = 1;
+    let centerCrop: [number, number] | undefined;
+    const after = this.transforms[first + 1];
+    if (dims && fuser?.takesCenterCrop && after instanceof CenterCrop) {
+      const size = sizePair(after.size);
+      const fusedSize = fuser.outputSize([dims.height, dims.width]);
+      if (fusedSize && size[0] <= fusedSize[0] && size[1] <= fusedSize[1]) {
+        centerCrop = size;
+        span = 2;
+      }
+    }
+    return { first, span, dims, fuser, centerCrop };
+  }
+
+  /**
+   * A flip right after the fused transforms is mirrored in the same decode, unless it is deferred
+   * to the device; it draws its decision after the fused transforms' draws.
+   */
+  #mirrorNext(f: Fusion, rng: SampleRandom, deferFlip: boolean): { mirror: () => boolean; mirrored: () => boolean } {
+    const next = this.transforms[f.first + f.span];
+    let mirrored = false;
+    const mirror = (): boolean => {
+      if (!(next instanceof RandomHorizontalFlip) || (deferFlip && this.#deferrable[f.first + f.span])) return false;
+      mirrored = true;
+      return next.draw(rng);
+    };
+    return { mirror, mirrored: () => mirrored };
   }
 
   #lastNormalize(): Normalize | undefined {

@@ -5,7 +5,7 @@
 import { expectInt, expectOptions, invalid } from '../../errors.js';
 import { randomInt } from '../sample-random.js';
 import type { DecodedImage, SampleRandom, TransformSpec } from '../types.js';
-import { type EncodedJpeg, fusedJpeg } from './decode.js';
+import type { RawJpegRequest } from '../../binding.js';
 import { type CropBox, type Interpolation, resizedCrop, roundHalfEven } from './functional.js';
 import { copySpecValue, expectInterpolation, expectRange, expectSize, sizePair } from './options.js';
 import { Transform } from './transform.js';
@@ -120,15 +120,18 @@ export class RandomResizedCrop extends Transform {
     return sizePair(this.size);
   }
 
-  override applyToJpeg(jpeg: EncodedJpeg, rng: SampleRandom, mirror: () => boolean): DecodedImage {
+  override jpegRequest(
+    jpeg: { height: number; width: number },
+    rng: SampleRandom,
+    mirror: () => boolean,
+  ): Omit<RawJpegRequest, 'bytes'> {
     const box = this.getParams(jpeg.height, jpeg.width, rng);
     const flip = mirror();
-    const size = sizePair(this.size);
-    return fusedJpeg(jpeg, {
+    return {
       crop: [box.top, box.left, box.height, box.width],
-      size,
+      size: sizePair(this.size),
       filter: this.interpolation,
       mirror: flip,
-    });
+    };
   }
 }

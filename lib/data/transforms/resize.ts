@@ -4,7 +4,7 @@
  */
 import { expectInt, expectOptions, invalid } from '../../errors.js';
 import type { DecodedImage, SampleRandom, TransformSpec } from '../types.js';
-import { type EncodedJpeg, fusedJpeg } from './decode.js';
+import type { RawJpegRequest } from '../../binding.js';
 import { type Interpolation, resizedCrop, resizeOutputSize, roundHalfEven } from './functional.js';
 import { copySpecValue, expectInterpolation, expectSize } from './options.js';
 import { Transform } from './transform.js';
@@ -71,19 +71,19 @@ export class Resize extends Transform {
     return input === null ? null : resizeOutputSize(input, this.size, this.maxSize);
   }
 
-  override applyToJpeg(
-    jpeg: EncodedJpeg,
+  override jpegRequest(
+    jpeg: { height: number; width: number },
     _rng: SampleRandom,
     mirror: () => boolean,
     centerCrop?: [number, number],
-  ): DecodedImage {
+  ): Omit<RawJpegRequest, 'bytes'> {
     const [h, w] = resizeOutputSize([jpeg.height, jpeg.width], this.size, this.maxSize);
     const flip = mirror();
     // A following CenterCrop is a window of the resized image: only its pixels are computed.
     const window: [number, number, number, number] | undefined = centerCrop
       ? [roundHalfEven((h - centerCrop[0]) / 2), roundHalfEven((w - centerCrop[1]) / 2), centerCrop[0], centerCrop[1]]
       : undefined;
-    return fusedJpeg(jpeg, { size: [h, w], ...(window ? { window } : {}), filter: this.interpolation, mirror: flip });
+    return { size: [h, w], ...(window ? { window } : {}), filter: this.interpolation, mirror: flip };
   }
 
   override get takesCenterCrop(): boolean {

@@ -3,7 +3,8 @@
  * @packageDocumentation
  */
 import type { DecodedImage, SampleRandom, TransformSpec } from '../types.js';
-import type { EncodedJpeg } from './decode.js';
+import type { RawJpegRequest } from '../../binding.js';
+import { type EncodedJpeg, fusedJpeg } from './decode.js';
 
 /** A transform step: applies itself to a decoded image, drawing randomness from the sample's stream. */
 export abstract class Transform {
@@ -42,11 +43,27 @@ export abstract class Transform {
    * @internal
    */
   applyToJpeg(
-    _jpeg: EncodedJpeg,
+    jpeg: EncodedJpeg,
+    rng: SampleRandom,
+    mirror: () => boolean,
+    centerCrop?: [number, number],
+  ): DecodedImage | Promise<DecodedImage> | null {
+    const request = this.jpegRequest(jpeg, rng, mirror, centerCrop);
+    return request ? fusedJpeg(jpeg, request) : null;
+  }
+
+  /**
+   * What {@link Transform.applyToJpeg} asks the JPEG decoder for (crop, resize, window, mirror),
+   * with the same draws, without decoding: the CPU decoder and the device's take the same request.
+   * Null when this transform (or this image, e.g. a CenterCrop larger than it) has no such path.
+   * @internal
+   */
+  jpegRequest(
+    _jpeg: { height: number; width: number },
     _rng: SampleRandom,
     _mirror: () => boolean,
     _centerCrop?: [number, number],
-  ): DecodedImage | Promise<DecodedImage> | null {
+  ): Omit<RawJpegRequest, 'bytes'> | null {
     return null;
   }
 
