@@ -51,6 +51,7 @@ export default defineConfig({
             'test/qat.test.ts',
             'test/inference-artifact.test.ts',
             'test/sync-batchnorm.test.ts',
+            'test/fused.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

@@ -61,7 +61,7 @@ export class SGD extends Optimizer<SGDOptions> {
     // (momentum switched on later, or a checkpoint without them).
     const fresh = needsMomentum && !this.hasBuffer('momentum');
     const momentum = needsMomentum ? this.buffer('momentum', ctx.arena) : undefined;
-    addon().sgdStep({
+    const args = {
       params: ctx.arena.params.raw,
       grads: ctx.arena.grads.raw,
       ...(momentum ? { momentumBuffer: momentum.raw } : {}),
@@ -70,6 +70,31 @@ export class SGD extends Optimizer<SGDOptions> {
       firstStep: ctx.step === 1 || fresh,
       ...(ctx.foundInf ? { foundInf: ctx.foundInf.raw } : {}),
       gradScaleInv: ctx.gradScaleInv,
+    };
+    const fused = ctx.fused;
+    if (!fused) {
+      addon().sgdStep(args);
+      return;
+    }
+    const u = fused.scaleUpdate;
+    addon().fusedSgdStep({
+      ...args,
+      checkFinite: fused.checkFinite,
+      zeroGrads: fused.zeroGrads,
+      ...(u
+        ? {
+            scale: u.scale.raw,
+            growthTracker: u.growthTracker.raw,
+            growthFactor: u.growthFactor,
+            backoffFactor: u.backoffFactor,
+            growthInterval: u.growthInterval,
+          }
+        : {}),
     });
+  }
+
+  /** True: SGD has the fused step of the `optim` fused path ({@link GradScaler.stepAndZeroGrad}). */
+  override get supportsFusedStep(): boolean {
+    return true;
   }
 }

@@ -35,4 +35,32 @@ Tensor Backend::empty(const Shape& shape, DType dtype) {
   return Tensor(std::move(storage), 0, shape, dtype);
 }
 
+void Backend::fusedSgdStep(const FusedSgdArgs& a) {
+  SgdArgs sgd = a;
+  if (a.checkFinite) {
+    UnscaleArgs unscale;
+    unscale.grads = a.grads;
+    unscale.foundInf = a.foundInf;
+    unscale.segments = a.segments;
+    unscale.invScale = a.gradScaleInv;
+    unscaleAndCheck(unscale);
+    sgd.gradScaleInv = 1.0f;
+  }
+  sgdStep(sgd);
+  if (a.scale.defined()) {
+    ScalerUpdateArgs update;
+    update.scale = a.scale;
+    update.growthTracker = a.growthTracker;
+    update.foundInf = a.foundInf;
+    update.growthFactor = a.growthFactor;
+    update.backoffFactor = a.backoffFactor;
+    update.growthInterval = a.growthInterval;
+    scalerUpdate(update);
+  }
+  if (a.zeroGrads) {
+    for (const ArenaSegment& s : a.segments)
+      if (s.count > 0) fill(a.grads.view(s.offset, {s.count}), 0.0);
+  }
+}
+
 }  // namespace rc

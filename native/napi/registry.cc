@@ -21,7 +21,7 @@ namespace {
 
 constexpr const char* kCudaLibrary = "libresnet_cuda_backend.so";
 // Bumped whenever the Backend interface changes, so a stale library is refused, not misused.
-constexpr int kBackendAbi = 8;
+constexpr int kBackendAbi = 9;
 
 using CreateFn = Backend* (*)(int deviceIndex, int abiVersion);
 using CountFn = int (*)(char* error, size_t errorSize);
