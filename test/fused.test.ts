@@ -8,6 +8,7 @@
  */
 import { describe, expect, it, vi } from 'vitest';
 import {
+  AdamW,
   BatchNorm2d,
   CrossEntropyLoss,
   Flatten,
@@ -200,6 +201,37 @@ describe(`the optim fused op on ${DEVICE}`, () => {
       addon().fusedSgdStep({ ...base, scale: s.flags.view(0, [1]).raw, growthTracker: s.tracker.raw }),
     ).toThrow(/needs foundInf/);
     dispose(s);
+  });
+});
+
+describe('Optimizer.step({ fused })', () => {
+  it('is refused by optimizers without a fused step, and without the flag it needs', () => {
+    const model = new Linear({ inFeatures: 4, outFeatures: 3, seed: 1 }).to(DEVICE);
+    const adamw = new AdamW(model, { lr: 0.01 });
+    expect(() => adamw.step({ fused: { checkFinite: false, zeroGrads: true } })).toThrow(/AdamW has no fused step/);
+    const sgd = new SGD(model, { lr: 0.1 });
+    expect(sgd.supportsFusedStep).toBe(true);
+    expect(sgd.stepsWholeArena()).toBe(true);
+    expect(() => sgd.step({ fused: { checkFinite: true, zeroGrads: true } })).toThrow(/foundInf/);
+    const flag = Tensor.from([0], [1], { device: DEVICE });
+    const scale = Tensor.from([1], [1], { device: DEVICE });
+    expect(() =>
+      sgd.step({
+        foundInf: flag,
+        fused: {
+          checkFinite: true,
+          zeroGrads: true,
+          scaleUpdate: { scale, growthTracker: scale, growthFactor: 2, backoffFactor: 0.5, growthInterval: 1 },
+        },
+      }),
+    ).toThrow(/fused\.scaleUpdate\.growthTracker/);
+    expect(sgd.stepCount).toBe(0);
+    // Frozen parameters: the stepped gradients are not the whole arena.
+    model.parameters()[1]!.requiresGrad = false;
+    expect(new SGD(model, { lr: 0.1 }).stepsWholeArena()).toBe(false);
+    flag.dispose();
+    scale.dispose();
+    model.dispose();
   });
 });
 

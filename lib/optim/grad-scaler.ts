@@ -237,7 +237,8 @@ export class GradScaler {
    * {@link GradScaler.step}, {@link GradScaler.update} and `optimizer.zeroGrad()` in one call,
    * the end of a training step. With the `optim` fused path on (see lib/fused-paths.ts), a CUDA
    * arena and an optimizer that has a fused step (SGD), the check, the update, the scale update
-   * and the zeroing run as one fused op (two launches with the check, one without); otherwise the
+   * and the zeroing run as one fused op (a check pass and an update pass; the update pass alone
+   * without loss scaling); otherwise the
    * three calls run as they are. Either way the parameters, the scale and the gradients end the
    * same (bit for bit on the emulated device; within f32 rounding of a fused multiply-add on a GPU).
    */
