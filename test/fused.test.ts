@@ -21,6 +21,7 @@ import {
   Sequential,
   Tensor,
   AdaptiveAvgPool2d,
+  clipGradNorm,
   listBackends,
 } from '../lib/index.js';
 import { addon, type RawSgdGroup } from '../lib/binding.js';
@@ -279,7 +280,7 @@ function smallResNet(seed: number): Sequential {
 }
 
 /** Parameters after each of `steps` steps (step 1 with an inf gradient under a scaler), and the scales. */
-function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number) {
+function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip = false) {
   const saved = process.env[FUSED_ENV];
   if (fusedOn) process.env[FUSED_ENV] = 'optim';
   else delete process.env.RESNET_CUDA_FUSED;
@@ -307,6 +308,11 @@ function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number) {
         g[2] = Infinity;
         p.grad.raw.copyFromHost(g);
       }
+      if (clip) {
+        // Unscaled (and checked) before the step, as the Trainer does when it clips.
+        scaler.unscale(optimizer);
+        clipGradNorm(model, 0.5);
+      }
       scaler.stepAndZeroGrad(optimizer);
       const gradAbs = model
         .parameters()
@@ -328,15 +334,19 @@ function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number) {
 }
 
 describe('a small ResNet trained with the optim fused path on and off', () => {
-  for (const dtype of ['bf16', 'f16'] as const) {
+  for (const [dtype, clip] of [
+    ['bf16', false],
+    ['f16', false],
+    ['f16', true],
+  ] as const) {
     it.skipIf(!onlyCuda || !cuda?.available)(
-      `ends every step with the same parameters, scale and zero gradients (${dtype})`,
+      `ends every step with the same parameters, scale and zero gradients (${dtype}${clip ? ', clipped' : ''})`,
       () => {
         const steps = 3;
         const spy = vi.spyOn(addon(), 'fusedSgdStep');
-        const off = trainRun(false, dtype, steps);
+        const off = trainRun(false, dtype, steps, clip);
         expect(spy).not.toHaveBeenCalled();
-        const on = trainRun(true, dtype, steps);
+        const on = trainRun(true, dtype, steps, clip);
         // The switch took the fused op, once per step.
         expect(spy).toHaveBeenCalledTimes(steps);
         spy.mockRestore();
