@@ -426,3 +426,7 @@ export type { PostBackwardHook, RemovableHook } from './nn/module.js';
 // SyncBatchNorm: batch statistics shared by the processes of a group (torch.nn.SyncBatchNorm).
 export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from './distributed/sync-batchnorm.js';
 export type { BatchNormSync } from './nn/layers.js';
+// Fused CUDA paths (off by default; RESNET_CUDA_FUSED switches them on) and the optimizer side of the fused step.
+export { FUSED_ENV, FUSED_PATH_NAMES, fusedPathOn, fusedPaths, type FusedPath } from './fused-paths.js';
+export type { FusedScaleUpdate, FusedStepOptions } from './optim/optimizer.js';
+export type { FusableOptimizer } from './optim/grad-scaler.js';

@@ -17,9 +17,9 @@
  *   same way, and accumulates into the f32 gradient.
  * - Global average pooling's backward carries the last block's ReLU mask and BN sums; max pooling's
  *   backward the stem's. The linear layer uses cuBLASLt epilogues (bias, bias gradient).
- * - One multi-tensor kernel: GradScaler check (fp16: a pass over the gradients, a grid-wide
- *   barrier, the scale update by the last block), SGD update, the bf16/fp16 copies of the weights
- *   the next step's convolutions read, and the gradient zeroing. Channels-last throughout.
+ * - One multi-tensor kernel: SGD update (unscaling as it reads), the scale update, the bf16/fp16
+ *   copies of the weights the next step's convolutions read, and the gradient zeroing; under a
+ *   GradScaler (fp16) a read-only check pass over the gradients before it. Channels-last throughout.
  *
  * Assumed sizes of what the epilogues leave for the finalize kernels: per-channel sum and sum of
  * squares (f32) per tile of {@link STATS_TILE_ROWS} output rows.
@@ -469,21 +469,28 @@ class FusedPlanner {
   }
 
   /**
-   * The one multi-tensor step: gradients, parameters and momentum read; parameters, momentum, the
-   * low-precision weight copies and zeroed gradients written. Under a GradScaler the gradients are
-   * read twice (the check must see all of them before the first update) and the flags are copied
-   * to the host.
+   * The multi-tensor step, as native/cuda/fused_optim.cu does it: gradients, parameters and
+   * momentum read; parameters, momentum and zeroed gradients written, with the scale update in the
+   * same kernel; the low-precision weight copies the next step's convolutions read are planned in
+   * that pass too. Under a GradScaler the flag is cleared, and a read-only pass over the gradients
+   * comes first (the check must see all of them before the first update, and blocks cannot wait
+   * for each other), then the flags are copied to the host.
    */
   #optimizer(step: StepLayers): void {
     const p = step.trainableParams;
-    const check = this.#o.gradScaler ? F32 * p : 0;
+    if (this.#o.gradScaler) {
+      this.#ops.push(op('scaler', 'step', 'cudaMemsetAsync (found inf)', 0, 0, F32));
+      this.#ops.push(op('scaler', 'step', 'fused_finite_check_kernel', p, F32 * p, 0));
+    }
     this.#ops.push(
       op(
         'optimizer',
         'step',
-        this.#o.gradScaler ? 'multi-tensor check + unscale + SGD + cast + zero' : 'multi-tensor SGD + cast + zero',
-        9 * p,
-        3 * F32 * p + check,
+        this.#o.gradScaler
+          ? 'fused_sgd_kernel (unscale + SGD + scale update + zero; weight cast planned)'
+          : 'fused_sgd_kernel (SGD + zero; weight cast planned)',
+        8 * p,
+        3 * F32 * p,
         2 * F32 * p + this.#s * step.castWeights + F32 * step.params,
       ),
     );

@@ -7,6 +7,7 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, defined, expectBool, expectInt, expectNumber, expectOptions, invalid } from '../errors.js';
+import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Tensor } from '../tensor.js';
 import type { ParameterArena } from '../nn/parameter.js';
@@ -33,6 +34,16 @@ export interface GradScalerState {
   backoffFactor: number;
   growthInterval: number;
   growthTracker: number;
+}
+
+/** What {@link GradScaler.stepAndZeroGrad} needs of an optimizer besides {@link ScalerOptimizer}; every {@link Optimizer} has it. */
+export interface FusableOptimizer {
+  /** Whether `step({ fused })` is taken. */
+  readonly supportsFusedStep: boolean;
+  /** Whether the stepped gradients are the whole arena's (so zeroing them is zeroGrad's work). */
+  stepsWholeArena(): boolean;
+  /** Zeroes the gradients of the optimizer's parameters. */
+  zeroGrad(): void;
 }
 
 /** What the scaler needs of an optimizer; every {@link Optimizer} has it. */
@@ -227,6 +238,67 @@ export class GradScaler {
         growthInterval: this.#growthInterval,
       });
     }
+    this.#settle(dev, recorder, token);
+  }
+
+  /**
+   * {@link GradScaler.step}, {@link GradScaler.update} and `optimizer.zeroGrad()` in one call,
+   * the end of a training step. With the `optim` fused path on (see lib/fused-paths.ts), a CUDA
+   * arena and an optimizer that has a fused step (SGD), the check, the update, the scale update
+   * and the zeroing run as one fused op (a check pass and an update pass; the update pass alone
+   * without loss scaling); otherwise the
+   * three calls run as they are. Either way the parameters, the scale and the gradients end the
+   * same (bit for bit on the emulated device; within f32 rounding of a fused multiply-add on a GPU).
+   */
+  stepAndZeroGrad(optimizer: ScalerOptimizer & FusableOptimizer): void {
+    const arena = optimizer.arena();
+    if (!fusedPathOn('optim', arena.device) || !optimizer.supportsFusedStep) {
+      this.step(optimizer);
+      this.update();
+      optimizer.zeroGrad();
+      return;
+    }
+    const zeroGrads = optimizer.stepsWholeArena();
+    if (!this.enabled) {
+      optimizer.step({ fused: { checkFinite: false, zeroGrads } });
+    } else {
+      if (this.#stepped.has(optimizer)) {
+        throw new ResnetError(
+          'ERR_RC_INVALID_ARGUMENT',
+          'GradScaler.stepAndZeroGrad(): step() has already been called on this optimizer since the last update()',
+        );
+      }
+      const dev = this.#ensureDevice(arena.device);
+      const unscaled = this.#unscaled.has(optimizer);
+      const recorder = opRecorder;
+      const token = recorder ? recorder.begin('amp.fused_step', 'grad_scaler', arena.device) : 0;
+      if (this.#unscaled.size === 0) addon().fill({ tensor: dev.foundInfView.raw, value: 0 });
+      optimizer.step({
+        foundInf: dev.foundInfView,
+        // Gradients unscale() has already unscaled (and checked) are read as they are.
+        gradScaleInv: unscaled ? 1 : 1 / this.#scale,
+        fused: {
+          checkFinite: !unscaled,
+          zeroGrads,
+          scaleUpdate: {
+            scale: dev.scaleView,
+            growthTracker: dev.tracker,
+            growthFactor: this.#growthFactor,
+            backoffFactor: this.#backoffFactor,
+            growthInterval: this.#growthInterval,
+          },
+        },
+      });
+      this.#unscaled.add(optimizer);
+      this.#stepped.add(optimizer);
+      this.#settle(dev, recorder, token);
+    }
+    if (!zeroGrads) optimizer.zeroGrad();
+  }
+
+  // The end of update(): the scale and the found-inf flag read back (one synchronisation), the
+  // skipped steps uncounted, the step's bookkeeping cleared.
+  #settle(dev: ScalerTensors, recorder: typeof opRecorder, token: number): void {
     const flags = dev.flags.toFloat32Array();
     recorder?.end(token);
     this.#scale = flags[0]!;

@@ -42,6 +42,33 @@ export interface OptimizerStepOptions {
    * a captured step replayed afterwards reads them. The step count does not change.
    */
   tablesOnly?: boolean;
+  /**
+   * The fused optimizer end of a step ({@link GradScaler.stepAndZeroGrad} passes it when the
+   * `optim` fused path is on); only optimizers whose {@link Optimizer.supportsFusedStep} is true
+   * take it.
+   */
+  fused?: FusedStepOptions;
+}
+
+/** The GradScaler's scale update, run on the device by a fused step (see {@link FusedStepOptions}). */
+export interface FusedScaleUpdate {
+  /** f32[1]: the scale. */
+  scale: Tensor;
+  /** i32[1]: clean steps since the scale last changed. */
+  growthTracker: Tensor;
+  growthFactor: number;
+  backoffFactor: number;
+  growthInterval: number;
+}
+
+/** What a fused step does besides the update (the `optim` fused path). */
+export interface FusedStepOptions {
+  /** Set `foundInf` when a gradient is inf or NaN, before any parameter moves (then skip the step). */
+  checkFinite: boolean;
+  /** Leave the stepped parameters' gradients at zero, the skipped step included. */
+  zeroGrads: boolean;
+  /** The scale update after the step, reading `foundInf`. */
+  scaleUpdate?: FusedScaleUpdate;
 }
 
 /** An optimizer's checkpoint, plain data (typed arrays and numbers). */
@@ -72,6 +99,8 @@ export interface StepContext<O extends object> {
   stepCount: Tensor | undefined;
   /** See {@link OptimizerStepOptions.tablesOnly}. */
   tablesOnly: boolean;
+  /** The fused step's extra work, when {@link OptimizerStepOptions.fused} was given. */
+  fused?: FusedStepOptions;
 }
 
 /**
@@ -175,6 +204,14 @@ export abstract class Optimizer<O extends object> {
       );
     }
     const gradScaleInv = expectNumber('gradScaleInv', options.gradScaleInv ?? 1);
+    const fused = options.fused;
+    if (fused !== undefined) this.#checkFused(fused, foundInf, arena.device);
+    if (fused !== undefined && (stepCount !== undefined || tablesOnly)) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `${this.#name}: a fused step cannot be combined with stepCount or tablesOnly (a captured step runs the unfused ops)`,
+      );
+    }
     const groups = this.paramGroups.map((g, i) => this.#check(`paramGroups[${i}]`, g as Partial<O>, g as Partial<O>));
     const context = {
       arena,
@@ -192,7 +229,7 @@ export abstract class Optimizer<O extends object> {
     }
     const recorder = opRecorder;
     const token = recorder ? recorder.begin(this.#stepOp, 'optimizer', arena.device) : 0;
-    this.applyStep(context);
+    this.applyStep(fused ? { ...context, fused } : context);
     recorder?.end(token);
     this.#steps++;
   }
@@ -216,6 +253,41 @@ export abstract class Optimizer<O extends object> {
 
   /** Runs the native step; `ctx.step` is t of this step. */
   protected abstract applyStep(ctx: StepContext<O>): void;
+
+  /** Whether {@link OptimizerStepOptions.fused} is taken (an optimizer with a fused kernel); false here. */
+  get supportsFusedStep(): boolean {
+    return false;
+  }
+
+  /**
+   * Whether this optimizer's trainable parameters are the whole arena, so that zeroing the stepped
+   * gradients is what {@link Optimizer.zeroGrad} does.
+   */
+  stepsWholeArena(): boolean {
+    const arena = this.arena();
+    const all = this.paramGroups.reduce((n, g) => n + g.params.length, 0);
+    return all === arena.entries.length && this.paramGroups.every((g) => g.params.every((p) => p.requiresGrad));
+  }
+
+  #checkFused(fused: FusedStepOptions, foundInf: Tensor | undefined, device: string): void {
+    if (!this.supportsFusedStep) {
+      throw new ResnetError('ERR_RC_INVALID_ARGUMENT', `${this.#name} has no fused step (options.fused)`);
+    }
+    if (fused === null || typeof fused !== 'object') invalid('fused', 'a FusedStepOptions object', fused);
+    if ((fused.checkFinite || fused.scaleUpdate) && foundInf === undefined) {
+      invalid('foundInf', 'the found-inf flag, which fused.checkFinite and fused.scaleUpdate need', foundInf);
+    }
+    const u = fused.scaleUpdate;
+    if (u !== undefined) {
+      const flag = (name: string, t: unknown, dtype: 'f32' | 'i32') => {
+        if (!(t instanceof Tensor) || t.dtype !== dtype || t.numel !== 1 || t.device !== device) {
+          invalid(name, `a ${dtype} tensor of one element on ${device}`, t);
+        }
+      };
+      flag('fused.scaleUpdate.scale', u.scale, 'f32');
+      flag('fused.scaleUpdate.growthTracker', u.growthTracker, 'i32');
+    }
+  }
 
   /** The names of the per-element state arenas this optimizer may keep. */
   protected abstract bufferNames(): readonly string[];

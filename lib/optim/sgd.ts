@@ -68,7 +68,7 @@ export class SGD extends Optimizer<SGDOptions> {
       );
     }
     const momentum = needsMomentum ? this.buffer('momentum', ctx.arena) : undefined;
-    addon().sgdStep({
+    const args = {
       params: ctx.arena.params.raw,
       grads: ctx.arena.grads.raw,
       ...(momentum ? { momentumBuffer: momentum.raw } : {}),
@@ -78,11 +78,36 @@ export class SGD extends Optimizer<SGDOptions> {
       ...(ctx.foundInf ? { foundInf: ctx.foundInf.raw } : {}),
       gradScaleInv: ctx.gradScaleInv,
       ...(ctx.tablesOnly ? { tablesOnly: true } : {}),
+    };
+    const fused = ctx.fused;
+    if (!fused) {
+      addon().sgdStep(args);
+      return;
+    }
+    const u = fused.scaleUpdate;
+    addon().fusedSgdStep({
+      ...args,
+      checkFinite: fused.checkFinite,
+      zeroGrads: fused.zeroGrads,
+      ...(u
+        ? {
+            scale: u.scale.raw,
+            growthTracker: u.growthTracker.raw,
+            growthFactor: u.growthFactor,
+            backoffFactor: u.backoffFactor,
+            growthInterval: u.growthInterval,
+          }
+        : {}),
     });
   }
 
   /** SGD's step can be captured in a CUDA graph (its learning rates are sent before each replay). */
   override get capturable(): boolean {
+    return true;
+  }
+
+  /** True: SGD has the fused step of the `optim` fused path ({@link GradScaler.stepAndZeroGrad}). */
+  override get supportsFusedStep(): boolean {
     return true;
   }
 }

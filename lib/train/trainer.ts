@@ -1107,9 +1107,7 @@ export class Trainer {
       this.scaler.unscale(this.optimizer);
       clipGradNorm(this.model, this.#s.clip);
     }
-    this.scaler.step(this.optimizer);
-    this.scaler.update();
-    this.optimizer.zeroGrad();
+    this.scaler.stepAndZeroGrad(this.optimizer);
   }
 
   /** The parameters an MLflow run records of this Trainer. */

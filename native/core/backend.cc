@@ -40,4 +40,32 @@ std::unique_ptr<JpegDecoder> Backend::createJpegDecoder() {
                                           << info().name << " backend decodes them with libjpeg-turbo on the CPU");
 }
 
+void Backend::fusedSgdStep(const FusedSgdArgs& a) {
+  SgdArgs sgd = a;
+  if (a.checkFinite) {
+    UnscaleArgs unscale;
+    unscale.grads = a.grads;
+    unscale.foundInf = a.foundInf;
+    unscale.segments = a.segments;
+    unscale.invScale = a.gradScaleInv;
+    unscaleAndCheck(unscale);
+    sgd.gradScaleInv = 1.0f;
+  }
+  sgdStep(sgd);
+  if (a.scale.defined()) {
+    ScalerUpdateArgs update;
+    update.scale = a.scale;
+    update.growthTracker = a.growthTracker;
+    update.foundInf = a.foundInf;
+    update.growthFactor = a.growthFactor;
+    update.backoffFactor = a.backoffFactor;
+    update.growthInterval = a.growthInterval;
+    scalerUpdate(update);
+  }
+  if (a.zeroGrads) {
+    for (const ArenaSegment& s : a.segments)
+      if (s.count > 0) fill(a.grads.view(s.offset, {s.count}), 0.0);
+  }
+}
+
 }  // namespace rc

@@ -214,6 +214,22 @@ struct SgdArgs {
   bool tablesOnly = false;
 };
 
+// The optimizer end of a step in one op (the "optim" fused path): an SGD step as SgdArgs, where
+// grads are multiplied by `gradScaleInv` as they are read (the GradScaler's unscale, without
+// writing the unscaled gradients back). With `checkFinite`, `foundInf` (required) is set to 1 when
+// a gradient in the segments is inf or NaN, before any parameter moves, and the step is then
+// skipped; foundInf is never cleared here. With `zeroGrads`, every gradient in the segments is 0
+// afterwards, the skipped step included. When `scale` (f32[1]) and `growthTracker` (i32[1]) are
+// defined, the GradScaler's scale update (ScalerUpdateArgs) follows, reading foundInf. The result
+// equals unscaleAndCheck, sgdStep (gradScaleInv 1), scalerUpdate and zeroing in that order, which
+// is what backends without a fused kernel run.
+struct FusedSgdArgs : SgdArgs {
+  bool checkFinite = false, zeroGrads = false;
+  Tensor scale, growthTracker;
+  float growthFactor = 2.0f, backoffFactor = 0.5f;
+  int64_t growthInterval = 2000;
+};
+
 // Per-group hyperparameters of AdamW and LAMB (the op receives them as f32).
 struct AdamGroup {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0.0f;
@@ -487,6 +503,8 @@ class Backend {
   virtual void crossEntropy(const CrossEntropyArgs& args) = 0;
   virtual void distillationLoss(const DistillationArgs& args) = 0;
   virtual void sgdStep(const SgdArgs& args) = 0;
+  // The fused optimizer end of a step (FusedSgdArgs); the default runs the unfused ops in order.
+  virtual void fusedSgdStep(const FusedSgdArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;

@@ -253,8 +253,7 @@ void validateArenaTensor(const Tensor& t, const Tensor& params, const char* op, 
                op << ": " << what << " " << t.describe() << " does not match params " << params.describe());
 }
 
-void validateSgd(const SgdArgs& a) {
-  const char* op = "sgd step";
+void validateSgd(const SgdArgs& a, const char* op = "sgd step") {
   checkDType(a.params, DType::F32, op, "params");
   validateArenaTensor(a.grads, a.params, op, "grads");
   bool needsMomentum = false;
@@ -265,6 +264,27 @@ void validateSgd(const SgdArgs& a) {
   RC_CHECK_ARG(
       !a.tablesOnly || a.params.device().type == DeviceType::Cuda,
       op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got " << a.params.describe());
+}
+
+void validateScalerUpdate(const ScalerUpdateArgs& a);
+
+void validateFusedSgd(const FusedSgdArgs& a) {
+  const char* op = "fused sgd step";
+  validateSgd(a, op);
+  RC_CHECK_ARG(!a.checkFinite || a.foundInf.defined(), op << ": checkFinite needs foundInf, the flag the check sets");
+  RC_CHECK_ARG(a.scale.defined() == a.growthTracker.defined(),
+               op << ": scale and growthTracker come together (the scaler update needs both)");
+  if (a.scale.defined()) {
+    ScalerUpdateArgs update;
+    update.scale = a.scale;
+    update.growthTracker = a.growthTracker;
+    update.foundInf = a.foundInf;
+    update.growthFactor = a.growthFactor;
+    update.backoffFactor = a.backoffFactor;
+    update.growthInterval = a.growthInterval;
+    RC_CHECK_ARG(a.foundInf.defined(), op << ": the scaler update (scale) needs foundInf");
+    validateScalerUpdate(update);
+  }
 }
 
 void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
@@ -760,6 +780,12 @@ class CheckedBackend final : public Backend {
     validateSgd(a);
     here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf}, "sgd step");
     b_->sgdStep(a);
+  }
+
+  void fusedSgdStep(const FusedSgdArgs& a) override {
+    validateFusedSgd(a);
+    here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf, &a.scale, &a.growthTracker}, "fused sgd step");
+    b_->fusedSgdStep(a);
   }
 
   void convertInput(const ConvertInputArgs& a) override {

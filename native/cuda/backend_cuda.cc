@@ -25,7 +25,7 @@ namespace {
 // allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
 // syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the values a captured training
 // step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
-// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder).
+// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep.
 constexpr int kBackendAbi = 9;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -229,6 +229,28 @@ class CudaBackend final : public Backend {
                   a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, deviceSegments,
                   static_cast<int64_t>(sorted.size()), total, deviceGroups, a.firstStep,
                   a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr, a.gradScaleInv, ctx_.stream());
+  }
+
+  void fusedSgdStep(const FusedSgdArgs& a) override {
+    RC_CHECK_ARG(!a.firstStep || !ctx_.capturing(),
+                 "fused sgd step: the first step (which starts the momentum buffers) cannot be captured in a CUDA "
+                 "graph; run one step before capturing");
+    DeviceGuard guard(ctx_.device());
+    const OptimTable table = optimTable("fused sgd segments", a.segments, a.params.numel(), false);
+    std::vector<SgdGroupParams> groups;
+    for (const SgdGroup& g : a.groups)
+      groups.push_back({g.lr, g.momentum, g.dampening, g.weightDecay, g.nesterov ? 1 : 0});
+    const auto* deviceGroups = groups.empty()
+                                   ? nullptr
+                                   : static_cast<const SgdGroupParams*>(ctx_.upload(
+                                         "fused sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
+    cuda::fusedSgdStep(a.params.ptr<float>(), a.grads.ptr<float>(),
+                       a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, table.device,
+                       table.segments, table.chunks, deviceGroups, a.firstStep,
+                       a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr, a.checkFinite, a.gradScaleInv,
+                       a.zeroGrads, a.scale.defined() ? a.scale.ptr<float>() : nullptr,
+                       a.growthTracker.defined() ? a.growthTracker.ptr<int32_t>() : nullptr,
+                       {a.growthFactor, a.backoffFactor, static_cast<int32_t>(a.growthInterval)}, ctx_.stream());
   }
 
   void convertInput(const ConvertInputArgs& a) override {

@@ -191,4 +191,20 @@ void clipGradNorm(float* grads, const int64_t* segments, int64_t segmentCount, i
 void scalerUpdate(float* scale, int32_t* growthTracker, const float* foundInf, float growthFactor, float backoffFactor,
                   int32_t growthInterval, cudaStream_t stream);
 
+// ---- fused_optim.cu ----------------------------------------------------------------------------
+// The GradScaler's scale-update settings (ScalerUpdateArgs in core/backend.h).
+struct FusedScalerParams {
+  float growthFactor, backoffFactor;
+  int32_t growthInterval;
+};
+// FusedSgdArgs (core/backend.h) over optim.cu's segment table (offset, count, group, firstChunk;
+// groups index `groups`): with checkFinite a read-only pass raises *foundInf on an inf/NaN
+// gradient first; then one pass updates with g = grad * invScale (skipped when foundInf is
+// non-null and set), zeroes the gradients when zeroGrads, and, when scale is non-null, applies
+// the scale update to scale/growthTracker. Two launches at most; no host sync, no allocation.
+void fusedSgdStep(float* params, float* grads, float* momentumBuffer, const int64_t* segments, int64_t segmentCount,
+                  int64_t chunkCount, const SgdGroupParams* groups, bool firstStep, float* foundInf, bool checkFinite,
+                  float invScale, bool zeroGrads, float* scale, int32_t* growthTracker, FusedScalerParams scaler,
+                  cudaStream_t stream);
+
 }  // namespace rc::cuda

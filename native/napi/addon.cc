@@ -257,6 +257,19 @@ void parseSgd(const Napi::Object& o, SgdArgs& a) {
   a.segments = getSegments(o, true);
 }
 
+// fusedSgdStep({ ...sgdStep's fields, checkFinite?, zeroGrads?, scale?, growthTracker?,
+//                growthFactor?, backoffFactor?, growthInterval? })
+void parseFusedSgd(const Napi::Object& o, FusedSgdArgs& a) {
+  parseSgd(o, a);
+  a.checkFinite = getBool(o, "checkFinite", false);
+  a.zeroGrads = getBool(o, "zeroGrads", false);
+  a.scale = getTensor(o, "scale", false);
+  a.growthTracker = getTensor(o, "growthTracker", false);
+  a.growthFactor = getFloat(o, "growthFactor", 2.0);
+  a.backoffFactor = getFloat(o, "backoffFactor", 0.5);
+  a.growthInterval = getInt(o, "growthInterval", 2000);
+}
+
 AdamGroup parseAdamGroup(const Napi::Object& g) {
   AdamGroup group;
   group.lr = getFloat(g, "lr");
@@ -622,6 +635,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"distillationLoss",
        StructOp<DistillationArgs, parseDistillation, &DistillationArgs::logits, &Backend::distillationLoss>},
       {"sgdStep", StructOp<SgdArgs, parseSgd, &SgdArgs::params, &Backend::sgdStep>},
+      {"fusedSgdStep", StructOp<FusedSgdArgs, parseFusedSgd, &FusedSgdArgs::params, &Backend::fusedSgdStep>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},
       {"gradNorm", StructOp<GradNormArgs, parseGradNorm, &GradNormArgs::grads, &Backend::gradNorm>},

@@ -22,6 +22,7 @@
  *   does not (the emulated device), and a Trainer epoch writes its bottleneck record either way;
  * - the inference plan (fused cuDNN convolutions) equals the CPU eval forward in f32, bf16 and f16,
  *   and its throughput at batch 1 and 256 (test/gpu/inference.ts).
+ * - the fused optimizer end of a step equals the unfused ops, and both are timed (test/gpu/fused.ts).
  * `scale: 'full'` is the GPU size (ResNet-50 at 224 px, a Trainer run to 90% accuracy); `'small'`
  * keeps every code path at sizes a CPU emulating the device gets through in seconds.
  */
@@ -59,6 +60,7 @@ import { addon } from '../../lib/binding.js';
 import { diagnose } from '../../lib/cli/doctor.js';
 import { inferencePlanCheck } from './inference.js';
 import { ddpNcclCheck } from './ddp.js';
+import { fusedOptimCheck } from './fused.js';
 import { COLLECTIVE_CASES } from '../helpers/collectives.js';
 import { soloGroup } from './solo-group.js';
 
@@ -600,4 +602,5 @@ export const gpuChecks: GpuCheck[] = [
   },
   inferencePlanCheck,
   ddpNcclCheck,
+  fusedOptimCheck,
 ];

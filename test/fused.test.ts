@@ -1,0 +1,369 @@
+/**
+ * The fused paths against the paths they replace. The `optim` fused op (fusedSgdStep: the
+ * GradScaler's check, the SGD update unscaling as it reads, the scale update, the gradient
+ * zeroing) against unscaleAndCheck + sgdStep + scalerUpdate + zeroing on the same device: on the
+ * CPU that is the backend's composed default, on the emulated CUDA device the fused kernels. Then
+ * a small ResNet trained a few steps in bf16 and fp16 with the switch on and off, a step with an
+ * inf gradient included. The switch's parsing and its refusals.
+ */
+import { describe, expect, it, vi } from 'vitest';
+import {
+  AdamW,
+  BatchNorm2d,
+  CrossEntropyLoss,
+  Flatten,
+  GradScaler,
+  InputNormalize,
+  Linear,
+  MaxPool2d,
+  Residual,
+  SGD,
+  Sequential,
+  Tensor,
+  AdaptiveAvgPool2d,
+  clipGradNorm,
+  listBackends,
+} from '../lib/index.js';
+import { addon, type RawSgdGroup } from '../lib/binding.js';
+import { FUSED_ENV, fusedPathOn, fusedPaths } from '../lib/fused-paths.js';
+import { Conv2d } from '../lib/nn/layers.js';
+import type { Module } from '../lib/nn/module.js';
+
+// In the test project on the emulated CUDA device the cases run on CUDA; in 'main' on the CPU.
+const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
+const DEVICE = onlyCuda ? 'cuda:0' : 'cpu';
+const cuda = listBackends().find((b) => b.name === 'cuda');
+
+/** Deterministic values in [-1, 1) (a small LCG), so that both runs of a case see the same data. */
+function values(n: number, seed: number): Float32Array {
+  let s = seed >>> 0;
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    out[i] = s / 2 ** 31 - 1;
+  }
+  return out;
+}
+
+// Segments across the kOptimChunk (4096) boundary, of one and of no element, out of order, with gaps
+// (elements 0-2, 4100-4102 and the tail belong to no segment and must be left alone).
+const ARENA = 4500;
+const SEGMENTS = Int32Array.from([4103, 396, 1, 3, 4096, 0, 4099, 1, 1, 4100, 0, 1]);
+const GROUPS: RawSgdGroup[] = [
+  { lr: 0.1, momentum: 0.9, dampening: 0, weightDecay: 1e-3, nesterov: true },
+  { lr: 0.05, momentum: 0.8, dampening: 0.25, weightDecay: 0, nesterov: false },
+];
+
+interface OptimState {
+  params: Tensor;
+  grads: Tensor;
+  momentum: Tensor;
+  flags: Tensor; // [scale, foundInf]
+  tracker: Tensor;
+}
+
+function optimState(seed: number, badAt: number | null, scale: number, tracker: number): OptimState {
+  const grads = values(ARENA, seed + 1).map((v) => v * scale);
+  if (badAt !== null) grads[badAt] = badAt % 2 === 0 ? Infinity : NaN;
+  return {
+    params: Tensor.from(values(ARENA, seed), [ARENA], { device: DEVICE }),
+    grads: Tensor.from(grads, [ARENA], { device: DEVICE }),
+    momentum: Tensor.from(values(ARENA, seed + 2), [ARENA], { device: DEVICE }),
+    flags: Tensor.from([scale, 0], [2], { device: DEVICE }),
+    tracker: Tensor.from([tracker], [1], { dtype: 'i32', device: DEVICE }),
+  };
+}
+
+interface Case {
+  check: boolean;
+  firstStep: boolean;
+  badAt: number | null;
+  tracker: number;
+}
+
+const SCALER = { growthFactor: 2, backoffFactor: 0.5, growthInterval: 3 };
+
+/** The unfused sequence: unscaleAndCheck (with check), sgdStep, scalerUpdate (with check), zeroing the segments. */
+function unfused(s: OptimState, c: Case, scale: number): void {
+  const foundInf = s.flags.view(1, [1]);
+  if (c.check) {
+    addon().unscaleAndCheck({ grads: s.grads.raw, invScale: 1 / scale, foundInf: foundInf.raw, segments: SEGMENTS });
+  }
+  addon().sgdStep({
+    params: s.params.raw,
+    grads: s.grads.raw,
+    momentumBuffer: s.momentum.raw,
+    groups: GROUPS,
+    segments: SEGMENTS,
+    firstStep: c.firstStep,
+    ...(c.check ? { foundInf: foundInf.raw } : { gradScaleInv: 1 / scale }),
+  });
+  if (c.check) {
+    addon().scalerUpdate({
+      scale: s.flags.view(0, [1]).raw,
+      growthTracker: s.tracker.raw,
+      foundInf: foundInf.raw,
+      ...SCALER,
+    });
+  }
+  for (let i = 0; i < SEGMENTS.length; i += 3) {
+    if (SEGMENTS[i + 1]! > 0) addon().fill({ tensor: s.grads.view(SEGMENTS[i]!, [SEGMENTS[i + 1]!]).raw, value: 0 });
+  }
+}
+
+function fused(s: OptimState, c: Case, scale: number): void {
+  addon().fusedSgdStep({
+    params: s.params.raw,
+    grads: s.grads.raw,
+    momentumBuffer: s.momentum.raw,
+    groups: GROUPS,
+    segments: SEGMENTS,
+    firstStep: c.firstStep,
+    gradScaleInv: 1 / scale,
+    zeroGrads: true,
+    ...(c.check
+      ? {
+          checkFinite: true,
+          foundInf: s.flags.view(1, [1]).raw,
+          scale: s.flags.view(0, [1]).raw,
+          growthTracker: s.tracker.raw,
+          ...SCALER,
+        }
+      : {}),
+  });
+}
+
+function read(s: OptimState) {
+  return {
+    params: s.params.toFloat32Array(),
+    grads: s.grads.toFloat32Array(),
+    momentum: s.momentum.toFloat32Array(),
+    flags: s.flags.toFloat32Array(),
+    tracker: s.tracker.item(),
+  };
+}
+
+function dispose(s: OptimState): void {
+  for (const t of [s.params, s.grads, s.momentum, s.flags, s.tracker]) t.dispose();
+}
+
+describe(`the optim fused op on ${DEVICE}`, () => {
+  const cases: [string, Case][] = [
+    ['with the check, clean gradients', { check: true, firstStep: false, badAt: null, tracker: 0 }],
+    ['with the check, the scale grows', { check: true, firstStep: false, badAt: null, tracker: 2 }],
+    ['with the check, an inf skips the step', { check: true, firstStep: false, badAt: 4200, tracker: 1 }],
+    ['with the check, a NaN in a one-element segment', { check: true, firstStep: false, badAt: 4099, tracker: 1 }],
+    ['with the check, the first step', { check: true, firstStep: true, badAt: null, tracker: 0 }],
+    ['without the check (bf16: no scaler)', { check: false, firstStep: false, badAt: null, tracker: 0 }],
+  ];
+  for (const [name, c] of cases) {
+    it(`equals the unfused ops bit for bit: ${name}`, () => {
+      const scale = c.check ? 1024 : 1;
+      const a = optimState(11, c.badAt, scale, c.tracker);
+      const b = optimState(11, c.badAt, scale, c.tracker);
+      const before = read(a);
+      unfused(a, c, scale);
+      fused(b, c, scale);
+      const want = read(a);
+      const got = read(b);
+      expect(got.params).toEqual(want.params);
+      expect(got.momentum).toEqual(want.momentum);
+      expect(got.grads).toEqual(want.grads);
+      expect(got.flags).toEqual(want.flags);
+      expect(got.tracker).toEqual(want.tracker);
+      // Not a comparison of two no-ops: the gradients in the segments are zero, the ones outside
+      // untouched, and the parameters moved unless the step was skipped.
+      for (const i of [0, 1, 2, 4100, 4101, 4102, 4499]) expect(got.grads[i]).toBe(before.grads[i]);
+      for (const i of [3, 4096, 4099, 4103, 4498]) expect(got.grads[i]).toBe(0);
+      const moved = got.params.some((v, i) => v !== before.params[i]);
+      expect(moved).toBe(c.badAt === null);
+      if (c.check) expect(got.flags[1]).toBe(c.badAt === null ? 0 : 1);
+      dispose(a);
+      dispose(b);
+    });
+  }
+
+  it('refuses a check or scale update without the flag, naming it', () => {
+    const s = optimState(3, null, 1, 0);
+    const base = {
+      params: s.params.raw,
+      grads: s.grads.raw,
+      momentumBuffer: s.momentum.raw,
+      groups: GROUPS,
+      segments: SEGMENTS,
+    };
+    expect(() => addon().fusedSgdStep({ ...base, checkFinite: true })).toThrow(
+      /fused sgd step: checkFinite needs foundInf/,
+    );
+    expect(() =>
+      addon().fusedSgdStep({ ...base, foundInf: s.flags.view(1, [1]).raw, scale: s.flags.view(0, [1]).raw }),
+    ).toThrow(/scale and growthTracker come together/);
+    expect(() =>
+      addon().fusedSgdStep({ ...base, scale: s.flags.view(0, [1]).raw, growthTracker: s.tracker.raw }),
+    ).toThrow(/needs foundInf/);
+    dispose(s);
+  });
+});
+
+describe('Optimizer.step({ fused })', () => {
+  it('is refused by optimizers without a fused step, and without the flag it needs', () => {
+    const model = new Linear({ inFeatures: 4, outFeatures: 3, seed: 1 }).to(DEVICE);
+    const adamw = new AdamW(model, { lr: 0.01 });
+    expect(() => adamw.step({ fused: { checkFinite: false, zeroGrads: true } })).toThrow(/AdamW has no fused step/);
+    const sgd = new SGD(model, { lr: 0.1 });
+    expect(sgd.supportsFusedStep).toBe(true);
+    expect(sgd.stepsWholeArena()).toBe(true);
+    expect(() => sgd.step({ fused: { checkFinite: true, zeroGrads: true } })).toThrow(/foundInf/);
+    const flag = Tensor.from([0], [1], { device: DEVICE });
+    const scale = Tensor.from([1], [1], { device: DEVICE });
+    expect(() =>
+      sgd.step({
+        foundInf: flag,
+        fused: {
+          checkFinite: true,
+          zeroGrads: true,
+          scaleUpdate: { scale, growthTracker: scale, growthFactor: 2, backoffFactor: 0.5, growthInterval: 1 },
+        },
+      }),
+    ).toThrow(/fused\.scaleUpdate\.growthTracker/);
+    expect(sgd.stepCount).toBe(0);
+    // Frozen parameters: the stepped gradients are not the whole arena.
+    model.parameters()[1]!.requiresGrad = false;
+    expect(new SGD(model, { lr: 0.1 }).stepsWholeArena()).toBe(false);
+    flag.dispose();
+    scale.dispose();
+    model.dispose();
+  });
+});
+
+describe('the fused-path switch', () => {
+  it('reads names, all and nothing from RESNET_CUDA_FUSED, and refuses unknown names', () => {
+    expect([...fusedPaths({})]).toEqual([]);
+    expect([...fusedPaths({ [FUSED_ENV]: ' ' })]).toEqual([]);
+    expect([...fusedPaths({ [FUSED_ENV]: 'optim' })]).toEqual(['optim']);
+    expect([...fusedPaths({ [FUSED_ENV]: 'all,' })]).toEqual(['optim']);
+    expect(() => fusedPaths({ [FUSED_ENV]: 'optim,bn-add-rleu' })).toThrow(
+      /RESNET_CUDA_FUSED: unknown fused path 'bn-add-rleu'; known: optim, all/,
+    );
+    expect(fusedPathOn('optim', 'cuda:0', { [FUSED_ENV]: 'optim' })).toBe(true);
+    expect(fusedPathOn('optim', 'cpu', { [FUSED_ENV]: 'optim' })).toBe(false);
+    expect(fusedPathOn('optim', 'cuda:0', {})).toBe(false);
+  });
+});
+
+// ---- a small ResNet, trained with the switch on and off ------------------------------------------
+
+const SIZE = 8;
+const BATCH = 4;
+const CLASSES = 3;
+
+function smallResNet(seed: number): Sequential {
+  const conv = (i: number, o: number, k: number, stride: number, s: number) =>
+    new Conv2d({ inChannels: i, outChannels: o, kernelSize: k, stride, padding: (k - 1) / 2, seed: s });
+  return new Sequential(
+    conv(3, 4, 3, 1, seed),
+    new BatchNorm2d({ numFeatures: 4, relu: true }),
+    new MaxPool2d({ kernelSize: 2 }),
+    new Residual(
+      [
+        ['conv1', conv(4, 8, 3, 2, seed + 1)],
+        ['bn1', new BatchNorm2d({ numFeatures: 8, relu: true })],
+        ['conv2', conv(8, 8, 3, 1, seed + 2)],
+        ['bn2', new BatchNorm2d({ numFeatures: 8, relu: true })],
+      ],
+      ['downsample', new Sequential(conv(4, 8, 1, 2, seed + 3), new BatchNorm2d({ numFeatures: 8 }))],
+    ),
+    new AdaptiveAvgPool2d(),
+    new Flatten(),
+    new Linear({ inFeatures: 8, outFeatures: CLASSES, seed: seed + 4 }),
+  );
+}
+
+/** Parameters after each of `steps` steps (step 1 with an inf gradient under a scaler), and the scales. */
+function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip = false) {
+  const saved = process.env[FUSED_ENV];
+  if (fusedOn) process.env[FUSED_ENV] = 'optim';
+  else delete process.env.RESNET_CUDA_FUSED;
+  try {
+    const model: Module = smallResNet(21).to('cuda:0');
+    model.train();
+    const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
+    const loss = new CrossEntropyLoss();
+    const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 5e-4 });
+    const scaler = new GradScaler({ enabled: dtype === 'f16', initScale: 256, growthInterval: 2 });
+    const images = Tensor.from(
+      values(BATCH * SIZE * SIZE * 3, 5).map((v) => Math.floor((v + 1) * 127.5)),
+      [BATCH, SIZE, SIZE, 3],
+      { dtype: 'u8', device: 'cuda:0' },
+    );
+    const labels = [0, 1, 2, 1];
+    const out: { params: Float32Array[]; scale: number; skipped: boolean; grads: number }[] = [];
+    for (let s = 0; s < steps; s++) {
+      scaler.scale(loss);
+      loss.forward(model.forward(normalize.forward(images)), labels);
+      model.backward(loss.backward());
+      if (s === 1 && scaler.enabled) {
+        const p = model.parameters()[0]!;
+        const g = p.grad.toFloat32Array();
+        g[2] = Infinity;
+        p.grad.raw.copyFromHost(g);
+      }
+      if (clip) {
+        // Unscaled (and checked) before the step, as the Trainer does when it clips.
+        scaler.unscale(optimizer);
+        clipGradNorm(model, 0.5);
+      }
+      scaler.stepAndZeroGrad(optimizer);
+      const gradAbs = model
+        .parameters()
+        .reduce((n, p) => n + p.grad.toFloat32Array().reduce((a, v) => a + Math.abs(v), 0), 0);
+      out.push({
+        params: model.parameters().map((p) => p.values()),
+        scale: scaler.lossScale,
+        skipped: scaler.skippedLastStep,
+        grads: gradAbs,
+      });
+    }
+    images.dispose();
+    model.dispose();
+    return out;
+  } finally {
+    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
+    else process.env[FUSED_ENV] = saved;
+  }
+}
+
+describe('a small ResNet trained with the optim fused path on and off', () => {
+  for (const [dtype, clip] of [
+    ['bf16', false],
+    ['f16', false],
+    ['f16', true],
+  ] as const) {
+    it.skipIf(!onlyCuda || !cuda?.available)(
+      `ends every step with the same parameters, scale and zero gradients (${dtype}${clip ? ', clipped' : ''})`,
+      () => {
+        const steps = 3;
+        const spy = vi.spyOn(addon(), 'fusedSgdStep');
+        const off = trainRun(false, dtype, steps, clip);
+        expect(spy).not.toHaveBeenCalled();
+        const on = trainRun(true, dtype, steps, clip);
+        // The switch took the fused op, once per step.
+        expect(spy).toHaveBeenCalledTimes(steps);
+        spy.mockRestore();
+        for (let s = 0; s < steps; s++) {
+          expect(on[s]!.scale).toBe(off[s]!.scale);
+          expect(on[s]!.skipped).toBe(off[s]!.skipped);
+          expect(on[s]!.grads).toBe(0);
+          on[s]!.params.forEach((p, i) => expect(p).toEqual(off[s]!.params[i]));
+        }
+        if (dtype === 'f16') {
+          // 256 after a clean step, 128 after the inf step, 128 after one clean step of the two it takes to grow.
+          expect(off.map((r) => r.skipped)).toEqual([false, true, false]);
+          expect(off.map((r) => r.scale)).toEqual([256, 128, 128]);
+        }
+        // The parameters moved on the clean steps.
+        expect(on[2]!.params[0]).not.toEqual(on[0]!.params[0]);
+      },
+    );
+  }
+});
