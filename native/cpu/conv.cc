@@ -58,7 +58,16 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     auto bwdWDesc = p_.bias ? BackwardWeights::desc(direct, l.x, dwAny, l.bias, l.y, strides, dilates, padL, padR)
                             : BackwardWeights::desc(direct, l.x, dwAny, l.y, strides, dilates, padL, padR);
     passes_.build(ctx_, l, fwdPd, BackwardData::primitive_desc(bwdDataDesc, attr, eng, fwdPd),
-                  BackwardWeights::primitive_desc(bwdWDesc, attr, eng, fwdPd));
+                  BackwardWeights::primitive_desc(bwdWDesc, attr, eng, fwdPd), rowGradient(act));
+  }
+
+  // A 1x1 stride-1 convolution without padding or bias is a matrix product over the N*H*W rows, and
+  // so is its weight gradient: dW[K,C] += dy[rows,K]^T x[rows,C], with OHWI weights being [K,C].
+  std::optional<RowGradientMatmul> rowGradient(dt act) const {
+    const bool pointwise = p_.kernelH == 1 && p_.kernelW == 1 && p_.strideH == 1 && p_.strideW == 1 && p_.padH == 0 &&
+                           p_.padW == 0 && !p_.bias;
+    if (!pointwise) return std::nullopt;
+    return RowGradientMatmul::create(ctx_, p_.n * p_.h * p_.w, p_.c, p_.k, act);
   }
 
   CpuContext& ctx_;
