@@ -20,7 +20,7 @@
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
  *   --only checkpointing (run only those rows)
- *   --peer-rounds 3 --peer-steps 2 (the PyTorch rows; --peer-rounds 0 skips them)
+ *   --peer-rounds 3 --peer-steps 2 --peers eager,compile (the PyTorch rows; --peer-rounds 0 skips them)
  * Prints a table and writes JSON under bench/results/.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -63,6 +63,7 @@ const { values } = parseArgs({
     only: { type: 'string' },
     'peer-rounds': { type: 'string', default: '3' },
     'peer-steps': { type: 'string', default: '2' },
+    peers: { type: 'string', default: 'eager,compile' },
   },
 });
 if (values.only !== undefined && values.only !== 'checkpointing') {
@@ -76,6 +77,10 @@ const device = values.device;
 const dtypes = values.dtypes.split(',') as DType[];
 const peerRounds = Number(values['peer-rounds']);
 const peerSteps = Number(values['peer-steps']);
+const peerVariants = values.peers.split(',').filter((v) => v !== '');
+for (const v of peerVariants) {
+  if (v !== 'eager' && v !== 'compile') throw new Error(`--peers expects eager and/or compile, got '${v}'`);
+}
 if (!Number.isInteger(peerRounds) || peerRounds < 0) {
   throw new Error(`--peer-rounds expects an integer >= 0, got '${values['peer-rounds']}'`);
 }
@@ -407,7 +412,7 @@ async function torchRows(dtype: 'f32' | 'bf16', ourStep: () => unknown, ourStepM
     console.log(`  pytorch: skipped: ${found.reason}`);
     return { dtype, skipped: found.reason };
   }
-  const started = await Promise.all([tryPeer(found.python, dtype, false), tryPeer(found.python, dtype, true)]);
+  const started = await Promise.all(peerVariants.map((v) => tryPeer(found.python, dtype, v === 'compile')));
   const peers = started.filter((p): p is TorchPeer => typeof p !== 'string');
   for (const p of started) if (typeof p === 'string') console.log(`  pytorch: a variant did not start: ${p}`);
   const rounds: Record<string, number[]> = { 'resnet-cuda': [] };
