@@ -88,7 +88,11 @@ export async function startTorchPeer(o: TorchPeerOptions): Promise<TorchPeer> {
       const take = (line: string | null): void => {
         clearTimeout(timer);
         if (line === null) {
-          reject(new Error(`${label}: the process ended ${what} (exit ${child.exitCode}); stderr: ${stderr.trim()}`));
+          reject(
+            new Error(
+              `${label}: the process ended ${what} (${child.signalCode ? `signal ${child.signalCode}` : `exit ${child.exitCode}`}); stderr: ${stderr.trim()}`,
+            ),
+          );
           return;
         }
         const space = line.indexOf(' ');
