@@ -72,6 +72,8 @@ class WeightedPasses {
     if (layout.biasCount > 0) diffBias_ = ctx.allocate({layout.biasCount}, DType::F32);
   }
 
+  bool hasRowGradient() const { return rowGradient_.has_value(); }
+
   // The weight gradient's implementation: the matmul's when it computes it, else the primitive's.
   std::string weightGradientImplementation() const {
     return rowGradient_ ? "matmul " + rowGradient_->implementation() : bwdWeightsPd_.impl_info_str();
