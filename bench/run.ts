@@ -13,10 +13,14 @@
  *    ONNX Runtime on the same exported ResNet-50 (bench/inference.ts).
  * 7. Data parallel (CPU): 2 ranks x 1 thread with DistributedDataParallel over Gloo against 1 process
  *    x 2 threads, ResNet-18 at 32 px (bench/ddp.ts).
+ * 8. PyTorch's CPU step beside ours (CPU only, when a Python with torch is found, bench/torch-cpu.ts):
+ *    eager and torch.compile, the same model, batch, dtype and optimizer, runs of --peer-steps steps
+ *    alternated with ours for --peer-rounds rounds; ranges of the rounds' means and the ratios.
  *
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
  *   --only checkpointing (run only those rows)
+ *   --peer-rounds 3 --peer-steps 2 --peers eager,compile (the PyTorch rows; --peer-rounds 0 skips them)
  * Prints a table and writes JSON under bench/results/.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -43,6 +47,7 @@ import { int8Quantizer } from './int8.js';
 import { benchPruning } from './prune.js';
 import { benchDataParallel } from './ddp.js';
 import { checkpointingOf, type CheckpointSegments } from '../lib/nn/checkpoint.js';
+import { findTorchPython, startTorchPeer, type TorchPeer } from './torch-cpu.js';
 
 const { values } = parseArgs({
   options: {
@@ -56,6 +61,9 @@ const { values } = parseArgs({
     'checkpoint-size': { type: 'string' },
     'checkpoint-steps': { type: 'string', default: '2' },
     only: { type: 'string' },
+    'peer-rounds': { type: 'string', default: '3' },
+    'peer-steps': { type: 'string', default: '2' },
+    peers: { type: 'string', default: 'eager,compile' },
   },
 });
 if (values.only !== undefined && values.only !== 'checkpointing') {
@@ -67,6 +75,18 @@ const depth = Number(values.depth) as 50;
 const iterations = Number(values.iterations);
 const device = values.device;
 const dtypes = values.dtypes.split(',') as DType[];
+const peerRounds = Number(values['peer-rounds']);
+const peerSteps = Number(values['peer-steps']);
+const peerVariants = values.peers.split(',').filter((v) => v !== '');
+for (const v of peerVariants) {
+  if (v !== 'eager' && v !== 'compile') throw new Error(`--peers expects eager and/or compile, got '${v}'`);
+}
+if (!Number.isInteger(peerRounds) || peerRounds < 0) {
+  throw new Error(`--peer-rounds expects an integer >= 0, got '${values['peer-rounds']}'`);
+}
+if (!Number.isInteger(peerSteps) || peerSteps < 1) {
+  throw new Error(`--peer-steps expects an integer >= 1, got '${values['peer-steps']}'`);
+}
 
 interface ConvShape {
   key: string;
@@ -333,6 +353,12 @@ for (const dtype of values.only === undefined ? dtypes : []) {
     newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,
   });
 
+  // 8. PyTorch's step beside ours.
+  if (device === 'cpu' && depth === 50 && peerRounds > 0 && (dtype === 'f32' || dtype === 'bf16')) {
+    results.pytorch ??= [];
+    (results.pytorch as unknown[]).push(await torchRows(dtype, () => step().item(), stepMs));
+  }
+
   // 4. The profiler's overhead.
   if (dtype === dtypes[0]) {
     const overhead = profilerOverhead(model, step, Math.max(3, iterations));
@@ -348,6 +374,73 @@ for (const dtype of values.only === undefined ? dtypes : []) {
   optimizer.dispose();
   loss.dispose();
   x.dispose();
+}
+
+/** The lowest and highest of a list, and its mean. */
+function spread(values: readonly number[]): { min: number; max: number; mean: number } {
+  return {
+    min: Math.min(...values),
+    max: Math.max(...values),
+    mean: values.reduce((a, b) => a + b, 0) / values.length,
+  };
+}
+
+/** Starts one PyTorch variant, or says why it could not start. */
+async function tryPeer(python: string, dtype: 'f32' | 'bf16', compile: boolean): Promise<TorchPeer | string> {
+  try {
+    return await startTorchPeer({
+      python,
+      dtype,
+      batch,
+      size,
+      compile,
+      startTimeoutMs: 30 * 60_000,
+      stepTimeoutMs: 10 * 60_000,
+    });
+  } catch (e) {
+    return (e as Error).message.split('\n')[0]!;
+  }
+}
+
+/**
+ * 8. PyTorch's CPU step (eager and torch.compile) alternated with ours, `peerRounds` rounds of
+ * `peerSteps` steps each; `ourStep` runs one of our steps. Prints images/s ranges and ratios.
+ */
+async function torchRows(dtype: 'f32' | 'bf16', ourStep: () => unknown, ourStepMs: number): Promise<unknown> {
+  const found = findTorchPython();
+  if ('reason' in found) {
+    console.log(`  pytorch: skipped: ${found.reason}`);
+    return { dtype, skipped: found.reason };
+  }
+  const started = await Promise.all(peerVariants.map((v) => tryPeer(found.python, dtype, v === 'compile')));
+  const peers = started.filter((p): p is TorchPeer => typeof p !== 'string');
+  for (const p of started) if (typeof p === 'string') console.log(`  pytorch: a variant did not start: ${p}`);
+  const rounds: Record<string, number[]> = { 'resnet-cuda': [] };
+  for (const p of peers) rounds[p.impl] = [];
+  try {
+    for (let r = 0; r < peerRounds; r++) {
+      const t0 = performance.now();
+      for (let i = 0; i < peerSteps; i++) ourStep();
+      rounds['resnet-cuda']!.push((performance.now() - t0) / peerSteps);
+      for (const p of peers) rounds[p.impl]!.push(spread(await p.run(peerSteps)).mean);
+    }
+  } finally {
+    for (const p of peers) p.close();
+  }
+  const ours = rounds['resnet-cuda']!;
+  const imgs = (ms: number): number => (batch * 1000) / ms;
+  console.log(
+    `  beside PyTorch ${found.torch} (${peerRounds} alternated rounds of ${peerSteps} steps; img/s range over rounds; ours / peer per round):`,
+  );
+  const rows = Object.entries(rounds).map(([impl, ms]) => {
+    const s = spread(ms);
+    const ratios = impl === 'resnet-cuda' ? null : spread(ms.map((peerMs, i) => peerMs / ours[i]!));
+    console.log(
+      `    ${impl.padEnd(16)} ${imgs(s.max).toFixed(2)}-${imgs(s.min).toFixed(2)} img/s (mean step ${s.mean.toFixed(0)} ms)${ratios ? `, ours / peer ${ratios.min.toFixed(2)}-${ratios.max.toFixed(2)}x` : ''}`,
+    );
+    return { impl, stepMs: ms, ratioOursToPeer: ratios };
+  });
+  return { dtype, torch: found.torch, rounds: peerRounds, steps: peerSteps, benchStepMs: ourStepMs, rows };
 }
 
 /** Pruning's rows: a small ResNet-18 dense, magnitude-pruned and channel-pruned (bench/prune.ts). */

@@ -1,4 +1,5 @@
 #include "cpu_context.h"
+#include "weighted_passes.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -59,6 +60,42 @@ dnnl::reorder accumulatingReorder(CpuContext& ctx, const dnnl::memory::desc& fro
   sum.append_sum(1.0f);
   attr.set_post_ops(sum);
   return dnnl::reorder(dnnl::reorder::primitive_desc(ctx.engine(), from, ctx.engine(), to, attr));
+}
+
+std::optional<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
+                                                           dnnl::memory::data_type act) {
+  using dims = dnnl::memory::dims;
+  // dy^T: dy is [rows, out] row-major, read as [out, rows]; x is [rows, in]; dW is [out, in].
+  const dnnl::memory::desc dyT({out, rows}, act, dims{1, out});
+  const dnnl::memory::desc x({rows, in}, act, dims{in, 1});
+  const dnnl::memory::desc dW({out, in}, dnnl::memory::data_type::f32, dims{in, 1});
+  dnnl::primitive_attr attr;
+  dnnl::post_ops sum;
+  sum.append_sum(1.0f);
+  attr.set_post_ops(sum);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dyT, x, dW), attr, ctx.engine());
+    // Only oneDNN's brgemm kernels beat the convolution's backward-weights primitive; its generic
+    // gemm or reference matmul would not.
+    if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return std::nullopt;
+    return RowGradientMatmul(ctx, pd);
+  } catch (const dnnl::error&) {
+    return std::nullopt;  // no matmul for this layout: the convolution's primitive does it
+  }
+}
+
+RowGradientMatmul::RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd)
+    : ctx_(&ctx), pd_(std::move(pd)), matmul_(pd_) {}
+
+void RowGradientMatmul::run(const Tensor& x, const Tensor& dy, const Tensor& dWeight) {
+  auto& eng = ctx_->engine();
+  const auto scratch = pd_.scratchpad_desc();
+  matmul_.execute(ctx_->stream(),
+                  {{DNNL_ARG_SRC, dnnl::memory(pd_.src_desc(), eng, dy.data())},
+                   {DNNL_ARG_WEIGHTS, dnnl::memory(pd_.weights_desc(), eng, x.data())},
+                   {DNNL_ARG_DST, dnnl::memory(pd_.dst_desc(), eng, dWeight.data())},
+                   {DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch, eng, ctx_->scratch(scratch.get_size()))}});
 }
 
 dnnl::memory::data_type toDnnl(DType t) {

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "cpu_ops.h"
+#include "isa.h"
 
 namespace rc::cpu {
 
@@ -15,8 +16,48 @@ namespace {
 using tag = dnnl::memory::format_tag;
 using dnnl::memory;
 
-// y = the max of each window, with PyTorch's rule: a NaN wins and the last NaN holds the index
-// (`v > best || isnan(v)`); padding never wins; a window of -inf keeps its first element.
+// The window of one output pixel over channels [c0, c0 + n), n <= kChannelChunk: the running
+// maximum and its index in registers-sized local arrays, updated without branches so that the
+// channel loop vectorises. PyTorch's rule: a NaN wins and the last NaN holds the index
+// (`v > best || v is NaN`); padding never wins; a window of -inf keeps its first element. The
+// output is gathered from the input at the chosen index, so it keeps the input's exact bits.
+constexpr int64_t kChannelChunk = 64;
+
+struct Window {
+  int64_t yBegin, yEnd, xBegin, xEnd;
+};
+
+template <typename T>
+RC_ALWAYS_INLINE void maxPoolWindowImpl(const T* plane, int64_t w, int64_t c, int64_t c0, int64_t n, Window win, T* y,
+                                        int32_t* argmax) {
+  float best[kChannelChunk];
+  int32_t at[kChannelChunk];
+  for (int64_t k = 0; k < n; ++k) {
+    best[k] = -INFINITY;
+    at[k] = static_cast<int32_t>(win.yBegin * w + win.xBegin);
+  }
+  for (int64_t iy = win.yBegin; iy < win.yEnd; ++iy) {
+    for (int64_t ix = win.xBegin; ix < win.xEnd; ++ix) {
+      const T* px = plane + (iy * w + ix) * c + c0;
+      const auto index = static_cast<int32_t>(iy * w + ix);
+      for (int64_t k = 0; k < n; ++k) {
+        const float v = toF(px[k]);
+        const bool take = (v > best[k]) | (v != v);
+        best[k] = take ? v : best[k];
+        at[k] = take ? index : at[k];
+      }
+    }
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    y[c0 + k] = plane[static_cast<int64_t>(at[k]) * c + c0 + k];
+    argmax[c0 + k] = at[k];
+  }
+}
+RC_ISA_DISPATCH(maxPoolWindow, maxPoolWindowImpl,
+                (const T* plane, int64_t w, int64_t c, int64_t c0, int64_t n, Window win, T* y, int32_t* argmax),
+                (plane, w, c, c0, n, win, y, argmax))
+
+// y = the max of each window, argmax its index into the sample's H*W plane (see maxPoolWindow).
 template <typename T>
 void maxPoolForward(const Pool2dParams& p, const T* x, T* y, int32_t* argmax) {
   const int64_t oh = p.outH(), ow = p.outW(), c = p.c;
@@ -26,25 +67,17 @@ void maxPoolForward(const Pool2dParams& p, const T* x, T* y, int32_t* argmax) {
       const T* plane = x + s * p.h * p.w * c;
       for (int64_t ox = 0; ox < ow; ++ox) {
         const int64_t y0 = oy * p.strideH - p.padH, x0 = ox * p.strideW - p.padW;
-        const int64_t yBegin = std::max<int64_t>(y0, 0), yEnd = std::min(y0 + p.kernelH, p.h);
-        const int64_t xBegin = std::max<int64_t>(x0, 0), xEnd = std::min(x0 + p.kernelW, p.w);
-        // The running maximum lives in the output itself: a maximum of T values is a T value.
-        T* best = y + ((s * oh + oy) * ow + ox) * c;
-        int32_t* at = argmax + ((s * oh + oy) * ow + ox) * c;
-        std::fill(best, best + c, fromF<T>(-INFINITY));
-        std::fill(at, at + c, static_cast<int32_t>(yBegin * p.w + xBegin));
-        for (int64_t iy = yBegin; iy < yEnd; ++iy) {
-          for (int64_t ix = xBegin; ix < xEnd; ++ix) {
-            const T* px = plane + (iy * p.w + ix) * c;
-            const auto index = static_cast<int32_t>(iy * p.w + ix);
-            for (int64_t k = 0; k < c; ++k) {
-              const float v = toF(px[k]);
-              if (v > toF(best[k]) || std::isnan(v)) {
-                best[k] = px[k];
-                at[k] = index;
-              }
-            }
-          }
+        const Window win{std::max<int64_t>(y0, 0), std::min(y0 + p.kernelH, p.h), std::max<int64_t>(x0, 0),
+                         std::min(x0 + p.kernelW, p.w)};
+        const int64_t at = ((s * oh + oy) * ow + ox) * c;
+        if (win.yBegin >= win.yEnd || win.xBegin >= win.xEnd) {
+          // A window entirely in the padding (not reachable with PyTorch's padding <= kernel / 2).
+          std::fill(y + at, y + at + c, fromF<T>(-INFINITY));
+          std::fill(argmax + at, argmax + at + c, static_cast<int32_t>(win.yBegin * p.w + win.xBegin));
+          continue;
+        }
+        for (int64_t c0 = 0; c0 < c; c0 += kChannelChunk) {
+          maxPoolWindow<T>(plane, p.w, c, c0, std::min(kChannelChunk, c - c0), win, y + at, argmax + at);
         }
       }
     }
@@ -55,14 +88,16 @@ void maxPoolForward(const Pool2dParams& p, const T* x, T* y, int32_t* argmax) {
 // n*H*W*C floats; for f32 it is dx itself.
 template <typename T>
 void maxPoolBackward(const Pool2dParams& p, const T* dy, T* dx, const int32_t* argmax, float* sum) {
-  const int64_t plane = p.h * p.w * p.c, outPlane = p.outH() * p.outW() * p.c, c = p.c;
+  const int64_t plane = p.h * p.w * p.c, pixels = p.outH() * p.outW(), c = p.c;
 #pragma omp parallel for schedule(static)
   for (int64_t s = 0; s < p.n; ++s) {
     float* acc = sum + s * plane;
     std::fill(acc, acc + plane, 0.0f);
-    const T* g = dy + s * outPlane;
-    const int32_t* from = argmax + s * outPlane;
-    for (int64_t o = 0; o < outPlane; ++o) acc[from[o] * c + o % c] += toF(g[o]);
+    const T* g = dy + s * pixels * c;
+    const int32_t* from = argmax + s * pixels * c;
+    for (int64_t o = 0; o < pixels; ++o) {
+      for (int64_t k = 0; k < c; ++k) acc[static_cast<int64_t>(from[o * c + k]) * c + k] += toF(g[o * c + k]);
+    }
     if constexpr (!std::is_same_v<T, float>) {
       T* d = dx + s * plane;
       for (int64_t i = 0; i < plane; ++i) d[i] = fromF<T>(acc[i]);

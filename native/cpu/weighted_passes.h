@@ -1,7 +1,9 @@
 // The three passes of a oneDNN plan over f32 master weights (conv2d and linear): the weights are
 // reordered into each primitive's preferred layout before forward and backward data, and the
 // weight gradient is reordered back with a sum post-op (+=) into the f32 master gradient; the
-// bias gradient is summed on the host.
+// bias gradient is summed on the host. Where the weight gradient is one matrix product over the
+// rows (a 1x1 stride-1 convolution without bias: dW[K,C] += dy^T x), a matmul with a sum post-op
+// writes it straight into the master gradient instead (RowGradientMatmul).
 #pragma once
 
 #include <optional>
@@ -21,6 +23,24 @@ struct WeightedLayout {
   int64_t biasCount = 0;               // 0 without a bias
 };
 
+// dW[out,in] += dy[rows,out]^T x[rows,in] as one oneDNN matmul whose sum post-op accumulates into
+// the plain f32 gradient in place: no blocked gradient buffer and no accumulating reorder pass.
+class RowGradientMatmul {
+ public:
+  // The matmul for these sizes, or nothing when oneDNN has no brgemm kernel for it on this CPU
+  // (then the convolution's own backward-weights primitive is the better choice).
+  static std::optional<RowGradientMatmul> create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
+                                                 dnnl::memory::data_type act);
+  void run(const Tensor& x, const Tensor& dy, const Tensor& dWeight);
+  std::string implementation() const { return pd_.impl_info_str(); }
+
+ private:
+  RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd);
+  CpuContext* ctx_;
+  dnnl::matmul::primitive_desc pd_;
+  dnnl::matmul matmul_;
+};
+
 template <typename Forward, typename BackwardData, typename BackwardWeights>
 class WeightedPasses {
  public:
@@ -28,8 +48,9 @@ class WeightedPasses {
   using BackwardDataPd = typename BackwardData::primitive_desc;
   using BackwardWeightsPd = typename BackwardWeights::primitive_desc;
 
+  // `rowGradient`, when given, computes the weight gradient (the layout has no bias then).
   void build(CpuContext& ctx, const WeightedLayout& layout, ForwardPd fwdPd, BackwardDataPd bwdDataPd,
-             BackwardWeightsPd bwdWeightsPd) {
+             BackwardWeightsPd bwdWeightsPd, std::optional<RowGradientMatmul> rowGradient = std::nullopt) {
     ctx_ = &ctx;
     layout_ = layout;
     fwdPd_ = fwdPd;
@@ -43,8 +64,19 @@ class WeightedPasses {
     bwdReorder_.emplace(ctx, layout.weightDims, layout.weightTag, bwdDataPd_.weights_desc());
     fwdWeight_ = ctx.allocateBytes(fwdPd_.weights_desc().get_size());
     bwdWeight_ = ctx.allocateBytes(bwdDataPd_.weights_desc().get_size());
-    diffWeight_ = ctx.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
+    rowGradient_ = std::move(rowGradient);
+    if (rowGradient_ && layout.biasCount > 0) {
+      RC_THROW(code::kInternal, "the row-gradient matmul computes no bias gradient; build it only without a bias");
+    }
+    if (!rowGradient_) diffWeight_ = ctx.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
     if (layout.biasCount > 0) diffBias_ = ctx.allocate({layout.biasCount}, DType::F32);
+  }
+
+  bool hasRowGradient() const { return rowGradient_.has_value(); }
+
+  // The weight gradient's implementation: the matmul's when it computes it, else the primitive's.
+  std::string weightGradientImplementation() const {
+    return rowGradient_ ? "matmul " + rowGradient_->implementation() : bwdWeightsPd_.impl_info_str();
   }
 
   const ForwardPd& forwardPd() const { return fwdPd_; }
@@ -72,6 +104,10 @@ class WeightedPasses {
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) {
+    if (rowGradient_) {
+      rowGradient_->run(x, dy, dWeight);
+      return;
+    }
     auto& eng = ctx_->engine();
     auto& s = ctx_->stream();
     const auto dwMd = bwdWeightsPd_.diff_weights_desc();
@@ -108,6 +144,7 @@ class WeightedPasses {
   BackwardWeights bwdWeights_;
   dnnl::reorder accumulateWeight_;
   std::optional<WeightReorder> fwdReorder_, bwdReorder_;
+  std::optional<RowGradientMatmul> rowGradient_;
   Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
 };
 
