@@ -93,6 +93,7 @@ describe('the CUDA library search', () => {
       ['cuDNN', false],
       ['NCCL', false],
       ['NVRTC', false],
+      ['nvJPEG', false],
     ]);
   });
 

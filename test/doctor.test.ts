@@ -31,7 +31,7 @@ describe('doctor', () => {
     expect(run.stdout).toMatch(/^ {2}addon {2}FAILED to load \(see below\)$/m);
     expect(run.stdout).toMatch(/^problem \(addon\): the native addon does not load: No native build was found for /m);
     // The fix is the loader's hint itself.
-    expect(run.stdout).toMatch(/^ {2}fix: No prebuilt binary matches linux-/m);
+    expect(run.stdout).toMatch(/^ {2}fix: The installed package has no prebuilt addon .*`npm rebuild resnet-cuda`/m);
     expect(run.stdout).not.toContain('hint above');
   });
 

@@ -35,6 +35,7 @@ const CONTENTS: Record<string, string[]> = {
     'nvidia/cudnn/include/cudnn.h',
   ],
   'nvidia-nccl-cu13': ['nvidia/nccl/lib/libnccl.so.2', 'nvidia/nccl/include/nccl.h'],
+  'nvidia-nvjpeg': ['nvidia/cu13/lib/libnvjpeg.so.13', 'nvidia/cu13/include/nvjpeg.h'],
 };
 
 /** A wheel of `pin`: its files (each holding its own name, deflated) and a dist-info. */
@@ -125,7 +126,7 @@ describe('install-cuda', () => {
   it('unpacks only the shared libraries of the pinned wheels, where the CUDA library search finds them', async () => {
     const cache = join(dir, 'cache');
     const run = await runCli(['install-cuda', '--cache-dir', cache, '--index-url', `${index.url}/pypi`], dir);
-    expect(run.stderr).toContain('unpacked 5 libraries from 3 downloaded wheels');
+    expect(run.stderr).toContain('unpacked 6 libraries from 4 downloaded wheels');
     expect(run.code).toBe(0);
     const runtimeDir = join(cache, `cuda-runtime-${runtimeKey(runtimePins())}`);
     expect(run.stdout).toBe(`${join(runtimeDir, 'lib')}\n`);
@@ -137,6 +138,7 @@ describe('install-cuda', () => {
       'lib/libcudnn.so.9',
       'lib/libcudnn_ops.so.9',
       'lib/libnccl.so.2',
+      'lib/libnvjpeg.so.13',
       RUNTIME_MARKER,
     ]);
     expect(readFileSync(join(runtimeDir, 'lib', 'libcudnn_ops.so.9'), 'utf8')).toBe(
@@ -167,7 +169,7 @@ describe('install-cuda', () => {
       dir,
     );
     expect(re.code).toBe(0);
-    expect(re.stderr).toContain('unpacked 5 libraries\n');
+    expect(re.stderr).toContain('unpacked 6 libraries\n');
     expect(index.requests.filter((r) => r.startsWith('/files/')).length).toBe(before);
   });
 
@@ -219,7 +221,7 @@ describe('install-cuda', () => {
     index.projectOnly = true;
     try {
       const run = await runCli(['install-cuda', '--cache-dir', cache, '--index-url', `${index.url}/pypi`], dir);
-      expect(run.stderr).toContain('unpacked 5 libraries from 3 downloaded wheels');
+      expect(run.stderr).toContain('unpacked 6 libraries from 4 downloaded wheels');
       expect(run.code).toBe(0);
       expect(index.requests).toContain(`/pypi/nvidia-cudnn-cu13/json`);
       expect(index.requests).toContain(`/files/${wheelName(runtimePins()[1]!)}`);
