@@ -229,14 +229,7 @@ export class GradScaler {
     if (newScale !== undefined) {
       addon().fill({ tensor: dev.scaleView.raw, value: positive('newScale', newScale) });
     } else {
-      addon().scalerUpdate({
-        scale: dev.scaleView.raw,
-        growthTracker: dev.tracker.raw,
-        foundInf: dev.foundInfView.raw,
-        growthFactor: this.#growthFactor,
-        backoffFactor: this.#backoffFactor,
-        growthInterval: this.#growthInterval,
-      });
+      this.#updateScaleOnDevice(dev);
     }
     this.#settle(dev, recorder, token);
   }
@@ -360,14 +353,7 @@ export class GradScaler {
     });
     afterUnscale?.();
     optimizer.step({ ...stepOptions, foundInf: dev.foundInfView });
-    addon().scalerUpdate({
-      scale: dev.scaleView.raw,
-      growthTracker: dev.tracker.raw,
-      foundInf: dev.foundInfView.raw,
-      growthFactor: this.#growthFactor,
-      backoffFactor: this.#backoffFactor,
-      growthInterval: this.#growthInterval,
-    });
+    this.#updateScaleOnDevice(dev);
   }
 
   /**
@@ -443,6 +429,18 @@ export class GradScaler {
       scaleView: flags.view(0, [1]),
       foundInfView: flags.view(1, [1]),
       tracker: Tensor.from([this.#growthTracker], [1], { dtype: 'i32', device }),
+    });
+  }
+
+  // The scale update on the device from the found-inf flag (growth after growthInterval clean steps, backoff on inf).
+  #updateScaleOnDevice(dev: ScalerTensors): void {
+    addon().scalerUpdate({
+      scale: dev.scaleView.raw,
+      growthTracker: dev.tracker.raw,
+      foundInf: dev.foundInfView.raw,
+      growthFactor: this.#growthFactor,
+      backoffFactor: this.#backoffFactor,
+      growthInterval: this.#growthInterval,
     });
   }
 

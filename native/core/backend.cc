@@ -53,13 +53,7 @@ void Backend::fusedSgdStep(const FusedSgdArgs& a) {
   }
   sgdStep(sgd);
   if (a.scale.defined()) {
-    ScalerUpdateArgs update;
-    update.scale = a.scale;
-    update.growthTracker = a.growthTracker;
-    update.foundInf = a.foundInf;
-    update.growthFactor = a.growthFactor;
-    update.backoffFactor = a.backoffFactor;
-    update.growthInterval = a.growthInterval;
+    const ScalerUpdateArgs update = a.scalerUpdate();
     scalerUpdate(update);
   }
   if (a.zeroGrads) {

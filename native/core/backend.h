@@ -214,6 +214,8 @@ struct SgdArgs {
   bool tablesOnly = false;
 };
 
+struct ScalerUpdateArgs;
+
 // The optimizer end of a step in one op (the "optim" fused path): an SGD step as SgdArgs, where
 // grads are multiplied by `gradScaleInv` as they are read (the GradScaler's unscale, without
 // writing the unscaled gradients back). With `checkFinite`, `foundInf` (required) is set to 1 when
@@ -228,6 +230,9 @@ struct FusedSgdArgs : SgdArgs {
   Tensor scale, growthTracker;
   float growthFactor = 2.0f, backoffFactor = 0.5f;
   int64_t growthInterval = 2000;
+
+  // The scaler update these arguments describe (meaningful when `scale` is defined).
+  ScalerUpdateArgs scalerUpdate() const;
 };
 
 // Per-group hyperparameters of AdamW and LAMB (the op receives them as f32).
@@ -306,6 +311,17 @@ struct ScalerUpdateArgs {
   float growthFactor = 2.0f, backoffFactor = 0.5f;
   int64_t growthInterval = 2000;
 };
+
+inline ScalerUpdateArgs FusedSgdArgs::scalerUpdate() const {
+  ScalerUpdateArgs u;
+  u.scale = scale;
+  u.growthTracker = growthTracker;
+  u.foundInf = foundInf;
+  u.growthFactor = growthFactor;
+  u.backoffFactor = backoffFactor;
+  u.growthInterval = growthInterval;
+  return u;
+}
 
 // torch.lerp_ with a scalar weight, the step of weight averaging (_foreach_lerp_ in AveragedModel
 // and EMA): a[i] += weight * (b[i] - a[i]) over f32 tensors of equal numel on one device, computed

@@ -275,13 +275,7 @@ void validateFusedSgd(const FusedSgdArgs& a) {
   RC_CHECK_ARG(a.scale.defined() == a.growthTracker.defined(),
                op << ": scale and growthTracker come together (the scaler update needs both)");
   if (a.scale.defined()) {
-    ScalerUpdateArgs update;
-    update.scale = a.scale;
-    update.growthTracker = a.growthTracker;
-    update.foundInf = a.foundInf;
-    update.growthFactor = a.growthFactor;
-    update.backoffFactor = a.backoffFactor;
-    update.growthInterval = a.growthInterval;
+    const ScalerUpdateArgs update = a.scalerUpdate();
     RC_CHECK_ARG(a.foundInf.defined(), op << ": the scaler update (scale) needs foundInf");
     validateScalerUpdate(update);
   }

@@ -10,28 +10,11 @@
 // exactly one thread and the result does not depend on the grid.
 #include "device_utils.cuh"
 #include "kernels.h"
+#include "optim_chunks.cuh"
 
 namespace rc::cuda {
 
 namespace {
-
-struct FusedChunk {
-  int64_t begin, end, group;
-};
-
-// The chunk's element range and group: the last segment whose firstChunk <= chunk.
-__device__ __forceinline__ FusedChunk chunkRange(const int64_t* __restrict__ segments, int64_t segmentCount,
-                                                 int64_t chunk) {
-  int64_t lo = 0, hi = segmentCount - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (segments[4 * mid + 3] <= chunk) lo = mid;
-    else hi = mid - 1;
-  }
-  const int64_t* seg = segments + 4 * lo;
-  const int64_t local = chunk - seg[3];
-  return {seg[0] + local * kOptimChunk, seg[0] + min(seg[1], (local + 1) * kOptimChunk), seg[2]};
-}
 
 // Raises *foundInf when a gradient in the segments is inf or NaN; reads only.
 __global__ void __launch_bounds__(kThreads)
@@ -39,7 +22,7 @@ __global__ void __launch_bounds__(kThreads)
                               int64_t segmentCount, int64_t chunkCount, float* __restrict__ foundInf) {
   bool nonFinite = false;
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
-    const FusedChunk r = chunkRange(segments, segmentCount, chunk);
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
 #pragma unroll 4
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) nonFinite = nonFinite || !isfinite(grads[i]);
   }
@@ -75,7 +58,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool skip = foundInf != nullptr && *foundInf != 0.0f;
   if (skip && !zeroGrads) return;
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
-    const FusedChunk r = chunkRange(segments, segmentCount, chunk);
+    const ChunkRange r = findChunk(segments, segmentCount, chunk);
     const SgdGroupParams p = groups[r.group];
     const bool useMomentum = p.momentum != 0.0f;
 #pragma unroll 4

@@ -9,28 +9,11 @@
 #include "../core/adam_coeffs.h"
 #include "device_utils.cuh"
 #include "kernels.h"
+#include "optim_chunks.cuh"
 
 namespace rc::cuda {
 
 namespace {
-
-struct ChunkRange {
-  int64_t begin, end;
-  int64_t segment, group;
-};
-
-__device__ __forceinline__ ChunkRange findChunk(const int64_t* __restrict__ segments, int64_t segmentCount,
-                                                int64_t chunk) {
-  int64_t lo = 0, hi = segmentCount - 1;  // the last segment whose firstChunk <= chunk
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (segments[4 * mid + 3] <= chunk) lo = mid;
-    else hi = mid - 1;
-  }
-  const int64_t* seg = segments + 4 * lo;
-  const int64_t local = chunk - seg[3];
-  return {seg[0] + local * kOptimChunk, seg[0] + min(seg[1], (local + 1) * kOptimChunk), lo, seg[2]};
-}
 
 __device__ __forceinline__ bool skipStep(const float* foundInf) { return foundInf != nullptr && *foundInf != 0.0f; }
 
