@@ -336,6 +336,7 @@ describe('doctor', () => {
         'cuDNN',
         'NCCL',
         'NVRTC',
+        'nvJPEG',
       ]);
       expect(text.stdout).toMatch(/^ {9}searched in order: .*the dynamic loader's search/m);
     }
