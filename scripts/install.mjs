@@ -15,6 +15,9 @@
 //   RESNET_CUDA_SKIP_NATIVE_BUILD=1  do nothing at all.
 //   RESNET_CUDA_FORBID_BUILD=1       fail instead of compiling (checks that a prebuilt binary is used).
 //   RESNET_CUDA_BUILD_CUDA=1 / =0    require / skip the CUDA backend (default: build it when possible).
+//   RESNET_CUDA_SYSTEM_LIBS=1        link the system's oneDNN, libjpeg and Gloo (Debian: libdnnl-dev,
+//                                    libjpeg-dev, libgloo-dev) instead of building the pinned static
+//                                    ones with scripts/deps (the default; built once into its cache).
 //   RESNET_CUDA_WERROR=1             compiler warnings are errors (CI sets it; off by default, so that a
 //                                    newer compiler's new warnings do not break an install).
 //
@@ -175,6 +178,34 @@ function cudaOptions() {
   };
 }
 
+/**
+ * The CPU libraries to link: the static oneDNN, libjpeg-turbo and Gloo that scripts/deps builds from
+ * pinned sources into its cache (built here when missing: once, it takes a while), or with
+ * RESNET_CUDA_SYSTEM_LIBS=1 the system's packages.
+ */
+function cpuLibraries() {
+  if (envFlag('RESNET_CUDA_SYSTEM_LIBS')) {
+    log("linking the system's oneDNN, libjpeg and Gloo (RESNET_CUDA_SYSTEM_LIBS=1)");
+    return { system: true };
+  }
+  const script = join(root, 'scripts', 'deps');
+  if (!existsSync(script)) {
+    fail([`${rel(script)} is missing: it builds the static CPU libraries (or set RESNET_CUDA_SYSTEM_LIBS=1).`]);
+  }
+  const ready = spawnSync('bash', [script, '--prefix'], { cwd: root, encoding: 'utf8' });
+  if (ready.status !== 0) {
+    log('building the static CPU libraries (oneDNN, libjpeg-turbo, Gloo) with scripts/deps, once');
+    const r = spawnSync('bash', [script], { cwd: root, stdio: 'inherit' });
+    if (r.status !== 0) {
+      fail([
+        `scripts/deps failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}): it needs curl, CMake, a C++17`,
+        'compiler and nasm; or build against the system packages with RESNET_CUDA_SYSTEM_LIBS=1.',
+      ]);
+    }
+  }
+  return { system: false };
+}
+
 /** The value of a variable in build/CMakeCache.txt, or undefined when it is not there. */
 function cachedValue(name) {
   const cache = join(root, 'build', 'CMakeCache.txt');
@@ -208,6 +239,7 @@ function build(cmakeJs) {
       }
     }
   }
+  const cpuLibs = cpuLibraries();
   const headers = nodeDir(cmakeJs);
   const jobs = String(Math.max(1, availableParallelism()));
   const werror = envFlag('RESNET_CUDA_WERROR');
@@ -234,6 +266,7 @@ function build(cmakeJs) {
       ...cuda.args,
       `--CDRC_CUDA_EMULATOR=${emulator ? 'ON' : 'OFF'}`,
       `--CDRC_WERROR=${werror ? 'ON' : 'OFF'}`,
+      `--CDRC_SYSTEM_LIBS=${cpuLibs.system ? 'ON' : 'OFF'}`,
     ],
     [cmakeJs, 'build', '--out', 'build', '--parallel', jobs],
   ];
@@ -244,9 +277,10 @@ function build(cmakeJs) {
       fail(
         [
           `the native ${args[1]} step failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
-          'It needs CMake >= 3.18, a C++17 compiler, OpenMP, oneDNN 2.6 and Gloo with their CMake files;',
-          'on Debian bookworm: apt-get install cmake make g++ libdnnl-dev=2.6.3-1 libgloo-dev ocl-icd-opencl-dev',
-          '(scripts/setup in the source repository installs all of it).',
+          'It needs CMake >= 3.18, a C++17 compiler with OpenMP, and the static oneDNN, libjpeg-turbo and Gloo',
+          'of scripts/deps (on Debian: apt-get install cmake make g++ nasm curl; scripts/setup in the source',
+          'repository runs all of it); with RESNET_CUDA_SYSTEM_LIBS=1, the system packages libdnnl-dev=2.6.3-1',
+          'libgloo-dev ocl-icd-opencl-dev libjpeg-dev instead.',
           ...(cuda.enabled
             ? [
                 'The CUDA backend (native/cuda) is part of this build; RESNET_CUDA_BUILD_CUDA=0 builds the CPU backend only.',
@@ -307,6 +341,6 @@ fail([
   `no prebuilt native addon matches ${tuple} (Node ${process.versions.node}), and this is not a source checkout`,
   `that can be built here (missing: ${tools.missing.join(', ')}).`,
   'Prebuilt binaries ship for linux-x64 (glibc). To build from source, clone the repository and run',
-  '`bash scripts/setup` (Debian/Ubuntu: installs CMake, g++ and oneDNN 2.6, then `npm ci`), or, with those',
+  '`bash scripts/setup` (Debian/Ubuntu: installs CMake and g++, builds oneDNN 2.6 with scripts/deps, then `npm ci`), or, with those',
   'installed, `npm ci && npm run build:native`. To install without the addon: RESNET_CUDA_SKIP_NATIVE_BUILD=1.',
 ]);

@@ -4,11 +4,15 @@
 //
 //   prebuilds/linux-x64/node.napi.glibc.node       build/Release/resnet_cuda.node
 //   prebuilds/linux-x64/libresnet_cuda_backend.so  build/Release/libresnet_cuda_backend.so, if built
+//   prebuilds/linux-x64/libgomp.so.1               GCC's OpenMP runtime, the one the addon loads here
 //
-// The addon opens the CUDA backend library from its own folder, so both go side by side.
+// The addon opens the CUDA backend library from its own folder, so both go side by side. oneDNN,
+// libjpeg-turbo and Gloo are linked into the addon statically (scripts/deps); its only other
+// dependency outside glibc and the C++ runtime is libgomp, which slim images lack: the addon's run
+// path ($ORIGIN) finds the copy beside it (GCC's runtime library exception allows shipping it).
 // Run after `npm run build:native`; then checks that the copy loads on its own (PREBUILDS_ONLY).
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -34,6 +38,38 @@ for (const f of files) {
   }
 }
 
+/** The dynamic section's entries of one kind (NEEDED, RUNPATH, ...) of an ELF file, from readelf. */
+function dynamicEntries(file, kind) {
+  const r = spawnSync('readelf', ['-d', file], { encoding: 'utf8' });
+  if (r.status !== 0) fail(`readelf -d ${relative(root, file)} failed: ${(r.stderr || r.error?.message || '').trim()}`);
+  const entries = [];
+  for (const line of r.stdout.split('\n')) {
+    const m = new RegExp(`\\(${kind}\\)\\s+.*\\[(.*)\\]`).exec(line);
+    if (m) entries.push(m[1]);
+  }
+  return entries;
+}
+
+/** Where the dynamic loader finds `soname` for `file` on this machine (from ldd), or undefined. */
+function resolvedPath(file, soname) {
+  const r = spawnSync('ldd', [file], { encoding: 'utf8' });
+  if (r.status !== 0) fail(`ldd ${relative(root, file)} failed: ${(r.stderr || r.error?.message || '').trim()}`);
+  const line = r.stdout.split('\n').find((l) => l.trim().startsWith(`${soname} =>`));
+  const m = line && /=>\s+(\/\S+)/.exec(line);
+  return m ? m[1] : undefined;
+}
+
+// The OpenMP runtime, when the addon links it (it does unless built without oneDNN's OpenMP).
+const addonBuilt = files[0].from;
+if (process.platform === 'linux' && dynamicEntries(addonBuilt, 'NEEDED').includes('libgomp.so.1')) {
+  if (!dynamicEntries(addonBuilt, 'RUNPATH').some((p) => p.split(':').includes('$ORIGIN'))) {
+    fail(`${relative(root, addonBuilt)} needs libgomp.so.1 but has no $ORIGIN run path to find a bundled copy.`);
+  }
+  const gomp = resolvedPath(addonBuilt, 'libgomp.so.1');
+  if (!gomp) fail(`ldd does not find libgomp.so.1 for ${relative(root, addonBuilt)}: install libgomp1.`);
+  files.push({ from: gomp, to: 'libgomp.so.1', required: true });
+}
+
 // Start from an empty folder so that nothing from an older build (a backend no longer built) remains.
 rmSync(outDir, { recursive: true, force: true });
 mkdirSync(outDir, { recursive: true });
@@ -41,6 +77,7 @@ for (const f of files) {
   if (!existsSync(f.from)) continue;
   const to = join(outDir, f.to);
   copyFileSync(f.from, to);
+  chmodSync(to, 0o644);
   const kib = (statSync(to).size / 1024).toFixed(1);
   console.log(`prebuild: ${relative(root, to)}  ${kib} KiB  (from ${relative(root, f.from)})`);
 }

@@ -266,7 +266,7 @@ export async function diagnose(): Promise<DoctorReport> {
         message: `a test convolution failed on ${backend.name}: ${backend.error}`,
         fix:
           backend.name === 'cpu'
-            ? 'Reinstall oneDNN 2.6 (`apt-get install libdnnl2`, or `scripts/setup`) and rebuild with `npm run build:native`.'
+            ? 'oneDNN is linked into the addon: reinstall the package (`npm rebuild resnet-cuda`, else `npm uninstall resnet-cuda && npm install resnet-cuda`); in a source checkout, rebuild with `npm run build:native`.'
             : cudaFix(backend),
       });
     }
@@ -276,7 +276,7 @@ export async function diagnose(): Promise<DoctorReport> {
       component: 'cpu',
       severity: 'error',
       message: 'the addon reports no CPU backend',
-      fix: 'Rebuild the addon: `npm run build:native`.',
+      fix: 'Reinstall the package (`npm rebuild resnet-cuda`); in a source checkout, rebuild the addon: `npm run build:native`.',
     });
   }
 
