@@ -13,9 +13,9 @@
     'rc_version': '<!(node scripts/gyp-deps.mjs version)',
   },
   'target_defaults': {
-    'include_dirs': ['<!@(node scripts/gyp-deps.mjs include_dirs)'],
-    # node-addon-api's headers as system headers (as CMakeLists.txt includes them), so that the
-    # warnings below are about our own sources only.
+    # The static libraries' headers (the include_dirs of scripts/gyp-deps.mjs) and node-addon-api's
+    # come as system headers (-isystem, as CMakeLists.txt includes them), so that the warnings below
+    # are about our own sources only.
     'cflags': ['-fPIC', '-fvisibility=hidden', '-fopenmp', '<!@(node scripts/gyp-deps.mjs cflags)'],
     # C++17 without GNU extensions, with exceptions and RTTI, as CMakeLists.txt compiles it.
     # node-gyp's own defaults that CMakeLists.txt does not have are taken out.

@@ -5,8 +5,9 @@
 //   node scripts/gyp-deps.mjs sources        the C++ sources of the addon (native/core, cpu, image, napi)
 //   node scripts/gyp-deps.mjs include_dirs   header folders of oneDNN, libjpeg-turbo and Gloo
 //   node scripts/gyp-deps.mjs libraries      what the addon links: the three libraries and OpenMP
-//   node scripts/gyp-deps.mjs cflags         node-addon-api's headers as system headers, and the warnings of
-//                                            CMakeLists.txt (-Werror with RESNET_CUDA_WERROR=1)
+//   node scripts/gyp-deps.mjs cflags         those folders and node-addon-api's as system headers
+//                                            (-isystem), and the warnings of CMakeLists.txt (-Werror
+//                                            with RESNET_CUDA_WERROR=1)
 //   node scripts/gyp-deps.mjs version        the package version (RC_VERSION)
 //
 // The libraries are static archives, as CMakeLists.txt links them, from the prefixes of
@@ -113,7 +114,10 @@ switch (what) {
       : ['-ldnnl', `-L${systemGlooDir}`, '-lgloo', '-ljpeg', '-fopenmp', '-ldl'];
     break;
   case 'cflags':
+    // The libraries' headers and node-addon-api's as system headers (as CMakeLists.txt includes
+    // them), so that the warnings are about our own sources only.
     lines = [
+      ...(deps ? deps.includes.flatMap((dir) => ['-isystem', dir]) : []),
       '-isystem',
       nodeAddonApiDir(),
       '-Wall',

@@ -100,6 +100,9 @@ describe('binding.gyp', () => {
         join(a, 'include'),
         join(b, 'include'),
       ]);
+      // Their headers are system headers: the warnings (-Wshadow, -Werror) are about our sources only.
+      const cflags = gypDeps('cflags', prefixes).stdout.trim().split('\n').join(' ');
+      expect(cflags).toContain(`-isystem ${join(a, 'include')} -isystem ${join(b, 'include')}`);
     } finally {
       rmSync(top, { recursive: true, force: true });
     }
