@@ -25,7 +25,9 @@
     'defines': ['NDEBUG'],
     # The static libraries' symbols stay out of the dynamic symbol table, so that another oneDNN or
     # libjpeg in the same process (PyTorch, sharp) binds to its own.
-    'ldflags': ['-Wl,--exclude-libs,ALL'],
+    # No executable stack: an object in the static oneDNN (ittnotify's assembly) lacks the note that
+    # says so, and newer glibc refuses to load a library that asks for one (as in CMakeLists.txt).
+    'ldflags': ['-Wl,--exclude-libs,ALL', '-Wl,-z,noexecstack'],
   },
   'targets': [
     {
