@@ -149,6 +149,20 @@ export interface RawSgdGroup {
   nesterov?: boolean;
 }
 
+/** The arguments of the raw SGD step (semantics in native/core/backend.h, SgdArgs). */
+export interface RawSgdStepArgs {
+  params: RawTensor;
+  grads: RawTensor;
+  momentumBuffer?: RawTensor;
+  groups: RawSgdGroup[];
+  segments: Int32Array;
+  firstStep?: boolean;
+  foundInf?: RawTensor;
+  gradScaleInv?: number;
+  /** Send the group and segment tables only (a captured step reads them when replayed). */
+  tablesOnly?: boolean;
+}
+
 /** Hyperparameters of one AdamW or LAMB group, as the native op takes them (f32). */
 export interface RawAdamGroup {
   lr: number;
@@ -483,41 +497,24 @@ export interface RawAddon {
     labelSmoothing?: number;
     gradScale?: number;
   }): void;
-  sgdStep(args: {
-    params: RawTensor;
-    grads: RawTensor;
-    momentumBuffer?: RawTensor;
-    groups: RawSgdGroup[];
-    segments: Int32Array;
-    firstStep?: boolean;
-    foundInf?: RawTensor;
-    gradScaleInv?: number;
-    /** Send the group and segment tables only (a captured step reads them when replayed). */
-    tablesOnly?: boolean;
-  }): void;
+  sgdStep(args: RawSgdStepArgs): void;
   /**
    * sgdStep's update with the GradScaler's check (`checkFinite`: raises `foundInf` on an inf/NaN
    * gradient before any parameter moves), the unscale as the gradients are read (`gradScaleInv`),
    * the scale update (when `scale` and `growthTracker` are given) and the zeroing of the segments'
    * gradients (`zeroGrads`), in one op: the `optim` fused path.
    */
-  fusedSgdStep(args: {
-    params: RawTensor;
-    grads: RawTensor;
-    momentumBuffer?: RawTensor;
-    groups: RawSgdGroup[];
-    segments: Int32Array;
-    firstStep?: boolean;
-    foundInf?: RawTensor;
-    gradScaleInv?: number;
-    checkFinite?: boolean;
-    zeroGrads?: boolean;
-    scale?: RawTensor;
-    growthTracker?: RawTensor;
-    growthFactor?: number;
-    backoffFactor?: number;
-    growthInterval?: number;
-  }): void;
+  fusedSgdStep(
+    args: Omit<RawSgdStepArgs, 'tablesOnly'> & {
+      checkFinite?: boolean;
+      zeroGrads?: boolean;
+      scale?: RawTensor;
+      growthTracker?: RawTensor;
+      growthFactor?: number;
+      backoffFactor?: number;
+      growthInterval?: number;
+    },
+  ): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;
