@@ -178,74 +178,38 @@ class CudaJpegDecoder final : public JpegDecoder {
       const uint8_t* img = images + imageAt[i];
       JpegResamplePass& a = passes[i];
       JpegResamplePass& b = passes[n + i];
-      auto tablesOf = [&](JpegResamplePass& pass, const AxisTables& t) {
-        pass.first = deviceInts + t.first;
-        pass.count = deviceInts + t.count;
-        pass.weights = deviceInts + t.weights;
-        pass.ksize = t.ksize;
+      // One pass over `rows` x `cols` output pixels, its weights from `t` (device copies).
+      auto pass = [&](const uint8_t* src, uint8_t* out, int64_t srcStride, int64_t dstStride, int rows, int cols,
+                      int origin, bool horizontal, bool mirror, const AxisTables& t) {
+        return JpegResamplePass{src,
+                                out,
+                                deviceInts + t.first,
+                                deviceInts + t.count,
+                                deviceInts + t.weights,
+                                srcStride,
+                                dstStride,
+                                rows,
+                                cols,
+                                origin,
+                                t.ksize,
+                                horizontal ? 1 : 0,
+                                mirror ? 1 : 0};
       };
+      uint8_t* between = tmp + tmpAt[i];
+      const int64_t outStride = static_cast<int64_t>(outW) * 3;
       if (p.verticalFirst) {
         // Vertical over the columns the horizontal pass reads, then horizontal.
         const int cols = p.x.sourceEnd - p.x.sourceBegin;
-        a = {img + static_cast<int64_t>(p.x.sourceBegin) * 3,
-             tmp + tmpAt[i],
-             nullptr,
-             nullptr,
-             nullptr,
-             stride,
-             static_cast<int64_t>(cols) * 3,
-             p.y.outputs,
-             cols,
-             0,
-             1,
-             0,
-             0};
-        tablesOf(a, ys[i]);
-        b = {tmp + tmpAt[i],
-             nullptr,
-             nullptr,
-             nullptr,
-             nullptr,
-             static_cast<int64_t>(cols) * 3,
-             static_cast<int64_t>(outW) * 3,
-             outH,
-             outW,
-             p.x.sourceBegin,
-             1,
-             1,
-             job.mirror ? 1 : 0};
-        tablesOf(b, xs[i]);
+        const int64_t colsStride = static_cast<int64_t>(cols) * 3;
+        a = pass(img + static_cast<int64_t>(p.x.sourceBegin) * 3, between, stride, colsStride, p.y.outputs, cols, 0,
+                 false, false, ys[i]);
+        b = pass(between, nullptr, colsStride, outStride, outH, outW, p.x.sourceBegin, true, job.mirror, xs[i]);
       } else {
         // Horizontal over the rows the vertical pass reads, then vertical.
         const int rows = p.y.sourceEnd - p.y.sourceBegin;
-        a = {img + static_cast<int64_t>(p.y.sourceBegin) * stride,
-             tmp + tmpAt[i],
-             nullptr,
-             nullptr,
-             nullptr,
-             stride,
-             static_cast<int64_t>(outW) * 3,
-             rows,
-             outW,
-             0,
-             1,
-             1,
-             0};
-        tablesOf(a, xs[i]);
-        b = {tmp + tmpAt[i],
-             nullptr,
-             nullptr,
-             nullptr,
-             nullptr,
-             static_cast<int64_t>(outW) * 3,
-             static_cast<int64_t>(outW) * 3,
-             outH,
-             outW,
-             p.y.sourceBegin,
-             1,
-             0,
-             job.mirror ? 1 : 0};
-        tablesOf(b, ys[i]);
+        a = pass(img + static_cast<int64_t>(p.y.sourceBegin) * stride, between, stride, outStride, rows, outW, 0, true,
+                 false, xs[i]);
+        b = pass(between, nullptr, outStride, outStride, outH, outW, p.y.sourceBegin, false, job.mirror, ys[i]);
       }
       b.dst = dst.ptr<uint8_t>() + static_cast<int64_t>(i) * outH * outW * 3;
       maxFirst = std::max(maxFirst, static_cast<int64_t>(a.rows) * a.cols);
