@@ -11,6 +11,7 @@ import { Compose, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
 import { decodeImage } from '../lib/data/transforms/decode.js';
 import { resizedCrop } from '../lib/data/transforms/functional.js';
 import type { DecodedImage } from '../lib/data/types.js';
+import { photo } from './helpers/photo.js';
 
 type Filter = 'nearest' | 'bilinear' | 'bicubic' | 'lanczos';
 const code = (c: string): unknown => expect.objectContaining({ code: c });
@@ -172,23 +173,6 @@ const PIL_CASES: {
     expected: 'es1EhMJOjsxYmG9ioj1srEd2pmJwsB56uiiExCyOzjOY2D2izjOY0j2i2Ues2lG2bFvAYWXKxF/EVGnONXPYPH2/J4e2LJHA',
   },
 ];
-
-/** Smooth gradients, two shapes and noise: a stand-in for a photo that JPEG encodes like one. */
-function photo(height: number, width: number): Buffer {
-  const data = Buffer.alloc(height * width * 3);
-  let s = 7;
-  const noise = () => (s = (Math.imul(s, 1103515245) + 12345) >>> 0) >>> 26;
-  for (let y = 0; y < height; y++) {
-    for (let x = 0; x < width; x++) {
-      const o = (y * width + x) * 3;
-      const inDisc = (x - width * 0.3) ** 2 + (y - height * 0.4) ** 2 < (height * 0.2) ** 2;
-      data[o] = inDisc ? 220 : Math.round((255 * x) / width);
-      data[o + 1] = x > width * 0.6 && y < height * 0.7 ? 30 : Math.round((255 * y) / height);
-      data[o + 2] = (inDisc ? 40 : 100) + noise();
-    }
-  }
-  return data;
-}
 
 const encodings: Record<string, Uint8Array> = {};
 let big: Uint8Array;
