@@ -193,6 +193,26 @@ export interface RawAdamArgs {
   tablesOnly?: boolean;
 }
 
+/**
+ * What a fused optimizer op does besides its update (`FusedStepEnd` in native/core/backend.h):
+ * gradients are read times the op's `gradScaleInv` without being written back.
+ */
+export interface RawFusedStepEnd {
+  /** Raise `foundInf` on an inf/NaN gradient before any parameter moves (then skip the step). */
+  checkFinite?: boolean;
+  /** Leave the segments' gradients at zero, the skipped step included. */
+  zeroGrads?: boolean;
+  /** Unscale by 1 / `scale` read on the device as the op starts, not `gradScaleInv` (needs `scale`, `checkFinite`). */
+  scaleFromDevice?: boolean;
+  /** f32[1]: the scale; with `growthTracker`, the GradScaler's scale update follows the step. */
+  scale?: RawTensor;
+  /** i32[1]: clean steps since the scale last changed. */
+  growthTracker?: RawTensor;
+  growthFactor?: number;
+  backoffFactor?: number;
+  growthInterval?: number;
+}
+
 export interface RawMemoryStats {
   allocatedBytes: number;
   reservedBytes: number;
@@ -499,25 +519,20 @@ export interface RawAddon {
   }): void;
   sgdStep(args: RawSgdStepArgs): void;
   /**
-   * sgdStep's update with the GradScaler's check (`checkFinite`: raises `foundInf` on an inf/NaN
-   * gradient before any parameter moves), the unscale as the gradients are read (`gradScaleInv`),
-   * the scale update (when `scale` and `growthTracker` are given) and the zeroing of the segments'
-   * gradients (`zeroGrads`), in one op: the `optim` fused path.
+   * sgdStep's update with the fused end of a step ({@link RawFusedStepEnd}) in one op: the `optim`
+   * fused path. `tablesOnly` sends the tables sgdStep sends, which the fused op reads too.
    */
-  fusedSgdStep(
-    args: Omit<RawSgdStepArgs, 'tablesOnly'> & {
-      checkFinite?: boolean;
-      zeroGrads?: boolean;
-      scale?: RawTensor;
-      growthTracker?: RawTensor;
-      growthFactor?: number;
-      backoffFactor?: number;
-      growthInterval?: number;
-    },
-  ): void;
+  fusedSgdStep(args: RawSgdStepArgs & RawFusedStepEnd): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;
+  /**
+   * adamwStep's update with the fused end of a step ({@link RawFusedStepEnd}) in one op: the `optim`
+   * fused path. A skipped step leaves `stepCount` as it was.
+   */
+  fusedAdamwStep(args: RawAdamArgs & RawFusedStepEnd): void;
+  /** lambStep's update with the fused end of a step, as {@link RawAddon.fusedAdamwStep}. */
+  fusedLambStep(args: RawAdamArgs & RawFusedStepEnd): void;
   /** `segments` (triples, groups ignored) absent: the whole tensor. */
   gradNorm(args: { grads: RawTensor; out: RawTensor; foundInf?: RawTensor; segments?: Int32Array }): void;
   /** With `scale` (f32[1] on the device), `invScale` is 1 / its value when the op runs (a captured step). */

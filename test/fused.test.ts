@@ -1,15 +1,24 @@
 /**
- * The fused paths against the paths they replace. The `optim` fused op (fusedSgdStep: the
- * GradScaler's check, the SGD update unscaling as it reads, the scale update, the gradient
- * zeroing) against unscaleAndCheck + sgdStep + scalerUpdate + zeroing on the same device: on the
- * CPU that is the backend's composed default, on the emulated CUDA device the fused kernels. Then
- * a small ResNet trained a few steps in bf16 and fp16 with the switch on and off, a step with an
- * inf gradient included. The switch's parsing and its refusals.
+ * The fused paths against the paths they replace. The `optim` fused ops (fusedSgdStep,
+ * fusedAdamwStep, fusedLambStep: the GradScaler's check, the update unscaling as it reads, the
+ * scale update, the gradient zeroing) against unscaleAndCheck + the unfused step + scalerUpdate +
+ * zeroing on the same device: on the CPU that is the backend's composed default, on the emulated
+ * CUDA device the fused kernels, with the arguments of a captured step (the scale and the step
+ * count read on the device) there. Then a small ResNet trained a few steps in bf16 and fp16 with
+ * SGD, AdamW and LAMB with the switch on and off, a step with an inf gradient included, and the
+ * Trainer's captured CUDA-graph step with the switch on against the eager unfused run. The
+ * switch's parsing and its refusals.
  */
 import { describe, expect, it, vi } from 'vitest';
 import {
   AdamW,
   BatchNorm2d,
+  DataLoader,
+  LAMB,
+  ReLU,
+  ShapesDataset,
+  Trainer,
+  type TrainerOptions,
   CrossEntropyLoss,
   Flatten,
   GradScaler,
@@ -24,10 +33,11 @@ import {
   clipGradNorm,
   listBackends,
 } from '../lib/index.js';
-import { addon, type RawSgdGroup } from '../lib/binding.js';
+import { addon, type RawAdamGroup, type RawSgdGroup } from '../lib/binding.js';
 import { FUSED_ENV, fusedPathOn, fusedPaths } from '../lib/fused-paths.js';
 import { Conv2d } from '../lib/nn/layers.js';
 import type { Module } from '../lib/nn/module.js';
+import type { Optimizer } from '../lib/optim/optimizer.js';
 
 // In the test project on the emulated CUDA device the cases run on CUDA; in 'main' on the CPU.
 const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
@@ -205,11 +215,205 @@ describe(`the optim fused op on ${DEVICE}`, () => {
   });
 });
 
+// ---- AdamW and LAMB ------------------------------------------------------------------------------
+
+// Group 0 decays (LAMB adapts it); group 1 does not decay but adapts (alwaysAdapt).
+const ADAM_GROUPS: RawAdamGroup[] = [
+  { lr: 0.01, beta1: 0.9, beta2: 0.999, eps: 1e-8, weightDecay: 0.01, alwaysAdapt: false },
+  { lr: 0.02, beta1: 0.8, beta2: 0.99, eps: 1e-6, weightDecay: 0, alwaysAdapt: true },
+];
+
+interface AdamState {
+  params: Tensor;
+  grads: Tensor;
+  expAvg: Tensor;
+  expAvgSq: Tensor;
+  flags: Tensor; // [scale, foundInf]
+  tracker: Tensor;
+  stepCount: Tensor;
+}
+
+interface AdamCase {
+  kind: 'adamw' | 'lamb';
+  check: boolean;
+  /** The arguments of a captured step: the scale and the step count read on the device. */
+  onDevice: boolean;
+  badAt: number | null;
+  tracker: number;
+}
+
+const STEPS_DONE = 4;
+
+function adamState(seed: number, c: AdamCase, scale: number): AdamState {
+  const grads = values(ARENA, seed + 1).map((v) => v * scale);
+  if (c.badAt !== null) grads[c.badAt] = c.badAt % 2 === 0 ? Infinity : NaN;
+  return {
+    params: Tensor.from(values(ARENA, seed), [ARENA], { device: DEVICE }),
+    grads: Tensor.from(grads, [ARENA], { device: DEVICE }),
+    expAvg: Tensor.from(
+      values(ARENA, seed + 2).map((v) => v * 0.1),
+      [ARENA],
+      { device: DEVICE },
+    ),
+    expAvgSq: Tensor.from(
+      values(ARENA, seed + 3).map((v) => v * v * 0.01),
+      [ARENA],
+      { device: DEVICE },
+    ),
+    flags: Tensor.from([scale, 0], [2], { device: DEVICE }),
+    tracker: Tensor.from([c.tracker], [1], { dtype: 'i32', device: DEVICE }),
+    stepCount: Tensor.from([STEPS_DONE], [1], { dtype: 'i32', device: DEVICE }),
+  };
+}
+
+function adamBase(s: AdamState) {
+  return {
+    params: s.params.raw,
+    grads: s.grads.raw,
+    expAvg: s.expAvg.raw,
+    expAvgSq: s.expAvgSq.raw,
+    groups: ADAM_GROUPS,
+    segments: SEGMENTS,
+    step: STEPS_DONE + 1,
+  };
+}
+
+/** The unfused sequence: unscaleAndCheck (with check), the step, scalerUpdate (with check), zeroing the segments. */
+function unfusedAdam(s: AdamState, c: AdamCase, scale: number): void {
+  const foundInf = s.flags.view(1, [1]);
+  const scaleView = s.flags.view(0, [1]);
+  if (c.check) {
+    addon().unscaleAndCheck({
+      grads: s.grads.raw,
+      invScale: 1 / scale,
+      foundInf: foundInf.raw,
+      segments: SEGMENTS,
+      ...(c.onDevice ? { scale: scaleView.raw } : {}),
+    });
+  }
+  const args = {
+    ...adamBase(s),
+    ...(c.check ? { foundInf: foundInf.raw } : { gradScaleInv: 1 / scale }),
+    ...(c.onDevice ? { stepCount: s.stepCount.raw } : {}),
+  };
+  if (c.kind === 'lamb') addon().lambStep(args);
+  else addon().adamwStep(args);
+  if (c.check) {
+    addon().scalerUpdate({ scale: scaleView.raw, growthTracker: s.tracker.raw, foundInf: foundInf.raw, ...SCALER });
+  }
+  for (let i = 0; i < SEGMENTS.length; i += 3) {
+    if (SEGMENTS[i + 1]! > 0) addon().fill({ tensor: s.grads.view(SEGMENTS[i]!, [SEGMENTS[i + 1]!]).raw, value: 0 });
+  }
+}
+
+function fusedAdam(s: AdamState, c: AdamCase, scale: number): void {
+  const args = {
+    ...adamBase(s),
+    // A factor read on the device makes the host's one irrelevant: a wrong one shows it is not used.
+    gradScaleInv: c.onDevice ? 0.5 : 1 / scale,
+    zeroGrads: true,
+    ...(c.onDevice ? { stepCount: s.stepCount.raw, scaleFromDevice: true } : {}),
+    ...(c.check
+      ? {
+          checkFinite: true,
+          foundInf: s.flags.view(1, [1]).raw,
+          scale: s.flags.view(0, [1]).raw,
+          growthTracker: s.tracker.raw,
+          ...SCALER,
+        }
+      : {}),
+  };
+  if (c.kind === 'lamb') addon().fusedLambStep(args);
+  else addon().fusedAdamwStep(args);
+}
+
+function readAdam(s: AdamState) {
+  return {
+    params: s.params.toFloat32Array(),
+    grads: s.grads.toFloat32Array(),
+    expAvg: s.expAvg.toFloat32Array(),
+    expAvgSq: s.expAvgSq.toFloat32Array(),
+    flags: s.flags.toFloat32Array(),
+    tracker: s.tracker.item(),
+    stepCount: s.stepCount.item(),
+  };
+}
+
+function disposeAdam(s: AdamState): void {
+  for (const t of [s.params, s.grads, s.expAvg, s.expAvgSq, s.flags, s.tracker, s.stepCount]) t.dispose();
+}
+
+describe(`the optim fused op of AdamW and LAMB on ${DEVICE}`, () => {
+  const cases: [string, Omit<AdamCase, 'kind'>][] = [
+    ['with the check, clean gradients', { check: true, onDevice: false, badAt: null, tracker: 0 }],
+    ['with the check, the scale grows', { check: true, onDevice: false, badAt: null, tracker: 2 }],
+    [
+      'with the check, an inf skips the step and halves the scale',
+      { check: true, onDevice: false, badAt: 4200, tracker: 1 },
+    ],
+    ['without the check (bf16: no scaler)', { check: false, onDevice: false, badAt: null, tracker: 0 }],
+    ['a captured step: scale and step count on the device', { check: true, onDevice: true, badAt: null, tracker: 0 }],
+    ['a captured step with a NaN: the step count stays', { check: true, onDevice: true, badAt: 4099, tracker: 1 }],
+  ];
+  for (const kind of ['adamw', 'lamb'] as const) {
+    for (const [name, partial] of cases) {
+      const c: AdamCase = { kind, ...partial };
+      // The CPU backend refuses the values read on the device (they exist for CUDA graphs).
+      it.skipIf(c.onDevice && !onlyCuda)(`${kind}: equals the unfused ops bit for bit: ${name}`, () => {
+        const scale = c.check ? 1024 : 1;
+        const a = adamState(17, c, scale);
+        const b = adamState(17, c, scale);
+        const before = readAdam(a);
+        unfusedAdam(a, c, scale);
+        fusedAdam(b, c, scale);
+        const want = readAdam(a);
+        const got = readAdam(b);
+        expect(got.params).toEqual(want.params);
+        expect(got.expAvg).toEqual(want.expAvg);
+        expect(got.expAvgSq).toEqual(want.expAvgSq);
+        expect(got.grads).toEqual(want.grads);
+        expect(got.flags).toEqual(want.flags);
+        expect(got.tracker).toBe(want.tracker);
+        expect(got.stepCount).toBe(want.stepCount);
+        // Not a comparison of two no-ops.
+        for (const i of [0, 1, 2, 4100, 4101, 4102, 4499]) expect(got.grads[i]).toBe(before.grads[i]);
+        for (const i of [3, 4096, 4099, 4103, 4498]) expect(got.grads[i]).toBe(0);
+        const clean = c.badAt === null;
+        expect(got.params.some((v, i) => v !== before.params[i])).toBe(clean);
+        expect(got.expAvg.some((v, i) => v !== before.expAvg[i])).toBe(clean);
+        if (c.check) {
+          expect(got.flags[1]).toBe(clean ? 0 : 1);
+          expect(got.flags[0]).toBe(!clean ? scale / 2 : c.tracker === 2 ? scale * 2 : scale);
+        }
+        expect(got.stepCount).toBe(c.onDevice && clean ? STEPS_DONE + 1 : STEPS_DONE);
+        disposeAdam(a);
+        disposeAdam(b);
+      });
+    }
+  }
+
+  it('refuses the scale read on the device without the check, naming it', () => {
+    const c: AdamCase = { kind: 'adamw', check: true, onDevice: false, badAt: null, tracker: 0 };
+    const s = adamState(3, c, 1);
+    const flags = { foundInf: s.flags.view(1, [1]).raw, scale: s.flags.view(0, [1]).raw, growthTracker: s.tracker.raw };
+    expect(() => addon().fusedAdamwStep({ ...adamBase(s), ...flags, scaleFromDevice: true })).toThrow(
+      /fused adamw step: scaleFromDevice needs scale and checkFinite/,
+    );
+    expect(() => addon().fusedLambStep({ ...adamBase(s), checkFinite: true })).toThrow(
+      /fused lamb step: checkFinite needs foundInf/,
+    );
+    disposeAdam(s);
+  });
+});
+
 describe('Optimizer.step({ fused })', () => {
   it('is refused by optimizers without a fused step, and without the flag it needs', () => {
     const model = new Linear({ inFeatures: 4, outFeatures: 3, seed: 1 }).to(DEVICE);
     const adamw = new AdamW(model, { lr: 0.01 });
-    expect(() => adamw.step({ fused: { checkFinite: false, zeroGrads: true } })).toThrow(/AdamW has no fused step/);
+    expect(adamw.supportsFusedStep).toBe(true);
+    expect(new LAMB(model, { lr: 0.01 }).supportsFusedStep).toBe(true);
+    expect(() => adamw.step({ fused: { checkFinite: true, zeroGrads: true } })).toThrow(/foundInf/);
+    expect(adamw.stepCount).toBe(0);
     const sgd = new SGD(model, { lr: 0.1 });
     expect(sgd.supportsFusedStep).toBe(true);
     expect(sgd.stepsWholeArena()).toBe(true);
@@ -226,6 +430,10 @@ describe('Optimizer.step({ fused })', () => {
         },
       }),
     ).toThrow(/fused\.scaleUpdate\.growthTracker/);
+    // The scale read on the device needs the check and the scale update.
+    expect(() =>
+      sgd.step({ foundInf: flag, fused: { checkFinite: true, zeroGrads: true, scaleFromDevice: true } }),
+    ).toThrow(/fused\.scaleFromDevice/);
     expect(sgd.stepCount).toBe(0);
     // Frozen parameters: the stepped gradients are not the whole arena.
     model.parameters()[1]!.requiresGrad = false;

@@ -6,7 +6,14 @@
 import { addon, type RawAdamArgs } from '../binding.js';
 import type { Tensor } from '../tensor.js';
 import { expectBool, expectNumber, expectOptions, invalid } from '../errors.js';
-import { Optimizer, type Group, type GroupInput, type ParamsInput, type StepContext } from './optimizer.js';
+import {
+  Optimizer,
+  rawFusedStepEnd,
+  type Group,
+  type GroupInput,
+  type ParamsInput,
+  type StepContext,
+} from './optimizer.js';
 
 /** Hyperparameters of {@link AdamW}; each group may override them. */
 export interface AdamWOptions {
@@ -129,11 +136,18 @@ export class AdamW extends Optimizer<AdamWOptions> {
   }
 
   protected override applyStep(ctx: StepContext<AdamWOptions>): void {
-    addon().adamwStep(nativeArgs(ctx, this.buffer('expAvg', ctx.arena), this.buffer('expAvgSq', ctx.arena)));
+    const args = nativeArgs(ctx, this.buffer('expAvg', ctx.arena), this.buffer('expAvgSq', ctx.arena));
+    if (ctx.fused) addon().fusedAdamwStep({ ...args, ...rawFusedStepEnd(ctx.fused) });
+    else addon().adamwStep(args);
   }
 
   /** AdamW's step can be captured in a CUDA graph (t is counted on the device). */
   override get capturable(): boolean {
+    return true;
+  }
+
+  /** True: AdamW has the fused step of the `optim` fused path ({@link GradScaler.stepAndZeroGrad}). */
+  override get supportsFusedStep(): boolean {
     return true;
   }
 }
@@ -160,11 +174,18 @@ export class LAMB extends Optimizer<LAMBOptions> {
   }
 
   protected override applyStep(ctx: StepContext<LAMBOptions>): void {
-    addon().lambStep(nativeArgs(ctx, this.buffer('expAvg', ctx.arena), this.buffer('expAvgSq', ctx.arena)));
+    const args = nativeArgs(ctx, this.buffer('expAvg', ctx.arena), this.buffer('expAvgSq', ctx.arena));
+    if (ctx.fused) addon().fusedLambStep({ ...args, ...rawFusedStepEnd(ctx.fused) });
+    else addon().lambStep(args);
   }
 
   /** LAMB's step can be captured in a CUDA graph (t is counted on the device). */
   override get capturable(): boolean {
+    return true;
+  }
+
+  /** True: LAMB has the fused step of the `optim` fused path ({@link GradScaler.stepAndZeroGrad}). */
+  override get supportsFusedStep(): boolean {
     return true;
   }
 }

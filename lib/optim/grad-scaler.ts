@@ -11,7 +11,7 @@ import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Tensor } from '../tensor.js';
 import type { ParameterArena } from '../nn/parameter.js';
-import type { OptimizerStepOptions } from './optimizer.js';
+import type { FusedScaleUpdate, OptimizerStepOptions } from './optimizer.js';
 
 /** Options of {@link GradScaler}, with PyTorch's defaults. */
 export interface GradScalerOptions {
@@ -237,11 +237,11 @@ export class GradScaler {
   /**
    * {@link GradScaler.step}, {@link GradScaler.update} and `optimizer.zeroGrad()` in one call,
    * the end of a training step. With the `optim` fused path on (see lib/fused-paths.ts), a CUDA
-   * arena and an optimizer that has a fused step (SGD), the check, the update, the scale update
-   * and the zeroing run as one fused op (a check pass and an update pass; the update pass alone
-   * without loss scaling); otherwise the
-   * three calls run as they are. Either way the parameters, the scale and the gradients end the
-   * same (bit for bit on the emulated device; within f32 rounding of a fused multiply-add on a GPU).
+   * arena and an optimizer that has a fused step (SGD, AdamW, LAMB), the check, the update, the
+   * scale update and the zeroing run as one fused op (a check pass and the update pass, LAMB's
+   * three; without loss scaling the update passes alone); otherwise the three calls run as they
+   * are. Either way the parameters, the optimizer state, the scale and the gradients end the same
+   * (bit for bit on the emulated device; within f32 rounding of a fused multiply-add on a GPU).
    */
   stepAndZeroGrad(optimizer: ScalerOptimizer & FusableOptimizer): void {
     const arena = optimizer.arena();
@@ -273,13 +273,7 @@ export class GradScaler {
         fused: {
           checkFinite: !unscaled,
           zeroGrads,
-          scaleUpdate: {
-            scale: dev.scaleView,
-            growthTracker: dev.tracker,
-            growthFactor: this.#growthFactor,
-            backoffFactor: this.#backoffFactor,
-            growthInterval: this.#growthInterval,
-          },
+          scaleUpdate: this.#scaleUpdate(dev),
         },
       });
       this.#unscaled.add(optimizer);
@@ -336,24 +330,58 @@ export class GradScaler {
       optimizer.step(stepOptions);
       return;
     }
-    if (this.#unscaled.size > 0 || this.#stepped.size > 0) {
-      throw new ResnetError(
-        'ERR_RC_INVALID_ARGUMENT',
-        'GradScaler.stepOnDevice(): a step is in progress (unscale or step called without update)',
-      );
-    }
-    const arena = optimizer.arena();
-    const dev = this.#ensureDevice(arena.device);
+    this.#checkNoStepInProgress('stepOnDevice');
+    const dev = this.#ensureDevice(optimizer.arena().device);
     addon().fill({ tensor: dev.foundInfView.raw, value: 0 });
-    addon().unscaleAndCheck({
-      grads: arena.grads.raw,
-      scale: dev.scaleView.raw,
-      foundInf: dev.foundInfView.raw,
-      segments: optimizer.segmentTable(),
-    });
+    this.#unscaleOnDevice(optimizer, dev);
     afterUnscale?.();
     optimizer.step({ ...stepOptions, foundInf: dev.foundInfView });
     this.#updateScaleOnDevice(dev);
+  }
+
+  /**
+   * {@link GradScaler.stepOnDevice} and `optimizer.zeroGrad()`, the end of a step captured in a CUDA
+   * graph. With the `optim` fused path on, a CUDA arena and an optimizer that has a fused step,
+   * the check, the unscale by the device's scale, the update, the scale update and the zeroing
+   * run as one fused op (with `afterUnscale`, the unscale runs before it as it does unfused, and
+   * the fused op reads the unscaled gradients); the result is the unfused sequence's.
+   */
+  stepOnDeviceAndZeroGrad(
+    optimizer: ScalerOptimizer & FusableOptimizer,
+    options: { stepCount?: Tensor; afterUnscale?: () => void } = {},
+  ): void {
+    const arena = optimizer.arena();
+    if (!fusedPathOn('optim', arena.device) || !optimizer.supportsFusedStep) {
+      this.stepOnDevice(optimizer, options);
+      optimizer.zeroGrad();
+      return;
+    }
+    const { afterUnscale, stepCount } = options;
+    const zeroGrads = optimizer.stepsWholeArena();
+    const count = stepCount ? { stepCount } : {};
+    if (!this.enabled) {
+      afterUnscale?.();
+      optimizer.step({ ...count, fused: { checkFinite: false, zeroGrads } });
+    } else {
+      this.#checkNoStepInProgress('stepOnDeviceAndZeroGrad');
+      const dev = this.#ensureDevice(arena.device);
+      addon().fill({ tensor: dev.foundInfView.raw, value: 0 });
+      if (afterUnscale) {
+        this.#unscaleOnDevice(optimizer, dev);
+        afterUnscale();
+      }
+      optimizer.step({
+        ...count,
+        foundInf: dev.foundInfView,
+        fused: {
+          checkFinite: !afterUnscale,
+          zeroGrads,
+          scaleUpdate: this.#scaleUpdate(dev),
+          scaleFromDevice: !afterUnscale,
+        },
+      });
+    }
+    if (!zeroGrads) optimizer.zeroGrad();
   }
 
   /**
@@ -442,6 +470,37 @@ export class GradScaler {
       backoffFactor: this.#backoffFactor,
       growthInterval: this.#growthInterval,
     });
+  }
+
+  // The scale update of a fused step, on the device state `dev`.
+  #scaleUpdate(dev: ScalerTensors): FusedScaleUpdate {
+    return {
+      scale: dev.scaleView,
+      growthTracker: dev.tracker,
+      growthFactor: this.#growthFactor,
+      backoffFactor: this.#backoffFactor,
+      growthInterval: this.#growthInterval,
+    };
+  }
+
+  // A captured step's unscale: by the scale on the device, raising the found-inf flag.
+  #unscaleOnDevice(optimizer: ScalerOptimizer, dev: ScalerTensors): void {
+    addon().unscaleAndCheck({
+      grads: optimizer.arena().grads.raw,
+      scale: dev.scaleView.raw,
+      foundInf: dev.foundInfView.raw,
+      segments: optimizer.segmentTable(),
+    });
+  }
+
+  // Refuses a step on the device while an eager step is half-way (unscale or step without update).
+  #checkNoStepInProgress(method: string): void {
+    if (this.#unscaled.size > 0 || this.#stepped.size > 0) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        `GradScaler.${method}(): a step is in progress (unscale or step called without update)`,
+      );
+    }
   }
 
   // The device state during a step: unscale() has made it.

@@ -4,7 +4,7 @@
  * checkpoints of all of it.
  * @packageDocumentation
  */
-import { addon } from '../binding.js';
+import { addon, type RawFusedStepEnd } from '../binding.js';
 import { ResnetError, expectInt, expectNumber, invalid } from '../errors.js';
 import { Module } from '../nn/module.js';
 import { Parameter, type ParameterArena } from '../nn/parameter.js';
@@ -43,9 +43,10 @@ export interface OptimizerStepOptions {
    */
   tablesOnly?: boolean;
   /**
-   * The fused optimizer end of a step ({@link GradScaler.stepAndZeroGrad} passes it when the
-   * `optim` fused path is on); only optimizers whose {@link Optimizer.supportsFusedStep} is true
-   * take it.
+   * The fused optimizer end of a step ({@link GradScaler.stepAndZeroGrad} and
+   * {@link GradScaler.stepOnDeviceAndZeroGrad} pass it when the `optim` fused path is on); only optimizers
+   * whose {@link Optimizer.supportsFusedStep} is true take it. With `tablesOnly` it changes
+   * nothing: the fused step reads the tables the unfused one sends.
    */
   fused?: FusedStepOptions;
 }
@@ -69,6 +70,30 @@ export interface FusedStepOptions {
   zeroGrads: boolean;
   /** The scale update after the step, reading `foundInf`. */
   scaleUpdate?: FusedScaleUpdate;
+  /**
+   * Unscale by 1 / `scaleUpdate.scale` as the device holds it when the step starts, instead of
+   * `gradScaleInv` (a step captured in a CUDA graph); needs `scaleUpdate` and `checkFinite`.
+   */
+  scaleFromDevice?: boolean;
+}
+
+/** The native fused op's fields of `fused` (see {@link FusedStepOptions}). */
+export function rawFusedStepEnd(fused: FusedStepOptions): RawFusedStepEnd {
+  const u = fused.scaleUpdate;
+  return {
+    checkFinite: fused.checkFinite,
+    zeroGrads: fused.zeroGrads,
+    scaleFromDevice: fused.scaleFromDevice ?? false,
+    ...(u
+      ? {
+          scale: u.scale.raw,
+          growthTracker: u.growthTracker.raw,
+          growthFactor: u.growthFactor,
+          backoffFactor: u.backoffFactor,
+          growthInterval: u.growthInterval,
+        }
+      : {}),
+  };
 }
 
 /** An optimizer's checkpoint, plain data (typed arrays and numbers). */
@@ -206,12 +231,6 @@ export abstract class Optimizer<O extends object> {
     const gradScaleInv = expectNumber('gradScaleInv', options.gradScaleInv ?? 1);
     const fused = options.fused;
     if (fused !== undefined) this.#checkFused(fused, foundInf, arena.device);
-    if (fused !== undefined && (stepCount !== undefined || tablesOnly)) {
-      throw new ResnetError(
-        'ERR_RC_INVALID_ARGUMENT',
-        `${this.#name}: a fused step cannot be combined with stepCount or tablesOnly (a captured step runs the unfused ops)`,
-      );
-    }
     const groups = this.paramGroups.map((g, i) => this.#check(`paramGroups[${i}]`, g as Partial<O>, g as Partial<O>));
     const context = {
       arena,
@@ -254,7 +273,10 @@ export abstract class Optimizer<O extends object> {
   /** Runs the native step; `ctx.step` is t of this step. */
   protected abstract applyStep(ctx: StepContext<O>): void;
 
-  /** Whether {@link OptimizerStepOptions.fused} is taken (an optimizer with a fused kernel); false here. */
+  /**
+   * Whether {@link OptimizerStepOptions.fused} is taken (an optimizer with a fused kernel: SGD,
+   * AdamW and LAMB); false here.
+   */
   get supportsFusedStep(): boolean {
     return false;
   }
@@ -276,6 +298,11 @@ export abstract class Optimizer<O extends object> {
     if (fused === null || typeof fused !== 'object') invalid('fused', 'a FusedStepOptions object', fused);
     if ((fused.checkFinite || fused.scaleUpdate) && foundInf === undefined) {
       invalid('foundInf', 'the found-inf flag, which fused.checkFinite and fused.scaleUpdate need', foundInf);
+    }
+    const fromDevice = fused.scaleFromDevice ?? false;
+    if (typeof fromDevice !== 'boolean') invalid('fused.scaleFromDevice', 'a boolean', fromDevice);
+    if (fromDevice && (!fused.checkFinite || fused.scaleUpdate === undefined)) {
+      invalid('fused.scaleFromDevice', 'true only with fused.checkFinite and fused.scaleUpdate', fromDevice);
     }
     const u = fused.scaleUpdate;
     if (u !== undefined) {

@@ -5,7 +5,14 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, expectBool, expectNumber, expectOptions } from '../errors.js';
-import { Optimizer, type Group, type GroupInput, type ParamsInput, type StepContext } from './optimizer.js';
+import {
+  Optimizer,
+  rawFusedStepEnd,
+  type Group,
+  type GroupInput,
+  type ParamsInput,
+  type StepContext,
+} from './optimizer.js';
 
 /** Hyperparameters of {@link SGD}; each group may override them. */
 export interface SGDOptions {
@@ -84,21 +91,7 @@ export class SGD extends Optimizer<SGDOptions> {
       addon().sgdStep(args);
       return;
     }
-    const u = fused.scaleUpdate;
-    addon().fusedSgdStep({
-      ...args,
-      checkFinite: fused.checkFinite,
-      zeroGrads: fused.zeroGrads,
-      ...(u
-        ? {
-            scale: u.scale.raw,
-            growthTracker: u.growthTracker.raw,
-            growthFactor: u.growthFactor,
-            backoffFactor: u.backoffFactor,
-            growthInterval: u.growthInterval,
-          }
-        : {}),
-    });
+    addon().fusedSgdStep({ ...args, ...rawFusedStepEnd(fused) });
   }
 
   /** SGD's step can be captured in a CUDA graph (its learning rates are sent before each replay). */

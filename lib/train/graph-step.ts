@@ -225,10 +225,9 @@ function recordStep(parts: StepParts, inputs: Inputs, stepCount: Tensor, skips: 
   addon().add({ a: stepLoss.raw, b: value.raw, out: stepLoss.raw });
   net.backward(loss.backward());
   ddp?.finishGradientSync();
-  scaler.stepOnDevice(optimizer, {
+  scaler.stepOnDeviceAndZeroGrad(optimizer, {
     stepCount,
     ...(clip !== null ? { afterUnscale: () => void clipGradNorm(model, clip) } : {}),
   });
   if (scalerState) addon().add({ a: skips.raw, b: scalerState.foundInf.raw, out: skips.raw });
-  optimizer.zeroGrad();
 }

@@ -40,26 +40,55 @@ std::unique_ptr<JpegDecoder> Backend::createJpegDecoder() {
                                           << info().name << " backend decodes them with libjpeg-turbo on the CPU");
 }
 
-void Backend::fusedSgdStep(const FusedSgdArgs& a) {
-  SgdArgs sgd = a;
-  if (a.checkFinite) {
+namespace {
+
+// The unfused ops around an optimizer step, in the order a fused step replaces: the unscale and
+// check before `step` (which then reads the gradients with factor 1), the scale update and the
+// zeroing after it.
+template <typename Args, typename Step>
+void composeFusedStep(Backend& backend, const Args& a, const FusedStepEnd& end, Step step) {
+  Args stepArgs = a;
+  if (end.checkFinite) {
     UnscaleArgs unscale;
     unscale.grads = a.grads;
     unscale.foundInf = a.foundInf;
     unscale.segments = a.segments;
     unscale.invScale = a.gradScaleInv;
-    unscaleAndCheck(unscale);
-    sgd.gradScaleInv = 1.0f;
+    if (end.scaleFromDevice) unscale.scale = end.scale;
+    backend.unscaleAndCheck(unscale);
+    stepArgs.gradScaleInv = 1.0f;
   }
-  sgdStep(sgd);
-  if (a.scale.defined()) {
-    const ScalerUpdateArgs update = a.scalerUpdate();
-    scalerUpdate(update);
-  }
-  if (a.zeroGrads) {
+  step(stepArgs);
+  if (end.scale.defined()) backend.scalerUpdate(end.scalerUpdate(a.foundInf));
+  if (end.zeroGrads) {
     for (const ArenaSegment& s : a.segments)
-      if (s.count > 0) fill(a.grads.view(s.offset, {s.count}), 0.0);
+      if (s.count > 0) backend.fill(a.grads.view(s.offset, {s.count}), 0.0);
   }
+}
+
+}  // namespace
+
+void Backend::fusedSgdStep(const FusedSgdArgs& a) {
+  const SgdArgs& sgd = a;
+  if (a.tablesOnly) return sgdStep(sgd);
+  composeFusedStep(*this, sgd, a, [this](const SgdArgs& s) { sgdStep(s); });
+}
+
+void Backend::fusedAdamwStep(const FusedAdamWArgs& a) {
+  const AdamWArgs& adamw = a;
+  if (a.tablesOnly) return adamwStep(adamw);
+  composeFusedStep(*this, adamw, a, [this](const AdamWArgs& s) { adamwStep(s); });
+}
+
+void Backend::fusedLambStep(const FusedLambArgs& a) {
+  LambArgs lamb;
+  static_cast<AdamWArgs&>(lamb) = a;
+  if (a.tablesOnly) return lambStep(lamb);
+  composeFusedStep(*this, static_cast<const AdamWArgs&>(lamb), a, [this](const AdamWArgs& s) {
+    LambArgs step;
+    static_cast<AdamWArgs&>(step) = s;
+    lambStep(step);
+  });
 }
 
 }  // namespace rc

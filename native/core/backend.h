@@ -216,24 +216,31 @@ struct SgdArgs {
 
 struct ScalerUpdateArgs;
 
-// The optimizer end of a step in one op (the "optim" fused path): an SGD step as SgdArgs, where
-// grads are multiplied by `gradScaleInv` as they are read (the GradScaler's unscale, without
-// writing the unscaled gradients back). With `checkFinite`, `foundInf` (required) is set to 1 when
-// a gradient in the segments is inf or NaN, before any parameter moves, and the step is then
-// skipped; foundInf is never cleared here. With `zeroGrads`, every gradient in the segments is 0
-// afterwards, the skipped step included. When `scale` (f32[1]) and `growthTracker` (i32[1]) are
-// defined, the GradScaler's scale update (ScalerUpdateArgs) follows, reading foundInf. The result
-// equals unscaleAndCheck, sgdStep (gradScaleInv 1), scalerUpdate and zeroing in that order, which
-// is what backends without a fused kernel run.
-struct FusedSgdArgs : SgdArgs {
-  bool checkFinite = false, zeroGrads = false;
+// What the fused optimizer ops (the "optim" fused path) do besides the update. Gradients are
+// multiplied by the op's `gradScaleInv` as they are read (the GradScaler's unscale, without
+// writing the unscaled gradients back). With `checkFinite`, `foundInf` (required) is set to 1
+// when a gradient in the segments is inf or NaN, before any parameter moves, and the step is then
+// skipped; foundInf is never cleared here. With `scaleFromDevice` (needs `scale` and
+// `checkFinite`), the factor is instead (float)(1.0 / *scale) with the scale as it is when the op
+// starts (UnscaleArgs::scale: a captured step). With `zeroGrads`, every gradient in the segments
+// is 0 afterwards, the skipped step included. When `scale` (f32[1]) and `growthTracker` (i32[1])
+// are defined, the GradScaler's scale update (ScalerUpdateArgs) follows, reading foundInf.
+struct FusedStepEnd {
+  bool checkFinite = false, zeroGrads = false, scaleFromDevice = false;
   Tensor scale, growthTracker;
   float growthFactor = 2.0f, backoffFactor = 0.5f;
   int64_t growthInterval = 2000;
 
-  // The scaler update these arguments describe (meaningful when `scale` is defined).
-  ScalerUpdateArgs scalerUpdate() const;
+  // The scaler update these settings describe with the op's found-inf flag (meaningful when
+  // `scale` is defined).
+  ScalerUpdateArgs scalerUpdate(const Tensor& foundInf) const;
 };
+
+// The optimizer end of a step in one op: an SGD step as SgdArgs with FusedStepEnd's work. The
+// result equals unscaleAndCheck, sgdStep (gradScaleInv 1), scalerUpdate and zeroing in that
+// order, which is what backends without a fused kernel run. tablesOnly sends the tables sgdStep
+// sends (the same ones: the fused step reads them too).
+struct FusedSgdArgs : SgdArgs, FusedStepEnd {};
 
 // Per-group hyperparameters of AdamW and LAMB (the op receives them as f32).
 struct AdamGroup {
@@ -272,6 +279,13 @@ struct AdamWArgs {
 // the group does not adapt (see AdamGroup::alwaysAdapt); p -= lr * r * u. The norms are
 // reduced in a fixed order, so results are deterministic on every backend.
 struct LambArgs : AdamWArgs {};
+
+// AdamW's and LAMB's step with FusedStepEnd's work in one op (the "optim" fused path), equal to
+// unscaleAndCheck, adamwStep or lambStep (gradScaleInv 1), scalerUpdate and zeroing in that order,
+// which is what backends without a fused kernel run. A skipped step leaves `stepCount` as it was.
+// tablesOnly sends the tables adamwStep or lambStep sends (the same ones).
+struct FusedAdamWArgs : AdamWArgs, FusedStepEnd {};
+struct FusedLambArgs : FusedAdamWArgs {};
 
 // Global L2 norm sqrt(sum g^2) of `grads` (the segments listed, else all of it) into `out`
 // (f32[1] on the device, deterministic). If `foundInf` (f32[1]) is defined it is set to 1 when an
@@ -312,7 +326,7 @@ struct ScalerUpdateArgs {
   int64_t growthInterval = 2000;
 };
 
-inline ScalerUpdateArgs FusedSgdArgs::scalerUpdate() const {
+inline ScalerUpdateArgs FusedStepEnd::scalerUpdate(const Tensor& foundInf) const {
   ScalerUpdateArgs u;
   u.scale = scale;
   u.growthTracker = growthTracker;
@@ -519,8 +533,11 @@ class Backend {
   virtual void crossEntropy(const CrossEntropyArgs& args) = 0;
   virtual void distillationLoss(const DistillationArgs& args) = 0;
   virtual void sgdStep(const SgdArgs& args) = 0;
-  // The fused optimizer end of a step (FusedSgdArgs); the default runs the unfused ops in order.
+  // The fused optimizer end of a step (FusedSgdArgs, FusedAdamWArgs, FusedLambArgs); the defaults
+  // run the unfused ops in order.
   virtual void fusedSgdStep(const FusedSgdArgs& args);
+  virtual void fusedAdamwStep(const FusedAdamWArgs& args);
+  virtual void fusedLambStep(const FusedLambArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;

@@ -268,17 +268,23 @@ void validateSgd(const SgdArgs& a, const char* op = "sgd step") {
 
 void validateScalerUpdate(const ScalerUpdateArgs& a);
 
+// FusedStepEnd's settings of the fused optimizer op `op`, whose found-inf flag is `foundInf`.
+void validateFusedEnd(const FusedStepEnd& e, const Tensor& foundInf, const char* op) {
+  RC_CHECK_ARG(!e.checkFinite || foundInf.defined(), op << ": checkFinite needs foundInf, the flag the check sets");
+  RC_CHECK_ARG(e.scale.defined() == e.growthTracker.defined(),
+               op << ": scale and growthTracker come together (the scaler update needs both)");
+  RC_CHECK_ARG(!e.scaleFromDevice || (e.scale.defined() && e.checkFinite),
+               op << ": scaleFromDevice needs scale and checkFinite (the unscale reads the scale as it checks)");
+  if (e.scale.defined()) {
+    RC_CHECK_ARG(foundInf.defined(), op << ": the scaler update (scale) needs foundInf");
+    validateScalerUpdate(e.scalerUpdate(foundInf));
+  }
+}
+
 void validateFusedSgd(const FusedSgdArgs& a) {
   const char* op = "fused sgd step";
   validateSgd(a, op);
-  RC_CHECK_ARG(!a.checkFinite || a.foundInf.defined(), op << ": checkFinite needs foundInf, the flag the check sets");
-  RC_CHECK_ARG(a.scale.defined() == a.growthTracker.defined(),
-               op << ": scale and growthTracker come together (the scaler update needs both)");
-  if (a.scale.defined()) {
-    const ScalerUpdateArgs update = a.scalerUpdate();
-    RC_CHECK_ARG(a.foundInf.defined(), op << ": the scaler update (scale) needs foundInf");
-    validateScalerUpdate(update);
-  }
+  validateFusedEnd(a, a.foundInf, op);
 }
 
 void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
@@ -301,6 +307,11 @@ void validateAdamW(const AdamWArgs& a, const char* op = "adamw step") {
   RC_CHECK_ARG(
       !a.tablesOnly || a.params.device().type == DeviceType::Cuda,
       op << ": tablesOnly (the tables of a captured CUDA graph) needs CUDA tensors, got " << a.params.describe());
+}
+
+void validateFusedAdam(const FusedAdamWArgs& a, const char* op) {
+  validateAdamW(a, op);
+  validateFusedEnd(a, a.foundInf, op);
 }
 
 void validateGradNorm(const GradNormArgs& a) {
@@ -786,6 +797,20 @@ class CheckedBackend final : public Backend {
     validateConvertInput(a);
     here({&a.src, &a.dst, &a.flip}, "convert input");
     b_->convertInput(a);
+  }
+
+  void fusedAdamwStep(const FusedAdamWArgs& a) override {
+    validateFusedAdam(a, "fused adamw step");
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf, &a.stepCount, &a.scale, &a.growthTracker},
+         "fused adamw step");
+    b_->fusedAdamwStep(a);
+  }
+
+  void fusedLambStep(const FusedLambArgs& a) override {
+    validateFusedAdam(a, "fused lamb step");
+    here({&a.params, &a.grads, &a.expAvg, &a.expAvgSq, &a.foundInf, &a.stepCount, &a.scale, &a.growthTracker},
+         "fused lamb step");
+    b_->fusedLambStep(a);
   }
 
   void adamwStep(const AdamWArgs& a) override {

@@ -25,8 +25,9 @@ namespace {
 // allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
 // syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the values a captured training
 // step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
-// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep.
-constexpr int kBackendAbi = 9;
+// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep, 10 the
+// fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice).
+constexpr int kBackendAbi = 10;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -232,7 +233,7 @@ class CudaBackend final : public Backend {
   }
 
   void fusedSgdStep(const FusedSgdArgs& a) override {
-    RC_CHECK_ARG(!a.firstStep || !ctx_.capturing(),
+    RC_CHECK_ARG(a.tablesOnly || !a.firstStep || !ctx_.capturing(),
                  "fused sgd step: the first step (which starts the momentum buffers) cannot be captured in a CUDA "
                  "graph; run one step before capturing");
     DeviceGuard guard(ctx_.device());
@@ -240,17 +241,16 @@ class CudaBackend final : public Backend {
     std::vector<SgdGroupParams> groups;
     for (const SgdGroup& g : a.groups)
       groups.push_back({g.lr, g.momentum, g.dampening, g.weightDecay, g.nesterov ? 1 : 0});
+    // Under sgdStep's key: the tables sgdStep's tablesOnly sends are the ones a captured fused step reads.
     const auto* deviceGroups = groups.empty()
                                    ? nullptr
                                    : static_cast<const SgdGroupParams*>(ctx_.upload(
-                                         "fused sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
+                                         "sgd groups", groups.data(), groups.size() * sizeof(SgdGroupParams)));
+    if (a.tablesOnly) return;
     cuda::fusedSgdStep(a.params.ptr<float>(), a.grads.ptr<float>(),
                        a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, table.device,
-                       table.segments, table.chunks, deviceGroups, a.firstStep,
-                       a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr, a.checkFinite, a.gradScaleInv,
-                       a.zeroGrads, a.scale.defined() ? a.scale.ptr<float>() : nullptr,
-                       a.growthTracker.defined() ? a.growthTracker.ptr<int32_t>() : nullptr,
-                       {a.growthFactor, a.backoffFactor, static_cast<int32_t>(a.growthInterval)}, ctx_.stream());
+                       table.segments, table.chunks, deviceGroups, a.firstStep, fusedEnd(a, a.foundInf, a.gradScaleInv),
+                       ctx_.scratch(fusedStepScratchBytes(table.segments, table.chunks, false)), ctx_.stream());
   }
 
   void convertInput(const ConvertInputArgs& a) override {
@@ -265,9 +265,13 @@ class CudaBackend final : public Backend {
                        a.src.dim(2), a.src.dim(3), ctx_.stream());
   }
 
-  void adamwStep(const AdamWArgs& a) override { adamStep(a, false); }
+  void adamwStep(const AdamWArgs& a) override { adamStep(a, false, nullptr); }
 
-  void lambStep(const LambArgs& a) override { adamStep(a, true); }
+  void lambStep(const LambArgs& a) override { adamStep(a, true, nullptr); }
+
+  void fusedAdamwStep(const FusedAdamWArgs& a) override { adamStep(a, false, &a); }
+
+  void fusedLambStep(const FusedLambArgs& a) override { adamStep(a, true, &a); }
 
   void gradNorm(const GradNormArgs& a) override {
     DeviceGuard guard(ctx_.device());
@@ -460,26 +464,52 @@ class CudaBackend final : public Backend {
     return table;
   }
 
-  void adamStep(const AdamWArgs& a, bool lamb) {
-    const char* op = lamb ? "lamb step" : "adamw step";
+  // FusedStepEnd as the fused kernels take it.
+  static cuda::FusedEnd fusedEnd(const FusedStepEnd& e, const Tensor& foundInf, float gradScaleInv) {
+    return {foundInf.defined() ? foundInf.ptr<float>() : nullptr,
+            e.checkFinite,
+            e.zeroGrads,
+            gradScaleInv,
+            e.scaleFromDevice,
+            e.scale.defined() ? e.scale.ptr<float>() : nullptr,
+            e.growthTracker.defined() ? e.growthTracker.ptr<int32_t>() : nullptr,
+            {e.growthFactor, e.backoffFactor, static_cast<int32_t>(e.growthInterval)}};
+  }
+
+  // AdamW's or LAMB's step, fused (FusedStepEnd's work too) when `fused` is given.
+  void adamStep(const AdamWArgs& a, bool lamb, const FusedStepEnd* fused) {
+    const char* op = fused ? (lamb ? "fused lamb step" : "fused adamw step") : (lamb ? "lamb step" : "adamw step");
     // The bias correction takes the step count as a value, which a graph would replay unchanged,
     // unless the count is kept on the device.
     RC_CHECK_ARG(a.tablesOnly || a.stepCount.defined() || !ctx_.capturing(),
                  op << " cannot be captured in a CUDA graph with its step count as a value (the bias correction "
                        "would use the captured step's at every replay); pass stepCount, a device counter");
-    if (a.segments.empty()) return;
+    // A fused step with nothing to update still has its scale update and zeroing (of nothing) to do.
+    if (a.segments.empty() && (fused == nullptr || a.tablesOnly)) return;
     DeviceGuard guard(ctx_.device());
+    // The fused and unfused steps share their tables (their keys), so that either's tablesOnly
+    // refreshes what a captured step of the other reads.
     const OptimTable table = optimTable(lamb ? "lamb segments" : "adamw segments", a.segments, a.params.numel(), false);
-    if (table.segments == 0) return;
+    if (table.segments == 0 && fused == nullptr) return;
     std::vector<AdamGroupParams> groups;
     for (const AdamGroup& g : a.groups)
       groups.push_back({g.lr, g.beta1, g.beta2, g.eps, g.weightDecay, g.alwaysAdapt ? 1 : 0});
-    const auto* deviceGroups = static_cast<const AdamGroupParams*>(
-        ctx_.upload(lamb ? "lamb groups" : "adamw groups", groups.data(), groups.size() * sizeof(AdamGroupParams)));
+    const auto* deviceGroups =
+        groups.empty()
+            ? nullptr
+            : static_cast<const AdamGroupParams*>(ctx_.upload(lamb ? "lamb groups" : "adamw groups", groups.data(),
+                                                              groups.size() * sizeof(AdamGroupParams)));
     if (a.tablesOnly) return;
     int32_t* stepCount = a.stepCount.defined() ? a.stepCount.ptr<int32_t>() : nullptr;
-    const float* foundInf = a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr;
     const auto groupCount = static_cast<int64_t>(groups.size());
+    if (fused) {
+      cuda::fusedAdamStep(lamb, a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(),
+                          a.expAvgSq.ptr<float>(), table.device, table.segments, table.chunks, deviceGroups, groupCount,
+                          a.step, stepCount, fusedEnd(*fused, a.foundInf, a.gradScaleInv),
+                          ctx_.scratch(fusedStepScratchBytes(table.segments, table.chunks, lamb)), ctx_.stream());
+      return;
+    }
+    const float* foundInf = a.foundInf.defined() ? a.foundInf.ptr<float>() : nullptr;
     if (lamb) {
       cuda::lambStep(a.params.ptr<float>(), a.grads.ptr<float>(), a.expAvg.ptr<float>(), a.expAvgSq.ptr<float>(),
                      table.device, table.segments, table.chunks, deviceGroups, groupCount, a.step, stepCount, foundInf,

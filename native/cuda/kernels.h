@@ -175,6 +175,10 @@ size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount);
 void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
               int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount, int64_t step,
               int32_t* stepCount, const float* foundInf, float gradScaleInv, void* scratch, cudaStream_t stream);
+// LAMB's per-segment trust ratios (lambStep's second pass) from the per-chunk partial sums of p^2 and
+// u^2 at partial[2 * chunk + {0, 1}]; nothing when *foundInf is set.
+void lambTrustRatios(const int64_t* segments, int64_t segmentCount, const AdamGroupParams* groups,
+                     const float* foundInf, const double* partial, float* ratio, cudaStream_t stream);
 // Bytes of scratch gradNorm needs: one partial sum per chunk.
 size_t gradNormScratchBytes(int64_t chunkCount);
 // *out = sqrt(sum g^2) over the segments; *foundInf = 1 (if non-null) when an element is inf/NaN.
@@ -197,14 +201,35 @@ struct FusedScalerParams {
   float growthFactor, backoffFactor;
   int32_t growthInterval;
 };
-// FusedSgdArgs (core/backend.h) over optim.cu's segment table (offset, count, group, firstChunk;
-// groups index `groups`): with checkFinite a read-only pass raises *foundInf on an inf/NaN
-// gradient first; then one pass updates with g = grad * invScale (skipped when foundInf is
-// non-null and set), zeroes the gradients when zeroGrads, and, when scale is non-null, applies
-// the scale update to scale/growthTracker. Two launches at most; no host sync, no allocation.
+// FusedStepEnd (core/backend.h) as the fused kernels take it. foundInf may be null (no scaler:
+// then checkFinite and scaleFromDevice are false); scale null: no scale update.
+struct FusedEnd {
+  float* foundInf;
+  bool checkFinite, zeroGrads;
+  float invScale;        // the unscale factor, unless scaleFromDevice
+  bool scaleFromDevice;  // invScale = (float)(1.0 / *scale) as the step starts
+  float* scale;
+  int32_t* growthTracker;
+  FusedScalerParams scaler;
+};
+// Bytes of scratch the fused steps need: the values their first pass reads on the device, and for
+// LAMB the partial norms and trust ratios.
+size_t fusedStepScratchBytes(int64_t segmentCount, int64_t chunkCount, bool lamb);
+// The fused steps over optim.cu's segment table (offset, count, group, firstChunk; groups index
+// `groups`). A first, read-only pass runs when there is something to read on the device before any
+// parameter moves: the check (raising *foundInf on an inf/NaN gradient), the scale
+// (scaleFromDevice) or the step count. Then the update reads each gradient once as grad *
+// invScale (skipped when *foundInf is set), zeroes it when zeroGrads, and the scale update and the
+// step count's advance happen in the last pass. No host sync, no allocation.
+// SGD (FusedSgdArgs): two launches at most.
 void fusedSgdStep(float* params, float* grads, float* momentumBuffer, const int64_t* segments, int64_t segmentCount,
-                  int64_t chunkCount, const SgdGroupParams* groups, bool firstStep, float* foundInf, bool checkFinite,
-                  float invScale, bool zeroGrads, float* scale, int32_t* growthTracker, FusedScalerParams scaler,
+                  int64_t chunkCount, const SgdGroupParams* groups, bool firstStep, const FusedEnd& end, void* scratch,
                   cudaStream_t stream);
+// AdamW (two launches at most) and LAMB (moments and norms, trust ratios, update: four at most)
+// (FusedAdamWArgs). With `stepCount` (device i32, may be null) t is one more than its value as the
+// step starts, and it advances by one unless the step is skipped; otherwise t is `step`.
+void fusedAdamStep(bool lamb, float* params, float* grads, float* expAvg, float* expAvgSq, const int64_t* segments,
+                   int64_t segmentCount, int64_t chunkCount, const AdamGroupParams* groups, int64_t groupCount,
+                   int64_t step, int32_t* stepCount, const FusedEnd& end, void* scratch, cudaStream_t stream);
 
 }  // namespace rc::cuda

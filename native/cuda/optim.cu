@@ -6,7 +6,6 @@
 // partials in chunk order in a second kernel, so nothing depends on the grid or on timing.
 #include <cub/block/block_reduce.cuh>
 
-#include "../core/adam_coeffs.h"
 #include "device_utils.cuh"
 #include "kernels.h"
 #include "optim_chunks.cuh"
@@ -14,23 +13,6 @@
 namespace rc::cuda {
 
 namespace {
-
-__device__ __forceinline__ bool skipStep(const float* foundInf) { return foundInf != nullptr && *foundInf != 0.0f; }
-
-// Every block computes the coefficients of all groups once into shared memory (groupCount <=
-// kMaxOptimGroups, sized at launch), so no per-step table has to be uploaded. t is `step`, or the
-// device's step count when one is given (a captured step).
-__device__ void loadCoeffs(AdamCoeffs* sCoeffs, const AdamGroupParams* __restrict__ groups, int64_t groupCount,
-                           int64_t step, const int32_t* __restrict__ stepCount) {
-  const int64_t t = stepCount ? static_cast<int64_t>(*stepCount) : step;
-  for (int64_t k = threadIdx.x; k < groupCount; k += blockDim.x) sCoeffs[k] = adamCoeffs(groups[k], t);
-  __syncthreads();
-}
-
-// LAMB's update direction from the stored moments: u = mhat / (sqrt(vhat) + eps) + wd * p.
-__device__ __forceinline__ float lambDirection(float m, float v, float p, const AdamCoeffs& c) {
-  return (m / c.bc1) / (sqrtf(v) / c.bc2Sqrt + c.eps) + c.weightDecay * p;
-}
 
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(float* __restrict__ params, const float* __restrict__ grads, float* __restrict__ expAvg,
@@ -284,13 +266,18 @@ void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq,
       params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount,
       foundInf, gradScaleInv, partial);
   checkLaunch("lamb_moments_kernel");
-  lamb_ratio_kernel<<<optimBlocks(segmentCount), kThreads, 0, stream>>>(segments, segmentCount, groups, foundInf,
-                                                                        partial, ratio);
-  checkLaunch("lamb_ratio_kernel");
+  lambTrustRatios(segments, segmentCount, groups, foundInf, partial, ratio, stream);
   lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(params, expAvg, expAvgSq, segments,
                                                                            segmentCount, chunkCount, groups, groupCount,
                                                                            step, stepCount, foundInf, ratio);
   checkLaunch("lamb_update_kernel");
+}
+
+void lambTrustRatios(const int64_t* segments, int64_t segmentCount, const AdamGroupParams* groups,
+                     const float* foundInf, const double* partial, float* ratio, cudaStream_t stream) {
+  lamb_ratio_kernel<<<optimBlocks(segmentCount), kThreads, 0, stream>>>(segments, segmentCount, groups, foundInf,
+                                                                        partial, ratio);
+  checkLaunch("lamb_ratio_kernel");
 }
 
 size_t gradNormScratchBytes(int64_t chunkCount) {

@@ -1,9 +1,11 @@
-// The chunk lookup of the multi-tensor optimizer kernels (optim.cu, fused_optim.cu) over the
-// segment table of kernels.h: rows {offset, count, group, firstChunk}, in offset order.
+// What the multi-tensor optimizer kernels of optim.cu and fused_optim.cu share: the chunk lookup
+// over the segment table of kernels.h (rows {offset, count, group, firstChunk}, in offset order),
+// the skip on the GradScaler's flag, and AdamW's and LAMB's per-group coefficients and direction.
 #pragma once
 
 #include <cstdint>
 
+#include "../core/adam_coeffs.h"
 #include "kernels.h"
 
 namespace rc::cuda {
@@ -26,6 +28,24 @@ __device__ __forceinline__ ChunkRange findChunk(const int64_t* __restrict__ segm
   const int64_t* seg = segments + 4 * lo;
   const int64_t local = chunk - seg[3];
   return {seg[0] + local * kOptimChunk, seg[0] + min(seg[1], (local + 1) * kOptimChunk), lo, seg[2]};
+}
+
+// Whether the GradScaler found inf/NaN (foundInf may be null: no scaler); the same for every thread.
+__device__ __forceinline__ bool skipStep(const float* foundInf) { return foundInf != nullptr && *foundInf != 0.0f; }
+
+// Every block computes the coefficients of all groups once into shared memory (groupCount <=
+// kMaxOptimGroups, sized at launch), so no per-step table has to be uploaded. t is `step`, or the
+// device's step count when one is given (a captured step).
+__device__ inline void loadCoeffs(AdamCoeffs* sCoeffs, const AdamGroupParams* __restrict__ groups, int64_t groupCount,
+                                  int64_t step, const int32_t* __restrict__ stepCount) {
+  const int64_t t = stepCount ? static_cast<int64_t>(*stepCount) : step;
+  for (int64_t k = threadIdx.x; k < groupCount; k += blockDim.x) sCoeffs[k] = adamCoeffs(groups[k], t);
+  __syncthreads();
+}
+
+// LAMB's update direction from the stored moments: u = mhat / (sqrt(vhat) + eps) + wd * p.
+__device__ __forceinline__ float lambDirection(float m, float v, float p, const AdamCoeffs& c) {
+  return (m / c.bc1) / (sqrtf(v) / c.bc2Sqrt + c.eps) + c.weightDecay * p;
 }
 
 }  // namespace rc::cuda

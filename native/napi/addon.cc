@@ -257,17 +257,23 @@ void parseSgd(const Napi::Object& o, SgdArgs& a) {
   a.segments = getSegments(o, true);
 }
 
-// fusedSgdStep({ ...sgdStep's fields, checkFinite?, zeroGrads?, scale?, growthTracker?,
-//                growthFactor?, backoffFactor?, growthInterval? })
-void parseFusedSgd(const Napi::Object& o, FusedSgdArgs& a) {
-  parseSgd(o, a);
+// The fused optimizer ops' fields besides their step's: { checkFinite?, zeroGrads?,
+// scaleFromDevice?, scale?, growthTracker?, growthFactor?, backoffFactor?, growthInterval? }.
+void parseFusedEnd(const Napi::Object& o, FusedStepEnd& a) {
   a.checkFinite = getBool(o, "checkFinite", false);
   a.zeroGrads = getBool(o, "zeroGrads", false);
+  a.scaleFromDevice = getBool(o, "scaleFromDevice", false);
   a.scale = getTensor(o, "scale", false);
   a.growthTracker = getTensor(o, "growthTracker", false);
   a.growthFactor = getFloat(o, "growthFactor", 2.0);
   a.backoffFactor = getFloat(o, "backoffFactor", 0.5);
   a.growthInterval = getInt(o, "growthInterval", 2000);
+}
+
+// fusedSgdStep({ ...sgdStep's fields, ...parseFusedEnd's })
+void parseFusedSgd(const Napi::Object& o, FusedSgdArgs& a) {
+  parseSgd(o, a);
+  parseFusedEnd(o, a);
 }
 
 AdamGroup parseAdamGroup(const Napi::Object& g) {
@@ -296,6 +302,13 @@ void parseAdam(const Napi::Object& o, Args& a) {
   a.gradScaleInv = getFloat(o, "gradScaleInv", 1.0);
   a.groups = getGroups(o, parseAdamGroup);
   a.segments = getSegments(o, true);
+}
+
+// fusedAdamwStep and fusedLambStep({ ...parseAdam's fields, ...parseFusedEnd's })
+template <typename Args>
+void parseFusedAdam(const Napi::Object& o, Args& a) {
+  parseAdam(o, a);
+  parseFusedEnd(o, a);
 }
 
 // gradNorm({ grads, out, foundInf?, segments? })
@@ -638,6 +651,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"fusedSgdStep", StructOp<FusedSgdArgs, parseFusedSgd, &FusedSgdArgs::params, &Backend::fusedSgdStep>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},
+      {"fusedAdamwStep",
+       StructOp<FusedAdamWArgs, parseFusedAdam<FusedAdamWArgs>, &FusedAdamWArgs::params, &Backend::fusedAdamwStep>},
+      {"fusedLambStep",
+       StructOp<FusedLambArgs, parseFusedAdam<FusedLambArgs>, &FusedLambArgs::params, &Backend::fusedLambStep>},
       {"gradNorm", StructOp<GradNormArgs, parseGradNorm, &GradNormArgs::grads, &Backend::gradNorm>},
       {"unscaleAndCheck", StructOp<UnscaleArgs, parseUnscale, &UnscaleArgs::grads, &Backend::unscaleAndCheck>},
       {"clipGradNorm", StructOp<ClipGradNormArgs, parseClipGradNorm, &ClipGradNormArgs::grads, &Backend::clipGradNorm>},
