@@ -488,7 +488,11 @@ function smallResNet(seed: number): Sequential {
 }
 
 /** Parameters after each of `steps` steps (step 1 with an inf gradient under a scaler), and the scales. */
-function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip = false) {
+type MakeOptimizer = (model: Module) => Optimizer<{ lr: number }>;
+
+const sgdOf: MakeOptimizer = (m) => new SGD(m, { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 5e-4 });
+
+function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip = false, make = sgdOf) {
   const saved = process.env[FUSED_ENV];
   if (fusedOn) process.env[FUSED_ENV] = 'optim';
   else delete process.env.RESNET_CUDA_FUSED;
@@ -497,7 +501,7 @@ function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip =
     model.train();
     const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
     const loss = new CrossEntropyLoss();
-    const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 5e-4 });
+    const optimizer = make(model);
     const scaler = new GradScaler({ enabled: dtype === 'f16', initScale: 256, growthInterval: 2 });
     const images = Tensor.from(
       values(BATCH * SIZE * SIZE * 3, 5).map((v) => Math.floor((v + 1) * 127.5)),
@@ -542,35 +546,136 @@ function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip =
 }
 
 describe('a small ResNet trained with the optim fused path on and off', () => {
-  for (const [dtype, clip] of [
-    ['bf16', false],
-    ['f16', false],
-    ['f16', true],
-  ] as const) {
+  const optimizers: [string, MakeOptimizer, 'fusedSgdStep' | 'fusedAdamwStep' | 'fusedLambStep'][] = [
+    ['SGD', sgdOf, 'fusedSgdStep'],
+    ['AdamW', (m) => new AdamW(m, { lr: 0.01, weightDecay: 0.05 }), 'fusedAdamwStep'],
+    ['LAMB', (m) => new LAMB(m, { lr: 0.02, weightDecay: 0.01 }), 'fusedLambStep'],
+  ];
+  for (const [optimizerName, make, op] of optimizers) {
+    for (const [dtype, clip] of [
+      ['bf16', false],
+      ['f16', false],
+      ['f16', true],
+    ] as const) {
+      // SGD runs every variant; AdamW and LAMB the fp16 run with its inf step, and bf16.
+      if (optimizerName !== 'SGD' && clip) continue;
+      it.skipIf(!onlyCuda || !cuda?.available)(
+        `${optimizerName}: ends every step with the same parameters, scale and zero gradients (${dtype}${clip ? ', clipped' : ''})`,
+        () => {
+          const steps = 3;
+          const spy = vi.spyOn(addon(), op);
+          const off = trainRun(false, dtype, steps, clip, make);
+          expect(spy).not.toHaveBeenCalled();
+          const on = trainRun(true, dtype, steps, clip, make);
+          // The switch took the fused op, once per step.
+          expect(spy).toHaveBeenCalledTimes(steps);
+          spy.mockRestore();
+          for (let s = 0; s < steps; s++) {
+            expect(on[s]!.scale).toBe(off[s]!.scale);
+            expect(on[s]!.skipped).toBe(off[s]!.skipped);
+            expect(on[s]!.grads).toBe(0);
+            on[s]!.params.forEach((p, i) => expect(p).toEqual(off[s]!.params[i]));
+          }
+          if (dtype === 'f16') {
+            // 256 after a clean step, 128 after the inf step, 128 after one clean step of the two it takes to grow.
+            expect(off.map((r) => r.skipped)).toEqual([false, true, false]);
+            expect(off.map((r) => r.scale)).toEqual([256, 128, 128]);
+          }
+          // The parameters moved on the clean steps.
+          expect(on[2]!.params[0]).not.toEqual(on[0]!.params[0]);
+        },
+      );
+    }
+  }
+});
+
+// ---- the Trainer's captured step with the fused path ---------------------------------------------
+
+/** Trains a tiny net with the Trainer; returns the parameters, the step counts and the scale. */
+async function trainerRun(fusedOn: boolean, make: MakeOptimizer, options: Partial<TrainerOptions>) {
+  const saved = process.env[FUSED_ENV];
+  if (fusedOn) process.env[FUSED_ENV] = 'optim';
+  else delete process.env.RESNET_CUDA_FUSED;
+  const model = new Sequential(
+    new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed: 1 }),
+    new BatchNorm2d({ numFeatures: 4 }),
+    new ReLU(),
+    new AdaptiveAvgPool2d(),
+    new Flatten(),
+    new Linear({ inFeatures: 4, outFeatures: 4, seed: 3 }),
+  ).to('cuda');
+  const optimizer = make(model);
+  const loader = new DataLoader(new ShapesDataset({ length: 20, size: 8, classes: 4, seed: 3 }), {
+    batchSize: 4,
+    workers: 0,
+    shuffle: true,
+    seed: 5,
+  });
+  const trainer = new Trainer({
+    model,
+    optimizer,
+    device: 'cuda',
+    progress: false,
+    jsonLog: false,
+    tensorboard: false,
+    plots: false,
+    normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+    ...options,
+  });
+  try {
+    const result = await trainer.fit(loader, { epochs: 1 });
+    return {
+      params: model.arena().params.toFloat32Array(),
+      grads: model.arena().grads.toFloat32Array(),
+      optimizerSteps: optimizer.stepCount,
+      steps: result.steps,
+      scale: trainer.scaler.scaleValue(),
+      graph: trainer.cudaGraphStats,
+    };
+  } finally {
+    await loader.close();
+    await trainer.dispose();
+    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
+    else process.env[FUSED_ENV] = saved;
+  }
+}
+
+describe("the Trainer's CUDA-graph step with the optim fused path", () => {
+  // fp16 with a scale that overflows every other step (skips inside the replays), with and
+  // without clipping (the unscale before the fused op, or inside it by the device's scale).
+  const overflowing: Partial<TrainerOptions> = {
+    amp: 'fp16',
+    gradScaler: { initScale: 1024, growthFactor: 4096, backoffFactor: 1 / 4096, growthInterval: 2 },
+  };
+  const cases: [string, MakeOptimizer, 'fusedSgdStep' | 'fusedAdamwStep' | 'fusedLambStep', Partial<TrainerOptions>][] =
+    [
+      ['AdamW, fp16, overflows', (m) => new AdamW(m, { lr: 0.01 }), 'fusedAdamwStep', overflowing],
+      [
+        'LAMB, fp16, overflows, clipped',
+        (m) => new LAMB(m, { lr: 0.01 }),
+        'fusedLambStep',
+        { ...overflowing, clipGradNorm: 1 },
+      ],
+      ['LAMB, bf16 (no scaler)', (m) => new LAMB(m, { lr: 0.01 }), 'fusedLambStep', { amp: 'bf16' }],
+      ['SGD, fp16, overflows', (m) => new SGD(m, { lr: 0.05, momentum: 0.9 }), 'fusedSgdStep', overflowing],
+    ];
+  for (const [name, make, op, options] of cases) {
     it.skipIf(!onlyCuda || !cuda?.available)(
-      `ends every step with the same parameters, scale and zero gradients (${dtype}${clip ? ', clipped' : ''})`,
-      () => {
-        const steps = 3;
-        const spy = vi.spyOn(addon(), 'fusedSgdStep');
-        const off = trainRun(false, dtype, steps, clip);
-        expect(spy).not.toHaveBeenCalled();
-        const on = trainRun(true, dtype, steps, clip);
-        // The switch took the fused op, once per step.
-        expect(spy).toHaveBeenCalledTimes(steps);
+      `${name}: captured and replayed, the eager unfused run's result`,
+      async () => {
+        const eager = await trainerRun(false, make, options);
+        const spy = vi.spyOn(addon(), op);
+        const graph = await trainerRun(true, make, { ...options, cudaGraph: { warmup: 1 } });
+        // One eager warm-up step and the capture call the fused op; the replays run it on the device.
+        expect(spy).toHaveBeenCalledTimes(2);
         spy.mockRestore();
-        for (let s = 0; s < steps; s++) {
-          expect(on[s]!.scale).toBe(off[s]!.scale);
-          expect(on[s]!.skipped).toBe(off[s]!.skipped);
-          expect(on[s]!.grads).toBe(0);
-          on[s]!.params.forEach((p, i) => expect(p).toEqual(off[s]!.params[i]));
-        }
-        if (dtype === 'f16') {
-          // 256 after a clean step, 128 after the inf step, 128 after one clean step of the two it takes to grow.
-          expect(off.map((r) => r.skipped)).toEqual([false, true, false]);
-          expect(off.map((r) => r.scale)).toEqual([256, 128, 128]);
-        }
-        // The parameters moved on the clean steps.
-        expect(on[2]!.params[0]).not.toEqual(on[0]!.params[0]);
+        expect(graph.graph).toEqual({ captures: 1, replays: 4, eagerSteps: 1, reasons: [] });
+        expect(graph.steps).toBe(eager.steps);
+        expect(graph.optimizerSteps).toBe(eager.optimizerSteps);
+        expect(graph.scale).toBe(eager.scale);
+        expect(graph.grads.every((v) => v === 0)).toBe(true);
+        expect(graph.params).toEqual(eager.params);
+        if (options.amp === 'fp16') expect(eager.optimizerSteps).toBeLessThan(eager.steps);
       },
     );
   }
