@@ -14,9 +14,10 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
 
 /**
  * The fused paths there are:
- * - `optim`: the GradScaler's inf/NaN check, the SGD update (unscaling as it reads the
- *   gradients), the scale update and the gradient zeroing in one op on CUDA, taken by
- *   {@link GradScaler.stepAndZeroGrad} (and so by the Trainer) for SGD.
+ * - `optim`: the GradScaler's inf/NaN check, the SGD, AdamW or LAMB update (unscaling as it
+ *   reads the gradients), the scale update and the gradient zeroing in one op on CUDA, taken by
+ *   {@link GradScaler.stepAndZeroGrad} (and so by the Trainer) and, in a step captured in a CUDA
+ *   graph, by {@link GradScaler.stepOnDeviceAndZeroGrad}.
  */
 export const FUSED_PATH_NAMES = ['optim'] as const;
 

@@ -480,7 +480,7 @@ class FusedPlanner {
     const p = step.trainableParams;
     if (this.#o.gradScaler) {
       this.#ops.push(op('scaler', 'step', 'cudaMemsetAsync (found inf)', 0, 0, F32));
-      this.#ops.push(op('scaler', 'step', 'fused_finite_check_kernel', p, F32 * p, 0));
+      this.#ops.push(op('scaler', 'step', 'fused_first_pass_kernel (check)', p, F32 * p, 0));
     }
     this.#ops.push(
       op(
