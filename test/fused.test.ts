@@ -13,6 +13,7 @@ import { describe, expect, it, vi } from 'vitest';
 import {
   AdamW,
   BatchNorm2d,
+  CosineAnnealingLR,
   DataLoader,
   LAMB,
   ReLU,
@@ -592,7 +593,11 @@ describe('a small ResNet trained with the optim fused path on and off', () => {
 // ---- the Trainer's captured step with the fused path ---------------------------------------------
 
 /** Trains a tiny net with the Trainer; returns the parameters, the step counts and the scale. */
-async function trainerRun(fusedOn: boolean, make: MakeOptimizer, options: Partial<TrainerOptions>) {
+/** Trainer options; `schedule: 'cosine'` stands for a fresh cosine schedule per run (schedules keep state). */
+type RunOptions = Omit<Partial<TrainerOptions>, 'schedule'> & { schedule?: 'cosine' };
+
+async function trainerRun(fusedOn: boolean, make: MakeOptimizer, runOptions: RunOptions) {
+  const { schedule, ...options } = runOptions;
   const saved = process.env[FUSED_ENV];
   if (fusedOn) process.env[FUSED_ENV] = 'optim';
   else delete process.env.RESNET_CUDA_FUSED;
@@ -621,6 +626,7 @@ async function trainerRun(fusedOn: boolean, make: MakeOptimizer, options: Partia
     plots: false,
     normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
     ...options,
+    ...(schedule ? { schedule: new CosineAnnealingLR({ tMax: 8, minLr: 0.001 }) } : {}),
   });
   try {
     const result = await trainer.fit(loader, { epochs: 1 });
@@ -643,22 +649,31 @@ async function trainerRun(fusedOn: boolean, make: MakeOptimizer, options: Partia
 describe("the Trainer's CUDA-graph step with the optim fused path", () => {
   // fp16 with a scale that overflows every other step (skips inside the replays), with and
   // without clipping (the unscale before the fused op, or inside it by the device's scale).
-  const overflowing: Partial<TrainerOptions> = {
+  const overflowing: RunOptions = {
     amp: 'fp16',
     gradScaler: { initScale: 1024, growthFactor: 4096, backoffFactor: 1 / 4096, growthInterval: 2 },
   };
-  const cases: [string, MakeOptimizer, 'fusedSgdStep' | 'fusedAdamwStep' | 'fusedLambStep', Partial<TrainerOptions>][] =
+  const cases: [string, MakeOptimizer, 'fusedSgdStep' | 'fusedAdamwStep' | 'fusedLambStep', RunOptions][] = [
     [
-      ['AdamW, fp16, overflows', (m) => new AdamW(m, { lr: 0.01 }), 'fusedAdamwStep', overflowing],
-      [
-        'LAMB, fp16, overflows, clipped',
-        (m) => new LAMB(m, { lr: 0.01 }),
-        'fusedLambStep',
-        { ...overflowing, clipGradNorm: 1 },
-      ],
-      ['LAMB, bf16 (no scaler)', (m) => new LAMB(m, { lr: 0.01 }), 'fusedLambStep', { amp: 'bf16' }],
-      ['SGD, fp16, overflows', (m) => new SGD(m, { lr: 0.05, momentum: 0.9 }), 'fusedSgdStep', overflowing],
-    ];
+      'AdamW, fp16, overflows, a learning rate that changes every step',
+      (m) => new AdamW(m, { lr: 0.01 }),
+      'fusedAdamwStep',
+      { ...overflowing, schedule: 'cosine' },
+    ],
+    [
+      'LAMB, fp16, overflows, clipped',
+      (m) => new LAMB(m, { lr: 0.01 }),
+      'fusedLambStep',
+      { ...overflowing, clipGradNorm: 1 },
+    ],
+    ['LAMB, bf16 (no scaler)', (m) => new LAMB(m, { lr: 0.01 }), 'fusedLambStep', { amp: 'bf16' }],
+    [
+      'SGD, fp16, overflows, a learning rate that changes every step',
+      (m) => new SGD(m, { lr: 0.05, momentum: 0.9 }),
+      'fusedSgdStep',
+      { ...overflowing, schedule: 'cosine' },
+    ],
+  ];
   for (const [name, make, op, options] of cases) {
     it.skipIf(!onlyCuda || !cuda?.available)(
       `${name}: captured and replayed, the eager unfused run's result`,
