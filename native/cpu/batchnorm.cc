@@ -93,40 +93,58 @@ RC_ISA_DISPATCH(gradStatsRows, gradStatsRowsImpl,
                 (x, y, dy, mean, rows, channels, sg, sgx))
 
 // dx = a * (g - b - (x - mean) * k) with batch statistics, a * g with constant (running) ones;
-// dres = g
+// dres = g, written in the same loop as dx (dy's own bits where the ReLU passed it, else zero).
+// The per-channel coefficients are restrict (they are the caller's own vectors): without it the
+// alias checks between them and the two outputs outnumber what the compiler versions a loop for,
+// and the f32 loop that writes dx and dres stays scalar.
 template <typename T>
-RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean,
-                                        const float* a, const float* b, const float* k, int64_t rows, int64_t channels,
-                                        bool batchStats) {
+RC_ALWAYS_INLINE float gradInputValue(T x, float g, float mean, float a, float b, float k, bool batchStats) {
+  return batchStats ? a * (g - b - (toF(x) - mean) * k) : a * g;
+}
+
+template <typename T>
+RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres,
+                                        const float* __restrict mean, const float* __restrict a,
+                                        const float* __restrict b, const float* __restrict k, int64_t rows,
+                                        int64_t channels, bool batchStats) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * channels;
-    const T* dyr = dy + r * channels;
-    T* dxr = dx + r * channels;
-    if (y) {
-      const T* yr = y + r * channels;
+    const int64_t at = r * channels;
+    const T* xr = x + at;
+    const T* dyr = dy + at;
+    T* dxr = dx + at;
+    if (y && dres) {
+      const T* yr = y + at;
+      const auto* dyWords = words(dyr);
+      auto* dresWords = words(dres + at);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float out = toF(yr[c]);
+        dxr[c] = fromF<T>(gradInputValue(xr[c], reluGrad(out, toF(dyr[c])), mean[c], a[c], b[c], k[c], batchStats));
+        dresWords[c] = reluGradWord(out, dyWords[c]);
+      }
+    } else if (y) {
+      const T* yr = y + at;
       for (int64_t c = 0; c < channels; ++c) {
         const float g = reluGrad(toF(yr[c]), toF(dyr[c]));
-        dxr[c] = fromF<T>(batchStats ? a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]) : a[c] * g);
+        dxr[c] = fromF<T>(gradInputValue(xr[c], g, mean[c], a[c], b[c], k[c], batchStats));
       }
-      if (dres) {
-        T* drr = dres + r * channels;
-        for (int64_t c = 0; c < channels; ++c) drr[c] = toF(yr[c]) <= 0.0f ? fromF<T>(0.0f) : dyr[c];
+    } else if (dres) {
+      const auto* dyWords = words(dyr);
+      auto* dresWords = words(dres + at);
+      for (int64_t c = 0; c < channels; ++c) {
+        dxr[c] = fromF<T>(gradInputValue(xr[c], toF(dyr[c]), mean[c], a[c], b[c], k[c], batchStats));
+        dresWords[c] = dyWords[c];
       }
     } else {
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = toF(dyr[c]);
-        dxr[c] = fromF<T>(batchStats ? a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]) : a[c] * g);
-      }
-      if (dres) {
-        T* drr = dres + r * channels;
-        for (int64_t c = 0; c < channels; ++c) drr[c] = dyr[c];
+        dxr[c] = fromF<T>(gradInputValue(xr[c], toF(dyr[c]), mean[c], a[c], b[c], k[c], batchStats));
       }
     }
   }
 }
 RC_ISA_DISPATCH(gradInputRows, gradInputRowsImpl,
-                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a, const float* b,
-                 const float* k, int64_t rows, int64_t channels, bool batchStats),
+                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* __restrict mean,
+                 const float* __restrict a, const float* __restrict b, const float* __restrict k, int64_t rows,
+                 int64_t channels, bool batchStats),
                 (x, y, dy, dx, dres, mean, a, b, k, rows, channels, batchStats))
 
 // ---- drivers ---------------------------------------------------------------------------------
