@@ -2,10 +2,11 @@
 // parallel pass over the chunks of all arena segments; skipped when the GradScaler found inf/NaN.
 // The hyperparameters are copied into a local struct and the loops are split by case, so that
 // the compiler vectorises them (read through the argument structs, a float could alias the
-// arrays written, and each element would reload them).
+// arrays written, and each element would reload them). Baseline x86-64 code only: the pass is
+// bound by memory, and without FMA contraction every element is rounded as before and as PyTorch
+// rounds it (separate multiply and add), whatever the CPU.
 #include "arena_chunks.h"
 #include "cpu_ops.h"
-#include "isa.h"
 
 namespace rc::cpu {
 
@@ -17,21 +18,17 @@ struct SgdCoeffs {
 };
 
 // Without momentum: p -= lr * (g * inv + wd * p).
-template <typename T>
-RC_ALWAYS_INLINE void sgdPlainImpl(float* __restrict p, const float* __restrict g, int64_t n, SgdCoeffs c) {
+void sgdPlainChunk(float* __restrict p, const float* __restrict g, int64_t n, SgdCoeffs c) {
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * c.gradScaleInv + c.weightDecay * p[i];
     p[i] -= c.lr * d;
   }
 }
-RC_ISA_DISPATCH(sgdPlainChunk, sgdPlainImpl, (float* __restrict p, const float* __restrict g, int64_t n, SgdCoeffs c),
-                (p, g, n, c))
 
 // With momentum: b = d on the first step, else momentum * b + (1 - dampening) * d; the step is
 // d + momentum * b with Nesterov, else b.
-template <typename T>
-RC_ALWAYS_INLINE void sgdMomentumImpl(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
-                                      SgdCoeffs c, bool first) {
+void sgdMomentumChunk(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n, SgdCoeffs c,
+                      bool first) {
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * c.gradScaleInv + c.weightDecay * p[i];
     const float b = first ? d : c.momentum * buf[i] + c.dampeningComplement * d;
@@ -39,10 +36,6 @@ RC_ALWAYS_INLINE void sgdMomentumImpl(float* __restrict p, const float* __restri
     p[i] -= c.lr * (c.nesterov ? d + c.momentum * b : b);
   }
 }
-RC_ISA_DISPATCH(sgdMomentumChunk, sgdMomentumImpl,
-                (float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n, SgdCoeffs c,
-                 bool first),
-                (p, g, buf, n, c, first))
 
 }  // namespace
 
@@ -65,9 +58,9 @@ void sgdStep(const SgdArgs& args) {
     const SgdCoeffs& c = coeffs[args.segments[ch.segment].group];
     const int64_t n = ch.end - ch.begin;
     if (c.momentum != 0.0f) {
-      sgdMomentumChunk<float>(params + ch.begin, grads + ch.begin, buf + ch.begin, n, c, first);
+      sgdMomentumChunk(params + ch.begin, grads + ch.begin, buf + ch.begin, n, c, first);
     } else {
-      sgdPlainChunk<float>(params + ch.begin, grads + ch.begin, n, c);
+      sgdPlainChunk(params + ch.begin, grads + ch.begin, n, c);
     }
   }
 }
