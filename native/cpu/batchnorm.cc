@@ -64,15 +64,29 @@ RC_ISA_DISPATCH(normalizeRows, normalizeRowsImpl,
                  bool relu),
                 (x, res, y, scale, shift, rows, channels, relu))
 
-// g = dy masked by y > 0 (when y is given); sg[c] += g; sgx[c] += g * (x - mean)
+// g = dy masked by y > 0 (when y is given); sg[c] += g; sgx[c] += g * (x - mean); with y and
+// gOut, g is also stored there (dy's own bits where the ReLU passed it, else zero), so that the
+// input-gradient pass reads g instead of both y and dy
 template <typename T>
-RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, const float* mean, int64_t rows,
-                                        int64_t channels, float* sg, float* sgx) {
+RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, T* gOut, const float* __restrict mean,
+                                        int64_t rows, int64_t channels, float* __restrict sg, float* __restrict sgx) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * channels;
-    const T* dyr = dy + r * channels;
-    if (y) {
-      const T* yr = y + r * channels;
+    const int64_t at = r * channels;
+    const T* xr = x + at;
+    const T* dyr = dy + at;
+    if (y && gOut) {
+      const T* yr = y + at;
+      const auto* dyWords = words(dyr);
+      auto* gWords = words(gOut + at);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float out = toF(yr[c]);
+        const float g = reluGrad(out, toF(dyr[c]));
+        gWords[c] = reluGradWord(out, dyWords[c]);
+        sg[c] += g;
+        sgx[c] += g * (toF(xr[c]) - mean[c]);
+      }
+    } else if (y) {
+      const T* yr = y + at;
       for (int64_t c = 0; c < channels; ++c) {
         const float g = reluGrad(toF(yr[c]), toF(dyr[c]));
         sg[c] += g;
@@ -88,45 +102,63 @@ RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, con
   }
 }
 RC_ISA_DISPATCH(gradStatsRows, gradStatsRowsImpl,
-                (const T* x, const T* y, const T* dy, const float* mean, int64_t rows, int64_t channels, float* sg,
-                 float* sgx),
-                (x, y, dy, mean, rows, channels, sg, sgx))
+                (const T* x, const T* y, const T* dy, T* gOut, const float* __restrict mean, int64_t rows,
+                 int64_t channels, float* __restrict sg, float* __restrict sgx),
+                (x, y, dy, gOut, mean, rows, channels, sg, sgx))
 
 // dx = a * (g - b - (x - mean) * k) with batch statistics, a * g with constant (running) ones;
-// dres = g
+// dres = g, written in the same loop as dx (dy's own bits where the ReLU passed it, else zero).
+// The per-channel coefficients are restrict (they are the caller's own vectors): without it the
+// alias checks between them and the two outputs outnumber what the compiler versions a loop for,
+// and the f32 loop that writes dx and dres stays scalar.
 template <typename T>
-RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean,
-                                        const float* a, const float* b, const float* k, int64_t rows, int64_t channels,
-                                        bool batchStats) {
+RC_ALWAYS_INLINE float gradInputValue(T x, float g, float mean, float a, float b, float k, bool batchStats) {
+  return batchStats ? a * (g - b - (toF(x) - mean) * k) : a * g;
+}
+
+template <typename T>
+RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres,
+                                        const float* __restrict mean, const float* __restrict a,
+                                        const float* __restrict b, const float* __restrict k, int64_t rows,
+                                        int64_t channels, bool batchStats) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * channels;
-    const T* dyr = dy + r * channels;
-    T* dxr = dx + r * channels;
-    if (y) {
-      const T* yr = y + r * channels;
+    const int64_t at = r * channels;
+    const T* xr = x + at;
+    const T* dyr = dy + at;
+    T* dxr = dx + at;
+    if (y && dres) {
+      const T* yr = y + at;
+      const auto* dyWords = words(dyr);
+      auto* dresWords = words(dres + at);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float out = toF(yr[c]);
+        dxr[c] = fromF<T>(gradInputValue(xr[c], reluGrad(out, toF(dyr[c])), mean[c], a[c], b[c], k[c], batchStats));
+        dresWords[c] = reluGradWord(out, dyWords[c]);
+      }
+    } else if (y) {
+      const T* yr = y + at;
       for (int64_t c = 0; c < channels; ++c) {
         const float g = reluGrad(toF(yr[c]), toF(dyr[c]));
-        dxr[c] = fromF<T>(batchStats ? a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]) : a[c] * g);
+        dxr[c] = fromF<T>(gradInputValue(xr[c], g, mean[c], a[c], b[c], k[c], batchStats));
       }
-      if (dres) {
-        T* drr = dres + r * channels;
-        for (int64_t c = 0; c < channels; ++c) drr[c] = toF(yr[c]) <= 0.0f ? fromF<T>(0.0f) : dyr[c];
+    } else if (dres) {
+      const auto* dyWords = words(dyr);
+      auto* dresWords = words(dres + at);
+      for (int64_t c = 0; c < channels; ++c) {
+        dxr[c] = fromF<T>(gradInputValue(xr[c], toF(dyr[c]), mean[c], a[c], b[c], k[c], batchStats));
+        dresWords[c] = dyWords[c];
       }
     } else {
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = toF(dyr[c]);
-        dxr[c] = fromF<T>(batchStats ? a[c] * (g - b[c] - (toF(xr[c]) - mean[c]) * k[c]) : a[c] * g);
-      }
-      if (dres) {
-        T* drr = dres + r * channels;
-        for (int64_t c = 0; c < channels; ++c) drr[c] = dyr[c];
+        dxr[c] = fromF<T>(gradInputValue(xr[c], toF(dyr[c]), mean[c], a[c], b[c], k[c], batchStats));
       }
     }
   }
 }
 RC_ISA_DISPATCH(gradInputRows, gradInputRowsImpl,
-                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* mean, const float* a, const float* b,
-                 const float* k, int64_t rows, int64_t channels, bool batchStats),
+                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* __restrict mean,
+                 const float* __restrict a, const float* __restrict b, const float* __restrict k, int64_t rows,
+                 int64_t channels, bool batchStats),
                 (x, y, dy, dx, dres, mean, a, b, k, rows, channels, batchStats))
 
 // ---- drivers ---------------------------------------------------------------------------------
@@ -251,7 +283,8 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
   std::vector<double> sumG, sumGX;
   channelSums(rows, channels, sumG, sumGX, [&](int64_t first, int64_t count, float* sg, float* sgx) {
     const int64_t at = first * channels;
-    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, mean, count, channels, sg, sgx);
+    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, y && dres ? dres + at : nullptr, mean, count, channels, sg,
+                     sgx);
   });
 
   float* dGamma = args.dGamma.ptr<float>();
@@ -268,9 +301,14 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
     b[c] = static_cast<float>(sumG[c] / m);
     k[c] = static_cast<float>(is * is * sumGX[c] / m);
   }
+  // With a ReLU and a residual, dres already holds g (written by the statistics pass): the input
+  // gradient reads it as an unmasked incoming gradient, one tensor instead of y and dy.
+  const T* g = y && dres ? dres : dy;
+  const T* mask = y && dres ? nullptr : y;
+  T* gCopy = y ? nullptr : dres;
   forRowBlocks(rows, [&](int64_t first, int64_t count) {
     const int64_t at = first * channels;
-    gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(),
+    gradInputRows<T>(x + at, mask ? mask + at : nullptr, g + at, dx + at, gCopy ? gCopy + at : nullptr, mean, a.data(),
                      b.data(), k.data(), count, channels, args.training);
   });
 }
@@ -386,7 +424,7 @@ void syncBackwardReduceTyped(const SyncBatchNormBackwardReduceArgs& args) {
   std::vector<double> sumG, sumGX;
   channelSums(d.rows, d.channels, sumG, sumGX, [&](int64_t first, int64_t count, float* sg, float* sgx) {
     const int64_t at = first * d.channels;
-    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, mean, count, d.channels, sg, sgx);
+    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, nullptr, mean, count, d.channels, sg, sgx);
   });
   float* sums = args.sums.ptr<float>();
   float* dGamma = args.dGamma.ptr<float>();

@@ -96,6 +96,34 @@ inline __attribute__((always_inline)) float reluValue(float v) { return v < 0.0f
 // incoming gradient elsewhere, a NaN output included.
 inline __attribute__((always_inline)) float reluGrad(float out, float g) { return out <= 0.0f ? 0.0f : g; }
 
+// The storage word of an element type: the float itself, or a 16-bit type's bits (Bf16 and Half
+// are standard-layout structs of one uint16_t, so a pointer to one is a pointer to its bits).
+// Kernels that move values without arithmetic work on words: no round trip through f32 (bits
+// kept exactly), and the compiler vectorises a select between words where it leaves a select
+// between two structs as a branch per element.
+template <typename T>
+struct StorageWord {
+  using type = uint16_t;
+};
+template <>
+struct StorageWord<float> {
+  using type = float;
+};
+template <typename T>
+inline typename StorageWord<T>::type* words(T* p) {
+  return reinterpret_cast<typename StorageWord<T>::type*>(p);
+}
+template <typename T>
+inline const typename StorageWord<T>::type* words(const T* p) {
+  return reinterpret_cast<const typename StorageWord<T>::type*>(p);
+}
+
+// reluGrad on a storage word: the incoming gradient's word where out > 0 (or NaN), zero elsewhere.
+template <typename W>
+inline __attribute__((always_inline)) W reluGradWord(float out, W g) {
+  return out <= 0.0f ? W{0} : g;
+}
+
 // Calls body.template operator()<T>() with T the storage type of a floating dtype.
 template <typename Body>
 void dispatchFloat(DType dtype, const char* op, Body&& body) {

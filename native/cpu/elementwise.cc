@@ -24,8 +24,9 @@ RC_ISA_DISPATCH(reluChunk, reluImpl, (const T* x, T* y, int64_t n), (x, y, n))
 
 template <typename T>
 RC_ALWAYS_INLINE void reluBackwardImpl(const T* y, const T* dy, T* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    dx[i] = toF(y[i]) <= 0.0f ? fromF<T>(0.0f) : dy[i];  // reluGrad, without a round trip through f32
+  const auto* dyWords = words(dy);
+  auto* dxWords = words(dx);
+  for (int64_t i = 0; i < n; ++i) dxWords[i] = reluGradWord(toF(y[i]), dyWords[i]);
 }
 RC_ISA_DISPATCH(reluBackwardChunk, reluBackwardImpl, (const T* y, const T* dy, T* dx, int64_t n), (y, dy, dx, n))
 

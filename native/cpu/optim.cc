@@ -1,6 +1,6 @@
 // AdamW and LAMB steps, the gradient norm, GradScaler's unscale-and-check and scale update, and
 // gradient clipping, over segments of the flat f32 arenas (PyTorch's semantics; see backend.h).
-// Work is cut into chunks of at most kChunk elements of one segment, spread over OpenMP threads;
+// Work is cut into chunks of at most kArenaChunk elements of one segment, spread over OpenMP threads;
 // reductions leave one partial per chunk and add the partials in chunk order, so results do not
 // depend on the number of threads.
 #include <algorithm>
@@ -10,28 +10,13 @@
 #include <vector>
 
 #include "../core/adam_coeffs.h"
+#include "arena_chunks.h"
 #include "cpu_ops.h"
 #include "isa.h"
 
 namespace rc::cpu {
 
 namespace {
-
-constexpr int64_t kChunk = 1 << 14;
-
-struct Chunk {
-  int64_t begin, end;
-  size_t segment;  // index into the segment list the chunks were cut from
-};
-
-std::vector<Chunk> chunksOf(const std::vector<ArenaSegment>& segments) {
-  std::vector<Chunk> chunks;
-  for (size_t s = 0; s < segments.size(); ++s) {
-    const int64_t end = segments[s].offset + segments[s].count;
-    for (int64_t at = segments[s].offset; at < end; at += kChunk) chunks.push_back({at, std::min(end, at + kChunk), s});
-  }
-  return chunks;
-}
 
 // The segments an op without groups works on: the ones given, else the whole tensor.
 std::vector<ArenaSegment> segmentsOrAll(const std::vector<ArenaSegment>& segments, const Tensor& t) {
@@ -169,7 +154,7 @@ RC_ISA_DISPATCH(scaleChunk, scaleImpl, (float* __restrict g, int64_t n, float fa
 // Chunk-ordered sum of squares over `segments` of `grads`; `bad` says whether an element was not
 // finite.
 double sumSquares(const float* grads, const std::vector<ArenaSegment>& segments, bool* bad) {
-  const std::vector<Chunk> chunks = chunksOf(segments);
+  const std::vector<ArenaChunk> chunks = arenaChunks(segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   std::vector<double> partial(chunks.size());
   std::vector<uint32_t> nonfinite(chunks.size());
@@ -199,7 +184,7 @@ std::vector<AdamCoeffs> coefficientsOf(const AdamWArgs& args) {
 void adamwStep(const AdamWArgs& args) {
   if (skipped(args.foundInf)) return;
   const std::vector<AdamCoeffs> groups = coefficientsOf(args);
-  const std::vector<Chunk> chunks = chunksOf(args.segments);
+  const std::vector<ArenaChunk> chunks = arenaChunks(args.segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* p = args.params.ptr<float>();
   const float* g = args.grads.ptr<float>();
@@ -208,7 +193,7 @@ void adamwStep(const AdamWArgs& args) {
   const float inv = args.gradScaleInv;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    const Chunk& c = chunks[i];
+    const ArenaChunk& c = chunks[i];
     adamwChunk<float>(p + c.begin, g + c.begin, m + c.begin, v + c.begin, c.end - c.begin,
                       groups[args.segments[c.segment].group], inv);
   }
@@ -217,7 +202,7 @@ void adamwStep(const AdamWArgs& args) {
 void lambStep(const LambArgs& args) {
   if (skipped(args.foundInf)) return;
   const std::vector<AdamCoeffs> groups = coefficientsOf(args);
-  const std::vector<Chunk> chunks = chunksOf(args.segments);
+  const std::vector<ArenaChunk> chunks = arenaChunks(args.segments);
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* p = args.params.ptr<float>();
   const float* g = args.grads.ptr<float>();
@@ -227,7 +212,7 @@ void lambStep(const LambArgs& args) {
   std::vector<double> sums(2 * chunks.size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    const Chunk& c = chunks[i];
+    const ArenaChunk& c = chunks[i];
     lambMomentsChunk<float>(p + c.begin, g + c.begin, m + c.begin, v + c.begin, c.end - c.begin,
                             groups[args.segments[c.segment].group], inv, &sums[2 * i]);
   }
@@ -245,7 +230,7 @@ void lambStep(const LambArgs& args) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < count; ++i) {
-    const Chunk& c = chunks[i];
+    const ArenaChunk& c = chunks[i];
     lambUpdateChunk<float>(p + c.begin, m + c.begin, v + c.begin, c.end - c.begin,
                            groups[args.segments[c.segment].group], ratio[c.segment]);
   }
@@ -259,7 +244,7 @@ void gradNorm(const GradNormArgs& args) {
 }
 
 void unscaleAndCheck(const UnscaleArgs& args) {
-  const std::vector<Chunk> chunks = chunksOf(segmentsOrAll(args.segments, args.grads));
+  const std::vector<ArenaChunk> chunks = arenaChunks(segmentsOrAll(args.segments, args.grads));
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* g = args.grads.ptr<float>();
   bool any = false;
@@ -277,7 +262,7 @@ void clipGradNorm(const ClipGradNormArgs& args) {
   // min(1, coef) that keeps a NaN coefficient (NaN norm) as NaN, as torch.clamp does.
   const float factor = coef > 1.0f ? 1.0f : coef;
   if (factor == 1.0f) return;  // x * 1 == x: nothing to write
-  const std::vector<Chunk> chunks = chunksOf(segmentsOrAll(args.segments, args.grads));
+  const std::vector<ArenaChunk> chunks = arenaChunks(segmentsOrAll(args.segments, args.grads));
   const int64_t count = static_cast<int64_t>(chunks.size());
   float* g = args.grads.ptr<float>();
 #pragma omp parallel for schedule(static)

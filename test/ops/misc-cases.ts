@@ -198,6 +198,13 @@ interface SgdVariant {
   gradScaleInv: number;
   /** Groups all without momentum: no buffer is passed at all. */
   noBuffer?: boolean;
+  /** The arena and its segments; the small layout below when omitted. */
+  layout?: SgdLayout;
+}
+
+interface SgdLayout {
+  arena: number;
+  segments: SgdSegment[];
 }
 
 const ARENA = 1000;
@@ -208,6 +215,18 @@ const SEGMENTS: SgdSegment[] = [
   { offset: 500, count: 200, group: 0 },
   { offset: 720, count: 250, group: 2 },
 ];
+const SMALL: SgdLayout = { arena: ARENA, segments: SEGMENTS };
+// Segments longer than one CPU work chunk (16384 elements): each is cut into several chunks, and
+// every chunk must step with its own segment's group. Gaps at [37000, 37010) and [49010, 50000)
+// must stay untouched.
+const CHUNKED: SgdLayout = {
+  arena: 50000,
+  segments: [
+    { offset: 0, count: 20000, group: 0 },
+    { offset: 20000, count: 17000, group: 1 },
+    { offset: 37010, count: 12000, group: 2 },
+  ],
+};
 const MIXED_GROUPS: SgdGroup[] = [
   { lr: 0.1, momentum: 0.9, weightDecay: 5e-2, nesterov: true },
   { lr: 0.05, momentum: 0.8, dampening: 0.1 },
@@ -215,7 +234,8 @@ const MIXED_GROUPS: SgdGroup[] = [
 ];
 
 function sgdCase(v: SgdVariant): OpCase {
-  const text = `arena[${ARENA}] ${SEGMENTS.length} segments ${v.groups.length} groups ${v.label}`;
+  const { arena, segments } = v.layout ?? SMALL;
+  const text = `arena[${arena}] ${segments.length} segments ${v.groups.length} groups ${v.label}`;
   return {
     name: `sgdStep ${v.label}`,
     dtypes: ['f32'],
@@ -229,22 +249,22 @@ function sgdCase(v: SgdVariant): OpCase {
           weightDecay: Math.fround(g.weightDecay ?? 0),
           nesterov: g.nesterov ?? false,
         }));
-        const params = s.q(s.rng.normals(ARENA), 'f32');
-        const grads = s.q(s.rng.normals(ARENA, 0, 1 / v.gradScaleInv), 'f32');
-        const momentumIndex = new Uint8Array(ARENA);
-        for (const seg of SEGMENTS) {
+        const params = s.q(s.rng.normals(arena), 'f32');
+        const grads = s.q(s.rng.normals(arena, 0, 1 / v.gradScaleInv), 'f32');
+        const momentumIndex = new Uint8Array(arena);
+        for (const seg of segments) {
           if (groups[seg.group]!.momentum !== 0) momentumIndex.fill(1, seg.offset, seg.offset + seg.count);
         }
         // On a first step the buffer must not be read: NaN there would spread into params.
-        const buffer = v.firstStep ? new Float64Array(ARENA).fill(NaN) : s.q(s.rng.normals(ARENA), 'f32');
-        const pT = s.tensor([ARENA], 'f32', params);
-        const bT = v.noBuffer ? undefined : s.tensor([ARENA], 'f32', buffer);
+        const buffer = v.firstStep ? new Float64Array(arena).fill(NaN) : s.q(s.rng.normals(arena), 'f32');
+        const pT = s.tensor([arena], 'f32', params);
+        const bT = v.noBuffer ? undefined : s.tensor([arena], 'f32', buffer);
         s.native.sgdStep({
           params: pT,
-          grads: s.tensor([ARENA], 'f32', grads),
+          grads: s.tensor([arena], 'f32', grads),
           ...(bT ? { momentumBuffer: bT } : {}),
           groups,
-          segments: Int32Array.from(SEGMENTS.flatMap((seg) => [seg.offset, seg.count, seg.group])),
+          segments: Int32Array.from(segments.flatMap((seg) => [seg.offset, seg.count, seg.group])),
           firstStep: v.firstStep,
           ...(v.foundInf !== undefined ? { foundInf: s.tensor([1], 'f32', [v.foundInf]) } : {}),
           gradScaleInv: v.gradScaleInv,
@@ -254,7 +274,7 @@ function sgdCase(v: SgdVariant): OpCase {
           grads,
           momentumBuffer: v.noBuffer ? undefined : buffer,
           groups,
-          segments: SEGMENTS,
+          segments,
           firstStep: v.firstStep,
           foundInf: v.foundInf ?? 0,
           gradScaleInv: Math.fround(v.gradScaleInv),
@@ -271,8 +291,8 @@ function sgdCase(v: SgdVariant): OpCase {
         s.check('params update (after - before)', delta, refDelta, tolerance('f32'));
         s.checkExact(
           'params outside every segment (untouched)',
-          untouched(after, SEGMENTS),
-          untouched(params, SEGMENTS),
+          untouched(after, segments),
+          untouched(params, segments),
         );
         if (bT && ref.momentumBuffer) {
           const got = s.read(bT);
@@ -319,6 +339,14 @@ const sgdCases: OpCase[] = [
     foundInf: undefined,
     gradScaleInv: 1,
     noBuffer: true,
+  }),
+  sgdCase({
+    label: 'segments across work chunks',
+    groups: MIXED_GROUPS,
+    firstStep: false,
+    foundInf: undefined,
+    gradScaleInv: 1 / 64,
+    layout: CHUNKED,
   }),
 ];
 
