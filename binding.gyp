@@ -4,9 +4,10 @@
 # (libjpeg-turbo) and the CPU process groups (Gloo), from the same sources, defines and flags as
 # CMakeLists.txt. The CUDA backend (libresnet_cuda_backend.so) is built by CMake only
 # (`npm run build:native`): without it the addon runs on the CPU.
-# The libraries come from scripts/gyp-deps.mjs: the static archives of RESNET_DEPS_PREFIX's prefixes
-# (':'-separated) or of `scripts/deps --prefix`, else (or with RESNET_CUDA_SYSTEM_LIBS=1) the
-# system's packages (Debian/Ubuntu: libdnnl-dev, libjpeg-dev, libgloo-dev).
+# The libraries come from scripts/gyp-deps.mjs: the shared oneDNN and the static libjpeg-turbo and
+# Gloo of RESNET_DEPS_PREFIX's prefixes (':'-separated) or of `scripts/deps --prefix`, else (or with
+# RESNET_CUDA_SYSTEM_LIBS=1) the system's packages (Debian/Ubuntu: libdnnl-dev, libjpeg-dev,
+# libgloo-dev).
 # `npm install` never runs this file: the package's install script uses the prebuilt binary.
 {
   'variables': {
@@ -23,11 +24,11 @@
     'cflags_cc!': ['-fno-exceptions', '-fno-rtti', '-std=gnu++17', '-std=gnu++20'],
     'cflags_cc': ['-std=c++17'],
     'defines': ['NDEBUG'],
-    # The static libraries' symbols stay out of the dynamic symbol table, so that another oneDNN or
-    # libjpeg in the same process (PyTorch, sharp) binds to its own.
-    # No executable stack: an object in the static oneDNN (ittnotify's assembly) lacks the note that
-    # says so, and newer glibc refuses to load a library that asks for one (as in CMakeLists.txt).
-    'ldflags': ['-Wl,--exclude-libs,ALL', '-Wl,-z,noexecstack'],
+    # The static libraries' symbols stay out of the dynamic symbol table, so that another libjpeg in
+    # the same process (sharp) binds to its own. No executable stack: newer glibc refuses to load a
+    # library that asks for one (as in CMakeLists.txt). The run path $ORIGIN (RUNPATH, as CMake
+    # writes it) finds a libdnnl.so.2 and libgomp.so.1 beside the addon first ($$: make's escape).
+    'ldflags': ['-Wl,--exclude-libs,ALL', '-Wl,-z,noexecstack', '-Wl,--enable-new-dtags', "-Wl,-rpath,'$$ORIGIN'"],
   },
   'targets': [
     {

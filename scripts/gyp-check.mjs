@@ -4,7 +4,7 @@
 //   1. `node-gyp rebuild --nodedir=<the running Node's prefix>` (no header download), with the
 //      libraries scripts/gyp-deps.mjs picks (static archives of RESNET_DEPS_PREFIX or scripts/deps,
 //      else the system's);
-//   2. lists the addon's shared-library dependencies;
+//   2. lists the addon's shared-library dependencies and checks that its run path starts with $ORIGIN;
 //   3. loads the result through the package's own loader (dist/lib) and checks that it is the
 //      node-gyp binary, that a Linear layer's forward pass matches a JavaScript reference, and that
 //      a small ResNet-18 trains one step.
@@ -86,7 +86,10 @@ try {
   const readelf = spawnSync('readelf', ['-d', addonFile], { encoding: 'utf8' });
   if (readelf.status === 0) {
     const needed = [...readelf.stdout.matchAll(/\(NEEDED\).*\[(.*)\]/g)].map((m) => m[1]);
-    step(`needs: ${needed.join(' ')}`);
+    const runpath = /\(RUNPATH\).*\[(.*)\]/.exec(readelf.stdout)?.[1] ?? '';
+    step(`needs: ${needed.join(' ')}; run path: ${runpath || '(none)'}`);
+    // As the CMake build: $ORIGIN first, so that a libdnnl.so.2 or libgomp.so.1 beside it wins.
+    if (runpath.split(':')[0] !== '$ORIGIN') throw new Error(`the run path '${runpath}' does not start with $ORIGIN`);
   }
 
   const program = `

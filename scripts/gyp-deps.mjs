@@ -4,18 +4,20 @@
 //
 //   node scripts/gyp-deps.mjs sources        the C++ sources of the addon (native/core, cpu, image, napi)
 //   node scripts/gyp-deps.mjs include_dirs   header folders of oneDNN, libjpeg-turbo and Gloo
-//   node scripts/gyp-deps.mjs libraries      what the addon links: the three libraries and OpenMP
+//   node scripts/gyp-deps.mjs libraries      what the addon links: the three libraries and OpenMP, and
+//                                            the run path to the shared oneDNN's folder
 //   node scripts/gyp-deps.mjs cflags         those folders and node-addon-api's as system headers
 //                                            (-isystem), and the warnings of CMakeLists.txt (-Werror
 //                                            with RESNET_CUDA_WERROR=1)
 //   node scripts/gyp-deps.mjs version        the package version (RC_VERSION)
 //
-// The libraries are static archives, as CMakeLists.txt links them, from the prefixes of
-// RESNET_DEPS_PREFIX (one or several, separated by ':', each with include/ and lib/ or lib64/; together
-// they hold libdnnl.a, libjpeg.a and libgloo.a), else from those `scripts/deps --prefix` prints when
-// it has built them. Without either, or with RESNET_CUDA_SYSTEM_LIBS=1, they are the system's
-// shared libraries (Debian/Ubuntu: libdnnl-dev, libjpeg-dev, libgloo-dev). A header or archive the
-// prefixes lack stops the build here, naming it.
+// As CMakeLists.txt links them: oneDNN shared (libdnnl.so, with a run path to its folder after
+// binding.gyp's $ORIGIN, as build/Release finds it in the CMake build), libjpeg-turbo and Gloo as
+// static archives, from the prefixes of RESNET_DEPS_PREFIX (one or several, separated by ':', each
+// with include/ and lib/ or lib64/; together they hold libdnnl.so, libjpeg.a and libgloo.a), else
+// from those `scripts/deps --prefix` prints when it has installed them. Without either, or with
+// RESNET_CUDA_SYSTEM_LIBS=1, they are the system's shared libraries (Debian/Ubuntu: libdnnl-dev,
+// libjpeg-dev, libgloo-dev). A header or library the prefixes lack stops the build here, naming it.
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -27,7 +29,8 @@ const root = dirname(dirname(fileURLToPath(import.meta.url)));
 // addon targets; native/cpu/optim.cc is compiled on its own (binding.gyp's rc_cpu_optim).
 const sourceDirs = ['native/core', 'native/cpu', 'native/image', 'native/napi'];
 const separateSources = ['native/cpu/optim.cc'];
-const archives = ['libdnnl.a', 'libgloo.a', 'libjpeg.a'];
+// oneDNN is linked shared (scripts/deps installs Intel's libdnnl.so.2), the other two statically.
+const archives = ['libdnnl.so', 'libgloo.a', 'libjpeg.a'];
 const headers = ['dnnl.hpp', 'gloo/allreduce.h', 'jpeglib.h'];
 // The system's Gloo (libgloo-dev) installs into /usr/lib, outside the multiarch folder.
 const systemGlooDir = '/usr/lib';
@@ -70,8 +73,8 @@ function staticPrefixes() {
 }
 
 /**
- * The header folders and archives of the static prefixes, or undefined without any. Each header and
- * archive may be in any one of them; one found in none stops the build, naming it.
+ * The header folders and libraries of the prefixes, or undefined without any. Each header and
+ * library may be in any one of them; one found in none stops the build, naming it.
  */
 function staticDeps() {
   const found = staticPrefixes();
@@ -109,8 +112,10 @@ switch (what) {
     lines = deps ? deps.includes : [];
     break;
   case 'libraries':
+    // The run path to oneDNN's folder comes after binding.gyp's $ORIGIN (ldflags), so that a copy
+    // beside the addon wins, as in the prebuilt package.
     lines = deps
-      ? [...deps.libs, '-fopenmp', '-lpthread', '-ldl']
+      ? [...deps.libs, `-Wl,-rpath,${dirname(deps.libs[0])}`, '-fopenmp', '-lpthread', '-ldl']
       : ['-ldnnl', `-L${systemGlooDir}`, '-lgloo', '-ljpeg', '-fopenmp', '-ldl'];
     break;
   case 'cflags':

@@ -16,8 +16,8 @@
 //   RESNET_CUDA_FORBID_BUILD=1       fail instead of compiling (checks that a prebuilt binary is used).
 //   RESNET_CUDA_BUILD_CUDA=1 / =0    require / skip the CUDA backend (default: build it when possible).
 //   RESNET_CUDA_SYSTEM_LIBS=1        link the system's oneDNN, libjpeg and Gloo (Debian: libdnnl-dev,
-//                                    libjpeg-dev, libgloo-dev) instead of building the pinned static
-//                                    ones with scripts/deps (the default; built once into its cache).
+//                                    libjpeg-dev, libgloo-dev) instead of the pinned ones of
+//                                    scripts/deps (the default; installed once into its cache).
 //   RESNET_CUDA_WERROR=1             compiler warnings are errors (CI sets it; off by default, so that a
 //                                    newer compiler's new warnings do not break an install).
 //
@@ -179,9 +179,9 @@ function cudaOptions() {
 }
 
 /**
- * The CPU libraries to link: the static oneDNN, libjpeg-turbo and Gloo that scripts/deps builds from
- * pinned sources into its cache (built here when missing: once, it takes a while), or with
- * RESNET_CUDA_SYSTEM_LIBS=1 the system's packages.
+ * The CPU libraries to link: oneDNN from Intel's pinned wheels and the static libjpeg-turbo and Gloo
+ * that scripts/deps builds from pinned sources into its cache (installed here when missing: once, a
+ * few minutes), or with RESNET_CUDA_SYSTEM_LIBS=1 the system's packages.
  */
 function cpuLibraries() {
   if (envFlag('RESNET_CUDA_SYSTEM_LIBS')) {
@@ -190,16 +190,16 @@ function cpuLibraries() {
   }
   const script = join(root, 'scripts', 'deps');
   if (!existsSync(script)) {
-    fail([`${rel(script)} is missing: it builds the static CPU libraries (or set RESNET_CUDA_SYSTEM_LIBS=1).`]);
+    fail([`${rel(script)} is missing: it installs the CPU libraries (or set RESNET_CUDA_SYSTEM_LIBS=1).`]);
   }
   const ready = spawnSync('bash', [script, '--prefix'], { cwd: root, encoding: 'utf8' });
   if (ready.status !== 0) {
-    log('building the static CPU libraries (oneDNN, libjpeg-turbo, Gloo) with scripts/deps, once');
+    log('installing the CPU libraries (oneDNN, libjpeg-turbo, Gloo) with scripts/deps, once');
     const r = spawnSync('bash', [script], { cwd: root, stdio: 'inherit' });
     if (r.status !== 0) {
       fail([
-        `scripts/deps failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}): it needs curl, CMake, a C++17`,
-        'compiler and nasm; or build against the system packages with RESNET_CUDA_SYSTEM_LIBS=1.',
+        `scripts/deps failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}): it needs curl, unzip, CMake,`,
+        'a C++17 compiler and nasm; or build against the system packages with RESNET_CUDA_SYSTEM_LIBS=1.',
       ]);
     }
   }
@@ -277,8 +277,8 @@ function build(cmakeJs) {
       fail(
         [
           `the native ${args[1]} step failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
-          'It needs CMake >= 3.18, a C++17 compiler with OpenMP, and the static oneDNN, libjpeg-turbo and Gloo',
-          'of scripts/deps (on Debian: apt-get install cmake make g++ nasm curl; scripts/setup in the source',
+          'It needs CMake >= 3.18, a C++17 compiler with OpenMP, and the oneDNN, libjpeg-turbo and Gloo of',
+          'scripts/deps (on Debian: apt-get install cmake make g++ nasm curl unzip; scripts/setup in the source',
           'repository runs all of it); with RESNET_CUDA_SYSTEM_LIBS=1, the system packages libdnnl-dev=2.6.3-1',
           'libgloo-dev ocl-icd-opencl-dev libjpeg-dev instead.',
           ...(cuda.enabled
@@ -341,6 +341,6 @@ fail([
   `no prebuilt native addon matches ${tuple} (Node ${process.versions.node}), and this is not a source checkout`,
   `that can be built here (missing: ${tools.missing.join(', ')}).`,
   'Prebuilt binaries ship for linux-x64 (glibc). To build from source, clone the repository and run',
-  '`bash scripts/setup` (Debian/Ubuntu: installs CMake and g++, builds oneDNN 2.6 with scripts/deps, then `npm ci`), or, with those',
+  '`bash scripts/setup` (Debian/Ubuntu: installs CMake and g++, installs oneDNN 2.6 with scripts/deps, then `npm ci`), or, with those',
   'installed, `npm ci && npm run build:native`. To install without the addon: RESNET_CUDA_SKIP_NATIVE_BUILD=1.',
 ]);

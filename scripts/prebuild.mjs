@@ -4,15 +4,29 @@
 //
 //   prebuilds/linux-x64/node.napi.glibc.node       build/Release/resnet_cuda.node
 //   prebuilds/linux-x64/libresnet_cuda_backend.so  build/Release/libresnet_cuda_backend.so, if built
+//   prebuilds/linux-x64/libdnnl.so.2               oneDNN, the copy the addon loads here (scripts/deps)
+//   prebuilds/linux-x64/licenses/onednn/           oneDNN's LICENSE and THIRD-PARTY-PROGRAMS
 //   prebuilds/linux-x64/libgomp.so.1               GCC's OpenMP runtime, the one the addon loads here
 //
-// The addon opens the CUDA backend library from its own folder, so both go side by side. oneDNN,
-// libjpeg-turbo and Gloo are linked into the addon statically (scripts/deps); its only other
-// dependency outside glibc and the C++ runtime is libgomp, which slim images lack: the addon's run
-// path ($ORIGIN) finds the copy beside it (GCC's runtime library exception allows shipping it).
+// The addon opens the CUDA backend library from its own folder, so both go side by side.
+// libjpeg-turbo and Gloo are linked into the addon statically (scripts/deps); oneDNN is the shared
+// libdnnl.so.2 of Intel's wheels, and libgomp is needed by both and lacking on slim images: the
+// addon's run path ($ORIGIN) finds the copies beside it (oneDNN's Apache-2.0 license and GCC's
+// runtime library exception allow shipping them; oneDNN's license files go with it).
 // Run after `npm run build:native`; then checks that the copy loads on its own (PREBUILDS_ONLY).
 import { spawnSync } from 'node:child_process';
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
+import {
+  chmodSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
+import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -59,15 +73,33 @@ function resolvedPath(file, soname) {
   return m ? m[1] : undefined;
 }
 
-// The OpenMP runtime, when the addon links it (it does unless built without oneDNN's OpenMP).
+// The shared libraries bundled beside the addon, when it links them: each must be found through an
+// $ORIGIN run path, and is copied from where the loader finds it on this machine.
 const addonBuilt = files[0].from;
-if (process.platform === 'linux' && dynamicEntries(addonBuilt, 'NEEDED').includes('libgomp.so.1')) {
-  if (!dynamicEntries(addonBuilt, 'RUNPATH').some((p) => p.split(':').includes('$ORIGIN'))) {
-    fail(`${relative(root, addonBuilt)} needs libgomp.so.1 but has no $ORIGIN run path to find a bundled copy.`);
+const bundled = [
+  { soname: 'libdnnl.so.2', hint: 'run scripts/deps (it installs oneDNN into its cache)' },
+  { soname: 'libgomp.so.1', hint: 'install libgomp1' },
+];
+if (process.platform === 'linux') {
+  const needed = dynamicEntries(addonBuilt, 'NEEDED');
+  const origin = dynamicEntries(addonBuilt, 'RUNPATH').some((p) => p.split(':').includes('$ORIGIN'));
+  for (const { soname, hint } of bundled) {
+    if (!needed.includes(soname)) continue;
+    if (!origin) {
+      fail(`${relative(root, addonBuilt)} needs ${soname} but has no $ORIGIN run path to find a bundled copy.`);
+    }
+    const from = resolvedPath(addonBuilt, soname);
+    if (!from) fail(`ldd does not find ${soname} for ${relative(root, addonBuilt)}: ${hint}.`);
+    files.push({ from, to: soname, required: true });
+    if (soname === 'libdnnl.so.2') {
+      // scripts/deps's prefix: lib/libdnnl.so.2 and licenses/ (the system's oneDNN has neither beside).
+      const licenses = join(dirname(dirname(from)), 'licenses');
+      for (const name of ['LICENSE', 'THIRD-PARTY-PROGRAMS']) {
+        const file = join(licenses, name);
+        if (existsSync(file)) files.push({ from: file, to: join('licenses', 'onednn', name), required: true });
+      }
+    }
   }
-  const gomp = resolvedPath(addonBuilt, 'libgomp.so.1');
-  if (!gomp) fail(`ldd does not find libgomp.so.1 for ${relative(root, addonBuilt)}: install libgomp1.`);
-  files.push({ from: gomp, to: 'libgomp.so.1', required: true });
 }
 
 // Start from an empty folder so that nothing from an older build (a backend no longer built) remains.
@@ -76,10 +108,47 @@ mkdirSync(outDir, { recursive: true });
 for (const f of files) {
   if (!existsSync(f.from)) continue;
   const to = join(outDir, f.to);
+  mkdirSync(dirname(to), { recursive: true });
   copyFileSync(f.from, to);
   chmodSync(to, 0o644);
   const kib = (statSync(to).size / 1024).toFixed(1);
   console.log(`prebuild: ${relative(root, to)}  ${kib} KiB  (from ${relative(root, f.from)})`);
+}
+
+// The development build's run path also names the oneDNN folder of scripts/deps on this machine;
+// the copy keeps only $ORIGIN. CMake's own ELF editor rewrites it in place (as `cmake --install`
+// does; no patchelf needed): file(RPATH_CHANGE) with the old value read from the file.
+const addonCopy = join(outDir, addonName);
+if (process.platform === 'linux') {
+  const before = dynamicEntries(addonCopy, 'RUNPATH');
+  if (before.length === 1 && before[0] !== '$ORIGIN' && before[0].split(':').includes('$ORIGIN')) {
+    const scratch = mkdtempSync(join(tmpdir(), 'resnet-cuda-prebuild-'));
+    try {
+      const script = join(scratch, 'runpath.cmake');
+      writeFileSync(script, 'file(RPATH_CHANGE FILE "${RC_FILE}" OLD_RPATH "${RC_OLD}" NEW_RPATH "${RC_NEW}")\n');
+      const r = spawnSync(
+        'cmake',
+        [`-DRC_FILE=${addonCopy}`, `-DRC_OLD=${before[0]}`, '-DRC_NEW=$ORIGIN', '-P', script],
+        {
+          encoding: 'utf8',
+        },
+      );
+      if (r.status !== 0) {
+        fail(
+          `could not set the run path of ${relative(root, addonCopy)}: ${(r.stderr || r.error?.message || '').trim()}`,
+        );
+      }
+    } finally {
+      rmSync(scratch, { recursive: true, force: true });
+    }
+  }
+  const after = dynamicEntries(addonCopy, 'RUNPATH');
+  if (after.length > 1 || (after.length === 1 && after[0] !== '$ORIGIN')) {
+    fail(
+      `${relative(root, addonCopy)} has the run path '${after.join(':')}'; the prebuilt addon may only have $ORIGIN.`,
+    );
+  }
+  console.log(`prebuild: ${relative(root, addonCopy)} run path: ${after[0] ?? '(none)'}`);
 }
 
 // Load it exactly as an installed package would: prebuilds only, in a fresh process.
@@ -99,5 +168,5 @@ if (dirname(loaded.file) !== outDir) {
   fail(`node-gyp-build picked ${loaded.file}, not a file in ${relative(root, outDir)}`);
 }
 console.log(
-  `prebuild: ${relative(root, loaded.file)} loads (native ${loaded.version}); ${readdirSync(outDir).length} file(s) in ${relative(root, outDir)}/`,
+  `prebuild: ${relative(root, loaded.file)} loads (native ${loaded.version}); ${readdirSync(outDir, { recursive: true }).length} entries in ${relative(root, outDir)}/`,
 );

@@ -63,7 +63,7 @@ describe('binding.gyp', () => {
     expect(gypDeps('include_dirs', system).stdout).toBe('');
   });
 
-  it("links static archives from RESNET_DEPS_PREFIX's prefixes, and names what they lack", () => {
+  it("links the libraries of RESNET_DEPS_PREFIX's prefixes, and names what they lack", () => {
     // Two prefixes, as scripts/deps installs one per library: oneDNN and Gloo in one, libjpeg in the other.
     const top = mkdtempSync(join(tmpdir(), 'resnet-cuda-deps-prefix-'));
     const a = join(top, 'a');
@@ -80,20 +80,26 @@ describe('binding.gyp', () => {
       writeFileSync(join(b, 'include', 'jpeglib.h'), '');
       mkdirSync(join(a, 'lib64'));
       mkdirSync(join(b, 'lib'));
-      writeFileSync(join(a, 'lib64', 'libdnnl.a'), '');
+      writeFileSync(join(a, 'lib64', 'libdnnl.so'), '');
       writeFileSync(join(a, 'lib64', 'libgloo.a'), '');
       const missingArchive = gypDeps('libraries', prefixes);
       expect(missingArchive.status).toBe(1);
       expect(missingArchive.stderr).toContain('no lib/libjpeg.a (nor lib64/libjpeg.a) in RESNET_DEPS_PREFIX');
-
+      rmSync(join(a, 'lib64', 'libdnnl.so'));
       writeFileSync(join(b, 'lib', 'libjpeg.a'), '');
+      const missingDnnl = gypDeps('libraries', prefixes);
+      expect(missingDnnl.status).toBe(1);
+      expect(missingDnnl.stderr).toContain('no lib/libdnnl.so (nor lib64/libdnnl.so) in RESNET_DEPS_PREFIX');
+      writeFileSync(join(a, 'lib64', 'libdnnl.so'), '');
       const libs = gypDeps('libraries', prefixes);
       expect(libs.status, libs.stderr).toBe(0);
       const lines = libs.stdout.trim().split('\n');
-      expect(lines.slice(0, 3)).toEqual([
-        join(a, 'lib64', 'libdnnl.a'),
+      // oneDNN shared, with a run path to its folder; Gloo and libjpeg-turbo static.
+      expect(lines.slice(0, 4)).toEqual([
+        join(a, 'lib64', 'libdnnl.so'),
         join(a, 'lib64', 'libgloo.a'),
         join(b, 'lib', 'libjpeg.a'),
+        `-Wl,-rpath,${join(a, 'lib64')}`,
       ]);
       expect(lines).not.toContain('-ldnnl');
       expect(gypDeps('include_dirs', prefixes).stdout.trim().split('\n')).toEqual([
