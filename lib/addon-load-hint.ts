@@ -7,16 +7,14 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 
-/** The Debian/Ubuntu package of each shared library the addon may link, by soname prefix. */
+/** The Debian/Ubuntu package of each system library the addon may link, by soname prefix. */
 const DEBIAN_PACKAGES: readonly (readonly [prefix: string, pkg: string])[] = [
   ['libstdc++.so', 'libstdc++6'],
   ['libgcc_s.so', 'libgcc-s1'],
-  ['libgomp.so', 'libgomp1'],
-  ['libdnnl.so', 'libdnnl2'],
-  ['libjpeg.so', 'libjpeg62-turbo'],
-  ['libgloo.so', 'libgloo0'],
-  ['libOpenCL.so', 'ocl-icd-libopencl1'],
 ];
+
+/** The libraries the prebuilt addon carries beside it (prebuilds/linux-x64/), by soname prefix. */
+const BUNDLED_LIBRARIES: readonly string[] = ['libdnnl.so', 'libgomp.so'];
 
 /** Where the package is, for the hint: its root folder and version, when known. */
 export interface AddonLoadContext {
@@ -94,6 +92,14 @@ export function addonLoadHint(error: unknown, context: AddonLoadContext = {}): s
         'Update libstdc++ (Debian/Ubuntu: `sudo apt-get install libstdc++6`, from a release that has it) or use a newer distribution.',
       );
     }
+  } else if (missing && BUNDLED_LIBRARIES.some((prefix) => missing[1]!.startsWith(prefix))) {
+    const lib = missing[1]!;
+    lines.push(
+      isSourceCheckout(context.root)
+        ? `${lib} is missing: a source build links the copy that \`bash scripts/deps\` installs in the cache. Run it, then \`npm run build:native\`.`
+        : `${lib} ships beside the prebuilt addon (prebuilds/linux-x64/) and is missing there: the installed package is incomplete.`,
+      `Reinstall it: \`${reinstall}\`; ${verify}`,
+    );
   } else if (missing) {
     const lib = missing[1]!;
     const pkg = DEBIAN_PACKAGES.find(([prefix]) => lib.startsWith(prefix))?.[1];

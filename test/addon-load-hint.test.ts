@@ -12,15 +12,35 @@ const installed = { root: '/nowhere/node_modules/resnet-cuda', version: '1.2.3' 
 const noRepositoryScripts = /scripts\/|build:native|bash /;
 
 describe('addonLoadHint: the cause, from the loader message', () => {
-  it('names a missing shared library and the package that has it', () => {
+  it('names a missing system library and the package that has it', () => {
     const hint = addonLoadHint(
-      new Error('libgomp.so.1: cannot open shared object file: No such file or directory'),
+      new Error('libstdc++.so.6: cannot open shared object file: No such file or directory'),
       installed,
     );
-    expect(hint).toMatch(/missing: libgomp\.so\.1/);
-    expect(hint).toMatch(/apt-get install libgomp1/);
+    expect(hint).toMatch(/missing: libstdc\+\+\.so\.6/);
+    expect(hint).toMatch(/apt-get install libstdc\+\+6/);
     expect(hint).toMatch(/npx resnet-cuda doctor/);
     expect(hint).not.toMatch(noRepositoryScripts);
+  });
+
+  it('calls a missing bundled library an incomplete install, never a system package', () => {
+    for (const lib of ['libdnnl.so.2', 'libgomp.so.1']) {
+      const hint = addonLoadHint(
+        new Error(`${lib}: cannot open shared object file: No such file or directory`),
+        installed,
+      );
+      expect(hint).toContain(`${lib} ships beside the prebuilt addon`);
+      expect(hint).toContain('npm uninstall resnet-cuda && npm install resnet-cuda@1.2.3');
+      expect(hint).not.toMatch(/apt-get/);
+      expect(hint).not.toMatch(noRepositoryScripts);
+    }
+  });
+
+  it('tells a source checkout missing oneDNN to run scripts/deps', () => {
+    const root = fileURLToPath(new URL('..', import.meta.url));
+    const hint = addonLoadHint(new Error('libdnnl.so.2: cannot open shared object file: No such file'), { root });
+    expect(hint).toContain('bash scripts/deps');
+    expect(hint).toContain('npm run build:native');
   });
 
   it('names a library it has no package for', () => {
