@@ -19,7 +19,8 @@
  *
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
- *   --only checkpointing (run only those rows)
+ *   --only checkpointing (run only those rows), --only profiler (the whole step and the profiler's
+ *   overhead, first dtype, without the convolutions one by one)
  *   --peer-rounds 3 --peer-steps 2 --peers eager,compile (the PyTorch rows; --peer-rounds 0 skips them)
  * Prints a table and writes JSON under bench/results/.
  */
@@ -66,8 +67,8 @@ const { values } = parseArgs({
     peers: { type: 'string', default: 'eager,compile' },
   },
 });
-if (values.only !== undefined && values.only !== 'checkpointing') {
-  throw new Error(`--only expects 'checkpointing', got '${values.only}'`);
+if (values.only !== undefined && values.only !== 'checkpointing' && values.only !== 'profiler') {
+  throw new Error(`--only expects 'checkpointing' or 'profiler', got '${values.only}'`);
 }
 const batch = Number(values.batch);
 const size = Number(values.size);
@@ -233,7 +234,7 @@ const results: Record<string, unknown> = {
   models: [] as unknown[],
 };
 
-for (const dtype of values.only === undefined ? dtypes : []) {
+for (const dtype of values.only === undefined ? dtypes : values.only === 'profiler' ? dtypes.slice(0, 1) : []) {
   const model = new ResNet(depth, { numClasses: 1000, seed: 1, device });
   const x = Tensor.randn([batch, size, size, 3], { seed: 2, device, dtype });
   const { convs, linearMacs } = convShapes(model, x);
@@ -247,7 +248,7 @@ for (const dtype of values.only === undefined ? dtypes : []) {
     time: 0,
     warmupTime: 0,
   });
-  const layerData = convs.map((c) => {
+  const layerData = (values.only === 'profiler' ? [] : convs).map((c) => {
     const conv = new Conv2d({
       inChannels: c.inChannels,
       outChannels: c.outChannels,
@@ -266,10 +267,14 @@ for (const dtype of values.only === undefined ? dtypes : []) {
   });
   await layerBench.run();
   let convSeconds = 0;
-  console.log(
-    `\n${dtype}: convolutions of one ResNet-${depth} step, forward + backward (${layerBench.tasks[0]?.name ? 'tinybench mean' : ''})`,
-  );
-  console.log('  input shape        conv            count   ms/call   GFLOP/s   implementation');
+  if (layerData.length > 0) {
+    console.log(
+      `\n${dtype}: convolutions of one ResNet-${depth} step, forward + backward (${layerBench.tasks[0]?.name ? 'tinybench mean' : ''})`,
+    );
+    console.log('  input shape        conv            count   ms/call   GFLOP/s   implementation');
+  } else {
+    console.log(`\n${dtype}: ResNet-${depth} training step`);
+  }
   for (const [i, task] of layerBench.tasks.entries()) {
     const r = task.result;
     if (r.state !== 'completed') throw new Error(`${task.name}: ${r.state === 'errored' ? r.error.message : r.state}`);
@@ -299,7 +304,9 @@ for (const dtype of values.only === undefined ? dtypes : []) {
     dy.dispose();
   }
   const convOnlyGflops = (3 * 2 * convMacs) / convSeconds / 1e9;
-  console.log(`  conv-only: ${(convSeconds * 1000).toFixed(0)} ms per step, ${convOnlyGflops.toFixed(1)} GFLOP/s`);
+  if (layerData.length > 0) {
+    console.log(`  conv-only: ${(convSeconds * 1000).toFixed(0)} ms per step, ${convOnlyGflops.toFixed(1)} GFLOP/s`);
+  }
 
   // 2. The whole training step.
   const loss = new CrossEntropyLoss();
@@ -333,7 +340,7 @@ for (const dtype of values.only === undefined ? dtypes : []) {
   const gflops = stepFlops / (stepMs / 1000) / 1e9;
   const ratio = stepMs / (convSeconds * 1000);
   console.log(
-    `  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s, ${ratio.toFixed(2)}x the conv-only time; loss ${last.toFixed(3)}`,
+    `  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s${layerData.length > 0 ? `, ${ratio.toFixed(2)}x the conv-only time` : ''}; loss ${last.toFixed(3)}`,
   );
   console.log(
     `  memory: RSS ${rssBefore.toFixed(0)} -> ${rssAfter.toFixed(0)} MiB over ${iterations + 1} steps; allocator ${(allocAfter.allocatedBytes / 2 ** 20).toFixed(0)} MiB live, ${(allocAfter.reservedBytes / 2 ** 20).toFixed(0)} MiB reserved, ${allocAfter.systemAllocationCount - allocBefore.systemAllocationCount} new system allocations`,
@@ -354,7 +361,13 @@ for (const dtype of values.only === undefined ? dtypes : []) {
   });
 
   // 8. PyTorch's step beside ours.
-  if (device === 'cpu' && depth === 50 && peerRounds > 0 && (dtype === 'f32' || dtype === 'bf16')) {
+  if (
+    values.only === undefined &&
+    device === 'cpu' &&
+    depth === 50 &&
+    peerRounds > 0 &&
+    (dtype === 'f32' || dtype === 'bf16')
+  ) {
     results.pytorch ??= [];
     (results.pytorch as unknown[]).push(await torchRows(dtype, () => step().item(), stepMs));
   }
@@ -447,7 +460,7 @@ async function torchRows(dtype: 'f32' | 'bf16', ourStep: () => unknown, ourStepM
 function pruningRows(): void {
   results.pruning = benchPruning({ depth: 18, size: 64, batch: 16, iterations, device });
 }
-pruningRows();
+if (values.only === undefined) pruningRows();
 /**
  * 4. Gradient checkpointing: whole ResNet-50 f32 training steps (benchmarkTraining: synthetic batch
  * on the device, SGD) without checkpointing, per stage, and with every block a segment. The
@@ -510,7 +523,7 @@ function benchCheckpointing(): unknown[] {
     };
   });
 }
-results.checkpointing = benchCheckpointing();
+if (values.only !== 'profiler') results.checkpointing = benchCheckpointing();
 
 /** The inference table (bench/inference.ts): the Predictor beside ONNX Runtime, ResNet-50 at 224 px, batch 1 and 16 (CPU only). */
 async function inferenceRows(): Promise<void> {

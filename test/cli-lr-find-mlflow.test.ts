@@ -1,14 +1,17 @@
 /**
  * The command line of the learning-rate finder (`resnet-cuda lr-find`) and of MLflow tracking
- * (`train --mlflow`).
+ * (`train --mlflow`), the latter read back by MLflow's own client when `RESNET_MLFLOW_PYTHON` names
+ * a Python with `mlflow` installed.
  */
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, relative } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { LrFinderResult } from '../lib/train/lr-finder.js';
 import { parseFlatYaml } from '../lib/train/outputs/mlflow.js';
 import { runCli } from './helpers/cli.js';
+import { defined } from './helpers/defined.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-cli-lrf-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -89,7 +92,18 @@ describe('resnet-cuda lr-find', () => {
   }
 });
 
+/** Every file under `root` (recursively), by its path relative to `root` with '/' separators. */
+function filesUnder(root: string): string[] {
+  return readdirSync(root, { recursive: true, encoding: 'utf8' })
+    .filter((name) => statSync(join(root, name)).isFile())
+    .map((name) => relative(root, join(root, name)).split('\\').join('/'))
+    .sort();
+}
+
 describe('resnet-cuda train --mlflow', () => {
+  /** The store and the run the first test wrote, for MLflow's reader. */
+  const tracked = { root: '', runId: '' };
+
   it('tracks the run in ./mlruns (the flag alone) under the experiment named', async () => {
     const run = await runCli(
       [
@@ -125,5 +139,62 @@ describe('resnet-cuda train --mlflow', () => {
     expect(existsSync(join(runDir, 'artifacts', 'model.safetensors'))).toBe(true);
     expect(existsSync(join(runDir, 'artifacts', 'config.json'))).toBe(true);
     expect(JSON.parse(readFileSync(join(dir, 'out', 'mlflow-run.json'), 'utf8'))).toMatchObject({ runId: runs[0] });
+    tracked.root = root;
+    tracked.runId = runs[0] ?? '';
   });
+
+  // MLflow's own reader, when a Python with mlflow is named (e.g. RESNET_MLFLOW_PYTHON=venv/bin/python).
+  const python = process.env.RESNET_MLFLOW_PYTHON;
+  it.skipIf(!python)(
+    `MlflowClient reads the command's run: every parameter, each metric's whole history, every artifact${python ? '' : ' (skipped: set RESNET_MLFLOW_PYTHON to a Python with mlflow installed)'}`,
+    () => {
+      expect(tracked.runId, 'the run of the previous test').not.toBe('');
+      const text = execFileSync(defined(python, 'RESNET_MLFLOW_PYTHON'), [
+        join(import.meta.dirname, 'mlflow', 'read_run.py'),
+        tracked.root,
+        tracked.runId,
+      ]).toString();
+      const seen = JSON.parse(text) as {
+        experiments: [string, string][];
+        experiment_id: string;
+        run_name: string;
+        status: string;
+        params: Record<string, string>;
+        history: Record<string, [number, number, number][]>;
+        artifacts: { path: string; size: number }[];
+      };
+      expect(seen.experiments).toEqual([
+        ['0', 'Default'],
+        ['1', 'demo'],
+      ]);
+      expect(seen).toMatchObject({ experiment_id: '1', run_name: 'out', status: 'FINISHED' });
+      const runDir = join(tracked.root, '1', tracked.runId);
+      // Parameters: the files the command wrote, each one, with its value.
+      const params = filesUnder(join(runDir, 'params'));
+      expect(params.length).toBeGreaterThan(20);
+      expect(seen.params).toEqual(
+        Object.fromEntries(params.map((key) => [key, readFileSync(join(runDir, 'params', key), 'utf8')])),
+      );
+      // Metrics: each file's `timestamp value step` lines are MLflow's history of that key.
+      const metrics = filesUnder(join(runDir, 'metrics'));
+      expect(metrics).toEqual(expect.arrayContaining(['train/loss', 'train/lr']));
+      expect(Object.keys(seen.history).sort()).toEqual(metrics);
+      for (const key of metrics) {
+        const lines = readFileSync(join(runDir, 'metrics', key), 'utf8')
+          .trim()
+          .split('\n');
+        expect(seen.history[key], key).toEqual(
+          lines.map((line) => {
+            const [t, v, s] = line.split(' ').map(Number);
+            return [s, v, t];
+          }),
+        );
+      }
+      // Artifacts: the weights and the run's records, with their sizes.
+      const artifacts = filesUnder(join(runDir, 'artifacts'));
+      expect(artifacts).toEqual(expect.arrayContaining(['model.safetensors', 'config.json', 'summary.json']));
+      expect(seen.artifacts.map((a) => a.path).sort()).toEqual(artifacts);
+      for (const a of seen.artifacts) expect(a.size, a.path).toBe(statSync(join(runDir, 'artifacts', a.path)).size);
+    },
+  );
 });

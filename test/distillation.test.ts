@@ -1,8 +1,11 @@
 /**
- * Knowledge distillation: DistillationLoss against the float64 reference and against the
- * cross-entropy at alpha = 0; its refusals; and the Trainer's distillation option, whose teacher
- * runs on the student's input, gets no gradients and keeps its weights.
+ * Knowledge distillation: DistillationLoss against the float64 reference (and, when
+ * `RESNET_TORCH_PYTHON` names a Python with torch, against PyTorch's own float64 loss and autograd
+ * gradient) and against the cross-entropy at alpha = 0; its refusals; and the Trainer's
+ * distillation option, whose teacher runs on the student's input, gets no gradients and keeps its
+ * weights.
  */
+import { execFileSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import {
   AdaptiveAvgPool2d,
@@ -25,6 +28,7 @@ import {
   type Module,
   type TrainerOptions,
 } from '../lib/index.js';
+import { defined } from './helpers/defined.js';
 import { distillationLoss as reference, relError, Rng } from './reference/index.js';
 
 const rng = new Rng(20260512);
@@ -34,9 +38,69 @@ function f32(values: ArrayLike<number>): Float64Array {
   return Float64Array.from(Float32Array.from(values));
 }
 
+/**
+ * PyTorch's distillation loss in float64, written as its users write it, with the gradient of the
+ * student's logits by autograd. Reads `{ s, t, labels, n, k, temperature, alpha, labelSmoothing }`
+ * as JSON on stdin; prints `{ loss, grad }`.
+ */
+const TORCH_KD = `
+import json, sys
+import torch
+import torch.nn.functional as F
+a = json.load(sys.stdin)
+n, k, T, alpha = a['n'], a['k'], a['temperature'], a['alpha']
+s = torch.tensor(a['s'], dtype=torch.float64).reshape(n, k).requires_grad_()
+t = torch.tensor(a['t'], dtype=torch.float64).reshape(n, k)
+y = torch.tensor(a['labels'])
+soft = F.kl_div(F.log_softmax(s / T, 1), F.softmax(t / T, 1), reduction='batchmean') * T * T
+hard = F.cross_entropy(s, y, label_smoothing=a['labelSmoothing'])
+loss = alpha * soft + (1 - alpha) * hard
+loss.backward()
+print(json.dumps({'loss': loss.item(), 'grad': s.grad.reshape(-1).tolist()}))
+`;
+
 describe('DistillationLoss', () => {
   const n = 6;
   const k = 7;
+  const python = process.env.RESNET_TORCH_PYTHON;
+  it.skipIf(!python)(
+    `matches PyTorch's float64 F.kl_div + F.cross_entropy and its autograd gradient${python ? '' : ' (skipped: set RESNET_TORCH_PYTHON to a Python with torch)'}`,
+    () => {
+      for (const o of [
+        { temperature: 1, alpha: 0.5, labelSmoothing: 0 },
+        { temperature: 4, alpha: 0.9, labelSmoothing: 0.1 },
+        { temperature: 2, alpha: 0, labelSmoothing: 0.2 },
+      ]) {
+        const s = f32(rng.normals(n * k, 0, 3));
+        const t = f32(rng.normals(n * k, 0, 3));
+        const labels = Array.from({ length: n }, () => rng.int(0, k));
+        const torch = JSON.parse(
+          execFileSync(defined(python, 'RESNET_TORCH_PYTHON'), ['-c', TORCH_KD], {
+            input: JSON.stringify({ s: [...s], t: [...t], labels, n, k, ...o }),
+            encoding: 'utf8',
+          }),
+        ) as { loss: number; grad: number[] };
+        const loss = new DistillationLoss(o);
+        const logits = Tensor.from(Float32Array.from(s), [n, k]);
+        const teacher = Tensor.from(Float32Array.from(t), [n, k]);
+        try {
+          const value = loss.forward(logits, teacher, labels).item();
+          const what = JSON.stringify(o);
+          expect(Math.abs(value - torch.loss) / torch.loss, what).toBeLessThan(1e-6);
+          expect(relError(loss.backward().toFloat32Array(), torch.grad), what).toBeLessThan(1e-5);
+          // The float64 reference of the other tests is PyTorch's loss.
+          const ref = reference(s, t, labels, { n, k, ...o, gradScale: 1 });
+          expect(Math.abs(ref.loss - torch.loss) / torch.loss, what).toBeLessThan(1e-12);
+          expect(relError(ref.dLogits, torch.grad), what).toBeLessThan(1e-12);
+        } finally {
+          loss.dispose();
+          logits.dispose();
+          teacher.dispose();
+        }
+      }
+    },
+  );
+
   for (const o of [
     { temperature: 1, alpha: 0.5, labelSmoothing: 0 },
     { temperature: 4, alpha: 0.9, labelSmoothing: 0.1 },

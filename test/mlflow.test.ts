@@ -11,6 +11,7 @@ import {
   DataLoader,
   Flatten,
   Linear,
+  LinearWarmup,
   ReLU,
   SGD,
   Sequential,
@@ -253,6 +254,19 @@ describe('the Trainer tracks its runs in MLflow', () => {
     expect(meta(runDir).status).toBe(3);
     expect(metricLines(runDir, 'val/acc1').map(([, , s]) => s)).toEqual([4, 8, 12]);
     expect(readdirSync(join(tracked.root, '1')).filter((n) => /^[0-9a-f]{32}$/.test(n))).toEqual([tracked.runId]);
+  });
+
+  it("records a schedule's base learning rate beside the first step's (a warm-up's start)", async () => {
+    const root = fresh();
+    const out = fresh();
+    const t = trainer(out, { trackingDir: root }, { schedule: new LinearWarmup({ totalIters: 4, startFactor: 0.1 }) });
+    await t.fit(loader(32, 3), { epochs: 1, maxSteps: 1 });
+    await t.dispose();
+    const runDir = join(root, '0', pointer(out).runId);
+    const param = (key: string): string => readFileSync(join(runDir, 'params', key), 'utf8');
+    expect(Number(param('optimizer.lr'))).toBeCloseTo(0.005, 12);
+    expect(param('optimizer.initial_lr')).toBe('0.05');
+    expect(param('schedule')).toBe('LinearWarmup');
   });
 
   it('marks a cancelled run KILLED and a failed one FAILED', async () => {

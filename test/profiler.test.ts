@@ -207,6 +207,10 @@ describe.skipIf(onlyCuda)('Profiler on the CPU', () => {
     expect(first?.ts).toBeCloseTo((result.ops[0]?.hostStart ?? NaN) * 1000, 2);
     const traced = ops.reduce((sum, e) => sum + (e.dur ?? 0), 0) / 1000;
     expect(traced).toBeCloseTo(prof.summary().opMs, 1);
+    // Read from the file alone: the ops' durations cover the measured steps to within 10%.
+    const wallMs = walls.reduce((a, b) => a + b, 0);
+    expect(traced).toBeLessThanOrEqual(wallMs);
+    expect(Math.abs(traced - wallMs) / wallMs).toBeLessThan(0.1);
     const names = trace.traceEvents.filter((e) => e.ph === 'M').map((e) => e.args?.name);
     expect(names).toEqual(['resnet-cuda', 'host']);
   });

@@ -45,6 +45,13 @@ describe('resnet-cuda summary and prune', () => {
         '32',
         '--output-dir',
         out,
+        '--eval',
+        '-j',
+        '0',
+        '-b',
+        '128',
+        '--time-steps',
+        '1',
         '--json',
       ],
       dir,
@@ -67,7 +74,21 @@ describe('resnet-cuda summary and prune', () => {
     });
     const evaluated = await runCli(['eval', '--weights', slim, '-j', '0', '-b', '128', '--quiet', '--json'], dir);
     expect(evaluated.code, evaluated.stderr).toBe(0);
-    expect((JSON.parse(evaluated.stdout) as { count: number }).count).toBe(512);
+    const slimEval = JSON.parse(evaluated.stdout) as { count: number; acc1: number; acc5: number; loss: number };
+    expect(slimEval.count).toBe(512);
+    // --eval's numbers are eval's, before (the original weights) and after (the pruned ones).
+    const original = await runCli(['eval', '--weights', weights, '-j', '0', '-b', '128', '--quiet', '--json'], dir);
+    const originalEval = JSON.parse(original.stdout) as typeof slimEval;
+    const e = result.evaluation;
+    expect(e).toMatchObject({ images: 512, batch: 128, crop: 32 });
+    expect(e?.before).toMatchObject({ acc1: originalEval.acc1, acc5: originalEval.acc5, count: 512 });
+    expect(e?.after).toMatchObject({ acc1: slimEval.acc1, acc5: slimEval.acc5, count: 512 });
+    expect(e?.before.loss).toBeCloseTo(originalEval.loss, 6);
+    expect(e?.after.loss).toBeCloseTo(slimEval.loss, 6);
+    for (const m of [e?.before, e?.after]) {
+      expect(m?.forwardMs).toBeGreaterThan(0);
+      expect(m?.imagesPerSecond).toBeCloseTo((128 * 1000) / (m?.forwardMs ?? 1), 6);
+    }
 
     const trained = await runCli(
       [
@@ -143,6 +164,11 @@ describe('resnet-cuda summary and prune', () => {
       [['summary', '--input-size', '4'], /--input-size/],
       [['summary', '--weights', weights, '--stem', 'small'], /--stem/],
       [['train', '--prune-every', '3', '--dry-run', '1'], /--prune-sparsity/],
+      [
+        ['prune', '--weights', weights, '--amount', '0.5', '--time-steps', '3', '--output-dir', join(dir, 'x')],
+        /--eval/,
+      ],
+      [['prune', 'data', '--weights', weights, '--amount', '0.5', '--output-dir', join(dir, 'x')], /--eval/],
     ];
     for (const [args, pattern] of cases) {
       const r = await runCli(args, dir);

@@ -1,7 +1,10 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import * as ort from 'onnxruntime-node';
 import { afterAll, describe, expect, it } from 'vitest';
+import { decodeOnnxModel } from '../lib/export/onnx-schema.js';
+import { exportOnnxBytes } from '../lib/export/onnx.js';
 import {
   AdamW,
   AdaptiveAvgPool2d,
@@ -32,6 +35,8 @@ import {
   weightSparsity,
   type Module,
 } from '../lib/index.js';
+import { defined } from './helpers/defined.js';
+import { eagerLogits, nhwcToNchw, randomizeBatchNorms, relativeError, runOnnx, shapeImages } from './helpers/onnx.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-prune-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -371,6 +376,67 @@ describe('structured channel pruning', () => {
     expect(Number.isFinite(value)).toBe(true);
     expect(again.stateDict().get('layer2.0.conv2.weight')?.data).not.toEqual(w);
     x.dispose();
+  });
+
+  for (const [depth, amount] of [
+    [18, 0.5],
+    [50, 0.3],
+  ] as const) {
+    it(`ResNet-${depth} pruned by ${amount}: reloaded from its weights file, exports to ONNX that ONNX Runtime runs as the eval forward`, async () => {
+      using model = new ResNet(depth, { numClasses: 5, smallInput: true, seed: 40 + depth });
+      randomizeBatchNorms(model, depth);
+      using pruned = pruneChannels(model, { amount, criterion: 'l1' });
+      const file = join(dir, `export-${depth}.safetensors`);
+      await saveWeights(file, pruned);
+      using reloaded = new ResNet(depth, { numClasses: 5, smallInput: true, blockWidths: pruned.blockWidths, seed: 9 });
+      await loadWeights(file, reloaded);
+      reloaded.eval();
+
+      const { bytes, output } = exportOnnxBytes(reloaded, {});
+      expect(output.shape).toEqual(['batch', 5]);
+      // The file holds the narrower convolutions: the first block's conv1 (batch norm folded in) has
+      // the pruned width as its output channels.
+      const width = defined(pruned.blockWidths[0]?.[0], 'the first block width');
+      expect(width).toBe(Math.round(64 * (1 - amount)));
+      const weights = decodeOnnxModel(bytes).graph.initializer.map((t) => t.dims.map(Number));
+      expect(weights.some((dims) => dims.length === 4 && dims[0] === width && dims[1] === 64)).toBe(true);
+
+      const session = await ort.InferenceSession.create(bytes);
+      const n = 3;
+      const x = shapeImages(n, 16, depth);
+      const want = eagerLogits(pruned, x, n, 16);
+      expect(relativeError(eagerLogits(reloaded, x, n, 16), want)).toBe(0);
+      const got = await runOnnx(session, nhwcToNchw(x, n, 16, 16, 3), [n, 3, 16, 16]);
+      expect(relativeError(got, want)).toBeLessThan(1e-4);
+      // The comparison can fail: the dense model's logits are not the pruned model's.
+      expect(relativeError(eagerLogits(model, x, n, 16), want)).toBeGreaterThan(1e-3);
+      await session.release();
+    });
+  }
+
+  it('a magnitude-pruned model exports with its zeros (batch norm folding scales them), and runs as the eval forward', async () => {
+    using model = ResNet18({ numClasses: 4, smallInput: true, seed: 5 });
+    randomizeBatchNorms(model, 6);
+    const pruner = new MagnitudePruner(model, { exclude: ['fc.weight'] });
+    pruner.prune(0.8);
+    pruner.apply();
+    const masked = [...pruner.masks().values()].reduce((n, m) => n + m.filter((keep) => keep === 0).length, 0);
+    pruner.dispose();
+    const { bytes } = exportOnnxBytes(model, {});
+    let zeros = 0;
+    for (const t of decodeOnnxModel(bytes).graph.initializer) {
+      if (t.dims.length !== 4) continue;
+      const raw = t.rawData;
+      const values = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
+      zeros += values.filter((v) => v === 0).length;
+    }
+    expect(masked).toBeGreaterThan(0);
+    expect(zeros).toBeGreaterThanOrEqual(masked);
+    const x = shapeImages(2, 16, 7);
+    const session = await ort.InferenceSession.create(bytes);
+    const got = await runOnnx(session, nhwcToNchw(x, 2, 16, 16, 3), [2, 3, 16, 16]);
+    expect(relativeError(got, eagerLogits(model, x, 2, 16))).toBeLessThan(1e-4);
+    await session.release();
   });
 
   it('keeps the largest-L1 filters and refuses bad options', () => {

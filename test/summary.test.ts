@@ -4,12 +4,15 @@ import { Conv2d, Module, ResNet, ResNet18, Sequential, Tensor, summary, type Res
 // torchvision.models.resnetXX(num_classes=1000): sum(p.numel() for p in model.parameters()), and
 // the GFLOPS column of https://pytorch.org/vision/stable/models.html (multiply-accumulates of the
 // convolutions and the classifier for one 224x224 image; torchvision counts a MAC as one "FLOP").
-const PUBLISHED: Record<ResNetDepth, { params: number; gmacs: string }> = {
-  18: { params: 11_689_512, gmacs: '1.81' },
-  34: { params: 21_797_672, gmacs: '3.66' },
-  50: { params: 25_557_032, gmacs: '4.09' },
-  101: { params: 44_549_160, gmacs: '7.80' },
-  152: { params: 60_192_808, gmacs: '11.51' },
+// `macs`: the exact count behind that column, from forward hooks on torchvision 0.29's models
+// (for each Conv2d: output elements x in_channels / groups x kernel area; for each Linear: output
+// elements x in_features) run on a 1x3x224x224 input.
+const PUBLISHED: Record<ResNetDepth, { params: number; gmacs: string; macs: number }> = {
+  18: { params: 11_689_512, gmacs: '1.81', macs: 1_814_073_344 },
+  34: { params: 21_797_672, gmacs: '3.66', macs: 3_663_761_408 },
+  50: { params: 25_557_032, gmacs: '4.09', macs: 4_089_184_256 },
+  101: { params: 44_549_160, gmacs: '7.80', macs: 7_801_405_440 },
+  152: { params: 60_192_808, gmacs: '11.51', macs: 11_513_626_624 },
 };
 
 describe('model summary', () => {
@@ -21,6 +24,7 @@ describe('model summary', () => {
       expect(s.trainableParams).toBe(published.params);
       expect(s.frozenParams).toBe(0);
       expect((s.macs / 1e9).toFixed(2)).toBe(published.gmacs);
+      expect(s.macs).toBe(published.macs);
       expect(s.paramBytes).toBe(published.params * 4);
       const root = s.rows[0];
       expect(root?.outputShape).toEqual([1, 1000]);

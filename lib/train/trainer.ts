@@ -1124,6 +1124,8 @@ export class Trainer {
         ...(s.clip !== null ? { clip_grad_norm: s.clip } : {}),
         ...(s.ema ? { ema: s.ema } : {}),
         ...(s.schedule ? { schedule: s.schedule.constructor.name } : {}),
+        // The first group's lr above is the schedule's first value (a warm-up's start): the base too.
+        ...(this.#scheduler ? { 'optimizer.initial_lr': this.#scheduler.baseLrs[0] } : {}),
         ...(s.processGroup ? { world_size: s.processGroup.worldSize, sync_batchnorm: s.syncBatchNorm } : {}),
       },
       config: s.config,
