@@ -12,22 +12,32 @@ import { join } from 'node:path';
 import sharp from 'sharp';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
+  AdaptiveAvgPool2d,
+  BatchNorm2d,
   CenterCrop,
   ColorJitter,
   Compose,
+  Conv2d,
   DataLoader,
+  Flatten,
   ImageFolder,
+  Linear,
   Normalize,
   RandomHorizontalFlip,
   RandomResizedCrop,
+  ReLU,
   Resize,
+  SGD,
+  Sequential,
   ShapesDataset,
   Subset,
+  Trainer,
   listBackends,
   type Batch,
   type DataLoaderOptions,
   type Dataset,
 } from '../lib/index.js';
+import { runCli } from './helpers/cli.js';
 import { objectContaining, stringContaining, stringMatching } from './helpers/matchers.js';
 import { photo } from './helpers/photo.js';
 
@@ -45,7 +55,7 @@ let mixed = '';
 
 beforeAll(async () => {
   root = mkdtempSync(join(tmpdir(), 'resnet-cuda-gpu-loader-test-'));
-  jpegs = join(root, 'jpegs');
+  jpegs = join(root, 'data', 'train'); // DATA/train/<class>/<image>, as `train` takes it
   mixed = join(root, 'mixed');
   // 11 JPEGs of different sizes (none more than 4x the output, where the CPU loader would decode
   // with DCT scaling), 4:2:0, 4:4:4, progressive and grey, in 3 classes.
@@ -226,6 +236,17 @@ describe.skipIf(onlyCuda)("decode: 'gpu' options", () => {
     ]);
     expect(make(twoFlips, false)).toThrow(/RandomHorizontalFlip \(transforms\[2\]\).*only a flip right after/);
   });
+
+  it('train --decode gpu: a usage error without a CUDA device or with a dataset of decoded images', async () => {
+    const cpu = await runCli(['train', join(root, 'data'), '--decode', 'gpu'], root);
+    expect(cpu.code).toBe(2);
+    expect(cpu.stderr).toMatch(
+      /--decode gpu decodes on the training device: use it with --device cuda or cuda:N, not cpu/,
+    );
+    const shapes = await runCli(['train', '--decode', 'gpu', '--device', 'cuda'], root);
+    expect(shapes.code).toBe(2);
+    expect(shapes.stderr).toMatch(/--decode gpu decodes JPEG files \(--dataset imagefolder\), not the shapes dataset/);
+  });
 });
 
 describe.skipIf(reason !== undefined)(`decode: 'gpu' on CUDA${reason ? ` (skipped: ${reason})` : ''}`, () => {
@@ -344,6 +365,58 @@ describe.skipIf(reason !== undefined)(`decode: 'gpu' on CUDA${reason ? ` (skippe
       } finally {
         await loader.close();
       }
+    }
+  });
+
+  it('trains as the CPU-decoded loader does: the same losses step by step (Trainer, eager and CUDA graph)', async () => {
+    const dataset = await ImageFolder.open(jpegs);
+    const run = async (decode: 'cpu' | 'gpu', cudaGraph: boolean): Promise<number[]> => {
+      const model = new Sequential(
+        new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, stride: 2, padding: 1, seed: 1 }),
+        new BatchNorm2d({ numFeatures: 4 }),
+        new ReLU(),
+        new AdaptiveAvgPool2d(1),
+        new Flatten(),
+        new Linear({ inFeatures: 4, outFeatures: 3, seed: 2 }),
+      ).to('cuda');
+      const transform = new Compose([
+        new RandomResizedCrop({ size: 16 }),
+        new RandomHorizontalFlip(),
+        new Normalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] }),
+      ]);
+      const options = { batchSize: 4, transform, shuffle: true, seed: 4, workers: 1, dropLast: true };
+      const loader = new DataLoader(dataset, { ...options, decode, device: 'cuda' });
+      const losses: number[] = [];
+      const trainer = new Trainer({
+        model,
+        optimizer: new SGD(model, { lr: 0.1, momentum: 0.9 }),
+        device: 'cuda',
+        progress: false,
+        jsonLog: false,
+        tensorboard: false,
+        plots: false,
+        cudaGraph,
+        callbacks: [
+          {
+            onStepEnd: (_t, info) => {
+              losses.push(info.loss());
+            },
+          },
+        ],
+      });
+      try {
+        await trainer.fit(loader, { epochs: 2 });
+      } finally {
+        await loader.close();
+      }
+      return losses;
+    };
+    const cpu = await run('cpu', false);
+    expect(cpu).toHaveLength(4);
+    for (const cudaGraph of [false, true]) {
+      const gpu = await run('gpu', cudaGraph);
+      expect(gpu).toHaveLength(cpu.length);
+      gpu.forEach((loss, i) => expect(loss).toBeCloseTo(cpu[i]!, emulated ? 6 : 2));
     }
   });
 });
