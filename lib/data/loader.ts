@@ -30,6 +30,12 @@
  *
  * Workers start from the compiled `loader-worker.js` beside this module, with the parent's Node
  * flags less those that choose the main program (see {@link workerExecArgv}).
+ *
+ * With `decode: 'gpu'` the workers only read each batch's files into one buffer, transferred to
+ * the main thread, and a {@link DeviceDecodeStage} decodes them on the device (nvJPEG, then the
+ * backend's crop, resize and flip kernels with the samples' usual draws): when batch k is asked
+ * for, batch k + 1's decode is enqueued too if its files are here, so that it runs during the step
+ * on batch k. Slots then only count the batches in flight (no pixels pass through host memory).
  * @packageDocumentation
  */
 import { availableParallelism } from 'node:os';
