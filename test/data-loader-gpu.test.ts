@@ -250,9 +250,16 @@ describe.skipIf(onlyCuda)("decode: 'gpu' options", () => {
 });
 
 describe.skipIf(reason !== undefined)(`decode: 'gpu' on CUDA${reason ? ` (skipped: ${reason})` : ''}`, () => {
-  it('gives the CPU loader batches on the device, two shuffled epochs, with workers and decodes ahead', async () => {
+  it('gives the CPU loader batches on the device, two shuffled epochs, with persistent workers and decodes ahead', async () => {
     const dataset = await ImageFolder.open(jpegs);
-    const options = { batchSize: 4, transform: trainTransform(), shuffle: true, seed: 11, workers: 2 };
+    const options = {
+      batchSize: 4,
+      transform: trainTransform(),
+      shuffle: true,
+      seed: 11,
+      workers: 2,
+      persistentWorkers: true,
+    };
     const { cpu, gpu } = await both(dataset, options, 2, true);
     expect(gpu[0]!.map((b) => b.indices)).not.toEqual(gpu[1]!.map((b) => b.indices)); // reshuffled
     expect(gpu[0]!.map((b) => b.indices.length)).toEqual([4, 4, 3]);
