@@ -342,6 +342,32 @@ describe.skipIf(reason !== undefined)(`decode: 'gpu' on CUDA${reason ? ` (skippe
     }
   });
 
+  it('stops on its abort signal and after close(), as the CPU loader does', async () => {
+    const dataset = await ImageFolder.open(jpegs);
+    const controller = new AbortController();
+    const loader = new DataLoader(dataset, {
+      batchSize: 2,
+      transform: trainTransform(),
+      workers: 1,
+      decode: 'gpu',
+      device: 'cuda',
+      signal: controller.signal,
+    });
+    let seen = 0;
+    await expect(
+      (async () => {
+        for await (const batch of loader) {
+          batch.toTensors();
+          if (++seen === 2) controller.abort(new Error('stop here'));
+        }
+      })(),
+    ).rejects.toThrow('stop here');
+    expect(seen).toBe(2);
+    expect(loader.activeWorkers).toBe(0);
+    await loader.close();
+    expect(() => loader[Symbol.asyncIterator]()).toThrow(objectContaining({ code: 'ERR_RC_DISPOSED' }));
+  });
+
   it('names the file that does not decode, and the sample', async () => {
     const dir = join(root, 'broken');
     mkdirSync(join(dir, 'a'), { recursive: true });

@@ -106,7 +106,10 @@ export interface DataLoaderOptions {
    * samples to mirror (pass it to `InputNormalize.forward`, which flips on the device); default true.
    */
   deferFlip?: boolean;
-  /** Default device of {@link Batch.toTensors}; default `'cpu'`. */
+  /**
+   * Default device of {@link Batch.toTensors}; default `'cpu'`. With `decode: 'gpu'`, the CUDA
+   * device the batches are decoded on (required).
+   */
   device?: string;
   /**
    * Data-parallel training: this process reads only its share of each epoch, through a
@@ -571,11 +574,11 @@ export class DataLoader implements AsyncIterable<Batch> {
     }
     if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) invalid('signal', 'an AbortSignal', o.signal);
     this.signal = o.signal;
-    this.signal?.addEventListener('abort', this.#onAbort, { once: true });
-    // Last, as it takes device resources: the checks above throw first.
+    // Last of what can throw, as it takes device resources: the checks above throw first.
     if (this.decode === 'gpu') {
       this.#stage = new DeviceDecodeStage(this.transform, this.device, this.seed, this.deferFlip);
     }
+    this.signal?.addEventListener('abort', this.#onAbort, { once: true });
   }
 
   /** Batches per epoch. */
