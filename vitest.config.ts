@@ -53,6 +53,7 @@ export default defineConfig({
             'test/sync-batchnorm.test.ts',
             'test/trainer-cuda-graph.test.ts',
             'test/data-gpu-decode.test.ts',
+            'test/data-loader-gpu.test.ts',
             'test/fused.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },

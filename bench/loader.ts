@@ -18,6 +18,10 @@
  * unavailable (no published per-core figure is quoted). Its CPU time per image counts the main
  * process and the worker process over the same timed batches, so the two per-core rates compare.
  *
+ * On a real GPU two more sets of rows follow: `GpuJpegDecoder` alone (bench/gpu-decode.ts)
+ * and the DataLoader with `decode: 'gpu'` (workers reading the files, batches decoded on the
+ * device and handed over with `toTensors()`, timed to the end of the device's work).
+ *
  * On a shared machine single runs vary by 10% or more: `--repeat N` runs everything N times,
  * alternating with the reference, and reports the median of each figure.
  *
@@ -39,7 +43,8 @@ import { ImageFolder } from '../lib/data/image-folder.js';
 import { DataLoader } from '../lib/data/loader.js';
 import { permutation, type Sampler } from '../lib/data/sampler.js';
 import { CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
-import { measureGpuDecode } from './gpu-decode.js';
+import { synchronize } from '../lib/device.js';
+import { gpuDecodeUnavailable, measureGpuDecode } from './gpu-decode.js';
 
 const cores = availableParallelism();
 
@@ -202,7 +207,18 @@ interface Row {
   seconds: number;
 }
 
-async function measure(dataset: ImageFolder, pipeline: string, transform: Compose, workers: number): Promise<Row> {
+/**
+ * One pipeline's run. With `decode: 'gpu'` the workers only read the files, each batch is handed
+ * over on the device (`toTensors()`, as a training step takes it), and the timing ends with the
+ * device's work.
+ */
+async function measure(
+  dataset: ImageFolder,
+  pipeline: string,
+  transform: Compose,
+  workers: number,
+  decode: 'cpu' | 'gpu' = 'cpu',
+): Promise<Row> {
   // The batches dispatched before the first one arrives include the workers' start-up: skip them.
   const warmBatches = workers === 0 ? 2 : workers * prefetch + 1;
   const timedBatches = Math.ceil(timedImages / batchSize);
@@ -213,19 +229,23 @@ async function measure(dataset: ImageFolder, pipeline: string, transform: Compos
     prefetch,
     sampler: cyclingSampler(dataset.length, (warmBatches + timedBatches) * batchSize),
     seed: 0,
+    ...(decode === 'gpu' ? { decode, device: 'cuda:0' } : {}),
   });
   let seen = 0;
   let images = 0;
   let started = 0;
   let cpuStart = process.cpuUsage();
   for await (const batch of loader) {
+    if (decode === 'gpu') batch.toTensors();
     if (++seen === warmBatches) {
+      if (decode === 'gpu') synchronize('cuda:0');
       started = performance.now();
       cpuStart = process.cpuUsage();
     } else if (seen > warmBatches) {
       images += batch.size;
     }
   }
+  if (decode === 'gpu') synchronize('cuda:0');
   const seconds = (performance.now() - started) / 1000;
   const cpu = process.cpuUsage(cpuStart);
   await loader.close();
@@ -496,6 +516,24 @@ if (gpuDecode.available) {
 } else {
   console.log(`GPU decode: skipped: ${gpuDecode.reason}`);
 }
+// The DataLoader with decode: 'gpu' (real GPUs only): the workers read, the device decodes.
+const gpuLoaderRows: Row[] = [];
+const gpuLoaderSkipped = gpuDecodeUnavailable();
+if (gpuLoaderSkipped !== null) {
+  console.log(`DataLoader decode: 'gpu': skipped: ${gpuLoaderSkipped}`);
+} else {
+  console.log("DataLoader decode: 'gpu' (workers read the files; images/s to the end of the device work):");
+  for (const [pipeline, make] of pipelines) {
+    for (const workers of workerCounts.filter((w) => w > 0)) {
+      const r = await measure(dataset, pipeline, make(), workers, 'gpu');
+      gpuLoaderRows.push(r);
+      console.log(
+        `  ${r.pipeline.padEnd(8)}${String(workers).padStart(2)} workers: ${r.imagesPerSecond.toFixed(1)} images/s, ` +
+          `${r.cpuMsPerImage.toFixed(2)} CPU ms/img`,
+      );
+    }
+  }
+}
 const packageVersion = (
   JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
 ).version;
@@ -516,5 +554,6 @@ console.log(
     rows,
     torchvision: reference,
     gpuDecode,
+    gpuLoader: gpuLoaderRows,
   })}`,
 );

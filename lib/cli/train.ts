@@ -172,6 +172,14 @@ const OPTIONS: OptionSpec[] = [
     section: S_DATA,
   },
   option({ ...SHARED_OPTIONS.workers, section: S_DATA }),
+  {
+    name: 'decode',
+    type: 'choice',
+    choices: ['cpu', 'gpu'],
+    default: 'cpu',
+    help: 'Where the JPEGs are decoded: cpu (the workers decode and augment), or gpu (the workers only read the files; nvJPEG decodes and the device crops, resizes and flips, overlapping the previous step). gpu needs --device cuda and --dataset imagefolder of JPEGs.',
+    section: S_DATA,
+  },
   imageSizeOption(
     'train-crop-size',
     'Training crop size (RandomResizedCrop).',
@@ -631,6 +639,7 @@ interface TrainArgs extends TeacherArgs, PruneArgs, FineTuneArgs {
   dataset: DatasetName;
   data: string | undefined;
   workers: number;
+  decode: 'cpu' | 'gpu';
   trainCropSize: number;
   valResizeSize: number;
   valCropSize: number;
@@ -828,6 +837,14 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
   checkFineTune(a);
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
+  if (a.decode === 'gpu' && dataset !== 'imagefolder') {
+    throw new UsageError(`--decode gpu decodes JPEG files (--dataset imagefolder), not the ${dataset} dataset`);
+  }
+  if (a.decode === 'gpu' && !device.startsWith('cuda')) {
+    throw new UsageError(
+      `--decode gpu decodes on the training device: use it with --device cuda or cuda:N, not ${device}`,
+    );
+  }
   return { args: { ...a, device }, files };
 }
 
@@ -1235,6 +1252,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     workers: a.workers,
     persistentWorkers: true,
     device,
+    decode: a.decode,
     ...share,
   });
   const valLoader = new DataLoader(data.val, {
@@ -1244,6 +1262,7 @@ async function run(given: ParsedCommand, io: CliIO): Promise<number> {
     workers: a.workers,
     persistentWorkers: true,
     device,
+    decode: a.decode,
     ...share,
   });
   let trainer: Trainer | undefined;

@@ -106,11 +106,14 @@ export class GpuJpegDecoder {
 
   /**
    * Decodes `samples` of `epoch` (their draws: `sampleRandom(seed, epoch, index)`) into the next
-   * output buffer and orders the device's later work after it. Returns without waiting for the
-   * device.
+   * output buffer and, unless `join` is false, orders the device's later work after it. Returns
+   * without waiting for the device. With `join: false` the decode overlaps the device work
+   * enqueued after it until {@link GpuJpegDecoder.join} (call it before the batch is used).
    */
-  decode(samples: readonly GpuDecodeSample[], epoch: number): GpuDecodedBatch {
+  decode(samples: readonly GpuDecodeSample[], epoch: number, options: { join?: boolean } = {}): GpuDecodedBatch {
     const raw = this.#live();
+    const o = expectOptions<{ join?: boolean }>('decode options', options, ['join']);
+    const join = o.join === undefined ? true : expectBool('join', o.join);
     if (!isArray(samples) || samples.length === 0) {
       invalid('samples', 'a non-empty array of { bytes, path, index }', samples);
     }
@@ -136,8 +139,13 @@ export class GpuJpegDecoder {
     } catch (err) {
       throw this.#named(err, samples);
     }
-    raw.join();
+    if (join) raw.join();
     return { images: dst, flips };
+  }
+
+  /** Orders the device's work enqueued from now on after the last decode, without waiting on the host. */
+  join(): void {
+    this.#live().join();
   }
 
   /** Waits on the host for the last decode, at most `timeoutSeconds` (default 60). */

@@ -2,7 +2,8 @@
  * The DataLoader's batch filler and its worker-thread entry point.
  *
  * {@link BatchFiller} turns a job (a batch's dataset indices and their positions in the batch) into
- * pixels, labels and flip flags written straight into a shared batch slot. The main thread uses it
+ * pixels, labels and flip flags written straight into a shared batch slot; for `decode: 'gpu'` a
+ * {@link BatchReader} only reads the job's files and the worker sends them back. The main thread uses it
  * as is when the loader runs with `workers: 0`; in a worker thread (this module loaded with the
  * loader's `workerData`) it rebuilds the dataset and the transform from their specs once and then
  * serves jobs from the parent, one at a time, replying `done` or `error` per job.
@@ -10,6 +11,7 @@
  */
 import { isMainThread, parentPort, workerData } from 'node:worker_threads';
 import { defined } from '../errors.js';
+import { BatchReader, ReadFailure, type EncodedBatch } from './batch-reader.js';
 import { datasetFromSpec } from './registry.js';
 import { sampleRandom } from './sample-random.js';
 import { Compose, type ComposeSpec } from './transforms.js';
@@ -38,9 +40,11 @@ export interface WorkerInit {
   tag: typeof WORKER_TAG;
   workerId: number;
   dataset: DatasetSpec;
-  transform: ComposeSpec;
-  deferFlip: boolean;
-  layout: SlotLayout;
+  /**
+   * `pixels`: decode and transform the samples into the shared slots; `files`: only read the
+   * encoded files and send them back (`decode: 'gpu'`, which decodes on the device).
+   */
+  work: { kind: 'pixels'; transform: ComposeSpec; deferFlip: boolean; layout: SlotLayout } | { kind: 'files' };
 }
 
 /** One batch to fill: sample `items[i].index` goes to position `items[i].position` of `slot`. @internal */
@@ -75,7 +79,8 @@ export type WorkerReply =
   /** Sent once, after the first job that loaded sharp (which decodes on libuv's shared threadpool). */
   | { type: 'sharp'; workerId: number }
   | { type: 'fatal'; workerId: number; error: FailureInfo }
-  | { type: 'done'; run: number; slot: number; batchIndexInEpoch: number }
+  /** A filled slot; in `files` work, the batch's files (transferred) as well. */
+  | { type: 'done'; run: number; slot: number; batchIndexInEpoch: number; files?: EncodedBatch }
   | { type: 'error'; run: number; slot: number; batchIndexInEpoch: number; error: FailureInfo };
 
 /** Thrown by {@link BatchFiller.fill} with the failing sample's details. @internal */
@@ -90,6 +95,10 @@ export class SampleFailure extends Error {
 /** Plain data describing any thrown value. @internal */
 export function failureInfo(error: unknown, extra: Partial<FailureInfo> = {}): FailureInfo {
   if (error instanceof SampleFailure) return { ...error.info, ...extra };
+  if (error instanceof ReadFailure) {
+    const where = { index: error.index, ...(error.path !== undefined ? { path: error.path } : {}) };
+    return { ...failureInfo(error.cause), ...where, ...extra };
+  }
   if (error instanceof Error) {
     const code = (error as { code?: unknown }).code;
     return {
@@ -186,7 +195,26 @@ export class BatchFiller {
   }
 }
 
-/** The worker thread's main: build once, then fill jobs in the order they arrive. */
+/** One job's work in a worker: fill the job's slot, or read its files. */
+type JobWork = (job: Job) => Promise<EncodedBatch | undefined>;
+
+/** The worker's work for its init: a {@link BatchFiller} or a {@link BatchReader} (blocking reads). */
+async function buildWork(init: WorkerInit): Promise<JobWork> {
+  const dataset = await datasetFromSpec(init.dataset);
+  const work = init.work;
+  if (work.kind === 'files') {
+    const reader = new BatchReader(dataset, true);
+    return (job) => reader.read(job.items.map((item) => item.index));
+  }
+  const transform = Compose.fromSpec(work.transform);
+  const filler = new BatchFiller(dataset, transform, work.deferFlip, work.layout, true);
+  return async (job) => {
+    await filler.fill(job);
+    return undefined;
+  };
+}
+
+/** The worker thread's main: build once, then do jobs in the order they arrive. */
 function serve(init: WorkerInit): void {
   const port = defined(parentPort, "the worker's parent port"); // serve() runs in a worker thread
   // Parallelism comes from the workers, so each libvips pipeline gets one thread: sharp's default
@@ -197,11 +225,7 @@ function serve(init: WorkerInit): void {
   setSharpConcurrency(1);
   // The listener is attached before the (asynchronous) rebuild so that no job is missed; jobs wait
   // for the rebuild and then run one at a time, each using one thread of decoding at most.
-  const ready: Promise<BatchFiller> = (async () => {
-    const dataset = await datasetFromSpec(init.dataset);
-    const transform = Compose.fromSpec(init.transform);
-    return new BatchFiller(dataset, transform, init.deferFlip, init.layout, true);
-  })();
+  const ready: Promise<JobWork> = buildWork(init);
   let queue: Promise<void> = Promise.resolve();
   let sharpReported = false;
   const reportSharp = (): void => {
@@ -211,21 +235,24 @@ function serve(init: WorkerInit): void {
   };
   port.on('message', (job: Job) => {
     queue = queue.then(async () => {
-      let filler: BatchFiller;
+      let work: JobWork;
       try {
-        filler = await ready;
+        work = await ready;
       } catch {
         return; // reported once as 'fatal' below
       }
       try {
-        await filler.fill(job);
+        const files = await work(job);
         reportSharp();
-        port.postMessage({
+        const reply: WorkerReply = {
           type: 'done',
           run: job.run,
           slot: job.slot,
           batchIndexInEpoch: job.batchIndexInEpoch,
-        } satisfies WorkerReply);
+          ...(files ? { files } : {}),
+        };
+        // The files' buffers move to the main thread (no copy).
+        port.postMessage(reply, files ? [files.data, files.labels.buffer as ArrayBuffer] : []);
       } catch (error) {
         const reply: WorkerReply = {
           type: 'error',

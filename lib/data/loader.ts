@@ -30,14 +30,25 @@
  *
  * Workers start from the compiled `loader-worker.js` beside this module, with the parent's Node
  * flags less those that choose the main program (see {@link workerExecArgv}).
+ *
+ * With `decode: 'gpu'` the workers only read each batch's files into one buffer, transferred to
+ * the main thread, and a {@link DeviceDecodeStage} decodes them on the device (nvJPEG, then the
+ * backend's crop, resize and flip kernels with the samples' usual draws): when batch k is asked
+ * for, batch k + 1's decode is enqueued too if its files are here, so that it runs during the step
+ * on batch k. Slots then only count the batches in flight (no pixels pass through host memory).
  * @packageDocumentation
  */
 import { availableParallelism } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import { asyncDisposeSymbol } from '../dispose.js';
-import { ResnetError, defined, expectBool, expectInt, expectOptions, invalid } from '../errors.js';
+import { parseDevice } from '../device.js';
+import { ResnetError, defined, expectBool, expectInt, expectOneOf, expectOptions, invalid } from '../errors.js';
 import { Tensor, copyToDevice } from '../tensor.js';
+import { BatchReader, ReadFailure, type EncodedBatch } from './batch-reader.js';
 import { expectDataset } from './dataset.js';
+import { DeviceDecodeStage, wrongDevice } from './device-decode-stage.js';
+import type { GpuDecodedBatch } from './gpu-decode.js';
+import { expectGpuDataset, expectGpuTransform, gpuDecodeDevice } from './gpu-decode-checks.js';
 import {
   BatchFiller,
   SampleFailure,
@@ -95,13 +106,30 @@ export interface DataLoaderOptions {
    * samples to mirror (pass it to `InputNormalize.forward`, which flips on the device); default true.
    */
   deferFlip?: boolean;
-  /** Default device of {@link Batch.toTensors}; default `'cpu'`. */
+  /**
+   * Default device of {@link Batch.toTensors}; default `'cpu'`. With `decode: 'gpu'`, the CUDA
+   * device the batches are decoded on (required).
+   */
   device?: string;
   /**
    * Data-parallel training: this process reads only its share of each epoch, through a
    * {@link DistributedSampler} (shuffled when `shuffle` is true, padded unless `dropLast` here).
    */
   distributed?: { rank: number; worldSize: number; dropLast?: boolean };
+  /**
+   * Where the JPEGs are decoded: `'cpu'` (default; the workers decode and transform into host
+   * memory) or `'gpu'`: the workers only read the files, and the batches are decoded, cropped,
+   * resized and flipped on `device` (a CUDA device, required) with nvJPEG and the backend's
+   * kernels, each batch's decode overlapping the step on the one before. `toTensors()` then gives
+   * the decoded images on the device without a copy, and `images` is a host copy made when read.
+   * Takes datasets of JPEG files (ImageFolder or ImageFiles of JPEGs, and Subsets of them) and
+   * transforms of a RandomResizedCrop, Resize or CenterCrop (a CenterCrop may follow a Resize),
+   * then only RandomHorizontalFlip and Normalize; anything else is refused when the loader is
+   * made, naming what the device cannot do. Samplers, shuffling, epochs, `dropLast` and
+   * `distributed` are the CPU path's, and so are every sample's random draws: the batches match
+   * the CPU decoder's up to the JPEG decoders' rounding.
+   */
+  decode?: 'cpu' | 'gpu';
   /**
    * Stops the loader: once aborted, the running epoch fails with the signal's reason (an
    * `AbortError` by default), the workers end, and later epochs fail the same way at their start.
@@ -121,6 +149,8 @@ export interface Batch {
    * `copyFromHost` does not take SharedArrayBuffer views).
    */
   readonly images: Uint8Array;
+  /** Where the batch was decoded: `'cpu'`, or `'gpu'` for a batch already on the loader's device. */
+  readonly decoded: 'cpu' | 'gpu';
   /** The class label of each sample (ordinary memory: pass it to the loss as it is). */
   readonly labels: Int32Array;
   /** 1 where the sample is to be mirrored left-right (deferred flips), else 0: `InputNormalize.forward`'s `flip`. */
@@ -139,7 +169,9 @@ export interface Batch {
    * Copies the batch into tensors on `device` (default: the loader's `device`): `images` u8
    * `[size, H, W, C]` and `labels` i32 `[size]`. The tensors are owned by the loader and reused by
    * the next call (one pair per device and batch size); they stay valid after the iteration moves
-   * on, until that next call. Throws once the batch is no longer current.
+   * on, until that next call. Throws once the batch is no longer current. With `decode: 'gpu'`,
+   * `images` is the decoded batch itself, on the loader's device only (no copy), whose buffer is
+   * decoded into again once the iteration moves on (after the device work enqueued until then).
    */
   toTensors(device?: string): { images: Tensor; labels: Tensor };
 }
@@ -172,6 +204,28 @@ export class DataLoaderError extends Error {
     this.worker = info.worker;
     this.originalStack = info.stack;
   }
+}
+
+/** A batch job's result: its slot, and for `decode: 'gpu'` the files read. */
+interface JobResult {
+  slot: number;
+  files?: EncodedBatch;
+}
+
+/** The jobs of an epoch run by the workers (see DataLoader's #feed). */
+interface Feed {
+  /** Batch k's result, in epoch order. */
+  done: Deferred<JobResult>[];
+  /** The results that have arrived, to look at without waiting. */
+  arrived: (JobResult | undefined)[];
+  /** Gives a slot back, for the next job. */
+  release(slot: number): void;
+}
+
+/** What an epoch run's cleanup needs: the batch handed out, and whether the run failed. */
+interface RunState {
+  current: { valid: boolean } | undefined;
+  failed: boolean;
 }
 
 /** A promise with its settle functions. */
@@ -353,6 +407,7 @@ const OPTION_KEYS = [
   'deferFlip',
   'device',
   'distributed',
+  'decode',
   'signal',
 ] as const;
 
@@ -393,6 +448,8 @@ export class DataLoader implements AsyncIterable<Batch> {
   readonly deferFlip: boolean;
   /** Default device of `toTensors`. */
   readonly device: string;
+  /** Where the JPEGs are decoded (see {@link DataLoaderOptions.decode}). */
+  readonly decode: 'cpu' | 'gpu';
   /** `[height, width]` of every image, from the transform (or the dataset's images, without one). */
   readonly outputSize: readonly [number, number];
   /** Stops the loader when aborted. */
@@ -406,6 +463,9 @@ export class DataLoader implements AsyncIterable<Batch> {
   #layout: SlotLayout | undefined;
   #pool: WorkerPool | undefined;
   #filler: BatchFiller | undefined;
+  #reader: BatchReader | undefined;
+  /** The device decoder of `decode: 'gpu'`. */
+  #stage: DeviceDecodeStage | undefined;
   /** Fails the running epoch's pending batches (set while an epoch with workers runs). */
   #abortRun: ((error: Error) => void) | undefined;
   readonly #tensors = new Map<string, { images: Tensor; labels: Tensor }>();
@@ -504,9 +564,20 @@ export class DataLoader implements AsyncIterable<Batch> {
     if (o.device !== undefined && typeof o.device !== 'string') {
       invalid('device', "a device name such as 'cpu' or 'cuda:0'", o.device);
     }
-    this.device = o.device ?? 'cpu';
+    this.decode = o.decode === undefined ? 'cpu' : expectOneOf('decode', o.decode, ['cpu', 'gpu'] as const);
+    if (this.decode === 'gpu') {
+      this.device = gpuDecodeDevice(o.device);
+      expectGpuDataset(this.dataset, this.dataset.spec());
+      expectGpuTransform(this.transform, this.deferFlip);
+    } else {
+      this.device = o.device ?? 'cpu';
+    }
     if (o.signal !== undefined && !(o.signal instanceof AbortSignal)) invalid('signal', 'an AbortSignal', o.signal);
     this.signal = o.signal;
+    // Last of what can throw, as it takes device resources: the checks above throw first.
+    if (this.decode === 'gpu') {
+      this.#stage = new DeviceDecodeStage(this.transform, this.device, this.seed, this.deferFlip);
+    }
     this.signal?.addEventListener('abort', this.#onAbort, { once: true });
   }
 
@@ -576,6 +647,7 @@ export class DataLoader implements AsyncIterable<Batch> {
       labels.dispose();
     }
     this.#tensors.clear();
+    this.#stage?.dispose();
   }
 
   /** Fails the running epoch with `reason` and ends the workers. */
@@ -636,90 +708,209 @@ export class DataLoader implements AsyncIterable<Batch> {
     this.#active = true;
     const run = ++this.#runCounter;
     this.signal?.throwIfAborted();
-    let current: { valid: boolean } | undefined;
-    let failed = false;
+    const state: RunState = { current: undefined, failed: false };
     try {
       const plan = this.#plan(epoch);
       if (plan.length <= first) return;
+      if (this.#stage) {
+        yield* this.workers === 0
+          ? this.#runDeviceInline(this.#stage, state, run, epoch, plan, first)
+          : this.#runDevice(this.#stage, state, run, epoch, plan, first);
+        return;
+      }
       const layout = this.#ensureLayout();
-      const slots = this.#slotCount();
       if (this.workers === 0) {
         this.#filler ??= new BatchFiller(this.dataset, this.transform, this.deferFlip, layout);
         for (let k = first; k < plan.length; k++) {
-          if (this.#closed) {
-            throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
-          }
-          this.signal?.throwIfAborted();
+          this.#checkOpen();
           const job = this.#job(run, 0, k, plan[k]!, epoch);
           try {
             await this.#filler.fill(job);
           } catch (error) {
-            failed = true;
+            state.failed = true;
             throw this.#sampleError(error);
           }
-          current = { valid: true };
-          yield this.#batch(layout, 0, plan[k]!, epoch, k, current);
-          current.valid = false;
+          state.current = { valid: true };
+          yield this.#batch(layout, 0, plan[k]!, epoch, k, state.current);
+          state.current.valid = false;
         }
         return;
       }
-
-      const pool = (this.#pool ??= new WorkerPool(this.workers, {
-        tag: WORKER_TAG,
-        dataset: this.dataset.spec(),
-        transform: this.transform.spec(),
-        deferFlip: this.deferFlip,
-        layout,
-      }));
-      pool.setRef(true);
-      const done = plan.map(() => deferred<number>());
-      let failure: Error | undefined;
-      const fail = (error: Error): void => {
-        failure ??= error;
-        for (const d of done) d.reject(error);
-      };
-      this.#abortRun = fail;
-      pool.listen((reply) => {
-        if (reply.type === 'ready' || reply.type === 'sharp' || reply.type === 'fatal' || reply.run !== run) return;
-        if (reply.type === 'done') done[reply.batchIndexInEpoch]!.resolve(reply.slot);
-        else {
-          done[reply.batchIndexInEpoch]!.reject(new DataLoaderError(reply.error, 'DataLoader failed to load a sample'));
-        }
-      }, fail);
-      const free: number[] = [];
-      for (let s = slots - 1; s >= 0; s--) free.push(s);
-      let next = first;
-      const dispatch = (): void => {
-        // A slot is free once its batch was consumed; a worker takes at most `prefetch` jobs.
-        while (next < plan.length && free.length > 0 && failure === undefined) {
-          const id = pool.leastBusy();
-          if (pool.outstanding(id) >= this.prefetch) break;
-          const slot = free.pop();
-          if (slot === undefined) break; // not reached: the loop runs while a slot is free
-          pool.post(id, this.#job(run, slot, next, plan[next]!, epoch));
-          next++;
-        }
-      };
-      dispatch();
+      const feed = this.#feed(run, epoch, plan, first);
       for (let k = first; k < plan.length; k++) {
-        let slot: number;
-        try {
-          slot = await done[k]!.promise;
-        } catch (error) {
-          failed = true;
-          throw error;
-        }
-        current = { valid: true };
-        yield this.#batch(layout, slot, plan[k]!, epoch, k, current);
-        current.valid = false;
-        free.push(slot);
-        dispatch();
+        const { slot } = await this.#arrival(feed, k, state);
+        state.current = { valid: true };
+        yield this.#batch(layout, slot, plan[k]!, epoch, k, state.current);
+        state.current.valid = false;
+        feed.release(slot);
       }
     } finally {
-      if (current) current.valid = false;
+      if (state.current) state.current.valid = false;
       this.#abortRun = undefined;
-      await this.#endEpoch(failed);
+      await this.#endEpoch(state.failed);
       this.#active = false;
+    }
+  }
+
+  /** Throws when the loader was closed or aborted during an epoch without workers. */
+  #checkOpen(): void {
+    if (this.#closed) throw new ResnetError('ERR_RC_DISPOSED', 'The DataLoader was closed while an epoch was running');
+    this.signal?.throwIfAborted();
+  }
+
+  /** Waits for batch k's job; a failure marks the run failed. */
+  async #arrival(feed: Feed, k: number, state: RunState): Promise<JobResult> {
+    try {
+      return await feed.done[k]!.promise;
+    } catch (error) {
+      state.failed = true;
+      throw error;
+    }
+  }
+
+  /**
+   * Starts (or reuses) the workers and posts the epoch's jobs from batch `first`, one per free
+   * slot, at most `prefetch` per worker; results arrive in `done` (and `arrived`, for looking
+   * without waiting), and `release` hands a slot back for the next job.
+   */
+  #feed(run: number, epoch: number, plan: Int32Array[], first: number): Feed {
+    const pool = (this.#pool ??= new WorkerPool(this.workers, {
+      tag: WORKER_TAG,
+      dataset: this.dataset.spec(),
+      work: this.#stage
+        ? { kind: 'files' }
+        : {
+            kind: 'pixels',
+            transform: this.transform.spec(),
+            deferFlip: this.deferFlip,
+            layout: this.#ensureLayout(),
+          },
+    }));
+    pool.setRef(true);
+    const done = plan.map(() => deferred<JobResult>());
+    const arrived: (JobResult | undefined)[] = [];
+    let failure: Error | undefined;
+    const fail = (error: Error): void => {
+      failure ??= error;
+      for (const d of done) d.reject(error);
+    };
+    this.#abortRun = fail;
+    pool.listen((reply) => {
+      if (reply.type === 'ready' || reply.type === 'sharp' || reply.type === 'fatal' || reply.run !== run) return;
+      const k = reply.batchIndexInEpoch;
+      if (reply.type === 'done') {
+        const result: JobResult = { slot: reply.slot, ...(reply.files ? { files: reply.files } : {}) };
+        arrived[k] = result;
+        done[k]!.resolve(result);
+      } else {
+        done[k]!.reject(new DataLoaderError(reply.error, 'DataLoader failed to load a sample'));
+      }
+    }, fail);
+    const free: number[] = [];
+    for (let s = this.#slotCount() - 1; s >= 0; s--) free.push(s);
+    let next = first;
+    const dispatch = (): void => {
+      // A slot is free once its batch was consumed; a worker takes at most `prefetch` jobs.
+      while (next < plan.length && free.length > 0 && failure === undefined) {
+        const id = pool.leastBusy();
+        if (pool.outstanding(id) >= this.prefetch) break;
+        const slot = free.pop();
+        if (slot === undefined) break; // not reached: the loop runs while a slot is free
+        pool.post(id, this.#job(run, slot, next, plan[next]!, epoch));
+        next++;
+      }
+    };
+    dispatch();
+    return {
+      done,
+      arrived,
+      release: (slot) => {
+        free.push(slot);
+        dispatch();
+      },
+    };
+  }
+
+  /**
+   * An epoch of `decode: 'gpu'` with workers reading the files. When batch k is asked for, its
+   * decode (enqueued earlier if its files had arrived) is joined to the device's stream, and batch
+   * k + 1's decode is enqueued if its files are here, so that it runs while the step on batch k
+   * does; its writes wait for the device work already enqueued, the step on batch k - 1, whose
+   * buffer it reuses. A failure of that early decode is thrown when batch k + 1 is asked for.
+   */
+  async *#runDevice(
+    stage: DeviceDecodeStage,
+    state: RunState,
+    run: number,
+    epoch: number,
+    plan: Int32Array[],
+    first: number,
+  ): AsyncGenerator<Batch, void, undefined> {
+    const feed = this.#feed(run, epoch, plan, first);
+    let ahead: { k: number; decoded?: GpuDecodedBatch; error?: Error } | undefined;
+    const decode = (k: number, result: JobResult): GpuDecodedBatch => {
+      try {
+        return stage.decode(defined(result.files, "a batch's files"), plan[k]!, epoch);
+      } finally {
+        feed.release(result.slot); // the files are staged by the decoder: their slot is free
+      }
+    };
+    for (let k = first; k < plan.length; k++) {
+      const result = await this.#arrival(feed, k, state);
+      let decoded: GpuDecodedBatch;
+      try {
+        if (ahead?.k === k) {
+          if (ahead.error !== undefined) throw ahead.error;
+          decoded = defined(ahead.decoded, 'the decoded batch');
+        } else {
+          decoded = decode(k, result);
+        }
+      } catch (error) {
+        state.failed = true;
+        throw this.#sampleError(error);
+      }
+      ahead = undefined;
+      stage.join();
+      const nextFiles = feed.arrived[k + 1];
+      if (nextFiles) {
+        try {
+          ahead = { k: k + 1, decoded: decode(k + 1, nextFiles) };
+        } catch (error) {
+          ahead = { k: k + 1, error: error instanceof Error ? error : new Error(String(error)) };
+        }
+      }
+      state.current = { valid: true };
+      const labels = defined(result.files, "a batch's files").labels;
+      yield this.#deviceBatch(stage, decoded, labels, plan[k]!, epoch, k, state.current);
+      state.current.valid = false;
+    }
+  }
+
+  /** An epoch of `decode: 'gpu'` without workers: each batch's files read when it is asked for. */
+  async *#runDeviceInline(
+    stage: DeviceDecodeStage,
+    state: RunState,
+    run: number,
+    epoch: number,
+    plan: Int32Array[],
+    first: number,
+  ): AsyncGenerator<Batch, void, undefined> {
+    this.#reader ??= new BatchReader(this.dataset);
+    for (let k = first; k < plan.length; k++) {
+      this.#checkOpen();
+      let decoded: GpuDecodedBatch;
+      let files: EncodedBatch;
+      try {
+        files = await this.#reader.read(Array.from(plan[k]!));
+        decoded = stage.decode(files, plan[k]!, epoch);
+      } catch (error) {
+        state.failed = true;
+        throw this.#sampleError(error);
+      }
+      stage.join();
+      state.current = { valid: true };
+      yield this.#deviceBatch(stage, decoded, files.labels, plan[k]!, epoch, k, state.current);
+      state.current.valid = false;
     }
   }
 
@@ -768,7 +959,9 @@ export class DataLoader implements AsyncIterable<Batch> {
   }
 
   #sampleError(error: unknown): Error {
-    if (error instanceof SampleFailure) return new DataLoaderError(error.info, 'DataLoader failed to load a sample');
+    if (error instanceof SampleFailure || error instanceof ReadFailure) {
+      return new DataLoaderError(failureInfo(error), 'DataLoader failed to load a sample');
+    }
     return error instanceof Error ? error : new Error(String(error));
   }
 
@@ -798,6 +991,7 @@ export class DataLoader implements AsyncIterable<Batch> {
       indices: Int32Array.from(indices),
       epoch,
       index,
+      decoded: 'cpu',
       toTensors: (device?: string) => {
         if (!current.valid) {
           throw new ResnetError(
@@ -809,6 +1003,50 @@ export class DataLoader implements AsyncIterable<Batch> {
       },
     };
     return batch;
+  }
+
+  /**
+   * A batch of `decode: 'gpu'`: `images` read back from the device when first asked for,
+   * `toTensors` the decoded tensor itself and the labels copied to the device.
+   */
+  #deviceBatch(
+    stage: DeviceDecodeStage,
+    decoded: GpuDecodedBatch,
+    labels: Int32Array,
+    indices: Int32Array,
+    epoch: number,
+    index: number,
+    current: { valid: boolean },
+  ): Batch {
+    const [size, h, w, c] = decoded.images.shape as [number, number, number, number];
+    const stale = (what: string): never => {
+      throw new ResnetError(
+        'ERR_RC_DISPOSED',
+        `Batch ${index} of epoch ${epoch} is no longer current: its device buffer is being decoded into again; ` +
+          `${what} before moving to the next batch`,
+      );
+    };
+    let host: Uint8Array | undefined;
+    return {
+      get images(): Uint8Array {
+        if (!current.valid && host === undefined) stale('read images');
+        return (host ??= decoded.images.toArray() as Uint8Array);
+      },
+      labels,
+      flips: decoded.flips,
+      size,
+      shape: Object.freeze([size, h, w, c] as const),
+      indices: Int32Array.from(indices),
+      epoch,
+      index,
+      decoded: 'gpu',
+      toTensors: (device?: string) => {
+        if (!current.valid) stale('call toTensors()');
+        const target = device === undefined ? stage.device : parseDevice(device);
+        if (target !== stage.device) wrongDevice(target, stage.device);
+        return { images: decoded.images, labels: stage.labels(labels) };
+      },
+    };
   }
 
   #toTensors(batch: Batch, device: string): { images: Tensor; labels: Tensor } {

@@ -61,6 +61,7 @@ import { diagnose } from '../../lib/cli/doctor.js';
 import { inferencePlanCheck } from './inference.js';
 import { ddpNcclCheck } from './ddp.js';
 import { fusedOptimCheck } from './fused.js';
+import { gpuLoaderCheck } from './jpeg-loader.js';
 import { COLLECTIVE_CASES } from '../helpers/collectives.js';
 import { soloGroup } from './solo-group.js';
 
@@ -603,4 +604,5 @@ export const gpuChecks: GpuCheck[] = [
   inferencePlanCheck,
   ddpNcclCheck,
   fusedOptimCheck,
+  gpuLoaderCheck,
 ];
