@@ -25,8 +25,9 @@ namespace {
 // allGather, barrier, waitOnDevice), 8 the SyncBatchNorm ops (syncBatchNormStats, syncBatchNormForward,
 // syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the values a captured training
 // step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
-// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep.
-constexpr int kBackendAbi = 9;
+// and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep;
+// 10 the dual batch norm (dualBatchNormForward, dualBatchNormBackward).
+constexpr int kBackendAbi = 10;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -143,6 +144,40 @@ class CudaBackend final : public Backend {
                                            a.gamma.ptr<float>(), a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(),
                                            a.sums.ptr<float>(), rows, c, a.relu,
                                            static_cast<float*>(ctx_.scratch(2 * c * sizeof(float))), ctx_.stream());
+  }
+
+  void dualBatchNormForward(const DualBatchNormForwardArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.a.x.dim(a.a.x.rank() - 1), rows = a.a.x.numel() / c;
+    auto side = [](const DualBatchNormSide& s) {
+      return DualBnForwardSide{s.x.data(),
+                               s.gamma.ptr<float>(),
+                               s.beta.ptr<float>(),
+                               s.runningMean.ptr<float>(),
+                               s.runningVar.ptr<float>(),
+                               s.saveMean.defined() ? s.saveMean.ptr<float>() : nullptr,
+                               s.saveInvStd.defined() ? s.saveInvStd.ptr<float>() : nullptr,
+                               s.momentum,
+                               s.eps};
+    };
+    cuda::dualBatchNormForward(a.a.x.dtype(), side(a.a), side(a.b), a.y.data(), rows, c, a.training, a.relu,
+                               dualPartial(rows, c), ctx_.stream());
+  }
+
+  void dualBatchNormBackward(const DualBatchNormBackwardArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.a.x.dim(a.a.x.rank() - 1), rows = a.a.x.numel() / c;
+    auto side = [](const DualBatchNormGradSide& s) {
+      return DualBnBackwardSide{s.x.data(),
+                                s.dx.data(),
+                                s.gamma.ptr<float>(),
+                                s.saveMean.ptr<float>(),
+                                s.saveInvStd.ptr<float>(),
+                                s.dGamma.ptr<float>(),
+                                s.dBeta.ptr<float>()};
+    };
+    cuda::dualBatchNormBackward(a.a.x.dtype(), side(a.a), side(a.b), a.relu ? a.y.data() : nullptr, a.dy.data(), rows,
+                                c, a.relu, a.training, dualPartial(rows, c), ctx_.stream());
   }
 
   void relu(const Tensor& x, const Tensor& y) override {
@@ -493,6 +528,10 @@ class CudaBackend final : public Backend {
 
   float* partial(int64_t rows, int64_t channels) {
     return static_cast<float*>(ctx_.scratch(batchNormScratchFloats(rows, channels) * sizeof(float)));
+  }
+
+  float* dualPartial(int64_t rows, int64_t channels) {
+    return static_cast<float*>(ctx_.scratch(dualBatchNormScratchFloats(rows, channels) * sizeof(float)));
   }
 
   CudaContext ctx_;
