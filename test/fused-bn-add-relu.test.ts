@@ -5,19 +5,23 @@
  * residual, and their two backwards, in f32, bf16 and f16; then a small ResNet trained a few steps
  * with the switch on and off. On the CPU the op is refused and the switch changes nothing.
  */
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import {
   AdaptiveAvgPool2d,
   BatchNorm2d,
   CrossEntropyLoss,
+  DataLoader,
   Flatten,
   InputNormalize,
   Linear,
   MaxPool2d,
   Residual,
+  ResNet,
   SGD,
   Sequential,
+  ShapesDataset,
   Tensor,
+  Trainer,
   listBackends,
 } from '../lib/index.js';
 import { addon, type DTypeName, type RawTensor } from '../lib/binding.js';
@@ -348,12 +352,29 @@ interface RunResult {
   evalLogits: Float32Array;
 }
 
+/** Runs `body` with RESNET_CUDA_FUSED set to `value` (unset for null), then restores it. */
+function withFused<T>(value: string | null, body: () => T): T {
+  const saved = process.env[FUSED_ENV];
+  if (value === null) delete process.env.RESNET_CUDA_FUSED;
+  else process.env[FUSED_ENV] = value;
+  const restore = () => {
+    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
+    else process.env[FUSED_ENV] = saved;
+  };
+  try {
+    const out = body();
+    if (out instanceof Promise) return out.finally(restore) as T;
+    restore();
+    return out;
+  } catch (error) {
+    restore();
+    throw error;
+  }
+}
+
 /** `steps` SGD steps of the small ResNet (the last one with frozen statistics when asked), then an evaluation forward. */
 function trainRun(fusedOn: boolean, device: string, dtype: 'f32' | 'bf16', steps: number): RunResult {
-  const saved = process.env[FUSED_ENV];
-  if (fusedOn) process.env[FUSED_ENV] = 'bn-add-relu';
-  else delete process.env.RESNET_CUDA_FUSED;
-  try {
+  return withFused(fusedOn ? 'bn-add-relu' : null, () => {
     const model: Module = smallResNet(31).to(device);
     const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
     const loss = new CrossEntropyLoss();
@@ -380,10 +401,7 @@ function trainRun(fusedOn: boolean, device: string, dtype: 'f32' | 'bf16', steps
     images.dispose();
     model.dispose();
     return { losses, state, evalLogits };
-  } finally {
-    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
-    else process.env[FUSED_ENV] = saved;
-  }
+  });
 }
 
 function expectSameRun(out: RunResult, ref: RunResult, tol: number): void {
@@ -398,12 +416,28 @@ function expectSameRun(out: RunResult, ref: RunResult, tol: number): void {
   }
 }
 
+/** `body`'s result and the dual ops it ran (counted by spies on the addon, which run them as before). */
+function countDualOps<T>(body: () => T): { result: T; calls: { forward: number; backward: number } } {
+  const native = addon();
+  const forward = vi.spyOn(native, 'dualBatchNormForward');
+  const backward = vi.spyOn(native, 'dualBatchNormBackward');
+  try {
+    const result = body();
+    return { result, calls: { forward: forward.mock.calls.length, backward: backward.mock.calls.length } };
+  } finally {
+    forward.mockRestore();
+    backward.mockRestore();
+  }
+}
+
 describe('a small ResNet with the bn-add-relu fused path on and off', () => {
   for (const dtype of ['f32', 'bf16'] as const) {
     it.skipIf(!onCuda)(`trains to the same losses, parameters and running statistics (${dtype})`, () => {
       const ref = trainRun(false, 'cuda:0', dtype, 3);
-      const out = trainRun(true, 'cuda:0', dtype, 3);
-      expectSameRun(out, ref, dtype === 'f32' ? 1e-4 : 2e-2);
+      // One downsample block: one dual forward per step and for the last evaluation, one backward per step.
+      const out = countDualOps(() => trainRun(true, 'cuda:0', dtype, 3));
+      expect(out.calls).toEqual({ forward: 4, backward: 3 });
+      expectSameRun(out.result, ref, dtype === 'f32' ? 1e-4 : 2e-2);
     });
   }
 
@@ -411,5 +445,96 @@ describe('a small ResNet with the bn-add-relu fused path on and off', () => {
     const ref = trainRun(false, 'cpu', 'f32', 2);
     const out = trainRun(true, 'cpu', 'f32', 2);
     expectSameRun(out, ref, 0);
+  });
+});
+
+/** Two SGD steps of a small-input ResNet-18, checkpointed or not, with the fused path on. */
+function resnet18Run(checkpointed: boolean): RunResult {
+  return withFused('bn-add-relu', () => {
+    const device = 'cuda:0';
+    const model = new ResNet(18, { numClasses: 3, smallInput: true, seed: 7, device });
+    if (checkpointed) model.checkpointing({ segments: { every: 1 } });
+    const loss = new CrossEntropyLoss();
+    const optimizer = new SGD(model, { lr: 0.1, momentum: 0.9 });
+    const x = Tensor.randn([2, 4, 4, 3], { seed: 11, device });
+    const losses: number[] = [];
+    for (let step = 0; step < 2; step++) {
+      model.train();
+      losses.push(loss.forward(model.forward(x), [0, 2]).item());
+      model.backward(loss.backward());
+      optimizer.step();
+      optimizer.zeroGrad();
+    }
+    model.eval();
+    const evalLogits = model.forward(x).toFloat32Array();
+    const state = new Map([...model.stateDict()].map(([k, v]) => [k, v.data]));
+    optimizer.dispose();
+    loss.dispose();
+    x.dispose();
+    model.dispose();
+    return { losses, state, evalLogits };
+  });
+}
+
+describe('the bn-add-relu fused path under gradient checkpointing and CUDA graphs', () => {
+  it.skipIf(!onCuda)('ResNet-18 checkpointed block by block trains bit for bit as without', () => {
+    const plain = resnet18Run(false);
+    // Three downsample blocks (layer2..layer4), each recomputed once in its segment's backward,
+    // and one evaluation forward.
+    const checkpointed = countDualOps(() => resnet18Run(true));
+    expect(checkpointed.calls).toEqual({ forward: 3 * (2 * 2 + 1), backward: 3 * 2 });
+    expectSameRun(checkpointed.result, plain, 0);
+    expect(plain.state.get('layer2.0.downsample.1.num_batches_tracked')).toEqual(BigInt64Array.of(2n));
+  });
+
+  it.skipIf(!onCuda)('a step captured as a CUDA graph trains as the eager one', async () => {
+    const run = async (cudaGraph: boolean) => {
+      const model = smallResNet(41).to('cuda:0');
+      const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9 });
+      const loader = new DataLoader(new ShapesDataset({ length: 16, size: SIZE, classes: CLASSES, seed: 3 }), {
+        batchSize: BATCH,
+        workers: 0,
+        shuffle: false,
+      });
+      const losses: number[] = [];
+      const trainer = new Trainer({
+        model,
+        optimizer,
+        device: 'cuda:0',
+        progress: false,
+        jsonLog: false,
+        tensorboard: false,
+        plots: false,
+        normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+        cudaGraph,
+        callbacks: [
+          {
+            onStepEnd: (_t, info) => {
+              losses.push(info.loss());
+            },
+          },
+        ],
+      });
+      try {
+        await trainer.fit(loader, { epochs: 1 });
+        return { losses, params: model.arena().params.toFloat32Array(), stats: trainer.cudaGraphStats };
+      } finally {
+        await loader.close();
+      }
+    };
+    const eager = await withFused('bn-add-relu', () => run(false));
+    const native = addon();
+    const forward = vi.spyOn(native, 'dualBatchNormForward');
+    let calls = 0;
+    const graph = await withFused('bn-add-relu', () => run(true)).finally(() => {
+      calls = forward.mock.calls.length;
+      forward.mockRestore();
+    });
+    // Eager warm-up steps and the captured one call the op; replays run the graph.
+    expect(calls).toBeGreaterThan(0);
+    expect(graph.stats?.captures).toBe(1);
+    expect(graph.stats?.replays).toBeGreaterThan(0);
+    expectClose('losses', graph.losses, eager.losses, 1e-6);
+    expectClose('parameters', graph.params, eager.params, 1e-6);
   });
 });
