@@ -373,9 +373,19 @@ function withFused<T>(value: string | null, body: () => T): T {
 }
 
 /** `steps` SGD steps of the small ResNet (the last one with frozen statistics when asked), then an evaluation forward. */
-function trainRun(fusedOn: boolean, device: string, dtype: 'f32' | 'bf16', steps: number): RunResult {
+function trainRun(
+  fusedOn: boolean,
+  device: string,
+  dtype: 'f32' | 'bf16',
+  steps: number,
+  frozenNorms = false,
+): RunResult {
   return withFused(fusedOn ? 'bn-add-relu' : null, () => {
     const model: Module = smallResNet(31).to(device);
+    if (frozenNorms) {
+      // Frozen affine parameters of every batch norm (their gradients go to scratch), as in fine-tuning.
+      for (const [, m] of model.namedModules()) if (m instanceof BatchNorm2d) m.setRequiresGrad(false);
+    }
     const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
     const loss = new CrossEntropyLoss();
     const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, weightDecay: 5e-4 });
@@ -440,6 +450,13 @@ describe('a small ResNet with the bn-add-relu fused path on and off', () => {
       expectSameRun(out.result, ref, dtype === 'f32' ? 1e-4 : 2e-2);
     });
   }
+
+  it.skipIf(!onCuda)('trains as the unfused path with frozen batch-norm parameters (f32)', () => {
+    const ref = trainRun(false, 'cuda:0', 'f32', 2, true);
+    const out = countDualOps(() => trainRun(true, 'cuda:0', 'f32', 2, true));
+    expect(out.calls).toEqual({ forward: 3, backward: 2 });
+    expectSameRun(out.result, ref, 1e-4);
+  });
 
   it.skipIf(onlyCuda)('changes nothing on the CPU', () => {
     const ref = trainRun(false, 'cpu', 'f32', 2);

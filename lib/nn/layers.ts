@@ -548,9 +548,10 @@ export class BatchNorm2d extends Module {
    */
   forwardDual(x: Tensor, shortcut: BatchNorm2d): Tensor {
     const sync = this.#checkInput(x);
-    const s = shortcut.#input;
-    const sEntry = shortcut.#entry;
-    if (shortcut === this || !(shortcut instanceof BatchNorm2d) || !shortcut.#dualPending || !s || !sEntry) {
+    const pending = shortcut instanceof BatchNorm2d && shortcut !== this && shortcut.#dualPending;
+    const s = pending ? shortcut.#input : null;
+    const sEntry = pending ? shortcut.#entry : null;
+    if (!s || !sEntry) {
       throw new ResnetError(
         'ERR_RC_INVALID_ARGUMENT',
         'BatchNorm2d.forwardDual: the shortcut batch norm must have run a deferred forward for this pass',
