@@ -22,12 +22,14 @@ import {
   ShapesDataset,
   Tensor,
   Trainer,
+  convertSyncBatchNorm,
   listBackends,
 } from '../lib/index.js';
 import { addon, type DTypeName, type RawTensor } from '../lib/binding.js';
 import { FUSED_ENV } from '../lib/fused-paths.js';
 import { Conv2d } from '../lib/nn/layers.js';
 import type { Module } from '../lib/nn/module.js';
+import { mirrorGroup } from './helpers/mirror-group.js';
 import { TOLERANCE } from './ops/harness.js';
 
 // In the test project on the emulated CUDA device the cases run on CUDA; in 'main' on the CPU.
@@ -456,6 +458,33 @@ describe('a small ResNet with the bn-add-relu fused path on and off', () => {
     const out = countDualOps(() => trainRun(true, 'cuda:0', 'f32', 2, true));
     expect(out.calls).toEqual({ forward: 3, backward: 2 });
     expectSameRun(out.result, ref, 1e-4);
+  });
+
+  it.skipIf(!onCuda)('keeps the two passes for synchronised batch norms in training, not in evaluation', () => {
+    const run = () =>
+      withFused('bn-add-relu', () => {
+        const model = convertSyncBatchNorm(smallResNet(31).to('cuda:0'), mirrorGroup(2, 'cuda:0'));
+        const x = Tensor.from(values(BATCH * SIZE * SIZE * 3, 9), [BATCH, SIZE, SIZE, 3], { device: 'cuda:0' });
+        const loss = new CrossEntropyLoss();
+        const training = countDualOps(() => {
+          model.train();
+          const l = loss.forward(model.forward(x), [0, 1, 2, 1]).item();
+          model.backward(loss.backward());
+          return l;
+        });
+        // Evaluation uses the running statistics: nothing to synchronise, so the dual pass runs.
+        const evaluation = countDualOps(() => {
+          model.eval();
+          return model.forward(x).toFloat32Array();
+        });
+        x.dispose();
+        model.dispose();
+        return { training, evaluation };
+      });
+    const { training, evaluation } = run();
+    expect(training.calls).toEqual({ forward: 0, backward: 0 });
+    expect(evaluation.calls).toEqual({ forward: 1, backward: 0 });
+    expect(Number.isFinite(training.result)).toBe(true);
   });
 
   it.skipIf(onlyCuda)('changes nothing on the CPU', () => {
