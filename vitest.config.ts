@@ -55,6 +55,7 @@ export default defineConfig({
             'test/data-gpu-decode.test.ts',
             'test/data-loader-gpu.test.ts',
             'test/fused.test.ts',
+            'test/fused-bn-add-relu.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

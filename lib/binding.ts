@@ -141,6 +141,30 @@ export interface RawInferencePlan {
   dispose(): void;
 }
 
+/** One batch norm of the dual forward (semantics in native/core/backend.h, DualBatchNormSide). */
+export interface RawDualBatchNormSide {
+  x: RawTensor;
+  gamma: RawTensor;
+  beta: RawTensor;
+  runningMean: RawTensor;
+  runningVar: RawTensor;
+  saveMean?: RawTensor;
+  saveInvStd?: RawTensor;
+  momentum?: number;
+  eps?: number;
+}
+
+/** One batch norm of the dual backward (DualBatchNormGradSide). */
+export interface RawDualBatchNormGradSide {
+  x: RawTensor;
+  gamma: RawTensor;
+  saveMean: RawTensor;
+  saveInvStd: RawTensor;
+  dx: RawTensor;
+  dGamma: RawTensor;
+  dBeta: RawTensor;
+}
+
 export interface RawSgdGroup {
   lr: number;
   momentum?: number;
@@ -434,6 +458,30 @@ export interface RawAddon {
     dResidual?: RawTensor;
     relu?: boolean;
     /** false: saveMean/saveInvStd are the running statistics an inference forward saved (default true). */
+    training?: boolean;
+  }): void;
+  /**
+   * The dual batch norm of a downsample block (CUDA only): `y = relu?(bn_a(a.x) + bn_b(b.x))`, each
+   * side with its own parameters and statistics, in one pass that reads both inputs and writes `y`.
+   */
+  dualBatchNormForward(args: {
+    a: RawDualBatchNormSide;
+    b: RawDualBatchNormSide;
+    y: RawTensor;
+    training: boolean;
+    relu?: boolean;
+  }): void;
+  /**
+   * Its backward: `dy` masked by the ReLU (`y` the forward's output) is the gradient of both batch
+   * norms; each side's dGamma/dBeta accumulate and its dx is overwritten.
+   */
+  dualBatchNormBackward(args: {
+    a: RawDualBatchNormGradSide;
+    b: RawDualBatchNormGradSide;
+    y?: RawTensor;
+    dy: RawTensor;
+    relu?: boolean;
+    /** false: the saved statistics are the running ones an inference forward saved (default true). */
     training?: boolean;
   }): void;
   /** SyncBatchNorm step 1: this rank's per-channel count, mean and M2 into `stats` (f32[3, C]). */

@@ -18,8 +18,11 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  *   reads the gradients), the scale update and the gradient zeroing in one op on CUDA, taken by
  *   {@link GradScaler.stepAndZeroGrad} (and so by the Trainer) and, in a step captured in a CUDA
  *   graph, by {@link GradScaler.stepOnDeviceAndZeroGrad}.
+ * - `bn-add-relu`: a downsample block's two batch norms, the residual add and the ReLU in one pass
+ *   on CUDA (`y = relu(bn(main) + bn(shortcut))` from the raw convolution outputs), and its
+ *   backward, taken by {@link Residual} when both batch norms are local (not synchronised).
  */
-export const FUSED_PATH_NAMES = ['optim'] as const;
+export const FUSED_PATH_NAMES = ['optim', 'bn-add-relu'] as const;
 
 /** The name of a fused path (see {@link FUSED_PATH_NAMES}). */
 export type FusedPath = (typeof FUSED_PATH_NAMES)[number];

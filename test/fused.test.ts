@@ -450,9 +450,9 @@ describe('the fused-path switch', () => {
     expect([...fusedPaths({})]).toEqual([]);
     expect([...fusedPaths({ [FUSED_ENV]: ' ' })]).toEqual([]);
     expect([...fusedPaths({ [FUSED_ENV]: 'optim' })]).toEqual(['optim']);
-    expect([...fusedPaths({ [FUSED_ENV]: 'all,' })]).toEqual(['optim']);
+    expect([...fusedPaths({ [FUSED_ENV]: 'all,' })]).toEqual(['optim', 'bn-add-relu']);
     expect(() => fusedPaths({ [FUSED_ENV]: 'optim,bn-add-rleu' })).toThrow(
-      /RESNET_CUDA_FUSED: unknown fused path 'bn-add-rleu'; known: optim, all/,
+      /RESNET_CUDA_FUSED: unknown fused path 'bn-add-rleu'; known: optim, bn-add-relu, all/,
     );
     expect(fusedPathOn('optim', 'cuda:0', { [FUSED_ENV]: 'optim' })).toBe(true);
     expect(fusedPathOn('optim', 'cpu', { [FUSED_ENV]: 'optim' })).toBe(false);

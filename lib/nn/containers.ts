@@ -5,6 +5,7 @@
  */
 import { addon } from '../binding.js';
 import { ResnetError, defined, invalid, isArray } from '../errors.js';
+import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { BatchNorm2d } from './layers.js';
@@ -90,6 +91,14 @@ export class Sequential extends Chain {
  * performs the add and the ReLU in its own pass (create it with `relu: true`). Without a shortcut
  * the identity is added. The children are registered under their own names (torchvision's
  * `conv1`, `bn1`, ..., `downsample`).
+ *
+ * With the fused path `bn-add-relu` on (lib/fused-paths.ts) on a CUDA device, a shortcut that is a
+ * chain ending in a BatchNorm2d without ReLU (torchvision's `downsample`: a 1x1 convolution and a
+ * batch norm) has its batch norm applied in the main batch norm's pass: one dual batch norm reads
+ * both convolution outputs and writes the block's output, and its backward computes both batch
+ * norms' gradients in one pass. The blocks keep the two passes when a batch norm is synchronised
+ * (SyncBatchNorm) in training, when the two are in different modes, or when the shortcut chain is
+ * run by a checkpointing runner of its own.
  */
 export class Residual extends Module {
   readonly #main: Module[] = [];
@@ -97,6 +106,8 @@ export class Residual extends Module {
   readonly #shortcut: Module | null;
   readonly #sums = new ShapeCache<Tensor>();
   #input: Tensor | null = null;
+  /** The shortcut's batch norm when the last forward ran the dual pass, else null. */
+  #dual: BatchNorm2d | null = null;
 
   constructor(main: readonly (readonly [string, Module])[], shortcut: readonly [string, Module] | null = null) {
     super();
@@ -125,12 +136,41 @@ export class Residual extends Module {
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, this.constructor.name);
-    const identity = this.#shortcut ? this.#shortcut.forward(x) : x;
+    const dual = this.#dualShortcutNorm(x.device);
+    let identity: Tensor;
+    if (this.#shortcut) {
+      // The shortcut's batch norm only records its input; the dual pass below normalises it.
+      dual?.deferNextForward();
+      try {
+        identity = this.#shortcut.forward(x);
+      } finally {
+        dual?.deferNextForward(false);
+      }
+    } else {
+      identity = x;
+    }
     let h = x;
     for (let i = 0; i < this.#main.length - 1; i++) h = this.#main[i]!.forward(h);
     expectTensor(`${this.constructor.name} shortcut output`, identity, { shape: h.shape, dtype: h.dtype });
     this.#input = x;
-    return this.#last.forward(h, identity);
+    this.#dual = dual;
+    return dual ? this.#last.forwardDual(h, dual) : this.#last.forward(h, identity);
+  }
+
+  /**
+   * The shortcut's batch norm when this forward takes the dual pass (fused path `bn-add-relu` on
+   * for `device`; the shortcut a chain without a runner ending in a BatchNorm2d without ReLU, in
+   * the main batch norm's mode; neither synchronised in training), else null.
+   */
+  #dualShortcutNorm(device: string): BatchNorm2d | null {
+    const shortcut = this.#shortcut;
+    if (!(shortcut instanceof Chain) || shortcut.runner || !fusedPathOn('bn-add-relu', device)) return null;
+    const norm = shortcut.modules[shortcut.modules.length - 1];
+    if (!(norm instanceof BatchNorm2d) || norm.relu) return null;
+    const last = this.#last;
+    if (norm.training !== last.training) return null;
+    if (last.training && (norm.sync?.active === true || last.sync?.active === true)) return null;
+    return norm;
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
@@ -146,7 +186,11 @@ export class Residual extends Module {
       );
     }
     let g: Tensor | null = this.#last.backward(gradOutput);
-    const dIdentity = defined(this.#last.residualGrad, `the residual gradient of ${this.constructor.name}`);
+    // After a dual pass the shortcut's batch norm already holds its input gradient (computed by the
+    // main batch norm's backward) and checks only the shape of the gradient it is handed.
+    const dIdentity = this.#dual
+      ? gradOutput
+      : defined(this.#last.residualGrad, `the residual gradient of ${this.constructor.name}`);
     for (let i = this.#main.length - 2; i >= 0; i--) {
       const m = this.#main[i]!;
       m.requiresInputGrad = i > 0 || this.requiresInputGrad;
@@ -168,5 +212,6 @@ export class Residual extends Module {
   protected override disposeCache(): void {
     this.#sums.clear();
     this.#input = null;
+    this.#dual = null;
   }
 }

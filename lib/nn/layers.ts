@@ -7,6 +7,8 @@ import {
   addon,
   type RawAddon,
   type RawConv2dPlan,
+  type RawDualBatchNormGradSide,
+  type RawDualBatchNormSide,
   type RawLinearPlan,
   type RawPool2dPlan,
   type RawTensor,
@@ -434,6 +436,16 @@ export class BatchNorm2d extends Module {
   #sync: BatchNormSync | null = null;
   /** The sync that ran the last forward, which then runs its backward; null when it ran locally. */
   #forwardSync: BatchNormSync | null = null;
+  /** Set by {@link deferNextForward}: the next forward records its input and leaves the output alone. */
+  #deferNext = false;
+  /** The shortcut batch norm whose pass the last forward ran with its own (a dual batch norm), or null. */
+  #dualShortcut: BatchNorm2d | null = null;
+  /** The main-branch batch norm whose dual pass normalised this one's last input, or null. */
+  #dualMain: BatchNorm2d | null = null;
+  /** The last forward was deferred and no dual pass has normalised its input yet. */
+  #dualPending = false;
+  /** Whether the dual backward of {@link #dualMain} has computed this one's gradients for the last forward. */
+  #dualGradReady = false;
   /**
    * Set while gradient checkpointing recomputes a forward that already ran: a training-mode
    * forward then uses the batch statistics as usual but leaves the running statistics and
@@ -479,42 +491,17 @@ export class BatchNorm2d extends Module {
 
   /** Normalises `x`; adds `residual` (same shape) before the optional ReLU. */
   override forward(x: Tensor, residual?: Tensor): Tensor {
-    this.prepare(x, 'BatchNorm2d');
-    expectTensor('BatchNorm2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
-    if (x.shape[3] !== this.numFeatures) {
-      mismatch(
-        'BatchNorm2d input',
-        `an NHWC tensor with ${this.numFeatures} channels (last dimension)`,
-        `shape [${x.shape.join(', ')}]`,
-      );
-    }
+    const sync = this.#checkInput(x);
     if (residual !== undefined) {
       expectTensor('BatchNorm2d residual', residual, { shape: x.shape, dtype: x.dtype, device: x.device });
     }
-    const sync = this.training && this.#sync?.active ? this.#sync : null;
-    sync?.checkInput(x);
-    // Synchronised, a process may hold a single value per channel: the count that matters is global.
-    if (this.training && !sync && x.numel / this.numFeatures <= 1) {
-      mismatch(
-        'BatchNorm2d input',
-        'more than one value per channel in training mode',
-        `shape [${x.shape.join(', ')}]`,
-      );
+    const entry = this.#entryFor(x);
+    if (this.#deferNext) {
+      // A dual pass of the main branch's batch norm (forwardDual) normalises this input.
+      this.#deferNext = false;
+      this.#recordForward(x, null, entry, null, null, true);
+      return entry.y;
     }
-    const entry = this.#cache.get(x, () => {
-      const c = [this.numFeatures];
-      const e: BnEntry = {
-        y: this.activationBuffer(x.shape, x.dtype, x.device),
-        saveMean: this.activationBuffer(c, 'f32', x.device),
-        saveInvStd: this.activationBuffer(c, 'f32', x.device),
-        dx: null,
-        dResidual: null,
-        discardGamma: null,
-        discardBeta: null,
-        dispose: () => disposeAll(e.y, e.saveMean, e.saveInvStd, e.dx, e.dResidual, e.discardGamma, e.discardBeta),
-      };
-      return e;
-    });
     const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
@@ -537,12 +524,140 @@ export class BatchNorm2d extends Module {
     else addon().batchNormForward(args);
     recorder?.end(token);
     if (this.training && !discard) this.bumpCounter('num_batches_tracked');
+    this.#recordForward(x, residual ?? null, entry, sync, null);
+    return entry.y;
+  }
+
+  /**
+   * Makes the next {@link forward} only check and record its input, leaving its output unwritten:
+   * the main branch's batch norm normalises that input in its dual pass ({@link forwardDual}).
+   * Residual sets it on a downsample shortcut's batch norm when the fused path `bn-add-relu` is on.
+   * @internal
+   */
+  deferNextForward(defer = true): void {
+    this.#deferNext = defer;
+  }
+
+  /**
+   * `y = relu?(bn(x) + shortcut(s))` in one dual pass, `s` being the input the shortcut batch norm
+   * recorded in its deferred forward (see {@link deferNextForward}); both batch norms in the same
+   * mode, neither synchronised. Each one's running statistics and `num_batches_tracked` are
+   * updated (unless it is recomputing, as in {@link forward}), and its backward computes both
+   * batch norms' gradients.
+   * @internal
+   */
+  forwardDual(x: Tensor, shortcut: BatchNorm2d): Tensor {
+    const sync = this.#checkInput(x);
+    const pending = shortcut instanceof BatchNorm2d && shortcut !== this && shortcut.#dualPending;
+    const s = pending ? shortcut.#input : null;
+    const sEntry = pending ? shortcut.#entry : null;
+    if (!s || !sEntry) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'BatchNorm2d.forwardDual: the shortcut batch norm must have run a deferred forward for this pass',
+      );
+    }
+    if (sync || (shortcut.training && shortcut.#sync?.active) || shortcut.training !== this.training) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'BatchNorm2d.forwardDual: both batch norms must be local (not synchronised) and in the same mode',
+      );
+    }
+    expectTensor('BatchNorm2d dual shortcut input', s, { shape: x.shape, dtype: x.dtype, device: x.device });
+    const entry = this.#entryFor(x);
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
+    const a = this.#dualSide(x, entry);
+    const b = shortcut.#dualSide(s, sEntry);
+    addon().dualBatchNormForward({ a: a.side, b: b.side, y: entry.y.raw, training: this.training, relu: this.relu });
+    recorder?.end(token);
+    if (this.training && !a.discarded) this.bumpCounter('num_batches_tracked');
+    if (shortcut.training && !b.discarded) shortcut.bumpCounter('num_batches_tracked');
+    this.#recordForward(x, null, entry, null, shortcut);
+    return entry.y;
+  }
+
+  /** This batch norm's side of a dual forward of input `x`. */
+  #dualSide(x: Tensor, entry: BnEntry): { side: RawDualBatchNormSide; discarded: boolean } {
+    const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
+    const side: RawDualBatchNormSide = {
+      x: x.raw,
+      gamma: this.weight.data.raw,
+      beta: this.bias.data.raw,
+      runningMean: (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw,
+      runningVar: (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw,
+      saveMean: entry.saveMean.raw,
+      saveInvStd: entry.saveInvStd.raw,
+      momentum: this.momentum,
+      eps: this.eps,
+    };
+    return { side, discarded: discard !== null };
+  }
+
+  /** Checks `x` and places the layer; returns the sync that runs a training pass, or null. */
+  #checkInput(x: Tensor): BatchNormSync | null {
+    this.prepare(x, 'BatchNorm2d');
+    expectTensor('BatchNorm2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
+    if (x.shape[3] !== this.numFeatures) {
+      mismatch(
+        'BatchNorm2d input',
+        `an NHWC tensor with ${this.numFeatures} channels (last dimension)`,
+        `shape [${x.shape.join(', ')}]`,
+      );
+    }
+    const sync = this.training && this.#sync?.active ? this.#sync : null;
+    sync?.checkInput(x);
+    // Synchronised, a process may hold a single value per channel: the count that matters is global.
+    if (this.training && !sync && x.numel / this.numFeatures <= 1) {
+      mismatch(
+        'BatchNorm2d input',
+        'more than one value per channel in training mode',
+        `shape [${x.shape.join(', ')}]`,
+      );
+    }
+    return sync;
+  }
+
+  /** The cached output and saved statistics for `x`'s shape. */
+  #entryFor(x: Tensor): BnEntry {
+    return this.#cache.get(x, () => {
+      const c = [this.numFeatures];
+      const e: BnEntry = {
+        y: this.activationBuffer(x.shape, x.dtype, x.device),
+        saveMean: this.activationBuffer(c, 'f32', x.device),
+        saveInvStd: this.activationBuffer(c, 'f32', x.device),
+        dx: null,
+        dResidual: null,
+        discardGamma: null,
+        discardBeta: null,
+        dispose: () => disposeAll(e.y, e.saveMean, e.saveInvStd, e.dx, e.dResidual, e.discardGamma, e.discardBeta),
+      };
+      return e;
+    });
+  }
+
+  /** What the backward of this forward needs; a deferred forward (no sync) pairs with its main. */
+  #recordForward(
+    x: Tensor,
+    residual: Tensor | null,
+    entry: BnEntry,
+    sync: BatchNormSync | null,
+    dualShortcut: BatchNorm2d | null,
+    deferred = false,
+  ): void {
     this.#forwardTraining = this.training;
     this.#forwardSync = sync;
     this.#input = x;
-    this.#residual = residual ?? null;
+    this.#residual = residual;
     this.#entry = entry;
-    return entry.y;
+    this.#dualShortcut = dualShortcut;
+    this.#dualMain = null;
+    this.#dualGradReady = false;
+    this.#dualPending = deferred;
+    if (dualShortcut) {
+      dualShortcut.#dualMain = this;
+      dualShortcut.#dualPending = false;
+    }
   }
 
   /** Scratch running statistics for a recomputed forward (zeros and ones, so the update stays finite). */
@@ -572,15 +687,10 @@ export class BatchNorm2d extends Module {
     const x = this.#input;
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+    if (this.#dualMain || this.#dualPending) return this.#shortcutGrad(e);
     e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device);
+    if (this.#dualShortcut) return this.#dualBackward(gradOutput, x, e, this.#dualShortcut);
     const dResidual = this.#residual ? (e.dResidual ??= this.activationBuffer(x.shape, x.dtype, x.device)) : null;
-    const c = [this.numFeatures];
-    const dGamma = this.weight.requiresGrad
-      ? this.weight.grad.raw
-      : (e.discardGamma ??= Tensor.zeros(c, { device: x.device })).raw;
-    const dBeta = this.bias.requiresGrad
-      ? this.bias.grad.raw
-      : (e.discardBeta ??= Tensor.zeros(c, { device: x.device })).raw;
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
     const args: BatchNormBackwardArgs = {
@@ -591,8 +701,7 @@ export class BatchNorm2d extends Module {
       saveMean: e.saveMean.raw,
       saveInvStd: e.saveInvStd.raw,
       dx: e.dx.raw,
-      dGamma,
-      dBeta,
+      ...this.#paramGrads(x.device, e),
       relu: this.relu,
       training: this.#forwardTraining,
       ...(dResidual ? { dResidual: dResidual.raw } : {}),
@@ -600,6 +709,68 @@ export class BatchNorm2d extends Module {
     if (this.#forwardSync) this.#forwardSync.backward(args);
     else addon().batchNormBackward(args);
     recorder?.end(token);
+    return e.dx;
+  }
+
+  /** Where dγ and dβ accumulate: the parameters' gradients, or scratch for a frozen parameter. */
+  #paramGrads(device: string, e: BnEntry): { dGamma: RawTensor; dBeta: RawTensor } {
+    const c = [this.numFeatures];
+    return {
+      dGamma: this.weight.requiresGrad ? this.weight.grad.raw : (e.discardGamma ??= Tensor.zeros(c, { device })).raw,
+      dBeta: this.bias.requiresGrad ? this.bias.grad.raw : (e.discardBeta ??= Tensor.zeros(c, { device })).raw,
+    };
+  }
+
+  /**
+   * The backward of a dual forward ({@link forwardDual}): one op computes this batch norm's and the
+   * shortcut's gradients from `gradOutput` masked by the ReLU; the shortcut's backward then hands
+   * out its input gradient.
+   */
+  #dualBackward(gradOutput: Tensor, x: Tensor, e: BnEntry, shortcut: BatchNorm2d): Tensor {
+    const s = defined(shortcut.#input, 'the input of the dual shortcut batch norm');
+    const se = defined(shortcut.#entry, 'the saved statistics of the dual shortcut batch norm');
+    se.dx ??= shortcut.activationBuffer(s.shape, s.dtype, s.device);
+    const dx = defined(e.dx, 'the BatchNorm2d input gradient');
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
+    addon().dualBatchNormBackward({
+      a: this.#gradSide(x, e, dx),
+      b: shortcut.#gradSide(s, se, se.dx),
+      y: e.y.raw,
+      dy: gradOutput.raw,
+      relu: this.relu,
+      training: this.#forwardTraining,
+    });
+    recorder?.end(token);
+    shortcut.#dualGradReady = true;
+    return dx;
+  }
+
+  /** This batch norm's side of a dual backward. */
+  #gradSide(x: Tensor, e: BnEntry, dx: Tensor): RawDualBatchNormGradSide {
+    return {
+      x: x.raw,
+      gamma: this.weight.data.raw,
+      saveMean: e.saveMean.raw,
+      saveInvStd: e.saveInvStd.raw,
+      dx: dx.raw,
+      ...this.#paramGrads(x.device, e),
+    };
+  }
+
+  /**
+   * The backward of a shortcut batch norm whose forward a dual pass ran: its gradients were
+   * computed by the main branch's batch norm's backward (which must have run), so its own
+   * `gradOutput` is only checked for its shape.
+   */
+  #shortcutGrad(e: BnEntry): Tensor {
+    if (!this.#dualMain || !this.#dualGradReady || !e.dx) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'BatchNorm2d.backward(): this batch norm ran in a dual pass (fused path bn-add-relu); the backward of ' +
+          'the batch norm that ran that pass computes its gradients and must run first',
+      );
+    }
     return e.dx;
   }
 
@@ -611,6 +782,11 @@ export class BatchNorm2d extends Module {
     disposeAll(this.#discardedRunning?.mean, this.#discardedRunning?.var);
     this.#discardedRunning = null;
     this.#forwardSync = null;
+    this.#dualShortcut = null;
+    this.#dualMain = null;
+    this.#dualPending = false;
+    this.#dualGradReady = false;
+    this.#deferNext = false;
     this.#sync?.release();
   }
 }

@@ -40,6 +40,16 @@ std::unique_ptr<JpegDecoder> Backend::createJpegDecoder() {
                                           << info().name << " backend decodes them with libjpeg-turbo on the CPU");
 }
 
+void Backend::dualBatchNormForward(const DualBatchNormForwardArgs&) {
+  RC_THROW(code::kBackendUnavailable, "the dual batch norm is a fused path of CUDA devices; the "
+                                          << info().name << " backend runs the two batch norms one after the other");
+}
+
+void Backend::dualBatchNormBackward(const DualBatchNormBackwardArgs&) {
+  RC_THROW(code::kBackendUnavailable, "the dual batch norm is a fused path of CUDA devices; the "
+                                          << info().name << " backend runs the two batch norms one after the other");
+}
+
 namespace {
 
 // The unfused ops around an optimizer step, in the order a fused step replaces: the unscale and

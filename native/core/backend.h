@@ -116,6 +116,42 @@ struct BatchNormBackwardArgs {
   bool training = true;
 };
 
+// Dual batch norm: the tail of a downsample block, y = relu?(bn_a(a.x) + bn_b(b.x)) with both
+// batch norms applied to raw inputs (the main branch's and the shortcut's convolution outputs), in
+// one pass over a.x and b.x that writes y alone. Each side has its own parameters, statistics,
+// momentum and eps, with BatchNormForwardArgs' meanings; both sides are in `training` mode or
+// neither. CUDA only (the default throws ERR_RC_BACKEND_UNAVAILABLE).
+struct DualBatchNormSide {
+  Tensor x, gamma, beta;
+  Tensor runningMean, runningVar;  // f32[C]; updated in training
+  Tensor saveMean, saveInvStd;     // f32[C]; written in training (and in inference when defined)
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+};
+
+struct DualBatchNormForwardArgs {
+  DualBatchNormSide a, b;
+  Tensor y;
+  bool training = true;
+  bool relu = false;
+};
+
+// One side of the dual backward: dGamma/dBeta accumulated, dx overwritten.
+struct DualBatchNormGradSide {
+  Tensor x, gamma, saveMean, saveInvStd;
+  Tensor dx, dGamma, dBeta;
+};
+
+// The gradient reaching both batch norms is dy masked by the ReLU (y the forward's output); each
+// side's gradients are then batchNormBackward's with that gradient (training: through the batch
+// statistics; false: the saved statistics were the running ones, constants).
+struct DualBatchNormBackwardArgs {
+  DualBatchNormGradSide a, b;
+  Tensor y, dy;
+  bool relu = false;
+  bool training = true;
+};
+
 // SyncBatchNorm: batch normalisation whose statistics span the batches of several processes, as
 // four ops with collectives between them (the caller runs those):
 //   1. syncBatchNormStats: this rank's per-channel count, mean and M2 (the sum of squared
@@ -523,6 +559,9 @@ class Backend {
   virtual void syncBatchNormForward(const SyncBatchNormForwardArgs& args) = 0;
   virtual void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& args) = 0;
   virtual void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& args) = 0;
+  // The dual batch norm of a downsample block (DualBatchNormForwardArgs); the default throws.
+  virtual void dualBatchNormForward(const DualBatchNormForwardArgs& args);
+  virtual void dualBatchNormBackward(const DualBatchNormBackwardArgs& args);
   virtual void relu(const Tensor& x, const Tensor& y) = 0;
   virtual void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;

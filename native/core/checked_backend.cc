@@ -111,6 +111,56 @@ void validateBatchNormBackward(const BatchNormBackwardArgs& a) {
   }
 }
 
+// Both sides of a dual batch norm: inputs of one layout (one shape and dtype), per-channel f32
+// vectors of its channel count.
+void validateDualSides(const Tensor& a, const Tensor& b, const char* op) {
+  checkDefined(a, op, "a.x");
+  checkDefined(b, op, "b.x");
+  RC_CHECK_ARG(isFloating(a.dtype()) && a.rank() >= 1,
+               op << ": a.x must be a floating point tensor [..., C], got " << a.describe());
+  RC_CHECK_ARG(
+      a.shape() == b.shape() && a.dtype() == b.dtype() && a.device() == b.device(),
+      op << ": a.x and b.x must match in shape, dtype and device, got " << a.describe() << " and " << b.describe());
+}
+
+void validateDualBatchNormForward(const DualBatchNormForwardArgs& a) {
+  const char* op = "dual batchnorm forward";
+  validateDualSides(a.a.x, a.b.x, op);
+  validateSameLayout(a.a.x, a.y, op);
+  const Shape c{channels(a.a.x)};
+  for (const DualBatchNormSide* s : {&a.a, &a.b}) {
+    for (const Tensor* t : {&s->gamma, &s->beta, &s->runningMean, &s->runningVar}) {
+      checkDType(*t, DType::F32, op, "gamma, beta and running statistics of both sides");
+      checkShape(*t, c, op, "gamma, beta and running statistics of both sides");
+    }
+    if (a.training || s->saveMean.defined() || s->saveInvStd.defined()) {
+      checkShape(s->saveMean, c, op, "saveMean");
+      checkShape(s->saveInvStd, c, op, "saveInvStd");
+    }
+  }
+  if (a.training) {
+    RC_CHECK_ARG(a.a.x.numel() / c[0] > 1,
+                 op << ": training needs more than one value per channel, got " << a.a.x.describe());
+  }
+}
+
+void validateDualBatchNormBackward(const DualBatchNormBackwardArgs& a) {
+  const char* op = "dual batchnorm backward";
+  validateDualSides(a.a.x, a.b.x, op);
+  validateSameLayout(a.a.x, a.dy, op);
+  if (a.relu) validateSameLayout(a.a.x, a.y, op);
+  const Shape c{channels(a.a.x)};
+  for (const DualBatchNormGradSide* s : {&a.a, &a.b}) {
+    validateSameLayout(a.a.x, s->dx, op);
+    for (const Tensor* t : {&s->gamma, &s->saveMean, &s->saveInvStd, &s->dGamma, &s->dBeta}) {
+      checkDType(*t, DType::F32, op, "gamma, saved statistics and their gradients of both sides");
+      checkShape(*t, c, op, "gamma, saved statistics and their gradients of both sides");
+    }
+  }
+  // One pass writes a.dx after it read a.x and b.x at the same place, then b.dx: a.dx may not be b.x.
+  RC_CHECK_ARG(a.a.dx.data() != a.b.x.data(), op << ": a.dx must not be b.x (b.x is read after a.dx is written)");
+}
+
 // Checks the per-channel f32 tensors of the SyncBatchNorm ops against x's channel count.
 void checkChannelVectors(std::initializer_list<const Tensor*> tensors, int64_t c, const char* op, const char* what) {
   for (const Tensor* t : tensors) {
@@ -731,6 +781,24 @@ class CheckedBackend final : public Backend {
     here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.sums, &a.dx, &a.dResidual},
          "sync batchnorm backward elementwise");
     b_->syncBatchNormBackwardElementwise(a);
+  }
+
+  void dualBatchNormForward(const DualBatchNormForwardArgs& a) override {
+    validateDualBatchNormForward(a);
+    for (const DualBatchNormSide* s : {&a.a, &a.b}) {
+      here({&s->x, &s->gamma, &s->beta, &s->runningMean, &s->runningVar, &s->saveMean, &s->saveInvStd},
+           "dual batchnorm forward");
+    }
+    here({&a.y}, "dual batchnorm forward");
+    b_->dualBatchNormForward(a);
+  }
+
+  void dualBatchNormBackward(const DualBatchNormBackwardArgs& a) override {
+    validateDualBatchNormBackward(a);
+    for (const DualBatchNormGradSide* s : {&a.a, &a.b})
+      here({&s->x, &s->gamma, &s->saveMean, &s->saveInvStd, &s->dx, &s->dGamma, &s->dBeta}, "dual batchnorm backward");
+    here({&a.y, &a.dy}, "dual batchnorm backward");
+    b_->dualBatchNormBackward(a);
   }
 
   void relu(const Tensor& x, const Tensor& y) override {

@@ -26,7 +26,8 @@ namespace {
 // syncBatchNormBackwardReduce, syncBatchNormBackwardElementwise), 9 the values a captured training
 // step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
 // and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep, 10 the
-// fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice).
+// fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice), and the
+// dual batch norm (dualBatchNormForward, dualBatchNormBackward).
 constexpr int kBackendAbi = 10;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -144,6 +145,40 @@ class CudaBackend final : public Backend {
                                            a.gamma.ptr<float>(), a.saveMean.ptr<float>(), a.saveInvStd.ptr<float>(),
                                            a.sums.ptr<float>(), rows, c, a.relu,
                                            static_cast<float*>(ctx_.scratch(2 * c * sizeof(float))), ctx_.stream());
+  }
+
+  void dualBatchNormForward(const DualBatchNormForwardArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.a.x.dim(a.a.x.rank() - 1), rows = a.a.x.numel() / c;
+    auto side = [](const DualBatchNormSide& s) {
+      return DualBnForwardSide{s.x.data(),
+                               s.gamma.ptr<float>(),
+                               s.beta.ptr<float>(),
+                               s.runningMean.ptr<float>(),
+                               s.runningVar.ptr<float>(),
+                               s.saveMean.defined() ? s.saveMean.ptr<float>() : nullptr,
+                               s.saveInvStd.defined() ? s.saveInvStd.ptr<float>() : nullptr,
+                               s.momentum,
+                               s.eps};
+    };
+    cuda::dualBatchNormForward(a.a.x.dtype(), side(a.a), side(a.b), a.y.data(), rows, c, a.training, a.relu,
+                               dualPartial(rows, c), ctx_.stream());
+  }
+
+  void dualBatchNormBackward(const DualBatchNormBackwardArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.a.x.dim(a.a.x.rank() - 1), rows = a.a.x.numel() / c;
+    auto side = [](const DualBatchNormGradSide& s) {
+      return DualBnBackwardSide{s.x.data(),
+                                s.dx.data(),
+                                s.gamma.ptr<float>(),
+                                s.saveMean.ptr<float>(),
+                                s.saveInvStd.ptr<float>(),
+                                s.dGamma.ptr<float>(),
+                                s.dBeta.ptr<float>()};
+    };
+    cuda::dualBatchNormBackward(a.a.x.dtype(), side(a.a), side(a.b), a.relu ? a.y.data() : nullptr, a.dy.data(), rows,
+                                c, a.relu, a.training, dualPartial(rows, c), ctx_.stream());
   }
 
   void relu(const Tensor& x, const Tensor& y) override {
@@ -523,6 +558,10 @@ class CudaBackend final : public Backend {
 
   float* partial(int64_t rows, int64_t channels) {
     return static_cast<float*>(ctx_.scratch(batchNormScratchFloats(rows, channels) * sizeof(float)));
+  }
+
+  float* dualPartial(int64_t rows, int64_t channels) {
+    return static_cast<float*>(ctx_.scratch(dualBatchNormScratchFloats(rows, channels) * sizeof(float)));
   }
 
   CudaContext ctx_;

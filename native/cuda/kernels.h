@@ -36,6 +36,41 @@ void batchNormBackward(DType dtype, const void* x, const void* y, const void* dy
                        const float* gamma, const float* saveMean, const float* saveInvStd, float* dGamma, float* dBeta,
                        int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial, cudaStream_t stream);
 
+// Dual batch norm (a downsample block's tail, see DualBatchNormForwardArgs in core/backend.h):
+// y = relu?(bn_a(a.x) + bn_b(b.x)), each side with its own parameters and statistics. Training: the
+// batch statistics of both inputs in one reduction (saved, and tracked as batchNormForwardTraining
+// does), then one pass reading both inputs and writing y; inference: the running statistics (saved
+// when saveMean/saveInvStd are non-null). `partial` is dualBatchNormScratchFloats(rows, C) floats.
+struct DualBnForwardSide {
+  const void* x;
+  const float* gamma;
+  const float* beta;
+  float* runningMean;
+  float* runningVar;
+  float* saveMean;
+  float* saveInvStd;
+  float momentum;
+  float eps;
+};
+size_t dualBatchNormScratchFloats(int64_t rows, int64_t channels);
+void dualBatchNormForward(DType dtype, const DualBnForwardSide& a, const DualBnForwardSide& b, void* y, int64_t rows,
+                          int64_t channels, bool training, bool relu, float* partial, cudaStream_t stream);
+// Its backward: g = dy masked by the ReLU (once for both sides); each side's dGamma += sum(g * xhat),
+// dBeta += sum(g) and dx as batchNormBackward computes it, the reductions of both sides in one pass
+// over the inputs and both dx in another.
+struct DualBnBackwardSide {
+  const void* x;
+  void* dx;
+  const float* gamma;
+  const float* saveMean;
+  const float* saveInvStd;
+  float* dGamma;
+  float* dBeta;
+};
+void dualBatchNormBackward(DType dtype, const DualBnBackwardSide& a, const DualBnBackwardSide& b, const void* y,
+                           const void* dy, int64_t rows, int64_t channels, bool relu, bool batchStats, float* partial,
+                           cudaStream_t stream);
+
 // SyncBatchNorm (see the Sync* argument structs in core/backend.h). Stats: this rank's count,
 // mean and M2 per channel into stats[3, C]; `partial` is batchNormScratchFloats(rows, C) floats.
 void syncBatchNormStats(DType dtype, const void* x, float* stats, int64_t rows, int64_t channels, float* partial,

@@ -109,6 +109,51 @@ void parseBatchNormBackward(const Napi::Object& o, BatchNormBackwardArgs& a) {
   a.training = getBool(o, "training", true);
 }
 
+// Option `key` of a dual batch norm: an object (one side's tensors and settings).
+Napi::Object getSide(const Napi::Object& o, const char* key) {
+  RC_CHECK_ARG(has(o, key) && o.Get(key).IsObject(), "option '" << key << "' must be an object (one batch norm)");
+  return o.Get(key).As<Napi::Object>();
+}
+
+// dualBatchNormForward({ a: side, b: side, y, training?, relu? }), side = { x, gamma, beta,
+// runningMean, runningVar, saveMean?, saveInvStd?, momentum?, eps? }.
+void parseDualBatchNormForward(const Napi::Object& o, DualBatchNormForwardArgs& a) {
+  a.training = getBool(o, "training", true);
+  a.relu = getBool(o, "relu", false);
+  a.y = getTensor(o, "y");
+  for (auto [key, side] : {std::pair{"a", &a.a}, std::pair{"b", &a.b}}) {
+    const Napi::Object s = getSide(o, key);
+    side->x = getTensor(s, "x");
+    side->gamma = getTensor(s, "gamma");
+    side->beta = getTensor(s, "beta");
+    side->runningMean = getTensor(s, "runningMean");
+    side->runningVar = getTensor(s, "runningVar");
+    side->saveMean = getTensor(s, "saveMean", a.training);
+    side->saveInvStd = getTensor(s, "saveInvStd", a.training);
+    side->momentum = getFloat(s, "momentum", 0.1);
+    side->eps = getFloat(s, "eps", 1e-5);
+  }
+}
+
+// dualBatchNormBackward({ a: side, b: side, y?, dy, relu?, training? }), side = { x, gamma,
+// saveMean, saveInvStd, dx, dGamma, dBeta }.
+void parseDualBatchNormBackward(const Napi::Object& o, DualBatchNormBackwardArgs& a) {
+  a.relu = getBool(o, "relu", false);
+  a.training = getBool(o, "training", true);
+  a.y = getTensor(o, "y", a.relu);
+  a.dy = getTensor(o, "dy");
+  for (auto [key, side] : {std::pair{"a", &a.a}, std::pair{"b", &a.b}}) {
+    const Napi::Object s = getSide(o, key);
+    side->x = getTensor(s, "x");
+    side->gamma = getTensor(s, "gamma");
+    side->saveMean = getTensor(s, "saveMean");
+    side->saveInvStd = getTensor(s, "saveInvStd");
+    side->dx = getTensor(s, "dx");
+    side->dGamma = getTensor(s, "dGamma");
+    side->dBeta = getTensor(s, "dBeta");
+  }
+}
+
 void parseSyncBatchNormStats(const Napi::Object& o, SyncBatchNormStatsArgs& a) {
   a.x = getTensor(o, "x");
   a.stats = getTensor(o, "stats");
@@ -633,6 +678,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
        StructOp<BatchNormForwardArgs, parseBatchNormForward, &BatchNormForwardArgs::x, &Backend::batchNormForward>},
       {"batchNormBackward",
        StructOp<BatchNormBackwardArgs, parseBatchNormBackward, &BatchNormBackwardArgs::x, &Backend::batchNormBackward>},
+      {"dualBatchNormForward", StructOp<DualBatchNormForwardArgs, parseDualBatchNormForward,
+                                        &DualBatchNormForwardArgs::y, &Backend::dualBatchNormForward>},
+      {"dualBatchNormBackward", StructOp<DualBatchNormBackwardArgs, parseDualBatchNormBackward,
+                                         &DualBatchNormBackwardArgs::dy, &Backend::dualBatchNormBackward>},
       {"syncBatchNormStats", StructOp<SyncBatchNormStatsArgs, parseSyncBatchNormStats, &SyncBatchNormStatsArgs::x,
                                       &Backend::syncBatchNormStats>},
       {"syncBatchNormForward", StructOp<SyncBatchNormForwardArgs, parseSyncBatchNormForward,
