@@ -54,6 +54,7 @@ export default defineConfig({
             'test/trainer-cuda-graph.test.ts',
             'test/data-gpu-decode.test.ts',
             'test/fused.test.ts',
+            'test/fused-conv-bn.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },
