@@ -52,8 +52,9 @@
 //   checks of cudnnConvolutionForward. z is read only when alpha2 != 0; y may be z.
 //
 // The backend (graph) API, emulated for the descriptor types and attributes the CUDA backend's
-// fused convolutions use (src/dnn_graph.cc; https://docs.nvidia.com/deeplearning/cudnn/backend/latest/api/cudnn-graph-library.html
-// and .../backend/latest/developer/graph-api.html):
+// fused convolutions use (src/dnn_graph.cc), with the statuses of cuDNN 9's documentation
+// (https://docs.nvidia.com/deeplearning/cudnn/backend/latest/api/cudnn-graph-library.html and
+// https://docs.nvidia.com/deeplearning/cudnn/backend/latest/developer/graph-api.html):
 // - Descriptors: TENSOR, CONVOLUTION, POINTWISE, OPERATION_CONVOLUTION_FORWARD,
 //   OPERATION_POINTWISE, OPERATION_GEN_STATS, OPERATIONGRAPH, ENGINEHEUR, ENGINECFG, ENGINE,
 //   EXECUTION_PLAN and VARIANT_PACK; creating another type is CUDNN_STATUS_NOT_SUPPORTED.
