@@ -17,8 +17,11 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  * - `optim`: the GradScaler's inf/NaN check, the SGD update (unscaling as it reads the
  *   gradients), the scale update and the gradient zeroing in one op on CUDA, taken by
  *   {@link GradScaler.stepAndZeroGrad} (and so by the Trainer) for SGD.
+ * - `conv-bn`: batch norm through cuDNN's graph API around the convolutions on CUDA: the
+ *   statistics in the epilogue of the convolution that makes the activation, and the
+ *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16).
  */
-export const FUSED_PATH_NAMES = ['optim'] as const;
+export const FUSED_PATH_NAMES = ['optim', 'conv-bn'] as const;
 
 /** The name of a fused path (see {@link FUSED_PATH_NAMES}). */
 export type FusedPath = (typeof FUSED_PATH_NAMES)[number];

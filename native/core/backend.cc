@@ -40,6 +40,18 @@ std::unique_ptr<JpegDecoder> Backend::createJpegDecoder() {
                                           << info().name << " backend decodes them with libjpeg-turbo on the CPU");
 }
 
+void Backend::convBnForward(const ConvBnForwardArgs&) {
+  RC_THROW(code::kBackendUnavailable, "conv-bn: the fused convolution needs a CUDA device (cuDNN's graph API); the "
+                                          << info().name << " backend runs the convolution and batch norm unfused");
+}
+
+void Backend::batchNormFinalize(const BatchNormFinalizeArgs&) {
+  RC_THROW(code::kBackendUnavailable,
+           "batch norm finalize: part of the conv-bn fused path, which needs a CUDA device; "
+           "the "
+               << info().name << " backend runs batch norm unfused");
+}
+
 void Backend::fusedSgdStep(const FusedSgdArgs& a) {
   SgdArgs sgd = a;
   if (a.checkFinite) {
