@@ -11,7 +11,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { Tensor, listBackends } from '../lib/index.js';
+import { CudaGraph, Tensor, listBackends } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
 import { FUSED_ENV, fusedPathOn } from '../lib/fused-paths.js';
 
@@ -297,6 +297,54 @@ describe.skipIf(reason !== undefined)(`conv-bn fused ops on CUDA${reason ? ` (sk
       expect(relativeMaxError(fy2Host, y2.toFloat32Array())).toBeLessThan(dtype === 'bf16' ? 1.5e-2 : 2e-3);
     });
   }
+
+  it('captures into a CUDA graph after a warm-up run, and the replay computes what the eager run did', () => {
+    const opts = { device: DEVICE, dtype: 'bf16' as const };
+    const f32 = { device: DEVICE };
+    using x = Tensor.from(values(ROWS * C, 11), [N, H, W, C], opts);
+    using w1 = Tensor.from(values(K1 * 9 * C, 12), [K1, 3, 3, C], f32);
+    using w2 = Tensor.from(values(K2 * K1, 13), [K2, 1, 1, K1], f32);
+    using gamma = Tensor.from(values(K1, 14), [K1], f32);
+    using beta = Tensor.from(values(K1, 15), [K1], f32);
+    using y1 = Tensor.zeros([N, H, W, K1], opts);
+    using y2 = Tensor.zeros([N, H, W, K2], opts);
+    const c = () => Tensor.zeros([K1], f32);
+    using sum = c();
+    using sqSum = c();
+    using mean = c();
+    using invStd = c();
+    using scale = c();
+    using shift = c();
+    const step = (): void => {
+      addon().convBnForward({ x: x.raw, weight: w1.raw, y: y1.raw, sum: sum.raw, sqSum: sqSum.raw, padH: 1, padW: 1 });
+      addon().batchNormFinalize({
+        sum: sum.raw,
+        sqSum: sqSum.raw,
+        gamma: gamma.raw,
+        beta: beta.raw,
+        saveMean: mean.raw,
+        saveInvStd: invStd.raw,
+        scale: scale.raw,
+        shift: shift.raw,
+        count: ROWS,
+      });
+      addon().convBnForward({ x: y1.raw, weight: w2.raw, y: y2.raw, scale: scale.raw, shift: shift.raw });
+    };
+    step();
+    const eager = [y1, y2, sum, invStd, scale, shift].map((t) => t.toFloat32Array());
+    for (const t of [y1, y2, sum, invStd, scale, shift]) addon().fill({ tensor: t.raw, value: 0 });
+    const graph = CudaGraph.capture(DEVICE, step);
+    try {
+      // Capturing ran nothing: the outputs are still zero.
+      expect(y2.toFloat32Array().every((v) => v === 0)).toBe(true);
+      graph.replay();
+      const replayed = [y1, y2, sum, invStd, scale, shift].map((t) => t.toFloat32Array());
+      replayed.forEach((r, i) => expect(r).toEqual(eager[i]));
+      expect(y2.toFloat32Array().some((v) => v !== 0)).toBe(true);
+    } finally {
+      graph.dispose();
+    }
+  });
 
   it('refuses f32 activations and channel counts that are not multiples of 8, naming them', () => {
     using x32 = Tensor.zeros([1, 2, 2, 8], { device: DEVICE });
