@@ -19,7 +19,8 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  *   {@link GradScaler.stepAndZeroGrad} (and so by the Trainer) for SGD.
  * - `conv-bn`: batch norm through cuDNN's graph API around the convolutions on CUDA: the
  *   statistics in the epilogue of the convolution that makes the activation, and the
- *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16).
+ *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16). The
+ *   backend's ops exist (`convBnForward`, `batchNormFinalize`); no module reads this switch yet.
  */
 export const FUSED_PATH_NAMES = ['optim', 'conv-bn'] as const;
 
