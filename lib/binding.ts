@@ -551,6 +551,8 @@ export interface RawAddon {
     saveInvStd: RawTensor;
     scale: RawTensor;
     shift: RawTensor;
+    /** Receives the biased batch variance (f32[C]) when given. */
+    variance?: RawTensor;
     count: number;
     momentum?: number;
     eps?: number;

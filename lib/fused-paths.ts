@@ -20,7 +20,9 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  * - `conv-bn`: batch norm through cuDNN's graph API around the convolutions on CUDA: the
  *   statistics in the epilogue of the convolution that makes the activation, and the
  *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16). The
- *   backend's ops exist (`convBnForward`, `batchNormFinalize`); no module reads this switch yet.
+ *   modules take the first half: in training, a {@link Conv2d} writes its output's channel sums
+ *   and the {@link BatchNorm2d} that reads the output skips its statistics pass; the prologue op
+ *   exists in the backend (`convBnForward` with scale and shift) but no module calls it yet.
  */
 export const FUSED_PATH_NAMES = ['optim', 'conv-bn'] as const;
 

@@ -463,6 +463,7 @@ struct BatchNormFinalizeArgs {
   Tensor sum, sqSum, gamma, beta;             // f32[C]
   Tensor runningMean, runningVar;             // f32[C], updated
   Tensor saveMean, saveInvStd, scale, shift;  // f32[C], overwritten
+  Tensor variance;                            // f32[C], the biased batch variance, when defined
   int64_t count = 0;
   float momentum = 0.1f;
   float eps = 1e-5f;

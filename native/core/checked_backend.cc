@@ -140,6 +140,10 @@ void validateBatchNormFinalize(const BatchNormFinalizeArgs& a) {
     checkDType(*t, DType::F32, op, "sums, gamma, beta and the outputs");
     checkShape(*t, c, op, "sums, gamma, beta and the outputs");
   }
+  if (a.variance.defined()) {
+    checkDType(a.variance, DType::F32, op, "variance");
+    checkShape(a.variance, c, op, "variance");
+  }
   RC_CHECK_ARG(a.runningMean.defined() == a.runningVar.defined(), op << ": runningMean and runningVar come together");
   if (a.runningMean.defined()) {
     for (const Tensor* t : {&a.runningMean, &a.runningVar}) {
@@ -845,7 +849,7 @@ class CheckedBackend final : public Backend {
   void batchNormFinalize(const BatchNormFinalizeArgs& a) override {
     validateBatchNormFinalize(a);
     here({&a.sum, &a.sqSum, &a.gamma, &a.beta, &a.runningMean, &a.runningVar, &a.saveMean, &a.saveInvStd, &a.scale,
-          &a.shift},
+          &a.shift, &a.variance},
          "batch norm finalize");
     b_->batchNormFinalize(a);
   }

@@ -263,8 +263,9 @@ class CudaBackend final : public Backend {
     cuda::batchNormFinalize(a.sum.ptr<float>(), a.sqSum.ptr<float>(), a.gamma.ptr<float>(), a.beta.ptr<float>(),
                             running ? a.runningMean.ptr<float>() : nullptr,
                             running ? a.runningVar.ptr<float>() : nullptr, a.saveMean.ptr<float>(),
-                            a.saveInvStd.ptr<float>(), a.scale.ptr<float>(), a.shift.ptr<float>(), a.sum.numel(),
-                            a.count, a.momentum, a.eps, ctx_.stream());
+                            a.saveInvStd.ptr<float>(), a.scale.ptr<float>(), a.shift.ptr<float>(),
+                            a.variance.defined() ? a.variance.ptr<float>() : nullptr, a.sum.numel(), a.count,
+                            a.momentum, a.eps, ctx_.stream());
   }
 
   void convertInput(const ConvertInputArgs& a) override {

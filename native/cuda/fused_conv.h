@@ -35,9 +35,11 @@ class ConvBnFusion {
 };
 
 // saveMean, saveInvStd, running statistics and the next prologue's scale and shift from a
-// convolution's channel sums (see BatchNormFinalizeArgs), one thread per channel.
+// convolution's channel sums (see BatchNormFinalizeArgs), one thread per channel; runningMean,
+// runningVar and variance (the biased batch variance) may be null.
 void batchNormFinalize(const float* sum, const float* sqSum, const float* gamma, const float* beta, float* runningMean,
                        float* runningVar, float* saveMean, float* saveInvStd, float* scale, float* shift,
-                       int64_t channels, int64_t count, float momentum, float eps, cudaStream_t stream);
+                       float* variance, int64_t channels, int64_t count, float momentum, float eps,
+                       cudaStream_t stream);
 
 }  // namespace rc::cuda

@@ -14,8 +14,9 @@ __global__ void conv_bn_finalize_kernel(const float* __restrict__ sum, const flo
                                         const float* __restrict__ gamma, const float* __restrict__ beta,
                                         float* __restrict__ runningMean, float* __restrict__ runningVar,
                                         float* __restrict__ saveMean, float* __restrict__ saveInvStd,
-                                        float* __restrict__ scale, float* __restrict__ shift, int64_t channels,
-                                        int64_t count, float momentum, float eps) {
+                                        float* __restrict__ scale, float* __restrict__ shift,
+                                        float* __restrict__ variance, int64_t channels, int64_t count, float momentum,
+                                        float eps) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= channels) return;
   const double n = static_cast<double>(count);
@@ -26,6 +27,7 @@ __global__ void conv_bn_finalize_kernel(const float* __restrict__ sum, const flo
   const float meanF = static_cast<float>(mean);
   saveMean[c] = meanF;
   saveInvStd[c] = invStd;
+  if (variance != nullptr) variance[c] = static_cast<float>(var);
   const float s = gamma[c] * invStd;
   scale[c] = s;
   shift[c] = beta[c] - meanF * s;
@@ -39,10 +41,11 @@ __global__ void conv_bn_finalize_kernel(const float* __restrict__ sum, const flo
 
 void batchNormFinalize(const float* sum, const float* sqSum, const float* gamma, const float* beta, float* runningMean,
                        float* runningVar, float* saveMean, float* saveInvStd, float* scale, float* shift,
-                       int64_t channels, int64_t count, float momentum, float eps, cudaStream_t stream) {
+                       float* variance, int64_t channels, int64_t count, float momentum, float eps,
+                       cudaStream_t stream) {
   conv_bn_finalize_kernel<<<gridFor(channels), kThreads, 0, stream>>>(sum, sqSum, gamma, beta, runningMean, runningVar,
-                                                                      saveMean, saveInvStd, scale, shift, channels,
-                                                                      count, momentum, eps);
+                                                                      saveMean, saveInvStd, scale, shift, variance,
+                                                                      channels, count, momentum, eps);
   checkLaunch("conv_bn_finalize_kernel");
 }
 

@@ -276,7 +276,7 @@ void parseConvBnForward(const Napi::Object& o, ConvBnForwardArgs& a) {
 }
 
 // batchNormFinalize({ sum, sqSum, gamma, beta, runningMean?, runningVar?, saveMean, saveInvStd,
-//                     scale, shift, count, momentum?, eps? })
+//                     scale, shift, variance?, count, momentum?, eps? })
 void parseBatchNormFinalize(const Napi::Object& o, BatchNormFinalizeArgs& a) {
   a.sum = getTensor(o, "sum");
   a.sqSum = getTensor(o, "sqSum");
@@ -288,6 +288,7 @@ void parseBatchNormFinalize(const Napi::Object& o, BatchNormFinalizeArgs& a) {
   a.saveInvStd = getTensor(o, "saveInvStd");
   a.scale = getTensor(o, "scale");
   a.shift = getTensor(o, "shift");
+  a.variance = getTensor(o, "variance", false);
   a.count = getInt(o, "count");
   a.momentum = getFloat(o, "momentum", 0.1);
   a.eps = getFloat(o, "eps", 1e-5);
