@@ -430,8 +430,15 @@ function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number) {
       scaler.stepAndZeroGrad(optimizer);
     }
     const params = model.parameters().map((p) => p.values());
+    const running = model.namedBuffers().map(([, t]) => t.toFloat32Array());
     model.dispose();
-    return { losses, params, convBnCalls: convBn.mock.calls.length, finalizeCalls: finalize.mock.calls.length };
+    return {
+      losses,
+      params,
+      running,
+      convBnCalls: convBn.mock.calls.length,
+      finalizeCalls: finalize.mock.calls.length,
+    };
   } finally {
     convBn.mockRestore();
     finalize.mockRestore();
@@ -457,6 +464,11 @@ describe.skipIf(reason !== undefined)(
         const tol = dtype === 'bf16' ? 1e-3 : 1e-4;
         on.losses.forEach((l, i) => expect(Math.abs(l - (off.losses[i] ?? NaN))).toBeLessThan(tol * Math.abs(l)));
         on.params.forEach((p, i) => expect(relativeMaxError(p, off.params[i] ?? new Float32Array())).toBeLessThan(tol));
+        // The batch norms' running statistics, from the fused finalize on one side.
+        expect(on.running.length).toBe(8);
+        on.running.forEach((r, i) =>
+          expect(relativeMaxError(r, off.running[i] ?? new Float32Array())).toBeLessThan(1e-5),
+        );
       });
     }
   },
