@@ -56,6 +56,7 @@ export default defineConfig({
             'test/data-loader-gpu.test.ts',
             'test/fused.test.ts',
             'test/fused-bn-add-relu.test.ts',
+            'test/fused-conv-bn.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

@@ -571,6 +571,48 @@ export interface RawAddon {
    * fused path. `tablesOnly` sends the tables sgdStep sends, which the fused op reads too.
    */
   fusedSgdStep(args: RawSgdStepArgs & RawFusedStepEnd): void;
+  /**
+   * The `conv-bn` fused convolution (CUDA only): y = conv(relu(x * scale + shift) when scale and
+   * shift are given, else x; weight), writing the channel sums and sums of squares of y into `sum`
+   * and `sqSum` when given. x and y NHWC bf16/f16, weight the f32 master [K,R,S,C].
+   */
+  convBnForward(args: {
+    x: RawTensor;
+    weight: RawTensor;
+    y: RawTensor;
+    scale?: RawTensor;
+    shift?: RawTensor;
+    sum?: RawTensor;
+    sqSum?: RawTensor;
+    strideH?: number;
+    strideW?: number;
+    padH?: number;
+    padW?: number;
+    dilationH?: number;
+    dilationW?: number;
+  }): void;
+  /**
+   * Batch norm's training statistics from convBnForward's sums over `count` rows (CUDA only):
+   * saveMean, saveInvStd, the running statistics' update (when given) and the next prologue's
+   * scale = gamma * invStd and shift = beta - mean * scale.
+   */
+  batchNormFinalize(args: {
+    sum: RawTensor;
+    sqSum: RawTensor;
+    gamma: RawTensor;
+    beta: RawTensor;
+    runningMean?: RawTensor;
+    runningVar?: RawTensor;
+    saveMean: RawTensor;
+    saveInvStd: RawTensor;
+    scale: RawTensor;
+    shift: RawTensor;
+    /** Receives the biased batch variance (f32[C]) when given. */
+    variance?: RawTensor;
+    count: number;
+    momentum?: number;
+    eps?: number;
+  }): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;

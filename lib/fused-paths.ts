@@ -22,7 +22,14 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  *   on CUDA (`y = relu(bn(main) + bn(shortcut))` from the raw convolution outputs), and its
  *   backward, taken by {@link Residual} when both batch norms are local (not synchronised).
  */
-export const FUSED_PATH_NAMES = ['optim', 'bn-add-relu'] as const;
+ * - `conv-bn`: batch norm through cuDNN's graph API around the convolutions on CUDA: the
+ *   statistics in the epilogue of the convolution that makes the activation, and the
+ *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16). The
+ *   modules take the first half: in training, a {@link Conv2d} writes its output's channel sums
+ *   and the {@link BatchNorm2d} that reads the output skips its statistics pass; the prologue op
+ *   exists in the backend (`convBnForward` with scale and shift) but no module calls it yet.
+ */
+export const FUSED_PATH_NAMES = ['optim', 'bn-add-relu', 'conv-bn'] as const;
 
 /** The name of a fused path (see {@link FUSED_PATH_NAMES}). */
 export type FusedPath = (typeof FUSED_PATH_NAMES)[number];

@@ -24,6 +24,7 @@ import {
   invalid,
   mismatch,
 } from '../errors.js';
+import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Random } from '../random.js';
 import { Tensor, expectTensor } from '../tensor.js';
@@ -219,6 +220,18 @@ function weightedBackward(
   return layer.quantizer ? layer.quantizer.inputGrad(e.dx) : e.dx;
 }
 
+/**
+ * The channel sums a convolution wrote with its output on the `conv-bn` fused path, for the
+ * batch norm that reads that output: keyed by the convolution's output buffer, taken (and
+ * removed) by the batch norm's training forward, and removed when the convolution runs unfused.
+ */
+interface PendingStats {
+  sum: Tensor;
+  sqSum: Tensor;
+  count: number;
+}
+const pendingStats = new WeakMap<Tensor, PendingStats>();
+
 /** Options of {@link Conv2d}, as in `torch.nn.Conv2d`. */
 export interface Conv2dOptions {
   inChannels: number;
@@ -252,6 +265,8 @@ export class Conv2d extends QuantizableLayer {
   readonly #cache = new ShapeCache<ConvEntry>();
   #input: Tensor | null = null;
   #entry: ConvEntry | null = null;
+  /** The channel sums of the output on the `conv-bn` fused path (f32[outChannels]). */
+  #sums: { sum: Tensor; sqSum: Tensor } | null = null;
 
   constructor(options: Conv2dOptions) {
     super();
@@ -344,8 +359,56 @@ export class Conv2d extends QuantizableLayer {
       return weightedEntry(this, plan, x, out);
     });
     this.#entry = entry;
-    this.#input = weightedForward(this, CONV2D_OPS, entry, x);
+    if (this.#takesConvBn(x)) {
+      this.#convBnForward(x, entry);
+      this.#input = x;
+    } else {
+      pendingStats.delete(entry.y);
+      this.#input = weightedForward(this, CONV2D_OPS, entry, x);
+    }
     return entry.y;
+  }
+
+  /**
+   * Whether this forward takes the `conv-bn` fused path: switched on for a CUDA device, in
+   * training, bf16 or f16, no bias and no quantizer, channel counts that are multiples of 8.
+   */
+  #takesConvBn(x: Tensor): boolean {
+    return (
+      this.training &&
+      this.bias === null &&
+      this.quantizer === null &&
+      (x.dtype === 'bf16' || x.dtype === 'f16') &&
+      this.inChannels % 8 === 0 &&
+      this.outChannels % 8 === 0 &&
+      fusedPathOn('conv-bn', x.device)
+    );
+  }
+
+  /** The convolution with the statistics epilogue; the batch norm reading `e.y` takes the sums. */
+  #convBnForward(x: Tensor, e: ConvEntry): void {
+    const k = [this.outChannels];
+    const sums = (this.#sums ??= {
+      sum: this.activationBuffer(k, 'f32', x.device),
+      sqSum: this.activationBuffer(k, 'f32', x.device),
+    });
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin(CONV2D_OPS.forward, this, x.device) : 0;
+    addon().convBnForward({
+      x: x.raw,
+      weight: this.weight.data.raw,
+      y: e.y.raw,
+      sum: sums.sum.raw,
+      sqSum: sums.sqSum.raw,
+      strideH: this.stride[0],
+      strideW: this.stride[1],
+      padH: this.padding[0],
+      padW: this.padding[1],
+      dilationH: this.dilation[0],
+      dilationW: this.dilation[1],
+    });
+    recorder?.end(token);
+    pendingStats.set(e.y, { sum: sums.sum, sqSum: sums.sqSum, count: e.y.numel / this.outChannels });
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
@@ -363,6 +426,8 @@ export class Conv2d extends QuantizableLayer {
     this.#cache.clear();
     this.#entry = null;
     this.#input = null;
+    disposeAll(this.#sums?.sum, this.#sums?.sqSum);
+    this.#sums = null;
   }
 }
 
@@ -407,6 +472,8 @@ interface BnEntry {
   /** Receive the gradients of a frozen weight and bias, which the native op always computes. */
   discardGamma: Tensor | null;
   discardBeta: Tensor | null;
+  /** The `conv-bn` finalize's outputs besides the saved statistics (f32[C] each). */
+  fused: { scale: Tensor; shift: Tensor; variance: Tensor } | null;
   dispose(): void;
 }
 
@@ -499,6 +566,7 @@ export class BatchNorm2d extends Module {
     if (this.#deferNext) {
       // A dual pass of the main branch's batch norm (forwardDual) normalises this input.
       this.#deferNext = false;
+      pendingStats.delete(x); // the dual pass computes both inputs' statistics itself
       this.#recordForward(x, null, entry, null, null, true);
       return entry.y;
     }
@@ -520,7 +588,12 @@ export class BatchNorm2d extends Module {
       momentum: this.momentum,
       eps: this.eps,
     };
+    // The convolution that made x wrote its channel sums (the `conv-bn` fused path): no pass over
+    // x for the statistics.
+    const stats = this.training && !sync ? pendingStats.get(x) : undefined;
+    pendingStats.delete(x);
     if (sync) sync.forward(args);
+    else if (stats) this.#fusedForward(args, stats, entry, x.device);
     else addon().batchNormForward(args);
     recorder?.end(token);
     if (this.training && !discard) this.bumpCounter('num_batches_tracked');
@@ -565,6 +638,7 @@ export class BatchNorm2d extends Module {
     }
     expectTensor('BatchNorm2d dual shortcut input', s, { shape: x.shape, dtype: x.dtype, device: x.device });
     const entry = this.#entryFor(x);
+    pendingStats.delete(x); // the dual pass computes both inputs' statistics itself
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
     const a = this.#dualSide(x, entry);
@@ -630,7 +704,20 @@ export class BatchNorm2d extends Module {
         dResidual: null,
         discardGamma: null,
         discardBeta: null,
-        dispose: () => disposeAll(e.y, e.saveMean, e.saveInvStd, e.dx, e.dResidual, e.discardGamma, e.discardBeta),
+        fused: null,
+        dispose: () =>
+          disposeAll(
+            e.y,
+            e.saveMean,
+            e.saveInvStd,
+            e.dx,
+            e.dResidual,
+            e.discardGamma,
+            e.discardBeta,
+            e.fused?.scale,
+            e.fused?.shift,
+            e.fused?.variance,
+          ),
       };
       return e;
     });
@@ -658,6 +745,49 @@ export class BatchNorm2d extends Module {
       dualShortcut.#dualMain = this;
       dualShortcut.#dualPending = false;
     }
+  }
+
+  /**
+   * A training forward from a convolution's channel sums: the finalize writes the saved statistics,
+   * the running statistics' update and the batch variance; the normalisation (with the residual
+   * and ReLU) then runs with those batch statistics, as the evaluation-mode forward runs with the
+   * running ones.
+   */
+  #fusedForward(args: BatchNormForwardArgs, stats: PendingStats, e: BnEntry, device: string): void {
+    const c = [this.numFeatures];
+    const f = (e.fused ??= {
+      scale: this.activationBuffer(c, 'f32', device),
+      shift: this.activationBuffer(c, 'f32', device),
+      variance: this.activationBuffer(c, 'f32', device),
+    });
+    addon().batchNormFinalize({
+      sum: stats.sum.raw,
+      sqSum: stats.sqSum.raw,
+      gamma: args.gamma,
+      beta: args.beta,
+      runningMean: args.runningMean,
+      runningVar: args.runningVar,
+      saveMean: e.saveMean.raw,
+      saveInvStd: e.saveInvStd.raw,
+      scale: f.scale.raw,
+      shift: f.shift.raw,
+      variance: f.variance.raw,
+      count: stats.count,
+      momentum: this.momentum,
+      eps: this.eps,
+    });
+    addon().batchNormForward({
+      x: args.x,
+      gamma: args.gamma,
+      beta: args.beta,
+      ...(args.residual ? { residual: args.residual } : {}),
+      y: args.y,
+      runningMean: e.saveMean.raw,
+      runningVar: f.variance.raw,
+      training: false,
+      relu: this.relu,
+      eps: this.eps,
+    });
   }
 
   /** Scratch running statistics for a recomputed forward (zeros and ones, so the update stays finite). */

@@ -50,6 +50,18 @@ void Backend::dualBatchNormBackward(const DualBatchNormBackwardArgs&) {
                                           << info().name << " backend runs the two batch norms one after the other");
 }
 
+void Backend::convBnForward(const ConvBnForwardArgs&) {
+  RC_THROW(code::kBackendUnavailable, "conv-bn: the fused convolution needs a CUDA device (cuDNN's graph API); the "
+                                          << info().name << " backend runs the convolution and batch norm unfused");
+}
+
+void Backend::batchNormFinalize(const BatchNormFinalizeArgs&) {
+  RC_THROW(code::kBackendUnavailable,
+           "batch norm finalize: part of the conv-bn fused path, which needs a CUDA device; "
+           "the "
+               << info().name << " backend runs batch norm unfused");
+}
+
 namespace {
 
 // The unfused ops around an optimizer step, in the order a fused step replaces: the unscale and

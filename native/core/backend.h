@@ -491,6 +491,34 @@ struct BackendInfo {
   std::vector<std::pair<std::string, std::string>> properties;  // versions, ISA, capabilities
 };
 
+// The `conv-bn` fused path (CUDA, through cuDNN's graph API): a convolution that applies batch
+// normalisation's affine map and a ReLU to its input as it loads it (the prologue, when scale and
+// shift are defined) and writes the per-channel sum and sum of squares of its output (the
+// epilogue, when sum and sqSum are defined):
+//   y[n,p,q,k] = conv(prologue ? relu(x * scale[c] + shift[c]) : x, weight)   (no bias)
+//   sum[k] = sum over n,p,q of y, sqSum[k] = sum over n,p,q of y^2           (f32)
+// x and y NHWC in bf16 or f16; weight the f32 master [K,R,S,C] (or already in x's dtype).
+struct ConvBnForwardArgs {
+  Tensor x, weight, y;
+  Tensor scale, shift;  // f32[C]
+  Tensor sum, sqSum;    // f32[K], overwritten
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
+};
+
+// What batchNormForward in training computes besides y, from a convolution's statistics
+// (ConvBnForwardArgs::sum, sqSum over `count` rows): saveMean, saveInvStd, the running statistics'
+// update (when runningMean and runningVar are defined), and the affine map the next convolution's
+// prologue applies: scale = gamma * invStd, shift = beta - mean * scale.
+struct BatchNormFinalizeArgs {
+  Tensor sum, sqSum, gamma, beta;             // f32[C]
+  Tensor runningMean, runningVar;             // f32[C], updated
+  Tensor saveMean, saveInvStd, scale, shift;  // f32[C], overwritten
+  Tensor variance;                            // f32[C], the biased batch variance, when defined
+  int64_t count = 0;
+  float momentum = 0.1f;
+  float eps = 1e-5f;
+};
+
 // A device's utilisation and memory as the NVIDIA driver reports them (what nvidia-smi shows),
 // read through NVML: `gpuPercent` is the share of the driver's last sample period (between 1/6 s
 // and 1 s depending on the product) during which at least one kernel was running, `memoryPercent`
@@ -577,6 +605,10 @@ class Backend {
   virtual void fusedSgdStep(const FusedSgdArgs& args);
   virtual void fusedAdamwStep(const FusedAdamWArgs& args);
   virtual void fusedLambStep(const FusedLambArgs& args);
+  // The `conv-bn` fused path (ConvBnForwardArgs, BatchNormFinalizeArgs). The defaults throw
+  // ERR_RC_BACKEND_UNAVAILABLE: only the CUDA backend has cuDNN's graph API.
+  virtual void convBnForward(const ConvBnForwardArgs& args);
+  virtual void batchNormFinalize(const BatchNormFinalizeArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;

@@ -97,6 +97,64 @@ void validateBatchNormForward(const BatchNormForwardArgs& a) {
   }
 }
 
+void validateConvBnForward(const ConvBnForwardArgs& a) {
+  const char* op = "conv-bn";
+  checkDefined(a.x, op, "x");
+  checkDefined(a.weight, op, "weight");
+  checkDefined(a.y, op, "y");
+  RC_CHECK_ARG(a.x.rank() == 4 && a.weight.rank() == 4 && a.y.rank() == 4,
+               op << ": x, weight and y must be 4-D (NHWC, KRSC), got " << a.x.describe() << ", " << a.weight.describe()
+                  << ", " << a.y.describe());
+  Conv2dParams p;
+  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
+  p.k = a.weight.dim(0), p.kernelH = a.weight.dim(1), p.kernelW = a.weight.dim(2);
+  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
+  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
+  validateConv2dParams(p);
+  checkShape(a.weight, {p.k, p.kernelH, p.kernelW, p.c}, op, "weight");
+  RC_CHECK_ARG(a.weight.dtype() == DType::F32 || a.weight.dtype() == a.x.dtype(),
+               op << ": weight must be f32 or x's dtype, got " << a.weight.describe());
+  checkShape(a.y, {p.n, p.outH(), p.outW(), p.k}, op, "y");
+  checkDType(a.y, a.x.dtype(), op, "y");
+  RC_CHECK_ARG(a.scale.defined() == a.shift.defined(), op << ": scale and shift come together");
+  if (a.scale.defined()) {
+    for (const Tensor* t : {&a.scale, &a.shift}) {
+      checkDType(*t, DType::F32, op, "scale and shift");
+      checkShape(*t, {p.c}, op, "scale and shift");
+    }
+  }
+  RC_CHECK_ARG(a.sum.defined() == a.sqSum.defined(), op << ": sum and sqSum come together");
+  if (a.sum.defined()) {
+    for (const Tensor* t : {&a.sum, &a.sqSum}) {
+      checkDType(*t, DType::F32, op, "sum and sqSum");
+      checkShape(*t, {p.k}, op, "sum and sqSum");
+    }
+  }
+}
+
+void validateBatchNormFinalize(const BatchNormFinalizeArgs& a) {
+  const char* op = "batch norm finalize";
+  checkDefined(a.sum, op, "sum");
+  const Shape c{a.sum.numel()};
+  for (const Tensor* t : {&a.sum, &a.sqSum, &a.gamma, &a.beta, &a.saveMean, &a.saveInvStd, &a.scale, &a.shift}) {
+    checkDType(*t, DType::F32, op, "sums, gamma, beta and the outputs");
+    checkShape(*t, c, op, "sums, gamma, beta and the outputs");
+  }
+  if (a.variance.defined()) {
+    checkDType(a.variance, DType::F32, op, "variance");
+    checkShape(a.variance, c, op, "variance");
+  }
+  RC_CHECK_ARG(a.runningMean.defined() == a.runningVar.defined(), op << ": runningMean and runningVar come together");
+  if (a.runningMean.defined()) {
+    for (const Tensor* t : {&a.runningMean, &a.runningVar}) {
+      checkDType(*t, DType::F32, op, "running statistics");
+      checkShape(*t, c, op, "running statistics");
+    }
+  }
+  RC_CHECK_ARG(a.count > 1, op << ": count must be more than one value per channel, got " << a.count);
+  RC_CHECK_ARG(a.eps > 0.0f, op << ": eps must be positive, got " << a.eps);
+}
+
 void validateBatchNormBackward(const BatchNormBackwardArgs& a) {
   const char* op = "batchnorm backward";
   checkDefined(a.x, op, "x");
@@ -859,6 +917,20 @@ class CheckedBackend final : public Backend {
     validateFusedSgd(a);
     here({&a.params, &a.grads, &a.momentumBuffer, &a.foundInf, &a.scale, &a.growthTracker}, "fused sgd step");
     b_->fusedSgdStep(a);
+  }
+
+  void convBnForward(const ConvBnForwardArgs& a) override {
+    validateConvBnForward(a);
+    here({&a.x, &a.weight, &a.y, &a.scale, &a.shift, &a.sum, &a.sqSum}, "conv-bn");
+    b_->convBnForward(a);
+  }
+
+  void batchNormFinalize(const BatchNormFinalizeArgs& a) override {
+    validateBatchNormFinalize(a);
+    here({&a.sum, &a.sqSum, &a.gamma, &a.beta, &a.runningMean, &a.runningVar, &a.saveMean, &a.saveInvStd, &a.scale,
+          &a.shift, &a.variance},
+         "batch norm finalize");
+    b_->batchNormFinalize(a);
   }
 
   void convertInput(const ConvertInputArgs& a) override {

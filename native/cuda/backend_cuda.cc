@@ -8,6 +8,7 @@
 
 #include "cuda_check.h"
 #include "cuda_ops.h"
+#include "fused_conv.h"
 #include "jpeg_decoder.h"
 #include "kernels.h"
 #include "nvml_monitor.h"
@@ -27,7 +28,8 @@ namespace {
 // step reads on the device (CrossEntropyArgs::gradScaleFrom, UnscaleArgs::scale, AdamWArgs::stepCount)
 // and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep, 10 the
 // fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice), and the
-// dual batch norm (dualBatchNormForward, dualBatchNormBackward).
+// dual batch norm (dualBatchNormForward, dualBatchNormBackward); the conv-bn fused path
+// (convBnForward, batchNormFinalize).
 constexpr int kBackendAbi = 10;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -38,7 +40,7 @@ std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device), monitor_(device), timeline_(ctx_) {}
+  explicit CudaBackend(int device) : ctx_(device), monitor_(device), timeline_(ctx_), convBn_(ctx_) {}
 
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -286,6 +288,19 @@ class CudaBackend final : public Backend {
                        a.momentumBuffer.defined() ? a.momentumBuffer.ptr<float>() : nullptr, table.device,
                        table.segments, table.chunks, deviceGroups, a.firstStep, fusedEnd(a, a.foundInf, a.gradScaleInv),
                        ctx_.scratch(fusedStepScratchBytes(table.segments, table.chunks, false)), ctx_.stream());
+  }
+
+  void convBnForward(const ConvBnForwardArgs& a) override { convBn_.forward(a); }
+
+  void batchNormFinalize(const BatchNormFinalizeArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const bool running = a.runningMean.defined();
+    cuda::batchNormFinalize(a.sum.ptr<float>(), a.sqSum.ptr<float>(), a.gamma.ptr<float>(), a.beta.ptr<float>(),
+                            running ? a.runningMean.ptr<float>() : nullptr,
+                            running ? a.runningVar.ptr<float>() : nullptr, a.saveMean.ptr<float>(),
+                            a.saveInvStd.ptr<float>(), a.scale.ptr<float>(), a.shift.ptr<float>(),
+                            a.variance.defined() ? a.variance.ptr<float>() : nullptr, a.sum.numel(), a.count,
+                            a.momentum, a.eps, ctx_.stream());
   }
 
   void convertInput(const ConvertInputArgs& a) override {
@@ -567,6 +582,7 @@ class CudaBackend final : public Backend {
   CudaContext ctx_;
   NvmlMonitor monitor_;
   ProfileTimeline timeline_;
+  ConvBnFusion convBn_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   int64_t nextGraph_ = 1;
 };

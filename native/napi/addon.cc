@@ -302,6 +302,43 @@ void parseSgd(const Napi::Object& o, SgdArgs& a) {
   a.segments = getSegments(o, true);
 }
 
+// convBnForward({ x, weight, y, scale?, shift?, sum?, sqSum?, strideH?, strideW?, padH?, padW?,
+//                 dilationH?, dilationW? })
+void parseConvBnForward(const Napi::Object& o, ConvBnForwardArgs& a) {
+  a.x = getTensor(o, "x");
+  a.weight = getTensor(o, "weight");
+  a.y = getTensor(o, "y");
+  a.scale = getTensor(o, "scale", false);
+  a.shift = getTensor(o, "shift", false);
+  a.sum = getTensor(o, "sum", false);
+  a.sqSum = getTensor(o, "sqSum", false);
+  a.strideH = getInt(o, "strideH", 1);
+  a.strideW = getInt(o, "strideW", 1);
+  a.padH = getInt(o, "padH", 0);
+  a.padW = getInt(o, "padW", 0);
+  a.dilationH = getInt(o, "dilationH", 1);
+  a.dilationW = getInt(o, "dilationW", 1);
+}
+
+// batchNormFinalize({ sum, sqSum, gamma, beta, runningMean?, runningVar?, saveMean, saveInvStd,
+//                     scale, shift, variance?, count, momentum?, eps? })
+void parseBatchNormFinalize(const Napi::Object& o, BatchNormFinalizeArgs& a) {
+  a.sum = getTensor(o, "sum");
+  a.sqSum = getTensor(o, "sqSum");
+  a.gamma = getTensor(o, "gamma");
+  a.beta = getTensor(o, "beta");
+  a.runningMean = getTensor(o, "runningMean", false);
+  a.runningVar = getTensor(o, "runningVar", false);
+  a.saveMean = getTensor(o, "saveMean");
+  a.saveInvStd = getTensor(o, "saveInvStd");
+  a.scale = getTensor(o, "scale");
+  a.shift = getTensor(o, "shift");
+  a.variance = getTensor(o, "variance", false);
+  a.count = getInt(o, "count");
+  a.momentum = getFloat(o, "momentum", 0.1);
+  a.eps = getFloat(o, "eps", 1e-5);
+}
+
 // The fused optimizer ops' fields besides their step's: { checkFinite?, zeroGrads?,
 // scaleFromDevice?, scale?, growthTracker?, growthFactor?, backoffFactor?, growthInterval? }.
 void parseFusedEnd(const Napi::Object& o, FusedStepEnd& a) {
@@ -698,6 +735,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
        StructOp<DistillationArgs, parseDistillation, &DistillationArgs::logits, &Backend::distillationLoss>},
       {"sgdStep", StructOp<SgdArgs, parseSgd, &SgdArgs::params, &Backend::sgdStep>},
       {"fusedSgdStep", StructOp<FusedSgdArgs, parseFusedSgd, &FusedSgdArgs::params, &Backend::fusedSgdStep>},
+      {"convBnForward",
+       StructOp<ConvBnForwardArgs, parseConvBnForward, &ConvBnForwardArgs::x, &Backend::convBnForward>},
+      {"batchNormFinalize", StructOp<BatchNormFinalizeArgs, parseBatchNormFinalize, &BatchNormFinalizeArgs::sum,
+                                     &Backend::batchNormFinalize>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},
       {"fusedAdamwStep",

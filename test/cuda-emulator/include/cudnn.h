@@ -50,6 +50,31 @@
 //   (y's type for the FLOAT, DOUBLE, HALF and BFLOAT16 configurations), and z that does not match y
 //   (dimensions, strides or type); BAD_PARAM for null descriptors or pointers and the convolution
 //   checks of cudnnConvolutionForward. z is read only when alpha2 != 0; y may be z.
+//
+// The backend (graph) API, emulated for the descriptor types and attributes the CUDA backend's
+// fused convolutions use (src/dnn_graph.cc), with the statuses of cuDNN 9's documentation
+// (https://docs.nvidia.com/deeplearning/cudnn/backend/latest/api/cudnn-graph-library.html and
+// https://docs.nvidia.com/deeplearning/cudnn/backend/latest/developer/graph-api.html):
+// - Descriptors: TENSOR, CONVOLUTION, POINTWISE, OPERATION_CONVOLUTION_FORWARD,
+//   OPERATION_POINTWISE, OPERATION_GEN_STATS, OPERATIONGRAPH, ENGINEHEUR, ENGINECFG, ENGINE,
+//   EXECUTION_PLAN and VARIANT_PACK; creating another type is CUDNN_STATUS_NOT_SUPPORTED.
+// - cudnnBackendSetAttribute: CUDNN_STATUS_NOT_INITIALIZED on a finalized descriptor;
+//   CUDNN_STATUS_BAD_PARAM for a null or destroyed descriptor, an attribute the type does not have, the wrong
+//   attribute type, an element count outside the attribute's range, or a descriptor argument that
+//   is not finalized or of the wrong type. cudnnBackendFinalize: BAD_PARAM for a missing required
+//   attribute or inconsistent values (tensor dims and strides of different counts, a unique id
+//   used twice in a graph, operand shapes that do not fit the operation); NOT_SUPPORTED for what
+//   the emulator does not compute (pointwise modes other than ADD, MUL and RELU_FWD, convolutions
+//   that are not 2-D cross-correlations on 4-D tensors, a graph with a cycle). cudnnBackendGetAttribute
+//   on a descriptor that is not finalized: CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED.
+// - Heuristics report one engine (global index 0) for every graph; its plan's workspace is the
+//   size of the graph's virtual tensors, which it overwrites with rc_emu::kUninitializedByte.
+// - cudnnBackendExecute checks the variant pack (every non-virtual tensor's unique id present,
+//   each pointer device memory of the tensor's extent) and queues the graph on the handle's stream.
+//   The graph is interpreted node by node in dependency order over double-precision values, every
+//   tensor's values (virtual ones too) rounded to its data type. Pointwise operands broadcast
+//   along dimensions of size 1; GEN_STATS writes the per-channel (dimension 1) sum and sum of
+//   squares of its input over all other dimensions; convolutions sum products in double precision.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -262,6 +287,119 @@ typedef struct cudnnConvolutionBwdFilterAlgoPerfStruct {
   int reserved[3];
 } cudnnConvolutionBwdFilterAlgoPerf_t;
 
+// ---- backend (graph) API ----------------------------------------------------------------------
+
+typedef void* cudnnBackendDescriptor_t;
+
+typedef enum {
+  CUDNN_POINTWISE_ADD = 0,
+  CUDNN_POINTWISE_MUL = 1,
+  CUDNN_POINTWISE_RELU_FWD = 100,
+} cudnnPointwiseMode_t;
+
+typedef enum {
+  CUDNN_GENSTATS_SUM_SQSUM = 0,
+} cudnnGenStatsMode_t;
+
+typedef enum {
+  CUDNN_HEUR_MODE_INSTANT = 0,
+  CUDNN_HEUR_MODE_B = 1,
+  CUDNN_HEUR_MODE_FALLBACK = 2,
+  CUDNN_HEUR_MODE_A = 3,
+} cudnnBackendHeurMode_t;
+
+typedef enum {
+  CUDNN_ATTR_POINTWISE_MODE = 0,
+  CUDNN_ATTR_POINTWISE_MATH_PREC = 1,
+
+  CUDNN_ATTR_CONVOLUTION_COMP_TYPE = 100,
+  CUDNN_ATTR_CONVOLUTION_CONV_MODE = 101,
+  CUDNN_ATTR_CONVOLUTION_DILATIONS = 102,
+  CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES = 103,
+  CUDNN_ATTR_CONVOLUTION_POST_PADDINGS = 104,
+  CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS = 105,
+  CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS = 106,
+
+  CUDNN_ATTR_ENGINEHEUR_MODE = 200,
+  CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH = 201,
+  CUDNN_ATTR_ENGINEHEUR_RESULTS = 202,
+
+  CUDNN_ATTR_ENGINECFG_ENGINE = 300,
+  CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE = 303,
+
+  CUDNN_ATTR_EXECUTION_PLAN_HANDLE = 400,
+  CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG = 401,
+  CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE = 402,
+
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA = 700,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA = 701,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC = 702,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W = 703,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X = 704,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y = 705,
+
+  CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR = 750,
+  CUDNN_ATTR_OPERATION_POINTWISE_XDESC = 751,
+  CUDNN_ATTR_OPERATION_POINTWISE_BDESC = 752,
+  CUDNN_ATTR_OPERATION_POINTWISE_YDESC = 753,
+  CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1 = 754,
+  CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2 = 755,
+
+  CUDNN_ATTR_OPERATION_GENSTATS_MODE = 770,
+  CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC = 771,
+  CUDNN_ATTR_OPERATION_GENSTATS_XDESC = 772,
+  CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC = 773,
+  CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC = 774,
+
+  CUDNN_ATTR_OPERATIONGRAPH_HANDLE = 800,
+  CUDNN_ATTR_OPERATIONGRAPH_OPS = 801,
+  CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT = 802,
+
+  CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT = 900,
+  CUDNN_ATTR_TENSOR_DATA_TYPE = 901,
+  CUDNN_ATTR_TENSOR_DIMENSIONS = 902,
+  CUDNN_ATTR_TENSOR_STRIDES = 903,
+  CUDNN_ATTR_TENSOR_UNIQUE_ID = 906,
+  CUDNN_ATTR_TENSOR_IS_VIRTUAL = 907,
+
+  CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS = 1000,
+  CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS = 1001,
+  CUDNN_ATTR_VARIANT_PACK_WORKSPACE = 1003,
+
+  CUDNN_ATTR_ENGINE_OPERATION_GRAPH = 1300,
+  CUDNN_ATTR_ENGINE_GLOBAL_INDEX = 1301,
+} cudnnBackendAttributeName_t;
+
+typedef enum {
+  CUDNN_TYPE_HANDLE = 0,
+  CUDNN_TYPE_DATA_TYPE = 1,
+  CUDNN_TYPE_BOOLEAN = 2,
+  CUDNN_TYPE_INT64 = 3,
+  CUDNN_TYPE_FLOAT = 4,
+  CUDNN_TYPE_DOUBLE = 5,
+  CUDNN_TYPE_VOID_PTR = 6,
+  CUDNN_TYPE_CONVOLUTION_MODE = 7,
+  CUDNN_TYPE_HEUR_MODE = 8,
+  CUDNN_TYPE_POINTWISE_MODE = 14,
+  CUDNN_TYPE_BACKEND_DESCRIPTOR = 15,
+  CUDNN_TYPE_GENSTATS_MODE = 16,
+} cudnnBackendAttributeType_t;
+
+typedef enum {
+  CUDNN_BACKEND_POINTWISE_DESCRIPTOR = 0,
+  CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR = 1,
+  CUDNN_BACKEND_ENGINE_DESCRIPTOR = 2,
+  CUDNN_BACKEND_ENGINECFG_DESCRIPTOR = 3,
+  CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR = 4,
+  CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR = 5,
+  CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10,
+  CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR = 13,
+  CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR = 14,
+  CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR = 15,
+  CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR = 16,
+  CUDNN_BACKEND_TENSOR_DESCRIPTOR = 17,
+} cudnnBackendDescriptorType_t;
+
 extern "C" {
 
 // ---- versions and errors ----------------------------------------------------------------------
@@ -388,5 +526,20 @@ cudnnStatus_t cudnnConvolutionBiasActivationForward(
     cudnnConvolutionFwdAlgo_t algo, void* workSpace, size_t workSpaceSizeInBytes, const void* alpha2,
     const cudnnTensorDescriptor_t zDesc, const void* z, const cudnnTensorDescriptor_t biasDesc, const void* bias,
     const cudnnActivationDescriptor_t activationDesc, const cudnnTensorDescriptor_t yDesc, void* y);
+
+// The backend API (see the top of this file for what the emulator accepts).
+cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
+                                           cudnnBackendDescriptor_t* descriptor);
+cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor);
+cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor);
+cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor, cudnnBackendAttributeName_t attributeName,
+                                       cudnnBackendAttributeType_t attributeType, int64_t elementCount,
+                                       const void* arrayOfElements);
+cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const descriptor,
+                                       cudnnBackendAttributeName_t attributeName,
+                                       cudnnBackendAttributeType_t attributeType, int64_t requestedElementCount,
+                                       int64_t* elementCount, void* arrayOfElements);
+cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
+                                  cudnnBackendDescriptor_t variantPack);
 
 }  // extern "C"

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "dnn_errors.h"
 #include "parallel.h"
 #include "rc_emu/numeric.h"
 
@@ -789,6 +790,8 @@ constexpr MismatchStatuses kBackwardDataStatuses{CUDNN_STATUS_BAD_PARAM, CUDNN_S
 constexpr MismatchStatuses kBackwardFilterStatuses{CUDNN_STATUS_BAD_PARAM, CUDNN_STATUS_BAD_PARAM};
 
 }  // namespace
+
+void rc_emu::setDnnLastError(const std::string& message) { tLastError = message; }
 
 // ---- versions and errors ----------------------------------------------------------------------
 

@@ -1,0 +1,384 @@
+// Unit test of the emulated cuDNN backend (graph) API (src/dnn_graph.cc) over the emulated runtime:
+// a scale-bias-ReLU-convolution-statistics graph (every node type the emulator interprets) against
+// a direct computation, and the documented refusals (a finalized descriptor, wrong attribute types
+// and counts, unfinalized arguments, inconsistent shapes, a missing variant-pack entry or
+// workspace). test/graph-api-cuda.test.ts runs it; it prints "graph api: N passed, M failed".
+#include <cudnn.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+int gPassed = 0, gFailed = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++gPassed;
+  } else {
+    ++gFailed;
+    char last[512];
+    cudnnGetLastErrorString(last, sizeof last);
+    std::printf("FAILED: %s (last cuDNN error: %s)\n", what.c_str(), last);
+  }
+}
+
+using Desc = cudnnBackendDescriptor_t;
+
+Desc create(cudnnBackendDescriptorType_t type) {
+  Desc d = nullptr;
+  check(cudnnBackendCreateDescriptor(type, &d) == CUDNN_STATUS_SUCCESS, "create descriptor");
+  return d;
+}
+
+cudnnStatus_t setInts(Desc d, cudnnBackendAttributeName_t name, const std::vector<int64_t>& v) {
+  return cudnnBackendSetAttribute(d, name, CUDNN_TYPE_INT64, static_cast<int64_t>(v.size()), v.data());
+}
+
+cudnnStatus_t setDesc(Desc d, cudnnBackendAttributeName_t name, Desc v) {
+  return cudnnBackendSetAttribute(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+}
+
+// A tensor with dims [n, c, h, w] laid out NHWC.
+Desc tensor(int64_t uid, std::vector<int64_t> dims, bool isVirtual, bool finalize = true) {
+  Desc d = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const int64_t n = dims[0], c = dims[1], h = dims[2], w = dims[3];
+  (void)n;
+  const std::vector<int64_t> strides = {h * w * c, 1, w * c, c};
+  const cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  const int64_t alignment = 4;
+  setInts(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, {uid});
+  cudnnBackendSetAttribute(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  setInts(d, CUDNN_ATTR_TENSOR_DIMENSIONS, dims);
+  setInts(d, CUDNN_ATTR_TENSOR_STRIDES, strides);
+  setInts(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, {alignment});
+  cudnnBackendSetAttribute(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &isVirtual);
+  if (finalize) check(cudnnBackendFinalize(d) == CUDNN_STATUS_SUCCESS, "finalize tensor " + std::to_string(uid));
+  return d;
+}
+
+Desc pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
+  Desc pw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+  cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+  check(cudnnBackendFinalize(pw) == CUDNN_STATUS_SUCCESS, "finalize pointwise descriptor");
+  Desc op = create(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+  setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+  setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+  if (b != nullptr) setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+  setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+  check(cudnnBackendFinalize(op) == CUDNN_STATUS_SUCCESS, "finalize pointwise operation");
+  cudnnBackendDestroyDescriptor(pw);
+  return op;
+}
+
+Desc convolution(int64_t pad) {
+  Desc c = create(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  setInts(c, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, {2});
+  setInts(c, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, {pad, pad});
+  setInts(c, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, {pad, pad});
+  setInts(c, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, {1, 1});
+  setInts(c, CUDNN_ATTR_CONVOLUTION_DILATIONS, {1, 1});
+  check(cudnnBackendFinalize(c) == CUDNN_STATUS_SUCCESS, "finalize convolution");
+  return c;
+}
+
+Desc convForward(Desc conv, Desc x, Desc w, Desc y) {
+  Desc op = create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  const float alpha = 1.0f, beta = 0.0f;
+  setDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+  setDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
+  setDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
+  setDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
+  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+  cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  return op;
+}
+
+Desc graphOf(cudnnHandle_t handle, const std::vector<Desc>& ops, cudnnStatus_t* status) {
+  Desc g = create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  cudnnBackendSetAttribute(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  cudnnBackendSetAttribute(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                           static_cast<int64_t>(ops.size()), ops.data());
+  *status = cudnnBackendFinalize(g);
+  return g;
+}
+
+// x [N, C, H, W] NHWC, 3x3 filters, pad 1: y = conv(relu(x * scale + bias)), with y's channel sums.
+struct Problem {
+  static constexpr int64_t N = 2, C = 3, H = 4, W = 3, K = 2, R = 3, S = 3;
+  std::vector<float> x, w, scale, bias;
+
+  Problem() {
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    x.resize(N * H * W * C);
+    w.resize(K * R * S * C);
+    scale.resize(C);
+    bias.resize(C);
+    for (auto* v : {&x, &w, &scale, &bias}) {
+      for (float& e : *v) e = u(rng);
+    }
+  }
+
+  // y (NHWC) and the per-channel sum and sum of squares, every intermediate rounded to f32.
+  void expected(std::vector<double>& y, std::vector<double>& sum, std::vector<double>& sq) const {
+    std::vector<float> a(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const size_t c = i % C;
+      const float scaled = static_cast<float>(double(x[i]) * scale[c]);
+      const float shifted = static_cast<float>(double(scaled) + bias[c]);
+      a[i] = shifted > 0.0f ? shifted : 0.0f;
+    }
+    y.assign(N * H * W * K, 0.0);
+    sum.assign(K, 0.0);
+    sq.assign(K, 0.0);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t p = 0; p < H; ++p) {
+        for (int64_t q = 0; q < W; ++q) {
+          for (int64_t k = 0; k < K; ++k) {
+            double acc = 0.0;
+            for (int64_t r = 0; r < R; ++r) {
+              for (int64_t s = 0; s < S; ++s) {
+                const int64_t h = p - 1 + r, ww = q - 1 + s;
+                if (h < 0 || h >= H || ww < 0 || ww >= W) continue;
+                for (int64_t c = 0; c < C; ++c) {
+                  acc += double(a[((n * H + h) * W + ww) * C + c]) * w[((k * R + r) * S + s) * C + c];
+                }
+              }
+            }
+            const double v = static_cast<float>(acc);
+            y[((n * H + p) * W + q) * K + k] = v;
+            sum[k] += v;
+            sq[k] += v * v;
+          }
+        }
+      }
+    }
+  }
+};
+
+template <typename T>
+T* upload(const std::vector<T>& host) {
+  T* d = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&d), host.size() * sizeof(T));
+  cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+bool near(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1.0 + std::fabs(want)); }
+
+void fullGraph() {
+  using P = Problem;
+  P prob;
+  cudaStream_t stream = nullptr;
+  cudnnHandle_t handle = nullptr;
+  cudaStreamCreate(&stream);
+  cudnnCreate(&handle);
+  cudnnSetStream(handle, stream);
+
+  Desc x = tensor(1, {P::N, P::C, P::H, P::W}, false);
+  Desc scale = tensor(2, {1, P::C, 1, 1}, false);
+  Desc bias = tensor(3, {1, P::C, 1, 1}, false);
+  Desc w = tensor(4, {P::K, P::C, P::R, P::S}, false);
+  Desc y = tensor(5, {P::N, P::K, P::H, P::W}, false);
+  Desc sum = tensor(6, {1, P::K, 1, 1}, false);
+  Desc sq = tensor(7, {1, P::K, 1, 1}, false);
+  Desc t1 = tensor(101, {P::N, P::C, P::H, P::W}, true);
+  Desc t2 = tensor(102, {P::N, P::C, P::H, P::W}, true);
+  Desc t3 = tensor(103, {P::N, P::C, P::H, P::W}, true);
+
+  Desc mul = pointwise(CUDNN_POINTWISE_MUL, x, scale, t1);
+  Desc add = pointwise(CUDNN_POINTWISE_ADD, t1, bias, t2);
+  Desc relu = pointwise(CUDNN_POINTWISE_RELU_FWD, t2, nullptr, t3);
+  Desc conv = convolution(1);
+  Desc fwd = convForward(conv, t3, w, y);
+  check(cudnnBackendFinalize(fwd) == CUDNN_STATUS_SUCCESS, "finalize convolution forward");
+  Desc stats = create(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+  const cudnnGenStatsMode_t mode = CUDNN_GENSTATS_SUM_SQSUM;
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  cudnnBackendSetAttribute(stats, CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &mode);
+  cudnnBackendSetAttribute(stats, CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+  setDesc(stats, CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y);
+  setDesc(stats, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum);
+  setDesc(stats, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sq);
+  check(cudnnBackendFinalize(stats) == CUDNN_STATUS_SUCCESS, "finalize gen stats");
+
+  // Operations in an order other than their dependencies: the graph orders them.
+  cudnnStatus_t status;
+  Desc graph = graphOf(handle, {stats, fwd, relu, add, mul}, &status);
+  check(status == CUDNN_STATUS_SUCCESS, "finalize the operation graph");
+
+  // The same unique id for two different tensors is refused.
+  Desc other = tensor(1, {P::N, P::K, P::H, P::W}, false);
+  Desc clash = pointwise(CUDNN_POINTWISE_RELU_FWD, y, nullptr, other);
+  Desc bad = graphOf(handle, {fwd, clash, relu, add, mul}, &status);
+  check(status == CUDNN_STATUS_BAD_PARAM, "a unique id naming two tensors: BAD_PARAM");
+  cudnnBackendDestroyDescriptor(bad);
+
+  Desc heur = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  const cudnnBackendHeurMode_t heurMode = CUDNN_HEUR_MODE_A;
+  setDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heurMode);
+  check(cudnnBackendFinalize(heur) == CUDNN_STATUS_SUCCESS, "finalize heuristics");
+  Desc cfg = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  int64_t count = 0;
+  check(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &cfg) ==
+                CUDNN_STATUS_SUCCESS &&
+            count == 1,
+        "heuristics return one engine configuration");
+
+  Desc plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  check(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count, &count) ==
+            CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED,
+        "reading an unfinalized plan: BAD_PARAM_NOT_FINALIZED");
+  cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  setDesc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+  check(cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS, "finalize the plan");
+  int64_t workspaceBytes = -1;
+  check(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &count,
+                                 &workspaceBytes) == CUDNN_STATUS_SUCCESS &&
+            workspaceBytes == 3 * P::N * P::C * P::H * P::W * 4,
+        "the plan's workspace holds the three virtual tensors");
+
+  // Every descriptor but the plan may go now: the plan holds what it needs.
+  for (Desc d :
+       {x, scale, bias, w, y, sum, sq, t1, t2, t3, other, mul, add, relu, conv, fwd, stats, clash, graph, heur, cfg}) {
+    cudnnBackendDestroyDescriptor(d);
+  }
+
+  float* dx = upload(prob.x);
+  float* dscale = upload(prob.scale);
+  float* dbias = upload(prob.bias);
+  float* dw = upload(prob.w);
+  float *dy = nullptr, *dsum = nullptr, *dsq = nullptr;
+  void* ws = nullptr;
+  cudaMalloc(reinterpret_cast<void**>(&dy), P::N * P::H * P::W * P::K * sizeof(float));
+  cudaMalloc(reinterpret_cast<void**>(&dsum), P::K * sizeof(float));
+  cudaMalloc(reinterpret_cast<void**>(&dsq), P::K * sizeof(float));
+  cudaMalloc(&ws, static_cast<size_t>(workspaceBytes));
+
+  auto pack = [&](std::vector<int64_t> uids, std::vector<void*> ptrs, void* workspace) {
+    Desc vp = create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    setInts(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, uids);
+    cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                             static_cast<int64_t>(ptrs.size()), ptrs.data());
+    cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+    check(cudnnBackendFinalize(vp) == CUDNN_STATUS_SUCCESS, "finalize a variant pack");
+    return vp;
+  };
+  Desc missing = pack({1, 2, 3, 4, 5, 6}, {dx, dscale, dbias, dw, dy, dsum}, ws);
+  check(cudnnBackendExecute(handle, plan, missing) == CUDNN_STATUS_BAD_PARAM,
+        "a variant pack without tensor 7: BAD_PARAM");
+  Desc noWorkspace = pack({1, 2, 3, 4, 5, 6, 7}, {dx, dscale, dbias, dw, dy, dsum, dsq}, nullptr);
+  check(cudnnBackendExecute(handle, plan, noWorkspace) == CUDNN_STATUS_BAD_PARAM, "no workspace: BAD_PARAM");
+  Desc good = pack({1, 2, 3, 4, 5, 6, 7}, {dx, dscale, dbias, dw, dy, dsum, dsq}, ws);
+  check(cudnnBackendExecute(handle, plan, good) == CUDNN_STATUS_SUCCESS, "execute");
+  cudaStreamSynchronize(stream);
+
+  std::vector<float> gy(P::N * P::H * P::W * P::K), gsum(P::K), gsq(P::K);
+  cudaMemcpy(gy.data(), dy, gy.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaMemcpy(gsum.data(), dsum, gsum.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  cudaMemcpy(gsq.data(), dsq, gsq.size() * sizeof(float), cudaMemcpyDeviceToHost);
+  std::vector<double> ey, esum, esq;
+  prob.expected(ey, esum, esq);
+  bool ok = true;
+  for (size_t i = 0; i < ey.size(); ++i) ok = ok && near(gy[i], ey[i], 1e-6);
+  check(ok, "y = conv(relu(x * scale + bias)) against a direct sum");
+  ok = true;
+  for (int64_t k = 0; k < P::K; ++k) ok = ok && near(gsum[k], esum[k], 1e-5) && near(gsq[k], esq[k], 1e-5);
+  check(ok, "the channel sums and sums of squares of y");
+
+  for (Desc d : {missing, noWorkspace, good, plan}) cudnnBackendDestroyDescriptor(d);
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dscale), static_cast<void*>(dbias), static_cast<void*>(dw),
+                  static_cast<void*>(dy), static_cast<void*>(dsum), static_cast<void*>(dsq), ws}) {
+    cudaFree(p);
+  }
+  cudnnDestroy(handle);
+  cudaStreamDestroy(stream);
+}
+
+void refusals() {
+  Desc d = nullptr;
+  check(cudnnBackendCreateDescriptor(static_cast<cudnnBackendDescriptorType_t>(18), &d) == CUDNN_STATUS_NOT_SUPPORTED,
+        "a descriptor type the emulator does not have: NOT_SUPPORTED");
+
+  Desc t = tensor(1, {1, 8, 2, 2}, false);
+  check(setInts(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, {2}) == CUDNN_STATUS_NOT_INITIALIZED,
+        "setting an attribute of a finalized descriptor: NOT_INITIALIZED");
+  check(cudnnBackendFinalize(t) == CUDNN_STATUS_BAD_PARAM, "finalizing twice: BAD_PARAM");
+
+  Desc u = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const float f = 1.0f;
+  check(cudnnBackendSetAttribute(u, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_FLOAT, 1, &f) == CUDNN_STATUS_BAD_PARAM,
+        "a unique id given as FLOAT: BAD_PARAM");
+  check(setInts(u, CUDNN_ATTR_CONVOLUTION_DILATIONS, {1, 1}) == CUDNN_STATUS_BAD_PARAM,
+        "a convolution attribute on a tensor: BAD_PARAM");
+  check(setInts(u, CUDNN_ATTR_TENSOR_UNIQUE_ID, {1, 2}) == CUDNN_STATUS_BAD_PARAM, "two unique ids: BAD_PARAM");
+  check(setInts(u, CUDNN_ATTR_TENSOR_DIMENSIONS, std::vector<int64_t>(9, 1)) == CUDNN_STATUS_BAD_PARAM,
+        "nine dimensions: BAD_PARAM");
+  const cudnnDataType_t type = CUDNN_DATA_FLOAT;
+  cudnnBackendSetAttribute(u, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+  setInts(u, CUDNN_ATTR_TENSOR_DIMENSIONS, {1, 8, 2, 2});
+  setInts(u, CUDNN_ATTR_TENSOR_STRIDES, {32, 1, 16});
+  setInts(u, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, {4});
+  check(cudnnBackendFinalize(u) == CUDNN_STATUS_BAD_PARAM, "finalizing without a unique id: BAD_PARAM");
+  setInts(u, CUDNN_ATTR_TENSOR_UNIQUE_ID, {3});
+  check(cudnnBackendFinalize(u) == CUDNN_STATUS_BAD_PARAM, "four dimensions and three strides: BAD_PARAM");
+
+  Desc unfinalized = tensor(4, {1, 8, 2, 2}, false, false);
+  Desc op = create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  check(setDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, unfinalized) == CUDNN_STATUS_BAD_PARAM,
+        "an unfinalized tensor as an operand: BAD_PARAM");
+  Desc conv = convolution(0);
+  check(setDesc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, conv) == CUDNN_STATUS_BAD_PARAM,
+        "a convolution descriptor as x: BAD_PARAM");
+
+  // A 1x1 convolution of [1, 8, 2, 2] by [4, 8, 1, 1] makes [1, 4, 2, 2], not [1, 4, 3, 3].
+  Desc w = tensor(5, {4, 8, 1, 1}, false);
+  Desc y = tensor(6, {1, 4, 3, 3}, false);
+  Desc fwd = convForward(conv, t, w, y);
+  check(cudnnBackendFinalize(fwd) == CUDNN_STATUS_BAD_PARAM, "an output of the wrong size: BAD_PARAM");
+  Desc fwdMissing = create(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  setDesc(fwdMissing, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, t);
+  check(cudnnBackendFinalize(fwdMissing) == CUDNN_STATUS_BAD_PARAM, "a convolution without w and y: BAD_PARAM");
+
+  Desc pw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+  const auto sqrtMode = static_cast<cudnnPointwiseMode_t>(4);
+  const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+  cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &sqrtMode);
+  cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+  check(cudnnBackendFinalize(pw) == CUDNN_STATUS_NOT_SUPPORTED, "a pointwise mode not emulated: NOT_SUPPORTED");
+
+  Desc y2 = tensor(7, {1, 8, 2, 2}, false);
+  Desc relu1 = pointwise(CUDNN_POINTWISE_RELU_FWD, t, nullptr, y2);
+  Desc relu2 = pointwise(CUDNN_POINTWISE_RELU_FWD, t, nullptr, y2);
+  cudnnHandle_t handle = nullptr;
+  cudnnCreate(&handle);
+  cudnnStatus_t status;
+  Desc twice = graphOf(handle, {relu1, relu2}, &status);
+  check(status == CUDNN_STATUS_BAD_PARAM, "a tensor written by two operations: BAD_PARAM");
+
+  for (Desc e : {t, u, unfinalized, op, conv, w, y, fwd, fwdMissing, pw, y2, relu1, relu2, twice}) {
+    cudnnBackendDestroyDescriptor(e);
+  }
+  check(cudnnBackendDestroyDescriptor(t) == CUDNN_STATUS_BAD_PARAM, "destroying twice: BAD_PARAM");
+  cudnnDestroy(handle);
+}
+
+}  // namespace
+
+int main() {
+  fullGraph();
+  refusals();
+  std::printf("graph api: %d passed, %d failed\n", gPassed, gFailed);
+  return gFailed == 0 ? 0 : 1;
+}
