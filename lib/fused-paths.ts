@@ -21,7 +21,6 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  * - `bn-add-relu`: a downsample block's two batch norms, the residual add and the ReLU in one pass
  *   on CUDA (`y = relu(bn(main) + bn(shortcut))` from the raw convolution outputs), and its
  *   backward, taken by {@link Residual} when both batch norms are local (not synchronised).
- */
  * - `conv-bn`: batch norm through cuDNN's graph API around the convolutions on CUDA: the
  *   statistics in the epilogue of the convolution that makes the activation, and the
  *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16). The
