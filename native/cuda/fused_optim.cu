@@ -15,8 +15,6 @@
 // SGD 4 against 2, AdamW 4 (5 captured) against 2, LAMB 6 (7) against 4. The segment table and
 // chunking are optim.cu's (kernels.h), so every element is handled by exactly one thread, every
 // reduction is added in a fixed order, and the result does not depend on the grid.
-#include <cub/block/block_reduce.cuh>
-
 #include "device_utils.cuh"
 #include "kernels.h"
 #include "optim_chunks.cuh"
@@ -33,8 +31,6 @@ struct FusedSnapshot {
 
 // The scratch the snapshot takes ahead of LAMB's partial sums (keeps them 256-byte aligned).
 constexpr size_t kSnapshotBytes = 256;
-
-size_t alignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // The first pass: raises *foundInf when a gradient in the segments is inf or NaN (checkFinite;
 // chunkCount 0 otherwise), and block 0 fills the snapshot. Reads only the gradients.
@@ -56,29 +52,15 @@ __global__ void __launch_bounds__(kThreads)
   if (nonFinite) *foundInf = 1.0f;  // benign race: every writer stores 1
 }
 
-// The scale update of optim.cu's scaler_update_kernel (PyTorch's _amp_update_scale_).
-__device__ void updateScale(float* scale, int32_t* growthTracker, const float* foundInf, const FusedScalerParams& s) {
-  if (*foundInf != 0.0f) {
-    *scale *= s.backoffFactor;
-    *growthTracker = 0;
-    return;
-  }
-  const int64_t successful = static_cast<int64_t>(*growthTracker) + 1;
-  if (successful >= s.growthInterval) {
-    const float grown = *scale * s.growthFactor;
-    if (isfinite(grown)) *scale = grown;
-    *growthTracker = 0;
-  } else {
-    *growthTracker = static_cast<int32_t>(successful);
-  }
-}
-
 // The end of the step, by one thread of the last pass: the scale update and the step count's
 // advance. The other threads of that pass read neither the scale nor the count (only the
 // snapshot), and no thread of it writes foundInf, so each reads one value.
 __device__ void finishStep(const FusedEnd& e, int32_t* stepCount, const FusedSnapshot* snapshot) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  if (e.scale != nullptr) updateScale(e.scale, e.growthTracker, e.foundInf, e.scaler);
+  if (e.scale != nullptr) {
+    updateScale(e.scale, e.growthTracker, e.foundInf, e.scaler.growthFactor, e.scaler.backoffFactor,
+                e.scaler.growthInterval);
+  }
   if (stepCount != nullptr && !skipStep(e.foundInf)) *stepCount = snapshot->stepsDone + 1;
 }
 
@@ -104,20 +86,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
     const SgdGroupParams p = groups[r.group];
-    const bool useMomentum = p.momentum != 0.0f;
 #pragma unroll 4
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += kThreads) {
-      if (!skip) {
-        const float param = params[i];
-        const float g = grads[i] * invScale;
-        float d = g + p.weightDecay * param;
-        if (useMomentum) {
-          const float b = firstStep ? d : p.momentum * momentumBuffer[i] + (1.0f - p.dampening) * d;
-          momentumBuffer[i] = b;
-          d = p.nesterov ? d + p.momentum * b : b;
-        }
-        params[i] = param - p.lr * d;
-      }
+      if (!skip) sgdElement(params, momentumBuffer, i, grads[i] * invScale, p, firstStep);
       if (end.zeroGrads) grads[i] = 0.0f;
     }
   }
@@ -138,22 +109,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t chunk = blockIdx.x; chunk < chunkCount; chunk += gridDim.x) {
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      if (!skip) {
-        const AdamCoeffs& c = sCoeffs[r.group];
-        const float g = grads[i] * invScale;
-        const float p = params[i] * c.decay;
-        const float m = c.beta1 * expAvg[i] + c.oneMinusBeta1 * g;
-        const float v = c.beta2 * expAvgSq[i] + c.oneMinusBeta2 * g * g;
-        expAvg[i] = m;
-        expAvgSq[i] = v;
-        params[i] = p - c.stepSize * (m / (sqrtf(v) / c.bc2Sqrt + c.eps));
-      }
+      if (!skip) adamwElement(params[i], expAvg[i], expAvgSq[i], grads[i] * invScale, sCoeffs[r.group]);
       if (end.zeroGrads) grads[i] = 0.0f;
     }
   }
 }
-
-using BlockReduceDouble = cub::BlockReduce<double, kThreads>;
 
 // LAMB's first update pass, as optim.cu's lamb_moments_kernel with g = grad * invScale: the
 // moments and per chunk the sums of p^2 and u^2 into partial[2 * chunk + {0, 1}]; then grad = 0
@@ -182,25 +142,10 @@ __global__ void __launch_bounds__(kThreads)
     const AdamCoeffs c = sCoeffs[r.group];
     double pp = 0.0, uu = 0.0;
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      const float g = grads[i] * invScale;
-      const float p = params[i];
-      const float m = c.beta1 * expAvg[i] + c.oneMinusBeta1 * g;
-      const float v = c.beta2 * expAvgSq[i] + c.oneMinusBeta2 * g * g;
-      expAvg[i] = m;
-      expAvgSq[i] = v;
+      lambMomentsElement(params[i], expAvg[i], expAvgSq[i], grads[i] * invScale, c, pp, uu);
       if (end.zeroGrads) grads[i] = 0.0f;
-      const float u = lambDirection(m, v, p, c);
-      pp += static_cast<double>(p) * p;
-      uu += static_cast<double>(u) * u;
     }
-    const double blockPp = BlockReduceDouble(reduceStorage).Sum(pp);
-    __syncthreads();  // the temp storage is reused right away
-    const double blockUu = BlockReduceDouble(reduceStorage).Sum(uu);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      partial[2 * chunk] = blockPp;
-      partial[2 * chunk + 1] = blockUu;
-    }
+    storeLambPartials(reduceStorage, pp, uu, chunk, partial);
   }
 }
 
@@ -222,15 +167,9 @@ __global__ void __launch_bounds__(kThreads)
     const float trust = ratio[r.segment];
 #pragma unroll 4
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      const float p = params[i];
-      const float u = lambDirection(expAvg[i], expAvgSq[i], p, c);
-      params[i] = p - c.lr * (u * trust);
+      lambUpdateElement(params[i], expAvg[i], expAvgSq[i], trust, c);
     }
   }
-}
-
-unsigned fusedBlocks(int64_t chunkCount) {
-  return static_cast<unsigned>(std::clamp<int64_t>(chunkCount, 1, kMaxGridStrideBlocks));
 }
 
 // The first pass, when there is something to read before the update: returns the snapshot (in
@@ -240,14 +179,12 @@ const FusedSnapshot* firstPass(const float* grads, const int64_t* segments, int6
   auto* snapshot = static_cast<FusedSnapshot*>(scratch);
   if (!end.checkFinite && !end.scaleFromDevice && stepCount == nullptr) return snapshot;
   const int64_t checked = end.checkFinite ? chunkCount : 0;
-  fused_first_pass_kernel<<<fusedBlocks(checked), kThreads, 0, stream>>>(
+  fused_first_pass_kernel<<<optimBlocks(checked), kThreads, 0, stream>>>(
       grads, segments, segmentCount, checked, end.foundInf, end.scaleFromDevice ? end.scale : nullptr, stepCount,
       snapshot);
   checkLaunch("fused_first_pass_kernel");
   return snapshot;
 }
-
-size_t coeffBytes(int64_t groupCount) { return static_cast<size_t>(groupCount) * sizeof(AdamCoeffs); }
 
 }  // namespace
 
@@ -262,7 +199,7 @@ void fusedSgdStep(float* params, float* grads, float* momentumBuffer, const int6
   if (!work) segmentCount = chunkCount = 0;
   const FusedSnapshot* snapshot = firstPass(grads, segments, segmentCount, chunkCount, end, nullptr, scratch, stream);
   if (!work && end.scale == nullptr) return;
-  fused_sgd_kernel<<<fusedBlocks(chunkCount), kThreads, 0, stream>>>(
+  fused_sgd_kernel<<<optimBlocks(chunkCount), kThreads, 0, stream>>>(
       params, grads, momentumBuffer, segments, segmentCount, chunkCount, groups, firstStep, end, snapshot);
   checkLaunch("fused_sgd_kernel");
 }
@@ -281,7 +218,7 @@ void fusedAdamStep(bool lamb, float* params, float* grads, float* expAvg, float*
                    << ": the CUDA backend takes 1 to " << kMaxOptimGroups << " parameter groups, got " << groupCount);
   const FusedSnapshot* snapshot = firstPass(grads, segments, segmentCount, chunkCount, end, stepCount, scratch, stream);
   if (!work && end.scale == nullptr) return;
-  const unsigned blocks = fusedBlocks(chunkCount);
+  const unsigned blocks = optimBlocks(chunkCount);
   if (!lamb) {
     fused_adamw_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
         params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount, end,
@@ -289,19 +226,17 @@ void fusedAdamStep(bool lamb, float* params, float* grads, float* expAvg, float*
     checkLaunch("fused_adamw_kernel");
     return;
   }
-  char* lambScratch = static_cast<char*>(scratch) + kSnapshotBytes;
-  auto* partial = reinterpret_cast<double*>(lambScratch);
-  auto* ratio = reinterpret_cast<float*>(lambScratch + alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)));
+  const LambScratch ls = lambScratch(static_cast<char*>(scratch) + kSnapshotBytes, chunkCount);
   if (work) {
     fused_lamb_moments_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
         params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount, end,
-        snapshot, partial);
+        snapshot, ls.partial);
     checkLaunch("fused_lamb_moments_kernel");
-    lambTrustRatios(segments, segmentCount, groups, end.foundInf, partial, ratio, stream);
+    lambTrustRatios(segments, segmentCount, groups, end.foundInf, ls.partial, ls.ratio, stream);
   }
   fused_lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
       params, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount, end, snapshot,
-      ratio);
+      ls.ratio);
   checkLaunch("fused_lamb_update_kernel");
 }
 

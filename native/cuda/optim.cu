@@ -4,8 +4,6 @@
 // the firstChunk column. Every element is updated by exactly one thread, and every reduction
 // adds per-thread values in a fixed order, per-block values with cub's fixed tree, and per-chunk
 // partials in chunk order in a second kernel, so nothing depends on the grid or on timing.
-#include <cub/block/block_reduce.cuh>
-
 #include "device_utils.cuh"
 #include "kernels.h"
 #include "optim_chunks.cuh"
@@ -26,18 +24,10 @@ __global__ void __launch_bounds__(kThreads)
     const ChunkRange r = findChunk(segments, segmentCount, chunk);
     const AdamCoeffs c = sCoeffs[r.group];
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      const float g = grads[i] * gradScaleInv;
-      const float p = params[i] * c.decay;
-      const float m = c.beta1 * expAvg[i] + c.oneMinusBeta1 * g;
-      const float v = c.beta2 * expAvgSq[i] + c.oneMinusBeta2 * g * g;
-      expAvg[i] = m;
-      expAvgSq[i] = v;
-      params[i] = p - c.stepSize * (m / (sqrtf(v) / c.bc2Sqrt + c.eps));
+      adamwElement(params[i], expAvg[i], expAvgSq[i], grads[i] * gradScaleInv, c);
     }
   }
 }
-
-using BlockReduceDouble = cub::BlockReduce<double, kThreads>;
 
 // LAMB pass one: moments, and per chunk the sums of p^2 and u^2 into partial[2 * chunk + {0, 1}].
 __global__ void __launch_bounds__(kThreads)
@@ -55,24 +45,9 @@ __global__ void __launch_bounds__(kThreads)
     const AdamCoeffs c = sCoeffs[r.group];
     double pp = 0.0, uu = 0.0;
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      const float g = grads[i] * gradScaleInv;
-      const float p = params[i];
-      const float m = c.beta1 * expAvg[i] + c.oneMinusBeta1 * g;
-      const float v = c.beta2 * expAvgSq[i] + c.oneMinusBeta2 * g * g;
-      expAvg[i] = m;
-      expAvgSq[i] = v;
-      const float u = lambDirection(m, v, p, c);
-      pp += static_cast<double>(p) * p;
-      uu += static_cast<double>(u) * u;
+      lambMomentsElement(params[i], expAvg[i], expAvgSq[i], grads[i] * gradScaleInv, c, pp, uu);
     }
-    const double blockPp = BlockReduceDouble(reduceStorage).Sum(pp);
-    __syncthreads();  // the temp storage is reused right away
-    const double blockUu = BlockReduceDouble(reduceStorage).Sum(uu);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      partial[2 * chunk] = blockPp;
-      partial[2 * chunk + 1] = blockUu;
-    }
+    storeLambPartials(reduceStorage, pp, uu, chunk, partial);
   }
 }
 
@@ -119,9 +94,7 @@ __global__ void __launch_bounds__(kThreads)
     const float trust = ratio[r.segment];
 #pragma unroll 4
     for (int64_t i = r.begin + threadIdx.x; i < r.end; i += blockDim.x) {
-      const float p = params[i];
-      const float u = lambDirection(expAvg[i], expAvgSq[i], p, c);
-      params[i] = p - c.lr * (u * trust);
+      lambUpdateElement(params[i], expAvg[i], expAvgSq[i], trust, c);
     }
   }
 }
@@ -194,19 +167,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void scaler_update_kernel(float* __restrict__ scale, int32_t* __restrict__ growthTracker,
                                      const float* __restrict__ foundInf, float growthFactor, float backoffFactor,
                                      int32_t growthInterval) {
-  if (*foundInf != 0.0f) {
-    *scale *= backoffFactor;
-    *growthTracker = 0;
-    return;
-  }
-  const int64_t successful = static_cast<int64_t>(*growthTracker) + 1;
-  if (successful >= growthInterval) {
-    const float grown = *scale * growthFactor;
-    if (isfinite(grown)) *scale = grown;  // never grow past the f32 range to inf
-    *growthTracker = 0;
-  } else {
-    *growthTracker = static_cast<int32_t>(successful);
-  }
+  updateScale(scale, growthTracker, foundInf, growthFactor, backoffFactor, growthInterval);
 }
 
 // The device's step count of a captured optimizer step: one more, unless the step is skipped.
@@ -220,18 +181,10 @@ void advanceStepCount(int32_t* stepCount, const float* foundInf, cudaStream_t st
   checkLaunch("step_count_kernel");
 }
 
-unsigned optimBlocks(int64_t chunkCount) {
-  return static_cast<unsigned>(std::clamp<int64_t>(chunkCount, 1, kMaxGridStrideBlocks));
-}
-
-size_t coeffBytes(int64_t groupCount) { return static_cast<size_t>(groupCount) * sizeof(AdamCoeffs); }
-
 void checkGroups(int64_t groupCount, const char* op) {
   RC_CHECK_ARG(groupCount >= 1 && groupCount <= kMaxOptimGroups,
                op << ": the CUDA backend takes 1 to " << kMaxOptimGroups << " parameter groups, got " << groupCount);
 }
-
-size_t alignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
 
@@ -248,7 +201,7 @@ void adamwStep(float* params, const float* grads, float* expAvg, float* expAvgSq
 }
 
 size_t lambScratchBytes(int64_t segmentCount, int64_t chunkCount) {
-  return alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)) +
+  return alignUp256(static_cast<size_t>(2 * chunkCount) * sizeof(double)) +
          static_cast<size_t>(segmentCount) * sizeof(float);
 }
 
@@ -258,18 +211,16 @@ void lambStep(float* params, const float* grads, float* expAvg, float* expAvgSq,
   if (segmentCount <= 0 || chunkCount <= 0) return;
   checkGroups(groupCount, "lamb step");
   advanceStepCount(stepCount, foundInf, stream);
-  auto* partial = static_cast<double*>(scratch);
-  auto* ratio = reinterpret_cast<float*>(static_cast<char*>(scratch) +
-                                         alignUp(static_cast<size_t>(2 * chunkCount) * sizeof(double)));
+  const LambScratch ls = lambScratch(scratch, chunkCount);
   const unsigned blocks = optimBlocks(chunkCount);
   lamb_moments_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(
       params, grads, expAvg, expAvgSq, segments, segmentCount, chunkCount, groups, groupCount, step, stepCount,
-      foundInf, gradScaleInv, partial);
+      foundInf, gradScaleInv, ls.partial);
   checkLaunch("lamb_moments_kernel");
-  lambTrustRatios(segments, segmentCount, groups, foundInf, partial, ratio, stream);
+  lambTrustRatios(segments, segmentCount, groups, foundInf, ls.partial, ls.ratio, stream);
   lamb_update_kernel<<<blocks, kThreads, coeffBytes(groupCount), stream>>>(params, expAvg, expAvgSq, segments,
                                                                            segmentCount, chunkCount, groups, groupCount,
-                                                                           step, stepCount, foundInf, ratio);
+                                                                           step, stepCount, foundInf, ls.ratio);
   checkLaunch("lamb_update_kernel");
 }
 

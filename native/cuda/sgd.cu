@@ -7,6 +7,7 @@
 
 #include "device_utils.cuh"
 #include "kernels.h"
+#include "optim_chunks.cuh"
 
 namespace rc::cuda {
 
@@ -51,17 +52,9 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t begin = seg[0] + chunk * kChunk;
       const int64_t end = seg[0] + min(seg[1], (chunk + 1) * kChunk);
       const SgdGroupParams p = groups[seg[2]];
-      const bool useMomentum = p.momentum != 0.0f;
 #pragma unroll 4
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-        const float param = params[i];
-        float d = grads[i] * gradScaleInv + p.weightDecay * param;
-        if (useMomentum) {
-          const float b = firstStep ? d : p.momentum * momentumBuffer[i] + (1.0f - p.dampening) * d;
-          momentumBuffer[i] = b;
-          d = p.nesterov ? d + p.momentum * b : b;
-        }
-        params[i] = param - p.lr * d;
+        sgdElement(params, momentumBuffer, i, grads[i] * gradScaleInv, p, firstStep);
       }
     }
     tileBase += tileChunks;
