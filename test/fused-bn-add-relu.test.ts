@@ -7,18 +7,12 @@
  */
 import { describe, expect, it, vi } from 'vitest';
 import {
-  AdaptiveAvgPool2d,
   BatchNorm2d,
   CrossEntropyLoss,
   DataLoader,
-  Flatten,
   InputNormalize,
-  Linear,
-  MaxPool2d,
-  Residual,
   ResNet,
   SGD,
-  Sequential,
   ShapesDataset,
   Tensor,
   Trainer,
@@ -26,27 +20,23 @@ import {
   listBackends,
 } from '../lib/index.js';
 import { addon, type DTypeName, type RawTensor } from '../lib/binding.js';
-import { FUSED_ENV } from '../lib/fused-paths.js';
-import { Conv2d } from '../lib/nn/layers.js';
 import type { Module } from '../lib/nn/module.js';
 import { mirrorGroup } from './helpers/mirror-group.js';
+import {
+  NORMALIZE,
+  QUIET_TRAINER,
+  type SmallResNetShape,
+  lcgImages,
+  lcgValues,
+  smallResNet,
+  withFused,
+} from './helpers/fused-runs.js';
 import { TOLERANCE } from './ops/harness.js';
 
 // In the test project on the emulated CUDA device the cases run on CUDA; in 'main' on the CPU.
 const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
 const cuda = listBackends().find((b) => b.name === 'cuda');
 const onCuda = onlyCuda && cuda?.available === true;
-
-/** Deterministic values in [-1, 1) (a small LCG), so that both paths see the same data. */
-function values(n: number, seed: number): Float32Array {
-  let s = seed >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s / 2 ** 31 - 1;
-  }
-  return out;
-}
 
 /** ‖out − ref‖ / ‖ref‖, the measure of the op tables' tolerances. */
 function relError(out: ArrayLike<number>, ref: ArrayLike<number>): number {
@@ -87,31 +77,31 @@ const EPS = [1e-5, 1e-3];
 function side(shape: number[], dtype: DTypeName, seed: number): Side {
   const c = shape[3]!;
   const n = shape.reduce((a, b) => a * b, 1);
-  const raw = values(n, seed).map((v, i) => 1.5 + (i % c) * 0.1 + v * (1 + (i % 3)));
+  const raw = lcgValues(n, seed).map((v, i) => 1.5 + (i % c) * 0.1 + v * (1 + (i % 3)));
   const device = 'cuda:0';
   return {
     x: Tensor.from(raw, shape, { dtype, device }),
     gamma: Tensor.from(
-      values(c, seed + 1).map((v) => 1 + 0.5 * v),
+      lcgValues(c, seed + 1).map((v) => 1 + 0.5 * v),
       [c],
       { device },
     ),
     beta: Tensor.from(
-      values(c, seed + 2).map((v) => 0.5 * v),
+      lcgValues(c, seed + 2).map((v) => 0.5 * v),
       [c],
       { device },
     ),
-    runningMean: Tensor.from(values(c, seed + 3), [c], { device }),
+    runningMean: Tensor.from(lcgValues(c, seed + 3), [c], { device }),
     runningVar: Tensor.from(
-      values(c, seed + 4).map((v) => 1.2 + v),
+      lcgValues(c, seed + 4).map((v) => 1.2 + v),
       [c],
       { device },
     ),
     saveMean: Tensor.zeros([c], { device }),
     saveInvStd: Tensor.zeros([c], { device }),
     dx: Tensor.zeros(shape, { dtype, device }),
-    dGamma: Tensor.from(values(c, seed + 5), [c], { device }),
-    dBeta: Tensor.from(values(c, seed + 6), [c], { device }),
+    dGamma: Tensor.from(lcgValues(c, seed + 5), [c], { device }),
+    dBeta: Tensor.from(lcgValues(c, seed + 6), [c], { device }),
   };
 }
 
@@ -175,7 +165,7 @@ function runTail(
   const b = side(shape, dtype, 23);
   const device = 'cuda:0';
   const y = Tensor.zeros(shape, { dtype, device });
-  const dy = Tensor.from(values(y.numel, 37), shape, { dtype, device });
+  const dy = Tensor.from(lcgValues(y.numel, 37), shape, { dtype, device });
   const extra: Tensor[] = [];
   const native = addon();
   let yForward: Float32Array;
@@ -320,58 +310,12 @@ const BATCH = 4;
 const CLASSES = 3;
 
 /** A stem and two blocks: one with the identity shortcut, one downsampling (the dual pass). */
-function smallResNet(seed: number): Sequential {
-  const conv = (i: number, o: number, k: number, stride: number, s: number) =>
-    new Conv2d({ inChannels: i, outChannels: o, kernelSize: k, stride, padding: (k - 1) / 2, seed: s });
-  return new Sequential(
-    conv(3, 8, 3, 1, seed),
-    new BatchNorm2d({ numFeatures: 8, relu: true }),
-    new MaxPool2d({ kernelSize: 2 }),
-    new Residual([
-      ['conv1', conv(8, 8, 3, 1, seed + 1)],
-      ['bn1', new BatchNorm2d({ numFeatures: 8, relu: true })],
-      ['conv2', conv(8, 8, 3, 1, seed + 2)],
-      ['bn2', new BatchNorm2d({ numFeatures: 8, relu: true })],
-    ]),
-    new Residual(
-      [
-        ['conv1', conv(8, 16, 3, 2, seed + 3)],
-        ['bn1', new BatchNorm2d({ numFeatures: 16, relu: true })],
-        ['conv2', conv(16, 16, 3, 1, seed + 4)],
-        ['bn2', new BatchNorm2d({ numFeatures: 16, relu: true })],
-      ],
-      ['downsample', new Sequential(conv(8, 16, 1, 2, seed + 5), new BatchNorm2d({ numFeatures: 16 }))],
-    ),
-    new AdaptiveAvgPool2d(),
-    new Flatten(),
-    new Linear({ inFeatures: 16, outFeatures: CLASSES, seed: seed + 6 }),
-  );
-}
+const MODEL: SmallResNetShape = { stem: 8, identityBlock: true, width: 16, classes: CLASSES };
 
 interface RunResult {
   losses: number[];
   state: Map<string, Float32Array | BigInt64Array>;
   evalLogits: Float32Array;
-}
-
-/** Runs `body` with RESNET_CUDA_FUSED set to `value` (unset for null), then restores it. */
-function withFused<T>(value: string | null, body: () => T): T {
-  const saved = process.env[FUSED_ENV];
-  if (value === null) delete process.env.RESNET_CUDA_FUSED;
-  else process.env[FUSED_ENV] = value;
-  const restore = () => {
-    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
-    else process.env[FUSED_ENV] = saved;
-  };
-  try {
-    const out = body();
-    if (out instanceof Promise) return out.finally(restore) as T;
-    restore();
-    return out;
-  } catch (error) {
-    restore();
-    throw error;
-  }
 }
 
 /** `steps` SGD steps of the small ResNet (the last one with frozen statistics when asked), then an evaluation forward. */
@@ -383,19 +327,15 @@ function trainRun(
   frozenNorms = false,
 ): RunResult {
   return withFused(fusedOn ? 'bn-add-relu' : null, () => {
-    const model: Module = smallResNet(31).to(device);
+    const model: Module = smallResNet(31, MODEL).to(device);
     if (frozenNorms) {
       // Frozen affine parameters of every batch norm (their gradients go to scratch), as in fine-tuning.
       for (const [, m] of model.namedModules()) if (m instanceof BatchNorm2d) m.setRequiresGrad(false);
     }
-    const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
+    const normalize = new InputNormalize({ ...NORMALIZE, dtype });
     const loss = new CrossEntropyLoss();
     const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9, weightDecay: 5e-4 });
-    const images = Tensor.from(
-      values(BATCH * SIZE * SIZE * 3, 5).map((v) => Math.floor((v + 1) * 127.5)),
-      [BATCH, SIZE, SIZE, 3],
-      { dtype: 'u8', device },
-    );
+    const images = lcgImages(BATCH, SIZE, 5, device);
     const labels = [0, 1, 2, 1];
     const losses: number[] = [];
     for (let s = 0; s < steps; s++) {
@@ -463,8 +403,8 @@ describe('a small ResNet with the bn-add-relu fused path on and off', () => {
   it.skipIf(!onCuda)('keeps the two passes for synchronised batch norms in training, not in evaluation', () => {
     const run = () =>
       withFused('bn-add-relu', () => {
-        const model = convertSyncBatchNorm(smallResNet(31).to('cuda:0'), mirrorGroup(2, 'cuda:0'));
-        const x = Tensor.from(values(BATCH * SIZE * SIZE * 3, 9), [BATCH, SIZE, SIZE, 3], { device: 'cuda:0' });
+        const model = convertSyncBatchNorm(smallResNet(31, MODEL).to('cuda:0'), mirrorGroup(2, 'cuda:0'));
+        const x = Tensor.from(lcgValues(BATCH * SIZE * SIZE * 3, 9), [BATCH, SIZE, SIZE, 3], { device: 'cuda:0' });
         const loss = new CrossEntropyLoss();
         const training = countDualOps(() => {
           model.train();
@@ -535,7 +475,7 @@ describe('the bn-add-relu fused path under gradient checkpointing and CUDA graph
 
   it.skipIf(!onCuda)('a step captured as a CUDA graph trains as the eager one', async () => {
     const run = async (cudaGraph: boolean) => {
-      const model = smallResNet(41).to('cuda:0');
+      const model = smallResNet(41, MODEL).to('cuda:0');
       const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9 });
       const loader = new DataLoader(new ShapesDataset({ length: 16, size: SIZE, classes: CLASSES, seed: 3 }), {
         batchSize: BATCH,
@@ -547,11 +487,7 @@ describe('the bn-add-relu fused path under gradient checkpointing and CUDA graph
         model,
         optimizer,
         device: 'cuda:0',
-        progress: false,
-        jsonLog: false,
-        tensorboard: false,
-        plots: false,
-        normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+        ...QUIET_TRAINER,
         cudaGraph,
         callbacks: [
           {

@@ -12,41 +12,22 @@ import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { describe, expect, it, vi } from 'vitest';
-import {
-  AdaptiveAvgPool2d,
-  BatchNorm2d,
-  CrossEntropyLoss,
-  CudaGraph,
-  Flatten,
-  GradScaler,
-  InputNormalize,
-  Linear,
-  MaxPool2d,
-  Residual,
-  SGD,
-  Sequential,
-  Tensor,
-  listBackends,
-} from '../lib/index.js';
-import { Conv2d } from '../lib/nn/layers.js';
+import { CrossEntropyLoss, CudaGraph, GradScaler, InputNormalize, SGD, Tensor, listBackends } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
 import { FUSED_ENV, fusedPathOn } from '../lib/fused-paths.js';
+import {
+  NORMALIZE,
+  type SmallResNetShape,
+  lcgImages,
+  lcgValues,
+  smallResNet,
+  withFused,
+} from './helpers/fused-runs.js';
 
 const cuda = listBackends().find((b) => b.name === 'cuda');
 const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
 const reason = cuda?.available ? undefined : (cuda?.reason ?? 'no CUDA backend');
 const DEVICE = 'cuda:0';
-
-/** Deterministic values in [-1, 1) (a small LCG). */
-function values(n: number, seed: number): Float32Array {
-  let s = seed >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s / 2 ** 31 - 1;
-  }
-  return out;
-}
 
 /** Rounds to bf16 or f16 as the device stores them (round to nearest even). */
 function roundTo(dtype: 'bf16' | 'f16', v: Float32Array): Float32Array {
@@ -159,12 +140,12 @@ describe.skipIf(reason !== undefined)(`conv-bn fused ops on CUDA${reason ? ` (sk
     it(`conv -> BN -> ReLU -> conv, fused against unfused (${dtype})`, () => {
       const opts = { device: DEVICE, dtype };
       const f32 = { device: DEVICE };
-      const xHost = roundTo(dtype, values(ROWS * C, 1));
-      const w1Host = values(K1 * 9 * C, 2).map((v) => v * 0.3);
-      const w2Host = values(K2 * 9 * K1, 3).map((v) => v * 0.3);
-      const gammaHost = values(K1, 4).map((v) => 1 + 0.5 * v);
-      const betaHost = values(K1, 5).map((v) => 0.2 * v);
-      const runningVarInit = values(K1, 7).map((v) => 1 + 0.5 * v);
+      const xHost = roundTo(dtype, lcgValues(ROWS * C, 1));
+      const w1Host = lcgValues(K1 * 9 * C, 2).map((v) => v * 0.3);
+      const w2Host = lcgValues(K2 * 9 * K1, 3).map((v) => v * 0.3);
+      const gammaHost = lcgValues(K1, 4).map((v) => 1 + 0.5 * v);
+      const betaHost = lcgValues(K1, 5).map((v) => 0.2 * v);
+      const runningVarInit = lcgValues(K1, 7).map((v) => 1 + 0.5 * v);
       const P2 = 3;
       using x = Tensor.from(xHost, [N, H, W, C], opts);
       using w1 = Tensor.from(w1Host, [K1, 3, 3, C], f32);
@@ -194,7 +175,7 @@ describe.skipIf(reason !== undefined)(`conv-bn fused ops on CUDA${reason ? ` (sk
       using a1 = Tensor.zeros([N, H, W, K1], opts);
       using y2 = Tensor.zeros([N, P2, P2, K2], opts);
       using rm = Tensor.from(
-        values(K1, 6).map((v) => 0.1 * v),
+        lcgValues(K1, 6).map((v) => 0.1 * v),
         [K1],
         f32,
       );
@@ -224,7 +205,7 @@ describe.skipIf(reason !== undefined)(`conv-bn fused ops on CUDA${reason ? ` (sk
       using sum = Tensor.zeros([K1], f32);
       using sqSum = Tensor.zeros([K1], f32);
       using frm = Tensor.from(
-        values(K1, 6).map((v) => 0.1 * v),
+        lcgValues(K1, 6).map((v) => 0.1 * v),
         [K1],
         f32,
       );
@@ -318,11 +299,11 @@ describe.skipIf(reason !== undefined)(`conv-bn fused ops on CUDA${reason ? ` (sk
   it('captures into a CUDA graph after a warm-up run, and the replay computes what the eager run did', () => {
     const opts = { device: DEVICE, dtype: 'bf16' as const };
     const f32 = { device: DEVICE };
-    using x = Tensor.from(values(ROWS * C, 11), [N, H, W, C], opts);
-    using w1 = Tensor.from(values(K1 * 9 * C, 12), [K1, 3, 3, C], f32);
-    using w2 = Tensor.from(values(K2 * K1, 13), [K2, 1, 1, K1], f32);
-    using gamma = Tensor.from(values(K1, 14), [K1], f32);
-    using beta = Tensor.from(values(K1, 15), [K1], f32);
+    using x = Tensor.from(lcgValues(ROWS * C, 11), [N, H, W, C], opts);
+    using w1 = Tensor.from(lcgValues(K1 * 9 * C, 12), [K1, 3, 3, C], f32);
+    using w2 = Tensor.from(lcgValues(K2 * K1, 13), [K2, 1, 1, K1], f32);
+    using gamma = Tensor.from(lcgValues(K1, 14), [K1], f32);
+    using beta = Tensor.from(lcgValues(K1, 15), [K1], f32);
     using y1 = Tensor.zeros([N, H, W, K1], opts);
     using y2 = Tensor.zeros([N, H, W, K2], opts);
     const c = () => Tensor.zeros([K1], f32);
@@ -381,75 +362,49 @@ describe.skipIf(reason !== undefined)(`conv-bn fused ops on CUDA${reason ? ` (sk
 });
 
 /** A small ResNet whose block convolutions have channel counts the fused path takes (the stem's 3 does not). */
-function smallResNet(seed: number): Sequential {
-  const conv = (i: number, o: number, k: number, stride: number, s: number) =>
-    new Conv2d({ inChannels: i, outChannels: o, kernelSize: k, stride, padding: (k - 1) / 2, seed: s });
-  return new Sequential(
-    conv(3, 8, 3, 1, seed),
-    new BatchNorm2d({ numFeatures: 8, relu: true }),
-    new MaxPool2d({ kernelSize: 2 }),
-    new Residual(
-      [
-        ['conv1', conv(8, 16, 3, 2, seed + 1)],
-        ['bn1', new BatchNorm2d({ numFeatures: 16, relu: true })],
-        ['conv2', conv(16, 16, 3, 1, seed + 2)],
-        ['bn2', new BatchNorm2d({ numFeatures: 16, relu: true })],
-      ],
-      ['downsample', new Sequential(conv(8, 16, 1, 2, seed + 3), new BatchNorm2d({ numFeatures: 16 }))],
-    ),
-    new AdaptiveAvgPool2d(),
-    new Flatten(),
-    new Linear({ inFeatures: 16, outFeatures: 3, seed: seed + 4 }),
-  );
-}
+const MODEL: SmallResNetShape = { stem: 8, identityBlock: false, width: 16, classes: 3 };
 
 /**
  * The losses and parameters of `steps` SGD steps with the fused paths `fused` (a RESNET_CUDA_FUSED
  * value; '' for none), and the fused calls made.
  */
 function trainRun(fused: string, dtype: 'bf16' | 'f16', steps: number) {
-  const saved = process.env[FUSED_ENV];
-  process.env[FUSED_ENV] = fused;
-  const convBn = vi.spyOn(addon(), 'convBnForward');
-  const finalize = vi.spyOn(addon(), 'batchNormFinalize');
-  const dual = vi.spyOn(addon(), 'dualBatchNormForward');
-  try {
-    const model = smallResNet(31).to(DEVICE);
-    model.train();
-    const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
-    const loss = new CrossEntropyLoss();
-    const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9 });
-    const scaler = new GradScaler({ enabled: dtype === 'f16', initScale: 256 });
-    using images = Tensor.from(
-      values(4 * 16 * 16 * 3, 9).map((v) => Math.floor((v + 1) * 127.5)),
-      [4, 16, 16, 3],
-      { dtype: 'u8', device: DEVICE },
-    );
-    const losses: number[] = [];
-    for (let s = 0; s < steps; s++) {
-      scaler.scale(loss);
-      losses.push(loss.forward(model.forward(normalize.forward(images)), [0, 1, 2, 1]).toFloat32Array()[0] ?? NaN);
-      model.backward(loss.backward());
-      scaler.stepAndZeroGrad(optimizer);
+  return withFused(fused, () => {
+    const convBn = vi.spyOn(addon(), 'convBnForward');
+    const finalize = vi.spyOn(addon(), 'batchNormFinalize');
+    const dual = vi.spyOn(addon(), 'dualBatchNormForward');
+    try {
+      const model = smallResNet(31, MODEL).to(DEVICE);
+      model.train();
+      const normalize = new InputNormalize({ ...NORMALIZE, dtype });
+      const loss = new CrossEntropyLoss();
+      const optimizer = new SGD(model, { lr: 0.05, momentum: 0.9 });
+      const scaler = new GradScaler({ enabled: dtype === 'f16', initScale: 256 });
+      using images = lcgImages(4, 16, 9, DEVICE);
+      const losses: number[] = [];
+      for (let s = 0; s < steps; s++) {
+        scaler.scale(loss);
+        losses.push(loss.forward(model.forward(normalize.forward(images)), [0, 1, 2, 1]).toFloat32Array()[0] ?? NaN);
+        model.backward(loss.backward());
+        scaler.stepAndZeroGrad(optimizer);
+      }
+      const params = model.parameters().map((p) => p.values());
+      const running = model.namedBuffers().map(([, t]) => t.toFloat32Array());
+      model.dispose();
+      return {
+        losses,
+        params,
+        running,
+        convBnCalls: convBn.mock.calls.length,
+        finalizeCalls: finalize.mock.calls.length,
+        dualCalls: dual.mock.calls.length,
+      };
+    } finally {
+      convBn.mockRestore();
+      finalize.mockRestore();
+      dual.mockRestore();
     }
-    const params = model.parameters().map((p) => p.values());
-    const running = model.namedBuffers().map(([, t]) => t.toFloat32Array());
-    model.dispose();
-    return {
-      losses,
-      params,
-      running,
-      convBnCalls: convBn.mock.calls.length,
-      finalizeCalls: finalize.mock.calls.length,
-      dualCalls: dual.mock.calls.length,
-    };
-  } finally {
-    convBn.mockRestore();
-    finalize.mockRestore();
-    dual.mockRestore();
-    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
-    else process.env[FUSED_ENV] = saved;
-  }
+  });
 }
 
 describe.skipIf(reason !== undefined)(

@@ -25,8 +25,6 @@ import {
   GradScaler,
   InputNormalize,
   Linear,
-  MaxPool2d,
-  Residual,
   SGD,
   Sequential,
   Tensor,
@@ -39,22 +37,12 @@ import { FUSED_ENV, FUSED_PATH_NAMES, fusedPathOn, fusedPaths } from '../lib/fus
 import { Conv2d } from '../lib/nn/layers.js';
 import type { Module } from '../lib/nn/module.js';
 import type { Optimizer } from '../lib/optim/optimizer.js';
+import { NORMALIZE, QUIET_TRAINER, lcgImages, lcgValues, smallResNet, withFused } from './helpers/fused-runs.js';
 
 // In the test project on the emulated CUDA device the cases run on CUDA; in 'main' on the CPU.
 const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
 const DEVICE = onlyCuda ? 'cuda:0' : 'cpu';
 const cuda = listBackends().find((b) => b.name === 'cuda');
-
-/** Deterministic values in [-1, 1) (a small LCG), so that both runs of a case see the same data. */
-function values(n: number, seed: number): Float32Array {
-  let s = seed >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    out[i] = s / 2 ** 31 - 1;
-  }
-  return out;
-}
 
 // Segments across the kOptimChunk (4096) boundary, of one and of no element, out of order, with gaps
 // (elements 0-2, 4100-4102 and the tail belong to no segment and must be left alone).
@@ -74,12 +62,12 @@ interface OptimState {
 }
 
 function optimState(seed: number, badAt: number | null, scale: number, tracker: number): OptimState {
-  const grads = values(ARENA, seed + 1).map((v) => v * scale);
+  const grads = lcgValues(ARENA, seed + 1).map((v) => v * scale);
   if (badAt !== null) grads[badAt] = badAt % 2 === 0 ? Infinity : NaN;
   return {
-    params: Tensor.from(values(ARENA, seed), [ARENA], { device: DEVICE }),
+    params: Tensor.from(lcgValues(ARENA, seed), [ARENA], { device: DEVICE }),
     grads: Tensor.from(grads, [ARENA], { device: DEVICE }),
-    momentum: Tensor.from(values(ARENA, seed + 2), [ARENA], { device: DEVICE }),
+    momentum: Tensor.from(lcgValues(ARENA, seed + 2), [ARENA], { device: DEVICE }),
     flags: Tensor.from([scale, 0], [2], { device: DEVICE }),
     tracker: Tensor.from([tracker], [1], { dtype: 'i32', device: DEVICE }),
   };
@@ -246,18 +234,18 @@ interface AdamCase {
 const STEPS_DONE = 4;
 
 function adamState(seed: number, c: AdamCase, scale: number): AdamState {
-  const grads = values(ARENA, seed + 1).map((v) => v * scale);
+  const grads = lcgValues(ARENA, seed + 1).map((v) => v * scale);
   if (c.badAt !== null) grads[c.badAt] = c.badAt % 2 === 0 ? Infinity : NaN;
   return {
-    params: Tensor.from(values(ARENA, seed), [ARENA], { device: DEVICE }),
+    params: Tensor.from(lcgValues(ARENA, seed), [ARENA], { device: DEVICE }),
     grads: Tensor.from(grads, [ARENA], { device: DEVICE }),
     expAvg: Tensor.from(
-      values(ARENA, seed + 2).map((v) => v * 0.1),
+      lcgValues(ARENA, seed + 2).map((v) => v * 0.1),
       [ARENA],
       { device: DEVICE },
     ),
     expAvgSq: Tensor.from(
-      values(ARENA, seed + 3).map((v) => v * v * 0.01),
+      lcgValues(ARENA, seed + 3).map((v) => v * v * 0.01),
       [ARENA],
       { device: DEVICE },
     ),
@@ -466,49 +454,20 @@ const SIZE = 8;
 const BATCH = 4;
 const CLASSES = 3;
 
-function smallResNet(seed: number): Sequential {
-  const conv = (i: number, o: number, k: number, stride: number, s: number) =>
-    new Conv2d({ inChannels: i, outChannels: o, kernelSize: k, stride, padding: (k - 1) / 2, seed: s });
-  return new Sequential(
-    conv(3, 4, 3, 1, seed),
-    new BatchNorm2d({ numFeatures: 4, relu: true }),
-    new MaxPool2d({ kernelSize: 2 }),
-    new Residual(
-      [
-        ['conv1', conv(4, 8, 3, 2, seed + 1)],
-        ['bn1', new BatchNorm2d({ numFeatures: 8, relu: true })],
-        ['conv2', conv(8, 8, 3, 1, seed + 2)],
-        ['bn2', new BatchNorm2d({ numFeatures: 8, relu: true })],
-      ],
-      ['downsample', new Sequential(conv(4, 8, 1, 2, seed + 3), new BatchNorm2d({ numFeatures: 8 }))],
-    ),
-    new AdaptiveAvgPool2d(),
-    new Flatten(),
-    new Linear({ inFeatures: 8, outFeatures: CLASSES, seed: seed + 4 }),
-  );
-}
-
 /** Parameters after each of `steps` steps (step 1 with an inf gradient under a scaler), and the scales. */
 type MakeOptimizer = (model: Module) => Optimizer<{ lr: number }>;
 
 const sgdOf: MakeOptimizer = (m) => new SGD(m, { lr: 0.05, momentum: 0.9, nesterov: true, weightDecay: 5e-4 });
 
 function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip = false, make = sgdOf) {
-  const saved = process.env[FUSED_ENV];
-  if (fusedOn) process.env[FUSED_ENV] = 'optim';
-  else delete process.env.RESNET_CUDA_FUSED;
-  try {
-    const model: Module = smallResNet(21).to('cuda:0');
+  return withFused(fusedOn ? 'optim' : null, () => {
+    const model: Module = smallResNet(21, { stem: 4, identityBlock: false, width: 8, classes: CLASSES }).to('cuda:0');
     model.train();
-    const normalize = new InputNormalize({ mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype });
+    const normalize = new InputNormalize({ ...NORMALIZE, dtype });
     const loss = new CrossEntropyLoss();
     const optimizer = make(model);
     const scaler = new GradScaler({ enabled: dtype === 'f16', initScale: 256, growthInterval: 2 });
-    const images = Tensor.from(
-      values(BATCH * SIZE * SIZE * 3, 5).map((v) => Math.floor((v + 1) * 127.5)),
-      [BATCH, SIZE, SIZE, 3],
-      { dtype: 'u8', device: 'cuda:0' },
-    );
+    const images = lcgImages(BATCH, SIZE, 5, 'cuda:0');
     const labels = [0, 1, 2, 1];
     const out: { params: Float32Array[]; scale: number; skipped: boolean; grads: number }[] = [];
     for (let s = 0; s < steps; s++) {
@@ -540,10 +499,7 @@ function trainRun(fusedOn: boolean, dtype: 'bf16' | 'f16', steps: number, clip =
     images.dispose();
     model.dispose();
     return out;
-  } finally {
-    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
-    else process.env[FUSED_ENV] = saved;
-  }
+  });
 }
 
 describe('a small ResNet trained with the optim fused path on and off', () => {
@@ -598,52 +554,45 @@ type RunOptions = Omit<Partial<TrainerOptions>, 'schedule'> & { schedule?: 'cosi
 
 async function trainerRun(fusedOn: boolean, make: MakeOptimizer, runOptions: RunOptions) {
   const { schedule, ...options } = runOptions;
-  const saved = process.env[FUSED_ENV];
-  if (fusedOn) process.env[FUSED_ENV] = 'optim';
-  else delete process.env.RESNET_CUDA_FUSED;
-  const model = new Sequential(
-    new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed: 1 }),
-    new BatchNorm2d({ numFeatures: 4 }),
-    new ReLU(),
-    new AdaptiveAvgPool2d(),
-    new Flatten(),
-    new Linear({ inFeatures: 4, outFeatures: 4, seed: 3 }),
-  ).to('cuda');
-  const optimizer = make(model);
-  const loader = new DataLoader(new ShapesDataset({ length: 20, size: 8, classes: 4, seed: 3 }), {
-    batchSize: 4,
-    workers: 0,
-    shuffle: true,
-    seed: 5,
+  return withFused(fusedOn ? 'optim' : null, async () => {
+    const model = new Sequential(
+      new Conv2d({ inChannels: 3, outChannels: 4, kernelSize: 3, padding: 1, seed: 1 }),
+      new BatchNorm2d({ numFeatures: 4 }),
+      new ReLU(),
+      new AdaptiveAvgPool2d(),
+      new Flatten(),
+      new Linear({ inFeatures: 4, outFeatures: 4, seed: 3 }),
+    ).to('cuda');
+    const optimizer = make(model);
+    const loader = new DataLoader(new ShapesDataset({ length: 20, size: 8, classes: 4, seed: 3 }), {
+      batchSize: 4,
+      workers: 0,
+      shuffle: true,
+      seed: 5,
+    });
+    const trainer = new Trainer({
+      model,
+      optimizer,
+      device: 'cuda',
+      ...QUIET_TRAINER,
+      ...options,
+      ...(schedule ? { schedule: new CosineAnnealingLR({ tMax: 8, minLr: 0.001 }) } : {}),
+    });
+    try {
+      const result = await trainer.fit(loader, { epochs: 1 });
+      return {
+        params: model.arena().params.toFloat32Array(),
+        grads: model.arena().grads.toFloat32Array(),
+        optimizerSteps: optimizer.stepCount,
+        steps: result.steps,
+        scale: trainer.scaler.scaleValue(),
+        graph: trainer.cudaGraphStats,
+      };
+    } finally {
+      await loader.close();
+      await trainer.dispose();
+    }
   });
-  const trainer = new Trainer({
-    model,
-    optimizer,
-    device: 'cuda',
-    progress: false,
-    jsonLog: false,
-    tensorboard: false,
-    plots: false,
-    normalize: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
-    ...options,
-    ...(schedule ? { schedule: new CosineAnnealingLR({ tMax: 8, minLr: 0.001 }) } : {}),
-  });
-  try {
-    const result = await trainer.fit(loader, { epochs: 1 });
-    return {
-      params: model.arena().params.toFloat32Array(),
-      grads: model.arena().grads.toFloat32Array(),
-      optimizerSteps: optimizer.stepCount,
-      steps: result.steps,
-      scale: trainer.scaler.scaleValue(),
-      graph: trainer.cudaGraphStats,
-    };
-  } finally {
-    await loader.close();
-    await trainer.dispose();
-    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
-    else process.env[FUSED_ENV] = saved;
-  }
 }
 
 describe("the Trainer's CUDA-graph step with the optim fused path", () => {
