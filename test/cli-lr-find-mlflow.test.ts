@@ -3,15 +3,20 @@
  * (`train --mlflow`), the latter read back by MLflow's own client when `RESNET_MLFLOW_PYTHON` names
  * a Python with `mlflow` installed.
  */
-import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { LrFinderResult } from '../lib/train/lr-finder.js';
-import { parseFlatYaml } from '../lib/train/outputs/mlflow.js';
 import { runCli } from './helpers/cli.js';
-import { defined } from './helpers/defined.js';
+import {
+  MLFLOW_PYTHON,
+  MLFLOW_SKIPPED,
+  metricLines,
+  readMeta,
+  readWithMlflowClient,
+  runIds,
+} from './helpers/mlflow-store.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-cli-lrf-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -124,12 +129,12 @@ describe('resnet-cuda train --mlflow', () => {
     );
     expect(run.code, run.stderr).toBe(0);
     const root = join(dir, 'mlruns');
-    const experiment = parseFlatYaml(readFileSync(join(root, '1', 'meta.yaml'), 'utf8'));
+    const experiment = readMeta(root, '1');
     expect(experiment.name).toBe('demo');
-    const runs = readdirSync(join(root, '1')).filter((n) => /^[0-9a-f]{32}$/.test(n));
+    const runs = runIds(join(root, '1'));
     expect(runs).toHaveLength(1);
     const runDir = join(root, '1', runs[0] ?? '');
-    expect(parseFlatYaml(readFileSync(join(runDir, 'meta.yaml'), 'utf8'))).toMatchObject({
+    expect(readMeta(runDir)).toMatchObject({
       status: 3,
       run_name: 'out',
     });
@@ -144,25 +149,11 @@ describe('resnet-cuda train --mlflow', () => {
   });
 
   // MLflow's own reader, when a Python with mlflow is named (e.g. RESNET_MLFLOW_PYTHON=venv/bin/python).
-  const python = process.env.RESNET_MLFLOW_PYTHON;
-  it.skipIf(!python)(
-    `MlflowClient reads the command's run: every parameter, each metric's whole history, every artifact${python ? '' : ' (skipped: set RESNET_MLFLOW_PYTHON to a Python with mlflow installed)'}`,
+  it.skipIf(!MLFLOW_PYTHON)(
+    `MlflowClient reads the command's run: every parameter, each metric's whole history, every artifact${MLFLOW_SKIPPED}`,
     () => {
       expect(tracked.runId, 'the run of the previous test').not.toBe('');
-      const text = execFileSync(defined(python, 'RESNET_MLFLOW_PYTHON'), [
-        join(import.meta.dirname, 'mlflow', 'read_run.py'),
-        tracked.root,
-        tracked.runId,
-      ]).toString();
-      const seen = JSON.parse(text) as {
-        experiments: [string, string][];
-        experiment_id: string;
-        run_name: string;
-        status: string;
-        params: Record<string, string>;
-        history: Record<string, [number, number, number][]>;
-        artifacts: { path: string; size: number }[];
-      };
+      const seen = readWithMlflowClient(tracked.root, tracked.runId);
       expect(seen.experiments).toEqual([
         ['0', 'Default'],
         ['1', 'demo'],
@@ -180,15 +171,7 @@ describe('resnet-cuda train --mlflow', () => {
       expect(metrics).toEqual(expect.arrayContaining(['train/loss', 'train/lr']));
       expect(Object.keys(seen.history).sort()).toEqual(metrics);
       for (const key of metrics) {
-        const lines = readFileSync(join(runDir, 'metrics', key), 'utf8')
-          .trim()
-          .split('\n');
-        expect(seen.history[key], key).toEqual(
-          lines.map((line) => {
-            const [t, v, s] = line.split(' ').map(Number);
-            return [s, v, t];
-          }),
-        );
+        expect(seen.history[key], key).toEqual(metricLines(runDir, key).map(([t, v, s]) => [s, v, t]));
       }
       // Artifacts: the weights and the run's records, with their sizes.
       const artifacts = filesUnder(join(runDir, 'artifacts'));

@@ -17,30 +17,22 @@ import {
   Sequential,
   ShapesDataset,
 } from '../lib/index.js';
-import { MlflowRun, parseFlatYaml } from '../lib/train/outputs/mlflow.js';
+import { MlflowRun } from '../lib/train/outputs/mlflow.js';
 import { Trainer, type TrainerOptions } from '../lib/train/trainer.js';
 import { defined } from './helpers/defined.js';
+import {
+  MLFLOW_PYTHON,
+  MLFLOW_SKIPPED,
+  metricLines,
+  readMeta,
+  readWithMlflowClient,
+  runIds,
+} from './helpers/mlflow-store.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'resnet-cuda-mlflow-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 let folders = 0;
 const fresh = (): string => join(dir, `case-${folders++}`);
-
-/** A meta.yaml of the store, parsed. */
-function meta(...parts: string[]): Record<string, string | number | null> {
-  return parseFlatYaml(readFileSync(join(...parts, 'meta.yaml'), 'utf8'));
-}
-
-/** A metric file's lines as [timestamp, value, step]. */
-function metricLines(runDir: string, key: string): [number, number, number][] {
-  return readFileSync(join(runDir, 'metrics', key), 'utf8')
-    .trim()
-    .split('\n')
-    .map((line) => {
-      const [t, v, s] = line.split(' ');
-      return [Number(t), Number(v), Number(s)];
-    });
-}
 
 describe('MlflowRun writes the MLflow file-store layout', () => {
   it('creates the store with the default experiment, an experiment by name, and a run with meta, tags, params, metrics and artifacts', () => {
@@ -48,16 +40,16 @@ describe('MlflowRun writes the MLflow file-store layout', () => {
     const before = Date.now();
     const run = MlflowRun.start({ trackingDir: root, experimentName: 'shapes', runName: 'first', tags: { team: 'a' } });
     // The store as FileStore makes it: experiment 0 "Default" and the trash folder.
-    expect(meta(root, '0')).toMatchObject({ experiment_id: '0', name: 'Default', lifecycle_stage: 'active' });
+    expect(readMeta(root, '0')).toMatchObject({ experiment_id: '0', name: 'Default', lifecycle_stage: 'active' });
     expect(existsSync(join(root, '.trash'))).toBe(true);
     expect(run.experimentId).toBe('1');
-    const experiment = meta(root, '1');
+    const experiment = readMeta(root, '1');
     expect(experiment).toMatchObject({ experiment_id: '1', name: 'shapes', lifecycle_stage: 'active' });
     expect(experiment.artifact_location).toBe(`file://${join(root, '1')}`);
     expect(Number(experiment.creation_time)).toBeGreaterThanOrEqual(before);
     expect(run.runId).toMatch(/^[0-9a-f]{32}$/);
     expect(run.runDir).toBe(join(root, '1', run.runId));
-    const info = meta(run.runDir);
+    const info = readMeta(run.runDir);
     expect(info).toMatchObject({
       run_id: run.runId,
       run_uuid: run.runId,
@@ -107,7 +99,7 @@ describe('MlflowRun writes the MLflow file-store layout', () => {
     expect(readFileSync(join(run.runDir, 'artifacts', 'weights.bin'), 'utf8')).toBe('abc');
 
     run.end('FINISHED');
-    const ended = meta(run.runDir);
+    const ended = readMeta(run.runDir);
     expect(ended.status).toBe(3);
     expect(Number(ended.end_time)).toBeGreaterThanOrEqual(Number(ended.start_time));
     expect(() => run.logMetric('train/loss', 1, 30)).toThrow(expect.objectContaining({ code: 'ERR_RC_DISPOSED' }));
@@ -119,12 +111,12 @@ describe('MlflowRun writes the MLflow file-store layout', () => {
     expect(second.experimentId).toBe('1');
     expect(second.runName).toBe(`run-${second.runId.slice(0, 8)}`);
     second.end('KILLED');
-    expect(meta(second.runDir).status).toBe(5);
+    expect(readMeta(second.runDir).status).toBe(5);
     const again = defined(MlflowRun.reopen(root, run.runId), 'the reopened run');
     expect(again.runName).toBe('first');
-    expect(meta(run.runDir)).toMatchObject({ status: 1, end_time: null, run_name: 'first' });
+    expect(readMeta(run.runDir)).toMatchObject({ status: 1, end_time: null, run_name: 'first' });
     again.end('FAILED');
-    expect(meta(run.runDir).status).toBe(4);
+    expect(readMeta(run.runDir).status).toBe(4);
     expect(MlflowRun.reopen(root, 'f'.repeat(32))).toBeNull();
   });
 
@@ -138,8 +130,8 @@ describe('MlflowRun writes the MLflow file-store layout', () => {
       join(root, id, 'meta.yaml'),
       "artifact_location: file:///very/long/path/that/goes/on/and/on/and/on/and/on/and/on/and/on/and/on\n  /mlruns/123456789\ncreation_time: 1700000000000\nexperiment_id: '123456789'\nlast_update_time: 1700000000000\nlifecycle_stage: active\nname: 'it''s mine'\n",
     );
-    expect(meta(root, id)).toMatchObject({ experiment_id: '123456789', name: "it's mine" });
-    expect(meta(root, id).artifact_location).toMatch(/and\/on \/mlruns\/123456789$/);
+    expect(readMeta(root, id)).toMatchObject({ experiment_id: '123456789', name: "it's mine" });
+    expect(readMeta(root, id).artifact_location).toMatch(/and\/on \/mlruns\/123456789$/);
     const run = MlflowRun.start({ trackingDir: root, experimentName: "it's mine" });
     expect(run.experimentId).toBe(id);
     // A new experiment takes the next integer id after the largest.
@@ -220,7 +212,7 @@ describe('the Trainer tracks its runs in MLflow', () => {
     const p = pointer(out);
     expect(p).toMatchObject({ trackingDir: root, experimentId: '1' });
     const runDir = join(root, '1', p.runId);
-    expect(meta(runDir)).toMatchObject({ status: 3, run_name: 'my-run', experiment_id: '1' });
+    expect(readMeta(runDir)).toMatchObject({ status: 3, run_name: 'my-run', experiment_id: '1' });
     const param = (key: string): string => readFileSync(join(runDir, 'params', key), 'utf8');
     expect(param('optimizer')).toBe('SGD');
     expect(param('optimizer.lr')).toBe('0.05');
@@ -251,9 +243,9 @@ describe('the Trainer tracks its runs in MLflow', () => {
     await t.dispose();
     expect(pointer(tracked.out).runId).toBe(tracked.runId);
     const runDir = join(tracked.root, '1', tracked.runId);
-    expect(meta(runDir).status).toBe(3);
+    expect(readMeta(runDir).status).toBe(3);
     expect(metricLines(runDir, 'val/acc1').map(([, , s]) => s)).toEqual([4, 8, 12]);
-    expect(readdirSync(join(tracked.root, '1')).filter((n) => /^[0-9a-f]{32}$/.test(n))).toEqual([tracked.runId]);
+    expect(runIds(join(tracked.root, '1'))).toEqual([tracked.runId]);
   });
 
   it("records a schedule's base learning rate beside the first step's (a warm-up's start)", async () => {
@@ -277,7 +269,7 @@ describe('the Trainer tracks its runs in MLflow', () => {
     await expect(t.fit(loader(64, 3), { epochs: 1, signal: controller.signal })).rejects.toMatchObject({
       name: 'AbortError',
     });
-    expect(meta(root, '0', pointer(out).runId).status).toBe(5);
+    expect(readMeta(root, '0', pointer(out).runId).status).toBe(5);
     const failing = trainer(
       fresh(),
       { trackingDir: root },
@@ -294,8 +286,8 @@ describe('the Trainer tracks its runs in MLflow', () => {
     await expect(failing.fit(loader(64, 3), { epochs: 1 })).rejects.toThrow('boom');
     await failing.dispose();
     await t.dispose();
-    const runs = readdirSync(join(root, '0')).filter((n) => /^[0-9a-f]{32}$/.test(n));
-    expect(runs.map((r) => meta(root, '0', r).status).sort()).toEqual([4, 5]);
+    const runs = runIds(join(root, '0'));
+    expect(runs.map((r) => readMeta(root, '0', r).status).sort()).toEqual([4, 5]);
   });
 
   it('refuses mlflow without an output folder and malformed mlflow options', () => {
@@ -312,41 +304,20 @@ describe('the Trainer tracks its runs in MLflow', () => {
   });
 
   // MLflow's own reader, when a Python with mlflow is named (e.g. RESNET_MLFLOW_PYTHON=venv/bin/python).
-  const python = process.env.RESNET_MLFLOW_PYTHON;
-  it.skipIf(!python)(
-    `MLflow's MlflowClient reads the run back${python ? '' : ' (skipped: set RESNET_MLFLOW_PYTHON to a Python with mlflow installed)'}`,
-    () => {
-      expect(tracked.runId, 'the run of the first Trainer test').not.toBe('');
-      const text = execFileSync(defined(python, 'RESNET_MLFLOW_PYTHON'), [
-        join(import.meta.dirname, 'mlflow', 'read_run.py'),
-        tracked.root,
-        tracked.runId,
-      ]).toString();
-      const seen = JSON.parse(text) as {
-        experiments: [string, string][];
-        experiment_id: string;
-        run_name: string;
-        status: string;
-        params: Record<string, string>;
-        metrics: Record<string, number>;
-        tags: Record<string, string>;
-        history: Record<string, [number, number, number][]>;
-        artifacts: { path: string; size: number }[];
-      };
-      expect(seen.experiments).toEqual([
-        ['0', 'Default'],
-        ['1', 'tiny'],
-      ]);
-      expect(seen).toMatchObject({ experiment_id: '1', run_name: 'my-run', status: 'FINISHED' });
-      expect(seen.params['optimizer.lr']).toBe('0.05');
-      expect(seen.tags['mlflow.runName']).toBe('my-run');
-      const runDir = join(tracked.root, '1', tracked.runId);
-      const lines = metricLines(runDir, 'train/loss');
-      expect(seen.history['train/loss']).toEqual(lines.map(([t, v, s]) => [s, v, t]));
-      expect(seen.metrics['val/acc1']).toBe(metricLines(runDir, 'val/acc1').at(-1)?.[1]);
-      expect(seen.artifacts.map((a) => a.path)).toEqual(
-        expect.arrayContaining(['model.safetensors', 'curves-loss.png']),
-      );
-    },
-  );
+  it.skipIf(!MLFLOW_PYTHON)(`MLflow's MlflowClient reads the run back${MLFLOW_SKIPPED}`, () => {
+    expect(tracked.runId, 'the run of the first Trainer test').not.toBe('');
+    const seen = readWithMlflowClient(tracked.root, tracked.runId);
+    expect(seen.experiments).toEqual([
+      ['0', 'Default'],
+      ['1', 'tiny'],
+    ]);
+    expect(seen).toMatchObject({ experiment_id: '1', run_name: 'my-run', status: 'FINISHED' });
+    expect(seen.params['optimizer.lr']).toBe('0.05');
+    expect(seen.tags['mlflow.runName']).toBe('my-run');
+    const runDir = join(tracked.root, '1', tracked.runId);
+    const lines = metricLines(runDir, 'train/loss');
+    expect(seen.history['train/loss']).toEqual(lines.map(([t, v, s]) => [s, v, t]));
+    expect(seen.metrics['val/acc1']).toBe(metricLines(runDir, 'val/acc1').at(-1)?.[1]);
+    expect(seen.artifacts.map((a) => a.path)).toEqual(expect.arrayContaining(['model.safetensors', 'curves-loss.png']));
+  });
 });
