@@ -5,32 +5,17 @@
 #include <cudnn.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "dnn_check.h"
+
 namespace {
 
-int gPassed = 0, gFailed = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++gPassed;
-  } else {
-    ++gFailed;
-    char last[512];
-    cudnnGetLastErrorString(last, sizeof last);
-    std::printf("FAILED: %s (last cuDNN error: %s)\n", what.c_str(), last);
-  }
-}
-
-std::string lastError() {
-  char last[512];
-  cudnnGetLastErrorString(last, sizeof last);
-  return last;
-}
+using rc_emu_test::dnn::check;
+using rc_emu_test::dnn::lastError;
 
 // One problem: x [1, 3, 3, 2] NHWC, w [3, 3, 3, 2] KRSC, pad 1, y and z [1, 3, 3, 3], f32.
 struct Fixture {
@@ -238,6 +223,5 @@ void testRefusals() {
 int main() {
   testResults();
   testRefusals();
-  std::printf("fused conv: %d passed, %d failed\n", gPassed, gFailed);
-  return gFailed == 0 ? 0 : 1;
+  return rc_emu_test::finish("fused conv");
 }

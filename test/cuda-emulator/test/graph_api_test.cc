@@ -6,25 +6,15 @@
 #include <cudnn.h>
 
 #include <cmath>
-#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "dnn_check.h"
+
 namespace {
 
-int gPassed = 0, gFailed = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++gPassed;
-  } else {
-    ++gFailed;
-    char last[512];
-    cudnnGetLastErrorString(last, sizeof last);
-    std::printf("FAILED: %s (last cuDNN error: %s)\n", what.c_str(), last);
-  }
-}
+using rc_emu_test::dnn::check;
 
 using Desc = cudnnBackendDescriptor_t;
 
@@ -379,6 +369,5 @@ void refusals() {
 int main() {
   fullGraph();
   refusals();
-  std::printf("graph api: %d passed, %d failed\n", gPassed, gFailed);
-  return gFailed == 0 ? 0 : 1;
+  return rc_emu_test::finish("graph api");
 }

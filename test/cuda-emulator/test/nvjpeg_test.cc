@@ -15,18 +15,11 @@
 // After <cstdio>: libjpeg's header needs FILE.
 #include <jpeglib.h>
 
+#include "check.h"
+
 namespace {
 
-int gPassed = 0, gFailed = 0;
-
-void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++gPassed;
-  } else {
-    ++gFailed;
-    std::printf("FAILED: %s\n", what.c_str());
-  }
-}
+using rc_emu_test::check;
 
 // A w x h RGB image of gradients, encoded (4:2:0 unless `progressive` picks progressive mode).
 std::vector<unsigned char> encode(int w, int h, bool progressive, std::vector<unsigned char>* pixels) {
@@ -250,6 +243,5 @@ int main() {
   cudaFree(planes);
   cudaFree(two);
   cudaStreamDestroy(stream);
-  std::printf("nvjpeg: %d passed, %d failed\n", gPassed, gFailed);
-  return gFailed == 0 ? 0 : 1;
+  return rc_emu_test::finish("nvjpeg");
 }
