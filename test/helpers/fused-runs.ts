@@ -45,10 +45,10 @@ export function lcgImages(batch: number, size: number, seed: number, device: str
  */
 export function withFused<T>(value: string | null, body: () => T): T {
   const saved = process.env[FUSED_ENV];
-  if (value === null) delete process.env[FUSED_ENV];
+  if (value === null) delete process.env.RESNET_CUDA_FUSED;
   else process.env[FUSED_ENV] = value;
   const restore = (): void => {
-    if (saved === undefined) delete process.env[FUSED_ENV];
+    if (saved === undefined) delete process.env.RESNET_CUDA_FUSED;
     else process.env[FUSED_ENV] = saved;
   };
   try {
