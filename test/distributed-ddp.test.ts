@@ -566,7 +566,7 @@ describe('DistributedDataParallel over Gloo, 2 processes', () => {
 });
 
 describe('DistributedDataParallel on a one-rank Gloo group', () => {
-  it("reduces on the group's thread while backward runs; f32 unchanged, bf16 rounded once", () => {
+  it("hands each bucket to the group's thread while backward runs; f32 unchanged, bf16 rounded once", () => {
     const group = soloGroup('gloo', undefined, 30);
     try {
       const reference = referenceSteps(1, 2);
@@ -585,8 +585,13 @@ describe('DistributedDataParallel on a one-rank Gloo group', () => {
         group.synchronize();
         const records = group.takeCollectiveRecords().filter((r) => r.op === 'allReduce');
         expect(records.length).toBe(ddp.buckets.length);
+        // The first bucket is handed to the group's thread during backward. When that thread starts
+        // it depends on a free core: on 2 cores backward's OpenMP threads may hold both until the
+        // end (measured once: a start 0.03 ms after backward ended), so only the hand-over is timed
+        // here; the two-rank test above times the start against a longer backward.
         expect(records[0]!.enqueuedMs).toBeGreaterThan(backwardStartMs);
-        expect(records[0]!.startMs).toBeLessThan(backwardEndMs);
+        expect(records[0]!.enqueuedMs).toBeLessThan(backwardEndMs);
+        expect(records[0]!.startMs).toBeGreaterThanOrEqual(records[0]!.enqueuedMs);
         const bytesPer = gradientCompression === 'bf16' ? 2 : 4;
         expect(records.map((r) => r.bytes)).toEqual(ddp.buckets.map((b) => b.length * bytesPer));
         const g = grads(model);
