@@ -308,6 +308,13 @@ export class Conv2d extends QuantizableLayer {
       : null;
   }
 
+  /** The convolution window's stride, padding and dilation, as the native ops name them. */
+  #window() {
+    const [strideH, strideW] = this.stride;
+    const [padH, padW] = this.padding;
+    const [dilationH, dilationW] = this.dilation;
+    return { strideH, strideW, padH, padW, dilationH, dilationW };
+  }
   /** The output shape for an NHWC input shape. */
   outputShape(input: readonly number[]): number[] {
     const [n, h, w] = input as [number, number, number];
@@ -348,12 +355,7 @@ export class Conv2d extends QuantizableLayer {
         k: this.outChannels,
         kernelH: this.kernelSize[0],
         kernelW: this.kernelSize[1],
-        strideH: this.stride[0],
-        strideW: this.stride[1],
-        padH: this.padding[0],
-        padW: this.padding[1],
-        dilationH: this.dilation[0],
-        dilationW: this.dilation[1],
+        ...this.#window(),
         bias: this.bias !== null,
       });
       return weightedEntry(this, plan, x, out);
@@ -400,12 +402,7 @@ export class Conv2d extends QuantizableLayer {
       y: e.y.raw,
       sum: sums.sum.raw,
       sqSum: sums.sqSum.raw,
-      strideH: this.stride[0],
-      strideW: this.stride[1],
-      padH: this.padding[0],
-      padW: this.padding[1],
-      dilationH: this.dilation[0],
-      dilationW: this.dilation[1],
+      ...this.#window(),
     });
     recorder?.end(token);
     pendingStats.set(e.y, { sum: sums.sum, sqSum: sums.sqSum, count: e.y.numel / this.outChannels });
