@@ -17,6 +17,7 @@ import {
   type ConvLayer,
   type LinearLayer,
   type PoolLayer,
+  type ReluLayer,
   type StepLayer,
   type StepLayers,
 } from './step-layers.js';
@@ -29,9 +30,11 @@ export interface PlanOptions {
   gradScaler: boolean;
 }
 
-// device_utils.cuh: the row partition of the two-stage per-channel reductions (kReduceBlocks 2048,
-// kReduceMinRows 32), which sizes the partials batchnorm and the bias gradient write and read.
-function reductionRowBlocks(rows: number, channels: number): number {
+/**
+ * device_utils.cuh: the row partition of the two-stage per-channel reductions (kReduceBlocks 2048,
+ * kReduceMinRows 32), which sizes the partials batchnorm and the bias gradient write and read.
+ */
+export function reductionRowBlocks(rows: number, channels: number): number {
   const maxBlocks = Math.max(1, Math.floor(2048 / Math.ceil(channels / 256)));
   const blocks = Math.max(1, Math.min(Math.ceil(rows / 32), maxBlocks));
   const rowsPerBlock = Math.max(1, Math.ceil(rows / blocks));
@@ -64,11 +67,9 @@ function forward(layers: readonly StepLayer[], s: number, ops: StepOp[]): void {
       case 'bn':
         bnForward(l, s, ops);
         break;
-      case 'relu': {
-        const e = shapeNumel(l.shape);
-        ops.push(op('relu', l.name, 'relu_fwd_kernel', e, s * e, s * e));
+      case 'relu':
+        ops.push(reluForward(l, s));
         break;
-      }
       case 'maxpool':
       case 'avgpool':
         poolForward(l, s, ops);
@@ -94,10 +95,7 @@ function backward(layers: readonly StepLayer[], s: number, ops: StepOp[]): void 
         bnBackward(l, s, ops);
         break;
       case 'relu':
-        if (l.inputGrad) {
-          const e = shapeNumel(l.shape);
-          ops.push(op('relu', l.name, 'relu_bwd_kernel', e, 2 * s * e, s * e));
-        }
+        if (l.inputGrad) ops.push(reluBackward(l, s));
         break;
       case 'maxpool':
       case 'avgpool':
@@ -110,24 +108,42 @@ function backward(layers: readonly StepLayer[], s: number, ops: StepOp[]): void 
   }
 }
 
+/** elementwise.cu relu_fwd_kernel over a stand-alone ReLU module's input. */
+export function reluForward(l: ReluLayer, s: number): StepOp {
+  const e = shapeNumel(l.shape);
+  return op('relu', l.name, 'relu_fwd_kernel', e, s * e, s * e);
+}
+
+/** elementwise.cu relu_bwd_kernel: the output (for the mask) and dy read, dx written. */
+export function reluBackward(l: ReluLayer, s: number): StepOp {
+  const e = shapeNumel(l.shape);
+  return op('relu', l.name, 'relu_bwd_kernel', e, 2 * s * e, s * e);
+}
+
 // Residual.backward: main branch (its last BN also writes dResidual), shortcut, then the add of
 // the two input gradients (elementwise.cu add_kernel) when the block passes a gradient on.
 function blockBackward(b: BlockLayer, s: number, ops: StepOp[]): void {
   backward(b.main, s, ops);
   backward(b.shortcut ?? [], s, ops);
-  if (b.inputGrad) {
-    const e = shapeNumel(b.input);
-    ops.push(op('add', b.name, 'add_kernel', e, 2 * s * e, s * e));
-  }
+  if (b.inputGrad) ops.push(residualGradAdd(b, s));
 }
 
-// conv.cc computeWeight: a low-precision plan casts the f32 master weight into its own buffer
-// before every forward and every backward data (elementwise.cu cast_kernel).
-function weightCast(layer: string, weight: number, s: number): StepOp {
+/** elementwise.cu add_kernel: a block's main-branch and shortcut input gradients added. */
+export function residualGradAdd(b: BlockLayer, s: number): StepOp {
+  const e = shapeNumel(b.input);
+  return op('add', b.name, 'add_kernel', e, 2 * s * e, s * e);
+}
+
+/**
+ * conv.cc computeWeight: a low-precision plan casts the f32 master weight into its own buffer
+ * before every forward and every backward data (elementwise.cu cast_kernel).
+ */
+export function weightCast(layer: string, weight: number, s: number): StepOp {
   return op('weight cast', layer, 'cast_kernel', 0, F32 * weight, s * weight);
 }
 
-function convForward(l: ConvLayer, s: number, ops: StepOp[]): void {
+/** A convolution's forward: the weight cast (low precision), cuDNN's forward, the bias added in place. */
+export function convForward(l: ConvLayer, s: number, ops: StepOp[]): void {
   const x = shapeNumel(l.input);
   const y = shapeNumel(l.output);
   if (s < F32) ops.push(weightCast(l.name, l.weight, s));
@@ -136,7 +152,8 @@ function convForward(l: ConvLayer, s: number, ops: StepOp[]): void {
   if (l.bias) ops.push(op('bias', l.name, 'add_bias_kernel', y, s * y + F32 * l.channels, s * y));
 }
 
-function convBackward(l: ConvLayer, s: number, ops: StepOp[]): void {
+/** A convolution's backward: backward filter and its f32 accumulation (and the bias gradient), then the weight cast and backward data. */
+export function convBackward(l: ConvLayer, s: number, ops: StepOp[]): void {
   const x = shapeNumel(l.input);
   const y = shapeNumel(l.output);
   if (l.weightGrad) {
@@ -152,9 +169,11 @@ function convBackward(l: ConvLayer, s: number, ops: StepOp[]): void {
   }
 }
 
-// elementwise.cu accumulateBiasGrad: bias_grad_partial_kernel (per row block) and
-// bias_grad_finalize_kernel (adds the blocks into the f32 gradient).
-function biasGrad(layer: string, rows: number, channels: number, s: number): StepOp[] {
+/**
+ * elementwise.cu accumulateBiasGrad: bias_grad_partial_kernel (per row block) and
+ * bias_grad_finalize_kernel (adds the blocks into the f32 gradient).
+ */
+export function biasGrad(layer: string, rows: number, channels: number, s: number): StepOp[] {
   const partial = F32 * channels * reductionRowBlocks(rows, channels);
   return [
     op('bias', layer, 'bias_grad_partial_kernel', rows * channels, s * rows * channels, partial),
@@ -162,11 +181,13 @@ function biasGrad(layer: string, rows: number, channels: number, s: number): Ste
   ];
 }
 
-// batchnorm.cu batchNormForwardTraining: batchnorm_stats_kernel (Welford over row blocks: x read
-// once, partial means and M2 written), batchnorm_stats_finalize_kernel (one warp per channel:
-// merges the partials, writes saveMean/saveInvStd, updates the running statistics),
-// batchnorm_fwd_kernel (x read again, the residual read, y written).
-function bnForward(l: BnLayer, s: number, ops: StepOp[]): void {
+/**
+ * batchnorm.cu batchNormForwardTraining: batchnorm_stats_kernel (Welford over row blocks: x read
+ * once, partial means and M2 written), batchnorm_stats_finalize_kernel (one warp per channel:
+ * merges the partials, writes saveMean/saveInvStd, updates the running statistics),
+ * batchnorm_fwd_kernel (x read again, the residual read, y written).
+ */
+export function bnForward(l: BnLayer, s: number, ops: StepOp[]): void {
   const c = l.shape[3]!;
   const e = shapeNumel(l.shape);
   const rows = e / c;
@@ -189,11 +210,13 @@ function bnForward(l: BnLayer, s: number, ops: StepOp[]): void {
   );
 }
 
-// batchnorm.cu batchNormBackward: batchnorm_bwd_stats_kernel (x, dy and, with the fused ReLU, y
-// for its mask), batchnorm_bwd_finalize_kernel (dGamma/dBeta accumulated, per-channel
-// coefficients), batchnorm_bwd_kernel (x, dy, y again; dx and, for a block's last BN, dResidual).
-// Always run (dx too), as BatchNorm2d.backward does.
-function bnBackward(l: BnLayer, s: number, ops: StepOp[]): void {
+/**
+ * batchnorm.cu batchNormBackward: batchnorm_bwd_stats_kernel (x, dy and, with the fused ReLU, y
+ * for its mask), batchnorm_bwd_finalize_kernel (dGamma/dBeta accumulated, per-channel
+ * coefficients), batchnorm_bwd_kernel (x, dy, y again; dx and, for a block's last BN, dResidual).
+ * Always run (dx too), as BatchNorm2d.backward does.
+ */
+export function bnBackward(l: BnLayer, s: number, ops: StepOp[]): void {
   const c = l.shape[3]!;
   const e = shapeNumel(l.shape);
   const rows = e / c;
@@ -206,9 +229,11 @@ function bnBackward(l: BnLayer, s: number, ops: StepOp[]): void {
   );
 }
 
-// pool.cu: max pooling writes an int32 argmax per output (the plan's workspace) and its backward
-// gathers through it; average pooling reads and writes the tensors only.
-function poolForward(l: PoolLayer, s: number, ops: StepOp[]): void {
+/**
+ * pool.cu: max pooling writes an int32 argmax per output (the plan's workspace) and its backward
+ * gathers through it; average pooling reads and writes the tensors only.
+ */
+export function poolForward(l: PoolLayer, s: number, ops: StepOp[]): void {
   const x = shapeNumel(l.input);
   const y = shapeNumel(l.output);
   const window = l.kernel[0] * l.kernel[1];
@@ -216,7 +241,8 @@ function poolForward(l: PoolLayer, s: number, ops: StepOp[]): void {
   else ops.push(op('pool', l.name, 'avgpool_fwd_kernel', y * window, s * x, s * y));
 }
 
-function poolBackward(l: PoolLayer, s: number, ops: StepOp[]): void {
+/** Pooling's backward, when its input gradient is needed. */
+export function poolBackward(l: PoolLayer, s: number, ops: StepOp[]): void {
   if (!l.inputGrad) return;
   const x = shapeNumel(l.input);
   const y = shapeNumel(l.output);
@@ -224,10 +250,12 @@ function poolBackward(l: PoolLayer, s: number, ops: StepOp[]): void {
   else ops.push(op('pool', l.name, 'avgpool_bwd_kernel', x, s * y, s * x));
 }
 
-// linear.cc: the weight cast before the forward and the backward data GEMMs; the bias added by
-// add_bias_kernel; the weight gradient written straight into the f32 gradient with beta 1 (read
-// and written), the bias gradient by accumulateBiasGrad.
-function linearForward(l: LinearLayer, s: number, ops: StepOp[]): void {
+/**
+ * linear.cc: the weight cast before the forward and the backward data GEMMs; the bias added by
+ * add_bias_kernel; the weight gradient written straight into the f32 gradient with beta 1 (read
+ * and written), the bias gradient by accumulateBiasGrad.
+ */
+export function linearForward(l: LinearLayer, s: number, ops: StepOp[]): void {
   const x = shapeNumel(l.input);
   const y = shapeNumel(l.output);
   if (s < F32) ops.push(weightCast(l.name, l.weight, s));
@@ -235,7 +263,8 @@ function linearForward(l: LinearLayer, s: number, ops: StepOp[]): void {
   if (l.bias) ops.push(op('bias', l.name, 'add_bias_kernel', y, s * y + F32 * l.output[1]!, s * y));
 }
 
-function linearBackward(l: LinearLayer, s: number, ops: StepOp[]): void {
+/** The linear layer's backward: the weight gradient GEMM (and the bias gradient), then the weight cast and the input gradient GEMM. */
+export function linearBackward(l: LinearLayer, s: number, ops: StepOp[]): void {
   const x = shapeNumel(l.input);
   const y = shapeNumel(l.output);
   if (l.weightGrad || l.biasGrad) {
@@ -278,11 +307,13 @@ export function lossOps(step: StepLayers, s: number): StepOp[] {
   ];
 }
 
-// sgd.cu sgd_step_kernel (momentum, Nesterov, weight decay: param, grad and momentum read, param and
-// momentum written; the gradient scale folded in); Optimizer.zeroGrad: one cudaMemsetAsync of the
-// whole gradient arena. Under a GradScaler: the found-inf flag cleared (a memset), unscale_kernel
-// (gradients read and written), scaler_update_kernel, and the flags read back (one copy).
-function optimizerOps(step: StepLayers, o: PlanOptions, ops: StepOp[]): void {
+/**
+ * sgd.cu sgd_step_kernel (momentum, Nesterov, weight decay: param, grad and momentum read, param and
+ * momentum written; the gradient scale folded in); Optimizer.zeroGrad: one cudaMemsetAsync of the
+ * whole gradient arena. Under a GradScaler: the found-inf flag cleared (a memset), unscale_kernel
+ * (gradients read and written), scaler_update_kernel, and the flags read back (one copy).
+ */
+export function optimizerOps(step: StepLayers, o: PlanOptions, ops: StepOp[]): void {
   const p = step.trainableParams;
   if (o.gradScaler) {
     ops.push(op('scaler', 'step', 'cudaMemsetAsync (found inf)', 0, 0, F32));

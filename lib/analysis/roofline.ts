@@ -4,23 +4,29 @@
  * and its launches; each op's lower bound is `max(flops / peak, bytes / bandwidth)` (plus an
  * optional fixed cost per launch), and the step's bound is their sum. The FLOPs of every op are set
  * against the tensor-core peak, which is above what element-wise code reaches, so the bound stays a
- * lower bound. Two plans: the one the CUDA backend runs today (lib/analysis/plan-current.ts) and the
- * fused one planned on cuDNN's graph API (lib/analysis/plan-fused.ts).
+ * lower bound. Three plans: the one the CUDA backend runs by default (lib/analysis/plan-current.ts),
+ * the one it runs with a set of fused paths switched on (lib/analysis/plan-built.ts), and the fused
+ * target planned on cuDNN's graph API (lib/analysis/plan-fused.ts).
  * @packageDocumentation
  */
 import { expectBool, expectInt, expectNumber, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
+import { FUSED_PATH_NAMES, fusedPaths, type FusedPath } from '../fused-paths.js';
 import { Conv2d } from '../nn/layers.js';
 import { Module } from '../nn/module.js';
 import { GPU_NAMES, gpuPeak, type GpuName, type GpuPeak } from './gpu-peaks.js';
+import { builtPlan, CONV_BN_BUILT, orderedPaths, type ConvBnBuilt } from './plan-built.js';
 import { currentPlan } from './plan-current.js';
 import { fusedPlan } from './plan-fused.js';
 import { stepLayers } from './step-layers.js';
 import { OP_TYPES, type OpType, type StepOp } from './step-ops.js';
 
 /** The plans the model accounts for. */
-export const ROOFLINE_PLANS = ['current', 'fused'] as const;
+export const ROOFLINE_PLANS = ['current', 'built', 'fused'] as const;
 
-/** A plan of {@link ROOFLINE_PLANS}: today's kernels, or the fused plan to be built on cuDNN's graph API. */
+/**
+ * A plan of {@link ROOFLINE_PLANS}: the default (unfused) kernels, what the backend executes with a
+ * set of fused paths on (`built`), or the fused target on cuDNN's graph API.
+ */
 export type RooflinePlan = (typeof ROOFLINE_PLANS)[number];
 
 /** Options of {@link stepRoofline}. */
@@ -35,6 +41,13 @@ export interface StepRooflineOptions {
   gpu?: GpuName;
   /** Which plan; default `'current'`. */
   plan?: RooflinePlan;
+  /**
+   * With plan `'built'`: the fused paths switched on (names of FUSED_PATH_NAMES); default those
+   * `RESNET_CUDA_FUSED` names (lib/fused-paths.ts).
+   */
+  fused?: Iterable<FusedPath>;
+  /** With plan `'built'` and `conv-bn` on: the parts of that path built; default {@link CONV_BN_BUILT}. */
+  convBn?: Partial<ConvBnBuilt>;
   /** Whether a GradScaler checks the gradients; default true in fp16 (as the Trainer), false in bf16. */
   gradScaler?: boolean;
   /** A fixed cost per launch added to the bound, in microseconds; default 0 (the pure roofline). */
@@ -67,6 +80,10 @@ export interface BoundOp extends StepOp {
 export class StepRoofline {
   /** The plan modelled. */
   readonly plan: RooflinePlan;
+  /** For the `built` plan: the fused paths on (in FUSED_PATH_NAMES order); else null. */
+  readonly fused: readonly FusedPath[] | null;
+  /** For the `built` plan with `conv-bn` on: the parts of that path counted; else null. */
+  readonly convBn: Readonly<ConvBnBuilt> | null;
   /** The GPU's key in the peaks table. */
   readonly gpu: GpuName;
   /** Its peaks. */
@@ -92,8 +109,11 @@ export class StepRoofline {
     batchSize: number,
     launchOverheadSeconds: number,
     ops: readonly StepOp[],
+    built: { fused: readonly FusedPath[]; convBn: Readonly<ConvBnBuilt> } | null = null,
   ) {
     this.plan = plan;
+    this.fused = built ? [...built.fused] : null;
+    this.convBn = built?.fused.includes('conv-bn') ? { ...built.convBn } : null;
     this.gpu = gpu;
     this.peak = gpuPeak(gpu);
     this.amp = amp;
@@ -175,7 +195,7 @@ export class StepRoofline {
     const overhead =
       this.launchOverheadSeconds > 0 ? `, ${(this.launchOverheadSeconds * 1e6).toFixed(1)} us per launch` : '';
     return [
-      `${this.plan} plan, ${this.peak.name} (${(this.peak.bf16Flops / 1e12).toFixed(0)} TFLOP/s dense ${this.amp}, ${(this.peak.bandwidth / 1e12).toFixed(2)} TB/s${overhead}), batch ${this.batchSize}`,
+      `${this.planLabel} plan, ${this.peak.name} (${(this.peak.bf16Flops / 1e12).toFixed(0)} TFLOP/s dense ${this.amp}, ${(this.peak.bandwidth / 1e12).toFixed(2)} TB/s${overhead}), batch ${this.batchSize}`,
       fmt(head),
       rule,
       ...rows.map(fmt),
@@ -186,10 +206,30 @@ export class StepRoofline {
     ].join('\n');
   }
 
+  /**
+   * The plan's name; for `built`, with its fused paths (`built (optim, conv-bn)`, `built (none)`)
+   * and the `conv-bn` parts left out of {@link CONV_BN_BUILT}.
+   */
+  get planLabel(): string {
+    if (!this.fused) return this.plan;
+    const cb = this.convBn;
+    const parts: string[] = [];
+    if (cb) {
+      for (const key of ['prologue', 'dgradDbn', 'wgradPrologue'] as const) {
+        if (cb[key] !== CONV_BN_BUILT[key]) parts.push(`${cb[key] ? '' : 'no '}${key}`);
+      }
+      if (cb.shortcutSums !== CONV_BN_BUILT.shortcutSums) parts.push(`shortcut sums ${cb.shortcutSums}`);
+    }
+    const paths = this.fused.length > 0 ? this.fused.join(', ') : 'none';
+    return `built (${paths}${parts.length > 0 ? `; conv-bn: ${parts.join(', ')}` : ''})`;
+  }
+
   /** The plan, the GPU, the totals per type and of the step (for `--json`); the ops are left out. */
   toJSON(): Record<string, unknown> {
     return {
       plan: this.plan,
+      ...(this.fused ? { fused: this.fused } : {}),
+      ...(this.convBn ? { convBn: this.convBn } : {}),
       gpu: this.gpu,
       gpuName: this.peak.name,
       amp: this.amp,
@@ -235,6 +275,8 @@ export function stepRoofline(model: Module, options: StepRooflineOptions = {}): 
     'amp',
     'gpu',
     'plan',
+    'fused',
+    'convBn',
     'gradScaler',
     'launchOverheadUs',
   ]);
@@ -254,6 +296,9 @@ export function stepRoofline(model: Module, options: StepRooflineOptions = {}): 
   const amp = expectOneOf('amp', o.amp ?? 'bf16', ['bf16', 'fp16'] as const);
   const gpu = expectOneOf('gpu', o.gpu ?? 'h200', GPU_NAMES);
   const plan = expectOneOf('plan', o.plan ?? 'current', ROOFLINE_PLANS);
+  if (plan !== 'built' && (o.fused !== undefined || o.convBn !== undefined)) {
+    invalid(o.fused !== undefined ? 'fused' : 'convBn', "to be left out unless plan is 'built'", o.fused ?? o.convBn);
+  }
   const gradScaler = expectBool('gradScaler', o.gradScaler ?? amp === 'fp16');
   const overhead = expectNumber('launchOverheadUs', o.launchOverheadUs ?? 0, 0) * 1e-6;
   let channels = 3;
@@ -265,6 +310,44 @@ export function stepRoofline(model: Module, options: StepRooflineOptions = {}): 
   }
   const step = stepLayers(model, [batch, height, width, channels]);
   const planOptions = { activationBytes: 2, gradScaler };
+  if (plan === 'built') {
+    const fused = builtPaths(o.fused);
+    const convBn = convBnBuilt(o.convBn);
+    const ops = builtPlan(step, { ...planOptions, fused, convBn });
+    return new StepRoofline(plan, gpu, amp, batch, overhead, ops, { fused: orderedPaths(fused), convBn });
+  }
   const ops = plan === 'current' ? currentPlan(step, planOptions) : fusedPlan(step, planOptions);
   return new StepRoofline(plan, gpu, amp, batch, overhead, ops);
+}
+
+/** The `fused` option checked (default: the `RESNET_CUDA_FUSED` names). */
+function builtPaths(fused: Iterable<FusedPath> | undefined): ReadonlySet<FusedPath> {
+  if (fused === undefined) return fusedPaths();
+  if (typeof fused === 'string' || typeof (fused as { [Symbol.iterator]?: unknown })[Symbol.iterator] !== 'function') {
+    invalid('fused', `an array of fused path names (${FUSED_PATH_NAMES.join(', ')})`, fused);
+  }
+  const out = new Set<FusedPath>();
+  let i = 0;
+  for (const name of fused) out.add(expectOneOf(`fused[${i++}]`, name, FUSED_PATH_NAMES));
+  return out;
+}
+
+/** The `convBn` option checked, over {@link CONV_BN_BUILT}. */
+function convBnBuilt(convBn: Partial<ConvBnBuilt> | undefined): ConvBnBuilt {
+  const o = expectOptions<ConvBnBuilt>('convBn', convBn ?? {}, [
+    'prologue',
+    'dgradDbn',
+    'wgradPrologue',
+    'shortcutSums',
+  ]);
+  return {
+    prologue: expectBool('convBn.prologue', o.prologue ?? CONV_BN_BUILT.prologue),
+    dgradDbn: expectBool('convBn.dgradDbn', o.dgradDbn ?? CONV_BN_BUILT.dgradDbn),
+    wgradPrologue: expectBool('convBn.wgradPrologue', o.wgradPrologue ?? CONV_BN_BUILT.wgradPrologue),
+    shortcutSums: expectOneOf('convBn.shortcutSums', o.shortcutSums ?? CONV_BN_BUILT.shortcutSums, [
+      'consumed',
+      'unused',
+      'not-written',
+    ] as const),
+  };
 }
