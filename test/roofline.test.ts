@@ -1,26 +1,30 @@
 /**
  * The roofline model of a training step: FLOPs against the model summary, the bytes of single ops
- * against hand counts from the kernels, the peaks table, the fused plan against today's, the bound
- * arithmetic, errors, and `bench --model-only`.
+ * against hand counts from the kernels, the peaks table, the fused plan against today's, the plan as
+ * built for each fused path against today's and the target, the bound arithmetic, errors, and
+ * `bench --model-only`.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { GPU_NAMES, GPU_PEAKS } from '../lib/analysis/gpu-peaks.js';
+import { builtPlan, CONV_BN_BUILT, type ConvBnBuilt } from '../lib/analysis/plan-built.js';
 import { currentPlan } from '../lib/analysis/plan-current.js';
 import { fusedPlan } from '../lib/analysis/plan-fused.js';
 import { stepRoofline, type StepRoofline } from '../lib/analysis/roofline.js';
 import { stepLayers } from '../lib/analysis/step-layers.js';
 import type { StepOp } from '../lib/analysis/step-ops.js';
 import { setCheckpointing } from '../lib/nn/checkpoint.js';
-import { Sequential } from '../lib/nn/containers.js';
+import type { FusedPath } from '../lib/fused-paths.js';
+import { Residual, Sequential } from '../lib/nn/containers.js';
 import { AdaptiveAvgPool2d, BatchNorm2d, Conv2d, Flatten, Linear, ReLU } from '../lib/nn/layers.js';
 import { ResNet } from '../lib/nn/resnet.js';
 import { summary } from '../lib/nn/summary.js';
 import { Profiler } from '../lib/profile/profiler.js';
 import { benchmarkTraining } from '../lib/train/benchmark.js';
 import { runCli } from './helpers/cli.js';
+import { withFused } from './helpers/fused-runs.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'rc-roofline-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -231,6 +235,294 @@ describe('bytes of fused ops, counted by hand', () => {
   });
 });
 
+describe('the plan as built, path by path', () => {
+  // A conv-BN-ReLU, then a downsample bottleneck of 1x1 convolutions (8 -> 8 -> 16, shortcut 8 -> 16),
+  // global pooling and a linear layer, on [2, 4, 4, 8]: 32 rows, one reduction row block per BN.
+  const model = new Sequential(
+    new Conv2d({ inChannels: 8, outChannels: 8, kernelSize: 1, seed: 1 }),
+    new BatchNorm2d({ numFeatures: 8, relu: true }),
+    new Residual(
+      [
+        ['conv1', new Conv2d({ inChannels: 8, outChannels: 8, kernelSize: 1, seed: 2 })],
+        ['bn1', new BatchNorm2d({ numFeatures: 8, relu: true })],
+        ['conv2', new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, seed: 3 })],
+        ['bn2', new BatchNorm2d({ numFeatures: 16, relu: true })],
+      ],
+      [
+        'downsample',
+        new Sequential(
+          new Conv2d({ inChannels: 8, outChannels: 16, kernelSize: 1, seed: 4 }),
+          new BatchNorm2d({ numFeatures: 16 }),
+        ),
+      ],
+    ),
+    new AdaptiveAvgPool2d(1),
+    new Flatten(),
+    new Linear({ inFeatures: 16, outFeatures: 2, seed: 5 }),
+  );
+  afterAll(() => model.dispose());
+  const step = () => stepLayers(model, [2, 4, 4, 8]);
+  const current = (gradScaler = false) => currentPlan(step(), { activationBytes: 2, gradScaler });
+  const built = (fused: FusedPath[], convBn: Partial<ConvBnBuilt> = {}, gradScaler = false) =>
+    builtPlan(step(), {
+      activationBytes: 2,
+      gradScaler,
+      fused: new Set(fused),
+      convBn: { ...CONV_BN_BUILT, ...convBn },
+    });
+  // The ops of `a` not in `b` (as a multiset), as [layer, kernel, read, written, launches].
+  const minus = (a: readonly StepOp[], b: readonly StepOp[]) => {
+    const left = b.map((o) => JSON.stringify(o));
+    return a
+      .filter((o) => {
+        const i = left.indexOf(JSON.stringify(o));
+        if (i < 0) return true;
+        left.splice(i, 1);
+        return false;
+      })
+      .map((o) => [o.layer, o.kernel, o.bytesRead, o.bytesWritten, o.launches]);
+  };
+  const kernels = (ops: readonly StepOp[], layer: string) => ops.filter((o) => o.layer === layer).map((o) => o.kernel);
+  // Trained parameters: convolutions 64 + 64 + 128 + 128, four BNs 2 x (8 + 8 + 16 + 16), linear 32 + 2.
+  const params = 64 + 64 + 128 + 128 + 2 * (8 + 8 + 16 + 16) + 34;
+
+  it('with no path on is the current plan, op for op', () => {
+    expect(built([])).toEqual(current());
+    expect(built([], {}, true)).toEqual(current(true));
+    for (const [net, input] of [
+      [resnet50, [4, 64, 64, 3]],
+      [new ResNet(18, { smallInput: true, numClasses: 10, seed: 3 }), [4, 16, 16, 3]],
+    ] as const) {
+      const layers = stepLayers(net, input);
+      for (const gradScaler of [false, true]) {
+        expect(builtPlan(layers, { activationBytes: 2, gradScaler, fused: new Set(), convBn: CONV_BN_BUILT })).toEqual(
+          currentPlan(layers, { activationBytes: 2, gradScaler }),
+        );
+      }
+      if (net !== resnet50) net.dispose();
+    }
+  });
+
+  it('optim: the update, the unscale, the scale update and the zeroing become one SGD kernel (and a check pass under a GradScaler)', () => {
+    expect(minus(current(), built(['optim']))).toEqual([
+      ['step', 'sgd_step_kernel', 12 * params, 8 * params, 1],
+      ['step', 'cudaMemsetAsync (gradient arena)', 0, 4 * params, 1],
+    ]);
+    expect(minus(built(['optim']), current())).toEqual([
+      ['step', 'fused_sgd_kernel (SGD + zero)', 12 * params, 12 * params, 1],
+    ]);
+    expect(minus(current(true), built(['optim'], {}, true))).toEqual([
+      ['step', 'unscale_kernel', 4 * params, 4 * params, 1],
+      ['step', 'sgd_step_kernel', 12 * params, 8 * params, 1],
+      ['step', 'scaler_update_kernel', 12, 8, 1],
+      ['step', 'cudaMemsetAsync (gradient arena)', 0, 4 * params, 1],
+    ]);
+    expect(minus(built(['optim'], {}, true), current(true))).toEqual([
+      ['step', 'fused_first_pass_kernel (check)', 4 * params, 0, 1],
+      ['step', 'fused_sgd_kernel (unscale + SGD + scale update + zero)', 12 * params + 12, 12 * params + 8, 1],
+    ]);
+  });
+
+  it("bn-add-relu: the block's two batch norms become one dual pass forward and one backward", () => {
+    const fused = built(['bn-add-relu']);
+    // Removed: both BNs' three forward kernels (the shortcut runs first) and three backward kernels.
+    const main = ['2.bn2', '2.bn2', '2.bn2'];
+    const shortcut = ['2.downsample.1', '2.downsample.1', '2.downsample.1'];
+    expect(minus(current(), fused).map(([layer]) => layer)).toEqual([...shortcut, ...main, ...main, ...shortcut]);
+    // e = 2 x 4 x 4 x 16 bf16 elements, 16 channels, one row block: partials 2 x 4 x 16 bytes per input.
+    const e = 2 * 2 * 4 * 4 * 16;
+    expect(minus(fused, current())).toEqual([
+      ['2.bn2', 'batchnorm_stats_kernel (dual)', 2 * e, 2 * 128, 1],
+      ['2.bn2', 'batchnorm_stats_finalize_kernel (dual)', 2 * 128 + 4 * 64, 8 * 64, 1],
+      ['2.bn2', 'batchnorm_fwd_kernel (dual)', 2 * e + 8 * 64, e, 1],
+      // Backward: both raw outputs, dy and the block output (the ReLU mask), three sums.
+      ['2.bn2', 'batchnorm_bwd_stats_kernel (dual)', 4 * e + 4 * 64, 3 * 64, 1],
+      ['2.bn2', 'batchnorm_bwd_finalize_kernel (dual)', 3 * 64 + 6 * 64, 7 * 64, 1],
+      ['2.bn2', 'batchnorm_bwd_kernel (dual)', 4 * e + 9 * 64, 2 * e, 1],
+    ]);
+    expect(kernels(fused, '2.downsample.1')).toEqual([]);
+  });
+
+  it("conv-bn: sums in the epilogues, finalize instead of statistics, bn1 in conv2's prologue and its fused backward", () => {
+    const fused = built(['conv-bn']);
+    const x = 2 * 2 * 4 * 4 * 8; // bytes of an 8-channel activation
+    const y = 2 * x; // of a 16-channel one
+    // Every convolution but none (all have channel counts that are multiples of 8) writes its sums.
+    for (const layer of ['0', '2.conv1', '2.downsample.0']) {
+      expect(kernels(fused, layer).filter((k) => k.startsWith('convBnForward'))).toEqual([
+        'convBnForward (conv + genstats)',
+      ]);
+    }
+    // The BNs after them finalize from the sums and normalise; bn1 only finalizes.
+    for (const layer of ['1', '2.bn2', '2.downsample.1']) {
+      expect(kernels(fused, layer).slice(0, 2)).toEqual([
+        'conv_bn_finalize_kernel',
+        'batchnorm_fwd_kernel (finalized statistics)',
+      ]);
+    }
+    expect(kernels(fused, '2.bn1')).toEqual([
+      'conv_bn_finalize_kernel',
+      'batchnorm_fwd_kernel (recompute)',
+      'batchNormBackwardApply',
+    ]);
+    const conv2 = fused.filter((o) => o.layer === '2.conv2' || o.kernel.includes('recompute'));
+    expect(conv2.map((o) => [o.layer, o.kernel, o.bytesRead, o.bytesWritten])).toEqual([
+      ['2.conv2', 'cast_kernel', 4 * 128, 2 * 128],
+      // The raw conv1 output through bn1's scale and shift (f32[8] each), the weight; y2 and its sums.
+      ['2.conv2', 'convBnForward (scale-bias-relu + conv + genstats)', x + 2 * 128 + 2 * 4 * 8, y + 2 * 4 * 16],
+      // Backward: bn1's activation recomputed for the weight gradient (gamma, beta, mean, variance).
+      ['2.bn1', 'batchnorm_fwd_kernel (recompute)', x + 4 * 4 * 8, x],
+      ['2.conv2', 'cudnnConvolutionBackwardFilter', x + y, 2 * 128],
+      ['2.conv2', 'accumulate_f32_kernel', 6 * 128, 4 * 128],
+      ['2.conv2', 'cast_kernel', 4 * 128, 2 * 128],
+      // dy, the weight, the raw x; seven f32[8] in (scale, shift, gamma, mean, inv std, dGamma, dBeta),
+      // dz and five f32[8] out (dGamma, dBeta and the three coefficients).
+      ['2.conv2', 'convDgradDbn', y + 2 * 128 + x + 7 * 4 * 8, x + 5 * 4 * 8],
+    ]);
+    // dx = eqDz * dz + eqX * x + eqBias: dz and x read, dx written.
+    expect(fused.find((o) => o.kernel === 'batchNormBackwardApply')).toMatchObject({
+      layer: '2.bn1',
+      bytesRead: 2 * x + 3 * 4 * 8,
+      bytesWritten: x,
+    });
+    // Removed: bn1's statistics, normalisation and backward, the other BNs' statistics kernels.
+    const removed = minus(current(), fused).map(([layer, kernel]) => `${String(layer)} ${String(kernel)}`);
+    expect(removed.filter((k) => k.startsWith('2.bn1'))).toEqual([
+      '2.bn1 batchnorm_stats_kernel',
+      '2.bn1 batchnorm_stats_finalize_kernel',
+      '2.bn1 batchnorm_fwd_kernel',
+      '2.bn1 batchnorm_bwd_stats_kernel',
+      '2.bn1 batchnorm_bwd_finalize_kernel',
+      '2.bn1 batchnorm_bwd_kernel',
+    ]);
+    expect(removed.filter((k) => k.includes('batchnorm_stats'))).toHaveLength(8);
+    // Launches: 4 BNs lose 2 statistics launches each and gain a finalize; bn1 loses its normalisation
+    // and 2 backward launches; conv2's backward gains the recompute.
+    const launches = (ops: readonly StepOp[]) => ops.reduce((a, o) => a + o.launches, 0);
+    expect(launches(current()) - launches(fused)).toBe(4 * 1 + 1 + 2 - 1);
+  });
+
+  it('conv-bn in parts: without the prologue, without the fused backward, with the weight gradient through the prologue', () => {
+    const noPrologue = built(['conv-bn'], { prologue: false });
+    expect(kernels(noPrologue, '2.bn1')).toEqual([
+      'conv_bn_finalize_kernel',
+      'batchnorm_fwd_kernel (finalized statistics)',
+      'batchnorm_bwd_stats_kernel',
+      'batchnorm_bwd_finalize_kernel',
+      'batchnorm_bwd_kernel',
+    ]);
+    expect(kernels(noPrologue, '2.conv2')).toEqual([
+      'cast_kernel',
+      'convBnForward (conv + genstats)',
+      'cudnnConvolutionBackwardFilter',
+      'accumulate_f32_kernel',
+      'cast_kernel',
+      'cudnnConvolutionBackwardData',
+    ]);
+    const baseline = built(['conv-bn'], { dgradDbn: false });
+    expect(kernels(baseline, '2.bn1')).toEqual([
+      'conv_bn_finalize_kernel',
+      'batchnorm_fwd_kernel (recompute)',
+      'batchnorm_bwd_stats_kernel',
+      'batchnorm_bwd_finalize_kernel',
+      'batchnorm_bwd_kernel',
+    ]);
+    expect(kernels(baseline, '2.conv2').at(-1)).toBe('cudnnConvolutionBackwardData');
+    const sbr = built(['conv-bn'], { wgradPrologue: true });
+    expect(sbr.some((o) => o.kernel.includes('recompute'))).toBe(false);
+    const x = 2 * 2 * 4 * 4 * 8;
+    expect(sbr.find((o) => o.kernel === 'convWgradSbr')).toMatchObject({
+      layer: '2.conv2',
+      bytesRead: x + 2 * x + 2 * 4 * 8 + 4 * 128,
+      bytesWritten: 4 * 128,
+    });
+    const bytes = (ops: readonly StepOp[]) => ops.reduce((a, o) => a + o.bytesRead + o.bytesWritten, 0);
+    expect(bytes(sbr)).toBeLessThan(bytes(built(['conv-bn'])));
+  });
+
+  it("conv-bn with bn-add-relu: the downsample convolutions' sums consumed, computed again, or not written", () => {
+    const both: FusedPath[] = ['bn-add-relu', 'conv-bn'];
+    const consumed = built(both);
+    expect(kernels(consumed, '2.bn2').slice(0, 2)).toEqual(['conv_bn_finalize_kernel', 'batchnorm_fwd_kernel (dual)']);
+    expect(kernels(consumed, '2.downsample.1')).toEqual(['conv_bn_finalize_kernel']);
+    expect(consumed.some((o) => o.kernel === 'batchnorm_stats_kernel (dual)')).toBe(false);
+    const unused = built(both, { shortcutSums: 'unused' });
+    expect(kernels(unused, '2.bn2').slice(0, 3)).toEqual([
+      'batchnorm_stats_kernel (dual)',
+      'batchnorm_stats_finalize_kernel (dual)',
+      'batchnorm_fwd_kernel (dual)',
+    ]);
+    expect(kernels(unused, '2.downsample.0')).toContain('convBnForward (conv + genstats)');
+    const skipped = built(both, { shortcutSums: 'not-written' });
+    expect(kernels(skipped, '2.conv2')[1]).toBe('convBnForward (scale-bias-relu + conv)');
+    expect(kernels(skipped, '2.downsample.0')[1]).toBe('cudnnConvolutionForward');
+    // The sums cost 2 x 4 x 16 bytes per convolution; the statistics pass reads both raw outputs.
+    const bytes = (ops: readonly StepOp[]) => ops.reduce((a, o) => a + o.bytesRead + o.bytesWritten, 0);
+    expect(bytes(unused) - bytes(skipped)).toBe(2 * 2 * 4 * 16);
+    expect(bytes(consumed)).toBeLessThan(bytes(skipped));
+  });
+});
+
+describe('the built plan between the current one and the target', () => {
+  it('moves fewer bytes in fewer launches than the current plan and more than the fused target, whatever conv-bn parts are built', () => {
+    const current = stepRoofline(resnet50, { plan: 'current' });
+    const target = stepRoofline(resnet50, { plan: 'fused' });
+    const all = stepRoofline(resnet50, { plan: 'built', fused: ['optim', 'bn-add-relu', 'conv-bn'] });
+    expect(all.planLabel).toBe('built (optim, bn-add-relu, conv-bn)');
+    for (const convBn of [
+      {},
+      { prologue: false },
+      { dgradDbn: false },
+      { wgradPrologue: true },
+      { shortcutSums: 'unused' },
+      { shortcutSums: 'not-written' },
+    ] as const) {
+      const r = stepRoofline(resnet50, { plan: 'built', fused: ['optim', 'bn-add-relu', 'conv-bn'], convBn });
+      expect(r.bytes).toBeLessThan(current.bytes);
+      expect(r.bytes).toBeGreaterThan(target.bytes);
+      expect(r.total.launches).toBeLessThan(current.total.launches);
+      expect(r.total.launches).toBeGreaterThan(target.total.launches);
+      expect(r.imagesPerSecond).toBeGreaterThan(current.imagesPerSecond);
+      expect(r.imagesPerSecond).toBeLessThan(target.imagesPerSecond);
+    }
+    // Each path alone saves something, and the three together save more than any one.
+    for (const path of ['optim', 'bn-add-relu', 'conv-bn'] as const) {
+      const one = stepRoofline(resnet50, { plan: 'built', fused: [path] });
+      expect(one.total.launches).toBeLessThan(current.total.launches);
+      expect(one.bytes).toBeLessThanOrEqual(current.bytes);
+      expect(all.bytes).toBeLessThan(one.bytes);
+    }
+    // The same convolutions run in every plan.
+    const convs = (r: StepRoofline) => r.ops.filter((o) => o.type.startsWith('conv')).length;
+    expect(convs(all)).toBe(convs(current));
+  });
+
+  it('takes its paths from RESNET_CUDA_FUSED by default, and refuses bad ones, naming the option', () => {
+    const fromEnv = withFused('conv-bn, optim', () => stepRoofline(resnet50, { batchSize: 2, plan: 'built' }));
+    expect(fromEnv.fused).toEqual(['optim', 'conv-bn']);
+    expect(fromEnv.toJSON()).toMatchObject({ plan: 'built', fused: ['optim', 'conv-bn'], convBn: CONV_BN_BUILT });
+    expect(withFused(null, () => stepRoofline(resnet50, { batchSize: 2, plan: 'built' })).planLabel).toBe(
+      'built (none)',
+    );
+    expect(
+      stepRoofline(resnet50, { batchSize: 2, plan: 'built', fused: ['conv-bn'], convBn: { dgradDbn: false } })
+        .planLabel,
+    ).toBe('built (conv-bn; conv-bn: no dgradDbn)');
+    expect(() => stepRoofline(resnet50, { plan: 'built', fused: ['fast' as FusedPath] })).toThrow(/for fused\[0\]/);
+    expect(() => stepRoofline(resnet50, { plan: 'built', fused: 'optim' as never })).toThrow(/for fused/);
+    expect(() => stepRoofline(resnet50, { plan: 'built', convBn: { prologue: 1 as never } })).toThrow(
+      /convBn\.prologue/,
+    );
+    expect(() => stepRoofline(resnet50, { plan: 'built', convBn: { shortcutSums: 'maybe' as never } })).toThrow(
+      /convBn\.shortcutSums/,
+    );
+    expect(() => stepRoofline(resnet50, { plan: 'built', convBn: { fast: true } as never })).toThrow(/fast/);
+    expect(() => stepRoofline(resnet50, { plan: 'current', fused: ['optim'] })).toThrow(
+      /the options fused and convBn go with plan 'built', not 'current'/,
+    );
+  });
+});
+
 describe('the GPU peaks', () => {
   it('lists dense bf16 and fp16 tensor FLOP/s and memory bandwidth for every GPU, with an NVIDIA source', () => {
     expect([...GPU_NAMES].sort()).toEqual(['a100', 'b200', 'h100', 'h200', 'l4']);
@@ -361,12 +653,48 @@ describe('bench --model-only', () => {
     expect(out.plans[0]!.imagesPerSecond).toBeCloseTo(r.imagesPerSecond, 6);
   });
 
+  it('prints the built plan for the --fused paths beside the current one and the target', async () => {
+    const run = await runCli(
+      ['bench', '--model-only', '--model', 'resnet18', '--size', '64', '-b', '32', '--plan', 'all', '--fused', 'all'],
+      dir,
+    );
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toContain('current plan, H200 SXM');
+    expect(run.stdout).toContain('built (optim, bn-add-relu, conv-bn) plan, H200 SXM');
+    expect(run.stdout).toContain('fused plan, H200 SXM');
+    expect(run.stdout).toMatch(/^built \/ current: 0\.\d\dx the bytes, \d+ \/ \d+ launches/m);
+    expect(run.stdout).toMatch(/^fused \/ current: 0\.\d\dx the bytes/m);
+    const json = await runCli(
+      ['bench', '--model-only', '--plan', 'built', '--fused', 'conv-bn,optim', '-b', '64', '--json'],
+      dir,
+    );
+    expect(json.code, json.stderr).toBe(0);
+    const out = JSON.parse(json.stdout) as { plans: { plan: string; fused: string[]; total: { launches: number } }[] };
+    const r = stepRoofline(resnet50, { plan: 'built', fused: ['optim', 'conv-bn'], batchSize: 64 });
+    expect(out.plans).toEqual([
+      expect.objectContaining({ plan: 'built', fused: ['optim', 'conv-bn'], total: r.total }),
+    ]);
+    // runCli's environment is empty: no RESNET_CUDA_FUSED, so the built plan is the current one.
+    const none = await runCli(['bench', '--model-only', '--plan', 'built', '-b', '8', '--json'], dir);
+    const plain = stepRoofline(resnet50, { plan: 'current', batchSize: 8 });
+    expect((JSON.parse(none.stdout) as { plans: { fused: string[]; total: unknown }[] }).plans[0]).toMatchObject({
+      fused: [],
+      total: plain.total,
+    });
+  });
+
   it('refuses what a model run does not take', async () => {
     for (const [args, message] of [
       [['--gpu', 'h200'], /--gpu goes with --model-only/],
       [['--model-only', '--amp', 'none'], /--model-only models mixed precision/],
       [['--model-only', '--steps', '3'], /--model-only runs nothing: leave out --steps/],
       [['--model-only', '--gpu', 'v100'], /--gpu expects one of/],
+      [['--fused', 'all'], /--fused goes with --model-only/],
+      [['--model-only', '--fused', 'all'], /--fused goes with --plan built or all/],
+      [
+        ['--model-only', '--plan', 'built', '--fused', 'optim,fast'],
+        /--fused: unknown fused path 'fast'; known: optim/,
+      ],
     ] as const) {
       const run = await runCli(['bench', ...args], dir);
       expect(run.code).toBe(2);

@@ -9,7 +9,16 @@
  * target planned on cuDNN's graph API (lib/analysis/plan-fused.ts).
  * @packageDocumentation
  */
-import { expectBool, expectInt, expectNumber, expectOneOf, expectOptions, invalid, isArray } from '../errors.js';
+import {
+  ResnetError,
+  expectBool,
+  expectInt,
+  expectNumber,
+  expectOneOf,
+  expectOptions,
+  invalid,
+  isArray,
+} from '../errors.js';
 import { FUSED_PATH_NAMES, fusedPaths, type FusedPath } from '../fused-paths.js';
 import { Conv2d } from '../nn/layers.js';
 import { Module } from '../nn/module.js';
@@ -297,7 +306,10 @@ export function stepRoofline(model: Module, options: StepRooflineOptions = {}): 
   const gpu = expectOneOf('gpu', o.gpu ?? 'h200', GPU_NAMES);
   const plan = expectOneOf('plan', o.plan ?? 'current', ROOFLINE_PLANS);
   if (plan !== 'built' && (o.fused !== undefined || o.convBn !== undefined)) {
-    invalid(o.fused !== undefined ? 'fused' : 'convBn', "to be left out unless plan is 'built'", o.fused ?? o.convBn);
+    throw new ResnetError(
+      'ERR_RC_INVALID_ARGUMENT',
+      `stepRoofline: the options fused and convBn go with plan 'built', not '${plan}'`,
+    );
   }
   const gradScaler = expectBool('gradScaler', o.gradScaler ?? amp === 'fp16');
   const overhead = expectNumber('launchOverheadUs', o.launchOverheadUs ?? 0, 0) * 1e-6;

@@ -9,6 +9,8 @@ import { resolve } from 'node:path';
 import { GPU_NAMES, type GpuName } from '../analysis/gpu-peaks.js';
 import { stepRoofline, type RooflinePlan } from '../analysis/roofline.js';
 import { listBackends } from '../device.js';
+import { ResnetError } from '../errors.js';
+import { FUSED_ENV, FUSED_PATH_NAMES, fusedPaths, type FusedPath } from '../fused-paths.js';
 import { parseCheckpointSegments, setCheckpointing } from '../nn/checkpoint.js';
 import { Profiler } from '../profile/profiler.js';
 import type { ProfileSummary } from '../profile/report.js';
@@ -30,7 +32,7 @@ const SPEC: CommandSpec = {
   description:
     'Measures training throughput with synthetic images already on the device: one step is the input conversion, forward, cross-entropy, backward and an SGD step (momentum, Nesterov, weight decay). ' +
     'After --warmup steps, --steps steps are timed between device synchronisations; the result is ms/step, images/s and the peak device memory. The data loader is not part of it. ' +
-    "With --model-only nothing runs: the step's roofline model (today's plan and the fused one) gives per op type its FLOPs, bytes and launches and the lower bound of the step time on --gpu.",
+    "With --model-only nothing runs: the step's roofline model gives per op type its FLOPs, bytes and launches and the lower bound of the step time on --gpu, for the default (unfused) plan, the plan as built with the fused paths of --fused on, and the fused target.",
   positionals: [],
   options: [
     { name: 'model', type: 'choice', choices: MODEL_NAMES, default: 'resnet50', help: 'The network.' },
@@ -95,9 +97,16 @@ const SPEC: CommandSpec = {
     {
       name: 'plan',
       type: 'choice',
-      choices: ['current', 'fused', 'both'],
+      choices: ['current', 'built', 'fused', 'both', 'all'],
       default: 'both',
-      help: "With --model-only: today's kernels, the fused plan, or both side by side.",
+      help: 'With --model-only: the default (unfused) kernels, the kernels as built with the --fused paths on, the fused target; both: current and fused; all: the three.',
+    },
+    {
+      name: 'fused',
+      type: 'string',
+      valueName: 'LIST|all',
+      defaultText: `the ${FUSED_ENV} names`,
+      help: `With --model-only and --plan built or all: the fused paths switched on, as ${FUSED_ENV} takes them (${FUSED_PATH_NAMES.join(', ')}, all, or none).`,
     },
     {
       name: 'launch-overhead-us',
@@ -115,6 +124,7 @@ const SPEC: CommandSpec = {
     'resnet-cuda bench --device cuda --cuda-graph --json',
     'resnet-cuda bench --model resnet18 --size 32 --small-input -b 8 --steps 3 --profile',
     'resnet-cuda bench --model-only --gpu h200 --amp bf16 -b 256 --plan both',
+    'resnet-cuda bench --model-only --gpu h200 --amp bf16 -b 256 --plan all --fused all',
   ],
 };
 
@@ -134,7 +144,8 @@ interface BenchArgs {
   profileTrace: string;
   modelOnly: boolean;
   gpu: GpuName;
-  plan: RooflinePlan | 'both';
+  plan: RooflinePlan | 'both' | 'all';
+  fused: string | undefined;
   launchOverheadUs: number;
   json: boolean;
 }
@@ -167,6 +178,7 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   for (const [key, flag] of [
     ['gpu', 'gpu'],
     ['plan', 'plan'],
+    ['fused', 'fused'],
     ['launchOverheadUs', 'launch-overhead-us'],
   ] as const) {
     if (parsed.explicit.has(key)) throw new UsageError(`--${flag} goes with --model-only`);
@@ -277,12 +289,15 @@ function modelOnly(a: BenchArgs, parsed: ParsedCommand, io: CliIO): number {
       '--model-only models mixed precision (--amp bf16 or fp16); f32 runs on CUDA cores, which the peaks table does not list',
     );
   }
+  const plans: RooflinePlan[] =
+    a.plan === 'both' ? ['current', 'fused'] : a.plan === 'all' ? ['current', 'built', 'fused'] : [a.plan];
+  if (a.fused !== undefined && !plans.includes('built')) throw new UsageError('--fused goes with --plan built or all');
+  const fused = plans.includes('built') ? [...builtFusedPaths(a.fused, io.env)] : [];
   const model = buildModel(
     { model: a.model, numClasses: a.numClasses, smallInput: a.smallInput },
     { device: 'cpu', seed: 1 },
   );
   try {
-    const plans: RooflinePlan[] = a.plan === 'both' ? ['current', 'fused'] : [a.plan];
     const results = plans.map((plan) =>
       stepRoofline(model, {
         batchSize: a.batchSize ?? 256,
@@ -290,6 +305,7 @@ function modelOnly(a: BenchArgs, parsed: ParsedCommand, io: CliIO): number {
         amp,
         gpu: a.gpu,
         plan,
+        ...(plan === 'built' ? { fused } : {}),
         launchOverheadUs: a.launchOverheadUs,
       }),
     );
@@ -300,16 +316,31 @@ function modelOnly(a: BenchArgs, parsed: ParsedCommand, io: CliIO): number {
     }
     io.stdout.write(`resnet-cuda bench --model-only: ${a.model}, ${a.size} px, ${amp}; lower bounds, nothing run\n\n`);
     for (const r of results) io.stdout.write(`${r.format()}\n`);
-    const [current, fused] = results;
-    if (current && fused) {
+    const current = results.find((r) => r.plan === 'current');
+    for (const r of results) {
+      if (!current || r === current) continue;
       io.stdout.write(
-        `fused / current: ${(fused.bytes / current.bytes).toFixed(2)}x the bytes, ${fused.total.launches} / ${current.total.launches} launches, ` +
-          `bound ${fused.imagesPerSecond.toFixed(0)} / ${current.imagesPerSecond.toFixed(0)} images/s (${(fused.imagesPerSecond / current.imagesPerSecond).toFixed(2)}x)\n`,
+        `${r.plan} / current: ${(r.bytes / current.bytes).toFixed(2)}x the bytes, ${r.total.launches} / ${current.total.launches} launches, ` +
+          `bound ${r.imagesPerSecond.toFixed(0)} / ${current.imagesPerSecond.toFixed(0)} images/s (${(r.imagesPerSecond / current.imagesPerSecond).toFixed(2)}x)\n`,
       );
     }
     return 0;
   } finally {
     model.dispose();
+  }
+}
+
+/**
+ * The fused paths of the built plan: --fused parsed as RESNET_CUDA_FUSED is (`none` for none), or
+ * that variable's names when --fused is left out.
+ */
+function builtFusedPaths(value: string | undefined, env: CliIO['env']): ReadonlySet<FusedPath> {
+  const list = value?.trim() === 'none' ? '' : value;
+  try {
+    return fusedPaths(list === undefined ? { [FUSED_ENV]: env[FUSED_ENV] } : { [FUSED_ENV]: list });
+  } catch (error) {
+    if (!(error instanceof ResnetError) || list === undefined) throw error;
+    throw new UsageError(`--fused: ${error.message.replace(`${FUSED_ENV}: `, '')}`);
   }
 }
 
