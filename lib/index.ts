@@ -299,7 +299,8 @@ export {
 export { encodeNpy, type NpyArray } from './analysis/npy.js';
 export { tsne, type TsneOptions, type TsneReport, type TsneResult } from './analysis/tsne.js';
 export { plotScatter, type ScatterOptions } from './train/outputs/plots.js';
-// The roofline model of a training step on a GPU (today's plan and the fused one), and the GPU peaks it uses.
+// The roofline model of a training step on a GPU (the default plan, the plan as built with fused paths on,
+// the fused target), and the GPU peaks it uses.
 export {
   ROOFLINE_PLANS,
   StepRoofline,
@@ -309,6 +310,7 @@ export {
   type RooflineTotals,
   type StepRooflineOptions,
 } from './analysis/roofline.js';
+export { CONV_BN_BUILT, type ConvBnBuilt } from './analysis/plan-built.js';
 export { GPU_NAMES, GPU_PEAKS, gpuPeak, type GpuName, type GpuPeak } from './analysis/gpu-peaks.js';
 export { OP_TYPES, type OpType, type StepOp } from './analysis/step-ops.js';
 // Knowledge distillation: the loss, and the Trainer's teacher (its `distillation` option).
