@@ -363,6 +363,7 @@ describe('the plan as built, path by path', () => {
     expect(kernels(fused, '2.bn1')).toEqual([
       'conv_bn_finalize_kernel',
       'batchnorm_fwd_kernel (recompute)',
+      'accumulate_bn_grads_kernel',
       'batchNormBackwardApply',
     ]);
     const conv2 = fused.filter((o) => o.layer === '2.conv2' || o.kernel.includes('recompute'));
@@ -375,10 +376,16 @@ describe('the plan as built, path by path', () => {
       ['2.conv2', 'cudnnConvolutionBackwardFilter', x + y, 2 * 128],
       ['2.conv2', 'accumulate_f32_kernel', 6 * 128, 4 * 128],
       ['2.conv2', 'cast_kernel', 4 * 128, 2 * 128],
-      // dy, the weight, the raw x; seven f32[8] in (scale, shift, gamma, mean, inv std, dGamma, dBeta),
-      // dz and five f32[8] out (dGamma, dBeta and the three coefficients).
-      ['2.conv2', 'convDgradDbn', y + 2 * 128 + x + 7 * 4 * 8, x + 5 * 4 * 8],
+      // dy, the weight, the raw x; five f32[8] in (scale, shift, mean, inv std, gamma), dz and five
+      // f32[8] out (dScale, dBias and the three coefficients).
+      ['2.conv2', 'convDgradDbn', y + 2 * 128 + x + 5 * 4 * 8, x + 5 * 4 * 8],
     ]);
+    // dScale and dBias added to dGamma and dBeta.
+    expect(fused.find((o) => o.kernel === 'accumulate_bn_grads_kernel')).toMatchObject({
+      layer: '2.bn1',
+      bytesRead: 4 * 4 * 8,
+      bytesWritten: 2 * 4 * 8,
+    });
     // dx = eqDz * dz + eqX * x + eqBias: dz and x read, dx written.
     expect(fused.find((o) => o.kernel === 'batchNormBackwardApply')).toMatchObject({
       layer: '2.bn1',
@@ -397,9 +404,9 @@ describe('the plan as built, path by path', () => {
     ]);
     expect(removed.filter((k) => k.includes('batchnorm_stats'))).toHaveLength(8);
     // Launches: 4 BNs lose 2 statistics launches each and gain a finalize; bn1 loses its normalisation
-    // and 2 backward launches; conv2's backward gains the recompute.
+    // and 3 backward launches for the accumulation and the apply; conv2's backward gains the recompute.
     const launches = (ops: readonly StepOp[]) => ops.reduce((a, o) => a + o.launches, 0);
-    expect(launches(current()) - launches(fused)).toBe(4 * 1 + 1 + 2 - 1);
+    expect(launches(current()) - launches(fused)).toBe(4 * 1 + 1 + 3 - 2 - 1);
   });
 
   it('conv-bn in parts: without the prologue, without the fused backward, with the weight gradient through the prologue', () => {

@@ -69,7 +69,8 @@ export interface ConvBnBuilt {
   /**
    * The backward of such a pair: convDgradDbn (backward data, ReLU mask and the batch norm's
    * backward sums in one graph: dy, w and the raw x read, dz written) and batchNormBackwardApply
-   * (dz and the raw x read, dx written). Off: the activation recomputed, then the ordinary
+   * (dz and the raw x read, dx written), as fused_dgrad.cc and fused_dgrad.cu run them. Off: the
+   * activation recomputed (BatchNorm2d.recomputePrologueActivation), then the ordinary
    * backward data and batch-norm backward over it.
    */
   dgradDbn: boolean;
@@ -387,19 +388,21 @@ class BuiltPlanner {
         convBackward({ ...l, inputGrad: false }, s, this.#ops);
       }
     }
+    // fused_dgrad.cc DgradDbnGraph::run: the weight cast, one graph (dy, the weight and the raw x
+    // read with scale, shift, mean, inv std and gamma; dz, dScale, dBias and dx's three per-channel
+    // coefficients written), then accumulate_bn_grads_kernel adds dScale and dBias to dGamma and dBeta.
     this.#ops.push(weightCast(l.name, l.weight, s));
-    // Read: dy, the weight, the raw x; scale, shift, gamma, saveMean, saveInvStd, dGamma, dBeta.
-    // Written: dz; dGamma, dBeta and dx's three per-channel coefficients.
     this.#ops.push(
       op(
         'conv dgrad',
         l.name,
         'convDgradDbn',
         2 * l.macs + 8 * x,
-        s * (y + l.weight + x) + 7 * F32 * c,
+        s * (y + l.weight + x) + 5 * F32 * c,
         s * x + 5 * F32 * c,
       ),
     );
+    this.#ops.push(op('bn bwd', bn.name, 'accumulate_bn_grads_kernel', 2 * c, 4 * F32 * c, 2 * F32 * c));
   }
 
   #bnBackward(l: BnLayer): void {
@@ -411,7 +414,7 @@ class BuiltPlanner {
       return;
     }
     if (route.kind === 'prologue' && this.#o.convBn.dgradDbn) {
-      // dx = eqDz * dz + eqX * x + eqBias per channel.
+      // fused_dgrad.cu bn_backward_apply_kernel: dx = eqDz * dz + eqX * x + eqBias per channel.
       const e = shapeNumel(l.shape);
       const c = l.shape[3]!;
       this.#ops.push(op('bn bwd', l.name, 'batchNormBackwardApply', 4 * e, 2 * s * e + 3 * F32 * c, s * e));

@@ -340,7 +340,7 @@ function builtFusedPaths(value: string | undefined, env: CliIO['env']): Readonly
     return fusedPaths(list === undefined ? { [FUSED_ENV]: env[FUSED_ENV] } : { [FUSED_ENV]: list });
   } catch (error) {
     if (!(error instanceof ResnetError) || list === undefined) throw error;
-    throw new UsageError(`--fused: ${error.message.replace(`${FUSED_ENV}: `, '')}`);
+    throw new UsageError(`--fused: ${error.message.replace(`${FUSED_ENV}: `, '')}, none`);
   }
 }
 
