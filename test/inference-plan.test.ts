@@ -216,7 +216,7 @@ describe('Predictor on the CPU equals the eval forward', () => {
     expectMatches(model, [1, 32, 32, 3], ['f32']);
     const predictor = new Predictor(model);
     const implementation = predictor.implementation([1, 32, 32, 3]);
-    const isa = listBackends().find((b) => b.name === 'cpu')?.properties.isa ?? '';
+    const isa = listBackends().find((b) => b.name === 'cpu')?.properties?.isa ?? '';
     if (isa.startsWith('avx512')) expect(implementation).toMatch(/jit_fp32_wino_2x3:\S+ x4[,;]/);
     else expect(implementation).not.toMatch(/wino/);
     predictor.dispose();
