@@ -293,13 +293,14 @@ class CpuInferencePlan final : public InferencePlan {
     return dnnl::convolution_forward::primitive_desc(d, attr, ctx_.engine());
   }
 
-  // Winograd F(2x2, 3x3) (oneDNN's `jit_fp32_wino_2x3`) for f32 3x3 stride-1 convolutions on
-  // channel-blocked maps of at least kWinogradMinPixels output pixels: 16 multiplications for each
-  // 2x2 output tile where the direct kernel does 36. At batch 1 it measured 1.3-2.4x faster than
-  // the direct kernel at 56x56 and 28x28 (ResNet-50's first two stages) and slower at 14x14 and
-  // 7x7, where a few tiles per image leave its batched products short (bench/RESULTS.md). Its
-  // transforms (entries 0, +-1, +-1/2) add rounding of the order of f32's epsilon, within the
-  // tolerance the f32 plan is held to.
+  // Winograd convolutions for f32 3x3 stride-1 convolutions on channel-blocked maps of at least
+  // kWinogradMinPixels output pixels. oneDNN 2.6 picks the kernel: F(2x2, 3x3) (`jit_fp32_wino_2x3`:
+  // 16 multiplications per 2x2 output tile where the direct kernel does 36) at batch 1 and 2,
+  // F(4x4, 3x3) (`jit_wino_4x3`: 36 per 4x4 tile against 144) from batch 3. At batch 1 it measured
+  // 1.6-1.7x faster than the direct kernel on one thread at 56x56 and 28x28 (ResNet-50's first two
+  // stages), but slower at 14x14 and 7x7 with two threads, where an image has too few tiles to share
+  // out (bench/RESULTS.md). The transforms add rounding of a few f32 epsilons per layer (larger for
+  // F(4x4, 3x3)); the plan stays within the f32 tolerance of the eval forward.
   static constexpr int64_t kWinogradMinPixels = 28 * 28;
 
   bool winogradFits(const InferenceNode& node, const Shape& out) const {
