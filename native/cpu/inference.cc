@@ -6,7 +6,8 @@
 //   kernel; f32 outputs are channel-blocked (nChw16c with AVX-512), bf16 outputs in the layout
 //   oneDNN picks. Each convolution reads its input in the layout its producer wrote.
 //   Bias, the residual add (a `sum` post-op) and the ReLU (an `eltwise_relu` post-op after it) run
-//   inside the convolution.
+//   inside the convolution. f32 3x3 stride-1 convolutions on large maps take oneDNN's Winograd
+//   kernels on the same layouts (winogradFits).
 // - The weights (OHWI f32 with batch norm folded in) are reordered once into the layout, and the
 //   dtype, the primitive wants.
 // - Max pooling, global average pooling and the final inner product run on the same layouts. The
