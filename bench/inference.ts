@@ -11,7 +11,7 @@
  * `int8` dtype is benchmarked only when one is given, and reported as skipped otherwise.
  * @packageDocumentation
  */
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { realpathSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -40,13 +40,18 @@ export interface InferenceBenchOptions {
 export interface InferenceBenchRow {
   dtype: PredictorDType;
   batch: number;
-  /** Median ms per call: ours, and ONNX Runtime (f32) on the same batch. */
+  /** Median over the rounds of the mean ms per call: ours, and ONNX Runtime (f32) on the same batch. */
   oursMs: number;
   ortMs: number;
+  /** The fastest single call of all rounds (ms): ours, and ONNX Runtime's. */
+  oursMinMs: number;
+  ortMinMs: number;
   oursImagesPerSecond: number;
   ortImagesPerSecond: number;
-  /** ONNX Runtime's time over ours: above 1, ours is faster. */
+  /** ONNX Runtime's time over ours (medians): above 1, ours is faster. */
   speedup: number;
+  /** The 1-minute load average before and after the row's rounds (the machine may be shared). */
+  loadAverage: [number, number];
   implementation: string;
 }
 
@@ -63,15 +68,20 @@ function median(values: readonly number[]): number {
   return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 }
 
-/** Mean ms per call of `call`, repeated for about `seconds` (at least once). */
-async function timeCalls(call: () => unknown, seconds: number): Promise<number> {
+/** The mean and the fastest ms per call of `call`, repeated for about `seconds` (at least once). */
+async function timeCalls(call: () => unknown, seconds: number): Promise<{ mean: number; min: number }> {
   let calls = 0;
+  let min = Infinity;
   const start = performance.now();
+  let end = start;
   do {
     await call();
+    const now = performance.now();
+    min = Math.min(min, now - end);
+    end = now;
     calls++;
-  } while (performance.now() - start < seconds * 1000);
-  return (performance.now() - start) / calls;
+  } while (end - start < seconds * 1000);
+  return { mean: (end - start) / calls, min };
 }
 
 /** NHWC values as NCHW. */
@@ -97,7 +107,9 @@ export async function benchInference(o: InferenceBenchOptions): Promise<Inferenc
     `\ninference: ResNet-${o.depth}, ${o.size} px, ours (NHWC input) beside ONNX Runtime f32 (NCHW input), ${o.rounds} alternating rounds of ${o.seconds} s each`,
   );
   console.log(`  ${machineLine()}`);
-  console.log('  dtype  batch   ours ms   ORT ms   ours img/s   ORT img/s   ORT/ours   implementation');
+  console.log(
+    '  dtype  batch   ours ms   ORT ms   ours min   ORT min   ours img/s   ORT img/s   ORT/ours   load   implementation',
+  );
   const rows: InferenceBenchRow[] = [];
   for (const batch of o.batches) {
     const host = Tensor.randn([batch, o.size, o.size, 3], { seed: 3 }).toFloat32Array();
@@ -118,28 +130,35 @@ export async function benchInference(o: InferenceBenchOptions): Promise<Inferenc
       const theirs = (): Promise<unknown> => session.run(feeds);
       ours();
       await theirs();
-      const oursTimes: number[] = [];
-      const ortTimes: number[] = [];
+      const oursTimes: { mean: number; min: number }[] = [];
+      const ortTimes: { mean: number; min: number }[] = [];
+      const loadBefore = loadavg()[0]!;
       for (let r = 0; r < o.rounds; r++) {
         oursTimes.push(await timeCalls(ours, o.seconds));
         ortTimes.push(await timeCalls(theirs, o.seconds));
       }
-      const oursMs = median(oursTimes);
-      const ortMs = median(ortTimes);
+      const oursMs = median(oursTimes.map((t) => t.mean));
+      const ortMs = median(ortTimes.map((t) => t.mean));
       const row: InferenceBenchRow = {
         dtype,
         batch,
         oursMs,
         ortMs,
+        oursMinMs: Math.min(...oursTimes.map((t) => t.min)),
+        ortMinMs: Math.min(...ortTimes.map((t) => t.min)),
         oursImagesPerSecond: (batch * 1000) / oursMs,
         ortImagesPerSecond: (batch * 1000) / ortMs,
         speedup: ortMs / oursMs,
+        loadAverage: [loadBefore, loadavg()[0]!],
         implementation: predictor.implementation([batch, o.size, o.size, 3]),
       };
       predictor.dispose();
       rows.push(row);
       console.log(
-        `  ${dtype.padEnd(5)}  ${String(batch).padStart(5)} ${oursMs.toFixed(1).padStart(9)} ${ortMs.toFixed(1).padStart(8)} ${row.oursImagesPerSecond.toFixed(1).padStart(12)} ${row.ortImagesPerSecond.toFixed(1).padStart(11)} ${row.speedup.toFixed(2).padStart(9)}x   ${row.implementation}`,
+        `  ${dtype.padEnd(5)}  ${String(batch).padStart(5)} ${oursMs.toFixed(1).padStart(9)} ${ortMs.toFixed(1).padStart(8)} ${row.oursMinMs.toFixed(1).padStart(10)} ${row.ortMinMs.toFixed(1).padStart(9)} ${row.oursImagesPerSecond.toFixed(1).padStart(12)} ${row.ortImagesPerSecond.toFixed(1).padStart(11)} ${row.speedup.toFixed(2).padStart(9)}x ${row.loadAverage
+          .map((l) => l.toFixed(1))
+          .join('-')
+          .padStart(9)}   ${row.implementation}`,
       );
     }
     x.dispose();

@@ -6,7 +6,8 @@
 //   kernel; f32 outputs are channel-blocked (nChw16c with AVX-512), bf16 outputs in the layout
 //   oneDNN picks. Each convolution reads its input in the layout its producer wrote.
 //   Bias, the residual add (a `sum` post-op) and the ReLU (an `eltwise_relu` post-op after it) run
-//   inside the convolution.
+//   inside the convolution. f32 3x3 stride-1 convolutions on large maps take oneDNN's Winograd
+//   kernels on the same layouts (winogradFits).
 // - The weights (OHWI f32 with batch norm folded in) are reordered once into the layout, and the
 //   dtype, the primitive wants.
 // - Max pooling, global average pooling and the final inner product run on the same layouts. The
@@ -255,6 +256,12 @@ class CpuInferencePlan final : public InferencePlan {
     Tensor owned = ctx_.allocateBytes(std::max<size_t>(want.get_size(), 64));
     memory src(memory::desc(dims, dt::f32, plain), eng, const_cast<float*>(host.data()));
     memory dst(want, eng, owned.data());
+    if (want.data.format_kind == dnnl_format_kind_wino) {
+      // oneDNN transforms Winograd weights only from the plain OIHW order: go through it.
+      memory oihw(memory::desc(dims, dt::f32, tag::abcd), eng);
+      dnnl::reorder(src, oihw).execute(ctx_.stream(), src, oihw);
+      src = oihw;
+    }
     dnnl::reorder(src, dst).execute(ctx_.stream(), src, dst);
     ctx_.stream().wait();
     weights_.push_back(owned);
@@ -277,14 +284,46 @@ class CpuInferencePlan final : public InferencePlan {
 
   dnnl::convolution_forward::primitive_desc convPd(const InferenceNode& node, const memory::desc& src,
                                                    const memory::desc& dst, const dnnl::primitive_attr& attr,
-                                                   const Shape& in, const Shape& out) {
+                                                   const Shape& in, const Shape& out,
+                                                   dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct) {
     const memory::dims wDims{node.outChannels, node.inChannels, node.kernelH, node.kernelW};
-    const dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                            src, memory::desc(wDims, act_, tag::any),
-                                            memory::desc({node.outChannels}, dt::f32, tag::x), dst,
-                                            {node.strideH, node.strideW}, {node.dilationH - 1, node.dilationW - 1},
-                                            {node.padH, node.padW}, padRight(node, in, out));
+    const dnnl::convolution_forward::desc d(
+        dnnl::prop_kind::forward_inference, algorithm, src, memory::desc(wDims, act_, tag::any),
+        memory::desc({node.outChannels}, dt::f32, tag::x), dst, {node.strideH, node.strideW},
+        {node.dilationH - 1, node.dilationW - 1}, {node.padH, node.padW}, padRight(node, in, out));
     return dnnl::convolution_forward::primitive_desc(d, attr, ctx_.engine());
+  }
+
+  // Winograd convolutions for f32 3x3 stride-1 convolutions on channel-blocked maps of at least
+  // kWinogradMinPixels output pixels. oneDNN 2.6 picks the kernel: F(2x2, 3x3) (`jit_fp32_wino_2x3`:
+  // 16 multiplications per 2x2 output tile where the direct kernel does 36) at batch 1 and 2,
+  // F(4x4, 3x3) (`jit_wino_4x3`: 36 per 4x4 tile against 144) from batch 3. At batch 1 it measured
+  // 1.6-1.7x faster than the direct kernel on one thread at 56x56 and 28x28 (ResNet-50's first two
+  // stages), but slower at 14x14 and 7x7 with two threads, where an image has too few tiles to share
+  // out (bench/RESULTS.md). The transforms add rounding of a few f32 epsilons per layer (larger for
+  // F(4x4, 3x3)); the plan stays within the f32 tolerance of the eval forward.
+  static constexpr int64_t kWinogradMinPixels = 28 * 28;
+
+  bool winogradFits(const InferenceNode& node, const Shape& out) const {
+    return p_.dtype == DType::F32 && blockedWidth_ == 16 && node.kernelH == 3 && node.kernelW == 3 &&
+           node.strideH == 1 && node.strideW == 1 && node.dilationH == 1 && node.dilationW == 1 &&
+           out[1] * out[2] >= kWinogradMinPixels;
+  }
+
+  // The Winograd convolution on the layouts `direct` chose, or `direct` when oneDNN has no
+  // Winograd kernel for it (channels, post-ops, ISA).
+  dnnl::convolution_forward::primitive_desc winogradOr(const InferenceNode& node,
+                                                       const dnnl::convolution_forward::primitive_desc& direct,
+                                                       const dnnl::primitive_attr& attr, const Shape& in,
+                                                       const Shape& out) {
+    try {
+      auto pd =
+          convPd(node, direct.src_desc(), direct.dst_desc(), attr, in, out, dnnl::algorithm::convolution_winograd);
+      if (!isReference(pd.impl_info_str())) return pd;
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+    }
+    return direct;
   }
 
   void addConv(size_t i, const InferenceNode& node) {
@@ -307,6 +346,7 @@ class CpuInferencePlan final : public InferencePlan {
     const bool internal = node.input > 0;
     auto pd = convPd(node, internal ? values_[node.input].desc : anySrc, anyDst, attr, in, out);
     if (internal && isReference(pd.impl_info_str())) pd = convPd(node, anySrc, anyDst, attr, in, out);
+    if (winogradFits(node, out)) pd = winogradOr(node, pd, attr, in, out);
     // Accumulate into the residual's buffer when this is its last reader: the output takes its layout.
     if (node.residual > 0 && values_[node.residual].lastUse == static_cast<int64_t>(i) &&
         values_[node.residual].desc != pd.dst_desc() && node.residual != node.input) {
