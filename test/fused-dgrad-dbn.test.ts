@@ -1,11 +1,13 @@
 /**
- * The backward of the `conv-bn` prologue on CUDA (native/cuda/fused_dgrad.{cc,cu}): convDgradDbn
- * (one cuDNN graph: convolution backward data, ReLU backward on the recomputed x * scale + shift,
- * the batch norm's backward weights) and batchNormBackwardApply, on the emulated device, in bf16
- * and f16: against a host reference of the graph and against the unfused composition (the
- * convolution's backward data through Conv2dPlan, then batchNormBackward with the ReLU of
- * batchNormForward's output). Then the refusals: bad arguments, each named, and a backend without
- * the path. Runs in the 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator);
+ * The backward of the `conv-bn` prologue on CUDA (native/cuda/fused_dgrad.{cc,cu},
+ * fused_conv_wgrad.cc), on the emulated device, in bf16 and f16. convDgradDbn (one cuDNN graph:
+ * convolution backward data, ReLU backward on the recomputed x * scale + shift, the batch norm's
+ * backward weights) and batchNormBackwardApply: against a host reference of the graph and against
+ * the unfused composition (the convolution's backward data through Conv2dPlan, then
+ * batchNormBackward with the ReLU of batchNormForward's output). convWgradSbr (the filter gradient
+ * with the scale-bias-ReLU prologue): against a host reference and Conv2dPlan's backward filter of
+ * the stored activation. Then the refusals: bad arguments, each named, and a backend without the
+ * path. Runs in the 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator);
  * without a usable CUDA backend the CUDA cases are skipped.
  */
 import { describe, expect, it } from 'vitest';
@@ -84,6 +86,33 @@ function backwardDataHost(dy: Float32Array, wt: Float32Array): Float64Array {
   return dx;
 }
 
+/** dw [K, 3, 3, C] = the convolution's backward filter of x [N, H, W, C] with dy, in double precision. */
+function backwardFilterHost(x: ArrayLike<number>, dy: Float32Array): Float64Array {
+  const dw = new Float64Array(K * 9 * C);
+  for (let n = 0; n < N; n++) {
+    for (let p = 0; p < P; p++) {
+      for (let q = 0; q < P; q++) {
+        for (let k = 0; k < K; k++) {
+          const g = at(dy, ((n * P + p) * P + q) * K + k);
+          for (let r = 0; r < 3; r++) {
+            const h = p * 2 - 1 + r;
+            if (h < 0 || h >= H) continue;
+            for (let s = 0; s < 3; s++) {
+              const w = q * 2 - 1 + s;
+              if (w < 0 || w >= W) continue;
+              for (let c = 0; c < C; c++) {
+                const i = ((k * 3 + r) * 3 + s) * C + c;
+                dw[i] = at(dw, i) + g * at(x, ((n * H + h) * W + w) * C + c);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return dw;
+}
+
 /** The inputs of one case, on the device, and their host copies. */
 function problem(dtype: 'bf16' | 'f16') {
   const opts = { device: DEVICE, dtype };
@@ -122,6 +151,9 @@ describe('the conv-bn prologue backward without CUDA', () => {
     const per = { scale: v.raw, shift: v.raw, gamma: v.raw, saveMean: v.raw, saveInvStd: v.raw };
     const grads = { dGamma: v.raw, dBeta: v.raw, eqDz: v.raw, eqX: v.raw, eqBias: v.raw };
     expect(() => addon().convDgradDbn({ dy: dy.raw, weight: w.raw, x: x.raw, dz: z.raw, ...per, ...grads })).toThrow(
+      /needs a CUDA device/,
+    );
+    expect(() => addon().convWgradSbr({ x: x.raw, dy: dy.raw, scale: v.raw, shift: v.raw, dWeight: w.raw })).toThrow(
       /needs a CUDA device/,
     );
   });
@@ -309,6 +341,88 @@ describe.skipIf(reason !== undefined)(
       });
     }
 
+    for (const dtype of ['bf16', 'f16'] as const) {
+      it(`convWgradSbr against the host graph and the unfused path (${dtype})`, () => {
+        const pr = problem(dtype);
+        const { opts, f32 } = pr;
+        pr.w.dispose(); // the filter gradient does not read the weights
+        using x = pr.x;
+        using dy = pr.dy;
+        using gamma = pr.gamma;
+        using beta = pr.beta;
+        using a = Tensor.zeros([N, H, W, C], opts);
+        using rm = Tensor.zeros([C], f32);
+        using rv = Tensor.from(new Float32Array(C).fill(1), [C], f32);
+        using saveMean = Tensor.zeros([C], f32);
+        using saveInvStd = Tensor.zeros([C], f32);
+        addon().batchNormForward({
+          x: x.raw,
+          gamma: gamma.raw,
+          beta: beta.raw,
+          y: a.raw,
+          runningMean: rm.raw,
+          runningVar: rv.raw,
+          saveMean: saveMean.raw,
+          saveInvStd: saveInvStd.raw,
+          training: true,
+          relu: true,
+        });
+        const meanHost = saveMean.toFloat32Array();
+        const invStdHost = saveInvStd.toFloat32Array();
+        const scaleHost = Float32Array.from(pr.gammaHost, (g, c) => g * at(invStdHost, c));
+        const shiftHost = Float32Array.from(pr.betaHost, (b, c) => b - at(meanHost, c) * at(scaleHost, c));
+        using scale = Tensor.from(scaleHost, [C], f32);
+        using shift = Tensor.from(shiftHost, [C], f32);
+        // The f32 master gradient accumulates: both paths start from the same values.
+        const dW0 = lcgValues(K * 9 * C, 18).map((v) => 0.1 * v);
+
+        // Unfused: the backward filter of the stored activation relu(bn(x)).
+        const plan = new (addon().Conv2dPlan)({
+          ...opts,
+          n: N,
+          h: H,
+          w: W,
+          c: C,
+          k: K,
+          kernelH: 3,
+          kernelW: 3,
+          strideH: 2,
+          strideW: 2,
+          padH: 1,
+          padW: 1,
+        });
+        using dW = Tensor.from(dW0, [K, 3, 3, C], f32);
+        plan.backwardWeights({ x: a.raw, dy: dy.raw, dWeight: dW.raw });
+        plan.dispose();
+
+        using fdW = Tensor.from(dW0, [K, 3, 3, C], f32);
+        addon().convWgradSbr({
+          x: x.raw,
+          dy: dy.raw,
+          scale: scale.raw,
+          shift: shift.raw,
+          dWeight: fdW.raw,
+          strideH: 2,
+          strideW: 2,
+          padH: 1,
+          padW: 1,
+        });
+        const got = fdW.toFloat32Array();
+
+        // The host graph: the activation in f32 (virtual tensors), the backward filter in double,
+        // stored in bf16/f16 and added to the f32 gradient (measured: equal).
+        const activated = Array.from(pr.xHost, (v, i) =>
+          Math.max(0, Math.fround(Math.fround(v * at(scaleHost, i % C)) + at(shiftHost, i % C))),
+        );
+        const dwLow = roundTo(dtype, backwardFilterHost(activated, pr.dyHost));
+        const want = Array.from(dwLow, (v, i) => Math.fround(v + at(dW0, i)));
+        expect(relativeMaxError(got, want)).toBeLessThan(1e-6);
+        // Against the unfused path, which rounds the activation to bf16/f16 before the convolution
+        // (measured: 3.1e-3 in bf16, 7.7e-4 in f16, about one rounding of the activation).
+        expect(relativeMaxError(got, dW.toFloat32Array())).toBeLessThan(dtype === 'bf16' ? 1e-2 : 2e-3);
+      });
+    }
+
     it('refuses bad arguments, naming them', () => {
       const pr = problem('bf16');
       const { opts, f32 } = pr;
@@ -359,6 +473,17 @@ describe.skipIf(reason !== undefined)(
       expect(() =>
         addon().convDgradDbn({ ...args, ...six, ...sixOut, x: x6.raw, weight: w6.raw, dz: dz6.raw }),
       ).toThrow(/multiples of 8/);
+
+      const wgrad = { x: x.raw, dy: dy.raw, scale: v.raw, shift: v.raw, dWeight: w.raw, strideH: 2, strideW: 2 };
+      using wLow = Tensor.zeros([K, 3, 3, C], opts);
+      expect(() => addon().convWgradSbr({ ...wgrad, padH: 1, padW: 1, dWeight: wLow.raw })).toThrow(
+        /dWeight must be f32/,
+      );
+      expect(() => addon().convWgradSbr({ ...wgrad, padH: 1, padW: 1, shift: v12.raw })).toThrow(
+        /shift must have shape/,
+      );
+      expect(() => addon().convWgradSbr(wgrad)).toThrow(/dy must have shape/);
+      expect(() => addon().convWgradSbr({ ...wgrad, padH: 1, padW: 1, x: x32.raw })).toThrow(/bf16 or f16/);
 
       const apply = { dz: dz.raw, x: x.raw, eqDz: v.raw, eqX: v.raw, eqBias: v.raw, dx: dz.raw };
       expect(() => addon().batchNormBackwardApply({ ...apply, eqBias: v12.raw })).toThrow(/eqBias must have shape/);

@@ -549,6 +549,18 @@ struct BatchNormBackwardApplyArgs {
   Tensor dx;  // overwritten
 };
 
+// The filter gradient of the `conv-bn` prologue's convolution (CUDA, one cuDNN graph): with the
+// forward y = conv(relu(x * scale + shift), weight),
+//   dWeight += conv_backward_filter(relu(x * scale + shift), dy)
+// the normalised activation recomputed in f32 as the convolution loads x, never written. x [N,H,W,C]
+// and dy [N,P,Q,K] NHWC in one dtype, bf16 or f16, 16-byte aligned, C and K multiples of 8;
+// scale, shift f32[C]; dWeight the f32 master gradient [K,R,S,C], accumulated.
+struct ConvWgradSbrArgs {
+  Tensor x, dy, scale, shift;
+  Tensor dWeight;
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
+};
+
 // A device's utilisation and memory as the NVIDIA driver reports them (what nvidia-smi shows),
 // read through NVML: `gpuPercent` is the share of the driver's last sample period (between 1/6 s
 // and 1 s depending on the product) during which at least one kernel was running, `memoryPercent`
@@ -643,6 +655,7 @@ class Backend {
   // throw ERR_RC_BACKEND_UNAVAILABLE as above.
   virtual void convDgradDbn(const ConvDgradDbnArgs& args);
   virtual void batchNormBackwardApply(const BatchNormBackwardApplyArgs& args);
+  virtual void convWgradSbr(const ConvWgradSbrArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;
