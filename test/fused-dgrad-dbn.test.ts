@@ -1,7 +1,7 @@
 /**
  * The backward of the `conv-bn` prologue on CUDA (native/cuda/fused_dgrad.{cc,cu},
  * fused_conv_wgrad.cc), on the emulated device, in bf16 and f16. convDgradDbn (one cuDNN graph:
- * convolution backward data, ReLU backward on the recomputed x * scale + shift, the batch norm's
+ * convolution backward data, ReLU backward on the recomputed batch norm output, the batch norm's
  * backward weights) and batchNormBackwardApply: against a host reference of the graph and against
  * the unfused composition (the convolution's backward data through Conv2dPlan, then
  * batchNormBackward with the ReLU of batchNormForward's output). convWgradSbr (the filter gradient
@@ -275,16 +275,19 @@ describe.skipIf(reason !== undefined)(
         });
 
         // dz against the host graph: the backward data of bf16/f16 weights in double, rounded to the
-        // f32 virtual tensor, masked where the recomputed f32 x * scale + shift is not positive,
+        // f32 virtual tensor, masked where the recomputed f32 (x - mean) * invStd * gamma + beta is not
+        // positive (beta formed on the device as shift + mean * scale),
         // stored in bf16/f16 (the emulator sums in another order, which may move an f32 rounding;
         // measured: equal).
         const dAHost = backwardDataHost(pr.dyHost, roundTo(dtype, pr.wHost));
+        const betaDevice = Float32Array.from(shiftHost, (v, c) => v + Math.fround(at(meanHost, c) * at(scaleHost, c)));
         const dzWant = roundTo(
           dtype,
           Array.from(dAHost, (v, i) => {
             const c = i % C;
-            const t = Math.fround(Math.fround(at(pr.xHost, i) * at(scaleHost, c)) + at(shiftHost, c));
-            return t > 0 ? Math.fround(v) : 0;
+            const centered = Math.fround(at(pr.xHost, i) - at(meanHost, c));
+            const normalized = Math.fround(Math.fround(centered * at(invStdHost, c)) * at(pr.gammaHost, c));
+            return Math.fround(normalized + at(betaDevice, c)) > 0 ? Math.fround(v) : 0;
           }),
         );
         expect(relativeMaxError(dzHost, dzWant)).toBeLessThan(1e-6);

@@ -524,7 +524,8 @@ struct BatchNormFinalizeArgs {
 // convolution's raw output and scale = gamma * invStd, shift = beta - mean * scale (a batch norm in
 // training, then a ReLU); from dy it computes
 //   dA = conv_backward_data(dy, weight)                                   (not written)
-//   dz = dA where x * scale + shift > 0, else 0     (the gradient at the batch norm's output)
+//   dz = dA where x * scale + shift > 0, else 0     (the gradient at the batch norm's output; the
+//        graph recomputes x * scale + shift as (x - mean) * invStd * gamma + beta)
 //   dGamma += sum(dz * (x - mean) * invStd), dBeta += sum(dz)            (sums over the N*H*W rows)
 // and the per-channel coefficients of the batch norm's input gradient, which
 // batchNormBackwardApply applies: dx = eqDz * dz + eqX * x + eqBias, with M = N*H*W,
