@@ -4,12 +4,15 @@
 //   t1 = MUL(x, scale), t2 = ADD(t1, shift), a = RELU_FWD(t2)   (virtual, f32: the forward's operand)
 //   dw = CONV_BWD_FILTER(a, dy)                                  (written, x's dtype)
 //
-// the scale-bias-ReLU prologue on a wgrad of cuDNN's runtime fusion engines
-// (https://docs.nvidia.com/deeplearning/cudnn/backend/latest/developer/graph-api.html, "Generic
-// Runtime Fusion Engines": pointwise operations on a convolution's input, here the backward-filter
-// convolution's x), so the normalised activation is recomputed as the convolution loads x and never
-// written. dw is written in x's dtype, as the unfused backward filter writes it, into a buffer of
-// the plan's own; accumulateF32 then adds it to the caller's f32 master gradient.
+// the ConvBNwgrad pattern (scale + bias + ReLU + wgrad) of cuDNN's fusion engines
+// (https://docs.nvidia.com/deeplearning/cudnn/backend/latest/developer/graph-api.html, "Specialized
+// Pre-Compiled Engines", ConvBNwgrad, which needs all intermediate tensors virtual and 16-byte
+// aligned NHWC I/O), so the normalised activation is recomputed as the convolution loads x and
+// never written. NVIDIA documents that pre-compiled engine for FP16 x, scale, bias and dy; here
+// scale and shift stay f32 (the forward prologue's) and bf16 graphs are built the same way, so on
+// a device where no engine takes the graph ExecutionPlan throws with each engine's refusal. dw is
+// written in x's dtype, as the unfused backward filter writes it, into a buffer of the plan's own;
+// accumulateF32 then adds it to the caller's f32 master gradient.
 #include "fused_conv_wgrad.h"
 
 #include <map>
