@@ -6,12 +6,13 @@
  * the unfused composition (the convolution's backward data through Conv2dPlan, then
  * batchNormBackward with the ReLU of batchNormForward's output). convWgradSbr (the filter gradient
  * with the scale-bias-ReLU prologue): against a host reference and Conv2dPlan's backward filter of
- * the stored activation. Then the refusals: bad arguments, each named, and a backend without the
- * path. Runs in the 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator);
- * without a usable CUDA backend the CUDA cases are skipped.
+ * the stored activation. Then a CUDA graph's capture and replay of the three ops, and the
+ * refusals: bad arguments, each named, and a backend without the path. Runs in the
+ * 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator); without a usable CUDA
+ * backend the CUDA cases are skipped.
  */
 import { describe, expect, it } from 'vitest';
-import { Tensor, listBackends } from '../lib/index.js';
+import { CudaGraph, Tensor, listBackends } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
 import { lcgValues } from './helpers/fused-runs.js';
 
@@ -425,6 +426,76 @@ describe.skipIf(reason !== undefined)(
         expect(relativeMaxError(got, dW.toFloat32Array())).toBeLessThan(dtype === 'bf16' ? 1e-2 : 2e-3);
       });
     }
+
+    it('captures into a CUDA graph after a warm-up run, and the replay computes what the eager run did', () => {
+      const pr = problem('bf16');
+      const { opts, f32 } = pr;
+      using x = pr.x;
+      using dy = pr.dy;
+      using w = pr.w;
+      using gamma = pr.gamma;
+      pr.beta.dispose(); // the backward reads the statistics and the prologue's affine map only
+      const vec = (seed: number, offset: number) =>
+        Tensor.from(
+          lcgValues(C, seed).map((v) => offset + 0.5 * v),
+          [C],
+          f32,
+        );
+      using scale = vec(21, 1);
+      using shift = vec(22, 0);
+      using mean = vec(23, 0);
+      using invStd = vec(24, 1);
+      using dz = Tensor.zeros([N, H, W, C], opts);
+      using dGamma = Tensor.zeros([C], f32);
+      using dBeta = Tensor.zeros([C], f32);
+      using eqDz = Tensor.zeros([C], f32);
+      using eqX = Tensor.zeros([C], f32);
+      using eqBias = Tensor.zeros([C], f32);
+      using dW = Tensor.zeros([K, 3, 3, C], f32);
+      const window = { strideH: 2, strideW: 2, padH: 1, padW: 1 };
+      const step = (): void => {
+        addon().convDgradDbn({
+          dy: dy.raw,
+          weight: w.raw,
+          x: x.raw,
+          scale: scale.raw,
+          shift: shift.raw,
+          gamma: gamma.raw,
+          saveMean: mean.raw,
+          saveInvStd: invStd.raw,
+          dz: dz.raw,
+          dGamma: dGamma.raw,
+          dBeta: dBeta.raw,
+          eqDz: eqDz.raw,
+          eqX: eqX.raw,
+          eqBias: eqBias.raw,
+          ...window,
+        });
+        addon().convWgradSbr({ x: x.raw, dy: dy.raw, scale: scale.raw, shift: shift.raw, dWeight: dW.raw, ...window });
+        addon().batchNormBackwardApply({
+          dz: dz.raw,
+          x: x.raw,
+          eqDz: eqDz.raw,
+          eqX: eqX.raw,
+          eqBias: eqBias.raw,
+          dx: dz.raw,
+        });
+      };
+      const outputs = [dz, dGamma, dBeta, eqDz, eqX, eqBias, dW];
+      step();
+      const eager = outputs.map((t) => t.toFloat32Array());
+      for (const t of outputs) addon().fill({ tensor: t.raw, value: 0 });
+      const graph = CudaGraph.capture(DEVICE, step);
+      try {
+        // Capturing ran nothing: the outputs are still zero.
+        expect(dz.toFloat32Array().every((v) => v === 0)).toBe(true);
+        graph.replay();
+        outputs.forEach((t, i) => expect(t.toFloat32Array()).toEqual(eager[i]));
+        expect(dW.toFloat32Array().some((v) => v !== 0)).toBe(true);
+      } finally {
+        graph.dispose();
+      }
+    });
 
     it('refuses bad arguments, naming them', () => {
       const pr = problem('bf16');
