@@ -427,6 +427,37 @@ describe.skipIf(reason !== undefined)(
       });
     }
 
+    it('batchNormBackwardApply on a channel count without 16-byte packs (6), into a separate dx', () => {
+      const opts = { device: DEVICE, dtype: 'f16' as const };
+      const f32 = { device: DEVICE };
+      const c6 = 6;
+      const dzHost = roundTo('f16', lcgValues(5 * c6, 31));
+      const xHost = roundTo('f16', lcgValues(5 * c6, 32));
+      const ca = lcgValues(c6, 33);
+      const cb = lcgValues(c6, 34);
+      const ck = lcgValues(c6, 35);
+      using dz = Tensor.from(dzHost, [5, c6], opts);
+      using x = Tensor.from(xHost, [5, c6], opts);
+      using dx = Tensor.zeros([5, c6], opts);
+      using eqDz = Tensor.from(ca, [c6], f32);
+      using eqX = Tensor.from(cb, [c6], f32);
+      using eqBias = Tensor.from(ck, [c6], f32);
+      addon().batchNormBackwardApply({
+        dz: dz.raw,
+        x: x.raw,
+        eqDz: eqDz.raw,
+        eqX: eqX.raw,
+        eqBias: eqBias.raw,
+        dx: dx.raw,
+      });
+      const want = roundTo(
+        'f16',
+        Array.from(dzHost, (g, i) => at(ca, i % c6) * g + at(cb, i % c6) * at(xHost, i) + at(ck, i % c6)),
+      );
+      expect(relativeMaxError(dx.toFloat32Array(), want)).toBeLessThanOrEqual(2 ** -11);
+      expect(dz.toFloat32Array()).toEqual(dzHost);
+    });
+
     it('captures into a CUDA graph after a warm-up run, and the replay computes what the eager run did', () => {
       const pr = problem('bf16');
       const { opts, f32 } = pr;
