@@ -232,6 +232,36 @@ interface PendingStats {
 }
 const pendingStats = new WeakMap<Tensor, PendingStats>();
 
+/**
+ * A batch norm's output handed to the next convolution's prologue on the `conv-bn` fused path
+ * ({@link BatchNorm2d.forwardPrologue} to {@link Conv2d.forwardPrologue}): the convolution reads
+ * `relu(x * scale + shift)` of the batch norm's input `x`, so the normalised activation is never
+ * written. `activation` is the batch norm's output buffer, unwritten until the pair's backward
+ * recomputes it (`lib/nn/prologue.ts`).
+ * @internal
+ */
+export interface PrologueInput {
+  /** The batch norm that finalised its statistics into `scale` and `shift`. */
+  readonly norm: BatchNorm2d;
+  /** The batch norm's input (the previous convolution's raw output). */
+  readonly x: Tensor;
+  /** `gamma * invStd` per channel (f32). */
+  readonly scale: Tensor;
+  /** `beta - mean * scale` per channel (f32). */
+  readonly shift: Tensor;
+  /** The batch norm's output buffer, which the forward leaves unwritten. */
+  readonly activation: Tensor;
+}
+
+/** The error of a prologue pair used other than through its container. */
+function prologueMisuse(what: string): never {
+  throw new ResnetError(
+    'ERR_RC_INVALID_ARGUMENT',
+    `${what}: on the conv-bn fused path a batch norm fed the next convolution's prologue and did not write its ` +
+      'output; the pair runs only through its container (Chain or Residual), whose backward recomputes that output',
+  );
+}
+
 /** Options of {@link Conv2d}, as in `torch.nn.Conv2d`. */
 export interface Conv2dOptions {
   inChannels: number;
@@ -267,6 +297,8 @@ export class Conv2d extends QuantizableLayer {
   #entry: ConvEntry | null = null;
   /** The channel sums of the output on the `conv-bn` fused path (f32[outChannels]). */
   #sums: { sum: Tensor; sqSum: Tensor } | null = null;
+  /** The batch norm whose prologue fed the last forward ({@link forwardPrologue}), or null. */
+  #prologue: BatchNorm2d | null = null;
 
   constructor(options: Conv2dOptions) {
     super();
@@ -331,6 +363,48 @@ export class Conv2d extends QuantizableLayer {
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, 'Conv2d');
+    const entry = this.#entryFor(x);
+    this.#entry = entry;
+    this.#prologue = null;
+    if (this.#takesConvBn(x)) {
+      this.#convBnForward(x, entry, null);
+      this.#input = x;
+    } else {
+      pendingStats.delete(entry.y);
+      this.#input = weightedForward(this, CONV2D_OPS, entry, x);
+    }
+    return entry.y;
+  }
+
+  /**
+   * Whether {@link forwardPrologue} takes the batch norm output of input `x` (same shape and
+   * dtype): the conditions of the `conv-bn` path, and `x` of this convolution's input channels.
+   * @internal
+   */
+  takesPrologue(x: Tensor): boolean {
+    return x.shape.length === 4 && x.shape[3] === this.inChannels && this.#takesConvBn(x);
+  }
+
+  /**
+   * The forward of `relu(p.x * p.scale + p.shift)` that the batch norm before this convolution
+   * handed over ({@link BatchNorm2d.forwardPrologue}): one convBnForward applies the batch norm
+   * and ReLU in its prologue and writes this output's channel sums in its epilogue. The activation
+   * it reads is not written; the pair's backward recomputes it (`lib/nn/prologue.ts`).
+   * @internal
+   */
+  forwardPrologue(p: PrologueInput): Tensor {
+    this.prepare(p.x, 'Conv2d');
+    const entry = this.#entryFor(p.x);
+    if (!this.takesPrologue(p.x)) prologueMisuse('Conv2d.forwardPrologue (the conv-bn path does not apply)');
+    this.#entry = entry;
+    this.#convBnForward(p.x, entry, p);
+    this.#input = p.activation;
+    this.#prologue = p.norm;
+    return entry.y;
+  }
+
+  /** Checks input `x` and returns the plan and buffers of its shape. */
+  #entryFor(x: Tensor): ConvEntry {
     expectTensor('Conv2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
     if (x.shape[3] !== this.inChannels) {
       mismatch(
@@ -343,7 +417,7 @@ export class Conv2d extends QuantizableLayer {
     if (out[1]! <= 0 || out[2]! <= 0) {
       mismatch('Conv2d input', 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
     }
-    const entry = this.#cache.get(x, () => {
+    return this.#cache.get(x, () => {
       const [n, h, w, c] = x.shape as [number, number, number, number];
       const plan = new (addon().Conv2dPlan)({
         device: x.device,
@@ -360,15 +434,6 @@ export class Conv2d extends QuantizableLayer {
       });
       return weightedEntry(this, plan, x, out);
     });
-    this.#entry = entry;
-    if (this.#takesConvBn(x)) {
-      this.#convBnForward(x, entry);
-      this.#input = x;
-    } else {
-      pendingStats.delete(entry.y);
-      this.#input = weightedForward(this, CONV2D_OPS, entry, x);
-    }
-    return entry.y;
   }
 
   /**
@@ -387,8 +452,11 @@ export class Conv2d extends QuantizableLayer {
     );
   }
 
-  /** The convolution with the statistics epilogue; the batch norm reading `e.y` takes the sums. */
-  #convBnForward(x: Tensor, e: ConvEntry): void {
+  /**
+   * The convolution with the statistics epilogue (the batch norm reading `e.y` takes the sums),
+   * and with the scale-bias-ReLU prologue of `prologue` when given.
+   */
+  #convBnForward(x: Tensor, e: ConvEntry, prologue: PrologueInput | null): void {
     const k = [this.outChannels];
     const sums = (this.#sums ??= {
       sum: this.activationBuffer(k, 'f32', x.device),
@@ -402,6 +470,7 @@ export class Conv2d extends QuantizableLayer {
       y: e.y.raw,
       sum: sums.sum.raw,
       sqSum: sums.sqSum.raw,
+      ...(prologue ? { scale: prologue.scale.raw, shift: prologue.shift.raw } : {}),
       ...this.#window(),
     });
     recorder?.end(token);
@@ -409,6 +478,7 @@ export class Conv2d extends QuantizableLayer {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
+    if (this.#prologue && !this.#prologue.prologueActivationReady) prologueMisuse('Conv2d.backward()');
     return this.backwardOnce(this.constructor.name, () =>
       weightedBackward(this, CONV2D_OPS, this.#entry, this.#input, gradOutput),
     );
@@ -423,6 +493,7 @@ export class Conv2d extends QuantizableLayer {
     this.#cache.clear();
     this.#entry = null;
     this.#input = null;
+    this.#prologue = null;
     disposeAll(this.#sums?.sum, this.#sums?.sqSum);
     this.#sums = null;
   }
@@ -511,6 +582,11 @@ export class BatchNorm2d extends Module {
   /** Whether the dual backward of {@link #dualMain} has computed this one's gradients for the last forward. */
   #dualGradReady = false;
   /**
+   * The last forward fed the next convolution's prologue ({@link forwardPrologue}): its output is
+   * 'unwritten' until {@link recomputePrologueActivation} makes it 'recomputed'; 'written' otherwise.
+   */
+  #output: 'written' | 'unwritten' | 'recomputed' = 'written';
+  /**
    * Set while gradient checkpointing recomputes a forward that already ran: a training-mode
    * forward then uses the batch statistics as usual but leaves the running statistics and
    * `num_batches_tracked` as they are, so that they are updated once per step.
@@ -596,6 +672,97 @@ export class BatchNorm2d extends Module {
     if (this.training && !discard) this.bumpCounter('num_batches_tracked');
     this.#recordForward(x, residual ?? null, entry, sync, null);
     return entry.y;
+  }
+
+  /**
+   * Whether {@link forwardPrologue} takes input `x`: training mode, ReLU, local (not synchronised),
+   * no deferred forward pending, and the channel sums of `x` written by the convolution that made
+   * it (the `conv-bn` path).
+   * @internal
+   */
+  feedsPrologue(x: Tensor): boolean {
+    return (
+      this.training &&
+      this.relu &&
+      !this.#deferNext &&
+      this.#sync?.active !== true &&
+      pendingStats.has(x) &&
+      fusedPathOn('conv-bn', x.device)
+    );
+  }
+
+  /**
+   * The training forward of `relu(bn(x))` for the next convolution's prologue (the `conv-bn` fused
+   * path): from the channel sums of `x`, the finalize writes the saved statistics, the running
+   * statistics' update and the prologue's scale and shift; the output is NOT written. Only the
+   * containers call it (`lib/nn/prologue.ts`), for an adjacent batch norm and convolution where
+   * nothing else reads the batch norm's output; their backward recomputes it.
+   * @internal
+   */
+  forwardPrologue(x: Tensor): PrologueInput {
+    const sync = this.#checkInput(x);
+    const stats = pendingStats.get(x);
+    if (sync || !stats || !this.feedsPrologue(x)) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'BatchNorm2d.forwardPrologue: needs training mode, relu: true, a local batch norm and the channel sums of ' +
+          'its input from a convolution on the conv-bn fused path',
+      );
+    }
+    pendingStats.delete(x);
+    const entry = this.#entryFor(x);
+    const discard = this.recomputing ? this.#discardRunning(x.device) : null;
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
+    const running = {
+      mean: (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw,
+      var: (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw,
+    };
+    const f = this.#finalize(stats, entry, running, x.device);
+    recorder?.end(token);
+    if (!discard) this.bumpCounter('num_batches_tracked');
+    this.#recordForward(x, null, entry, null, null);
+    this.#output = 'unwritten';
+    return { norm: this, x, scale: f.scale, shift: f.shift, activation: entry.y };
+  }
+
+  /**
+   * Writes the output a {@link forwardPrologue} left unwritten, `relu(bn(x))` with the batch
+   * statistics it saved, for the backward of the pair (the convolution's gradients read it as its
+   * input, this backward's ReLU mask as its output). Once recomputed, a second call does nothing.
+   * @internal
+   */
+  recomputePrologueActivation(): void {
+    const e = this.#entry;
+    const x = this.#input;
+    const f = e?.fused;
+    if (this.#output === 'recomputed') return;
+    if (this.#output !== 'unwritten' || !e || !x || !f) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'BatchNorm2d.recomputePrologueActivation: the last forward did not feed a convolution prologue',
+      );
+    }
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.recompute', this, x.device) : 0;
+    addon().batchNormForward({
+      x: x.raw,
+      gamma: this.weight.data.raw,
+      beta: this.bias.data.raw,
+      y: e.y.raw,
+      runningMean: e.saveMean.raw,
+      runningVar: f.variance.raw,
+      training: false,
+      relu: true,
+      eps: this.eps,
+    });
+    recorder?.end(token);
+    this.#output = 'recomputed';
+  }
+
+  /** Whether the output a {@link forwardPrologue} left unwritten has been recomputed (or was written). @internal */
+  get prologueActivationReady(): boolean {
+    return this.#output !== 'unwritten';
   }
 
   /**
@@ -738,6 +905,7 @@ export class BatchNorm2d extends Module {
     this.#dualMain = null;
     this.#dualGradReady = false;
     this.#dualPending = deferred;
+    this.#output = 'written';
     if (dualShortcut) {
       dualShortcut.#dualMain = this;
       dualShortcut.#dualPending = false;
@@ -751,28 +919,7 @@ export class BatchNorm2d extends Module {
    * running ones.
    */
   #fusedForward(args: BatchNormForwardArgs, stats: PendingStats, e: BnEntry, device: string): void {
-    const c = [this.numFeatures];
-    const f = (e.fused ??= {
-      scale: this.activationBuffer(c, 'f32', device),
-      shift: this.activationBuffer(c, 'f32', device),
-      variance: this.activationBuffer(c, 'f32', device),
-    });
-    addon().batchNormFinalize({
-      sum: stats.sum.raw,
-      sqSum: stats.sqSum.raw,
-      gamma: args.gamma,
-      beta: args.beta,
-      runningMean: args.runningMean,
-      runningVar: args.runningVar,
-      saveMean: e.saveMean.raw,
-      saveInvStd: e.saveInvStd.raw,
-      scale: f.scale.raw,
-      shift: f.shift.raw,
-      variance: f.variance.raw,
-      count: stats.count,
-      momentum: this.momentum,
-      eps: this.eps,
-    });
+    const f = this.#finalize(stats, e, { mean: args.runningMean, var: args.runningVar }, device);
     addon().batchNormForward({
       x: args.x,
       gamma: args.gamma,
@@ -785,6 +932,42 @@ export class BatchNorm2d extends Module {
       relu: this.relu,
       eps: this.eps,
     });
+  }
+
+  /**
+   * The batch statistics from a convolution's channel sums (batchNormFinalize): the saved
+   * statistics, the prologue's scale and shift and the batch variance into the entry, the running
+   * statistics' update into `running` (the layer's own, or scratch while recomputing).
+   */
+  #finalize(
+    stats: PendingStats,
+    e: BnEntry,
+    running: { mean: RawTensor; var: RawTensor },
+    device: string,
+  ): { scale: Tensor; shift: Tensor; variance: Tensor } {
+    const c = [this.numFeatures];
+    const f = (e.fused ??= {
+      scale: this.activationBuffer(c, 'f32', device),
+      shift: this.activationBuffer(c, 'f32', device),
+      variance: this.activationBuffer(c, 'f32', device),
+    });
+    addon().batchNormFinalize({
+      sum: stats.sum.raw,
+      sqSum: stats.sqSum.raw,
+      gamma: this.weight.data.raw,
+      beta: this.bias.data.raw,
+      runningMean: running.mean,
+      runningVar: running.var,
+      saveMean: e.saveMean.raw,
+      saveInvStd: e.saveInvStd.raw,
+      scale: f.scale.raw,
+      shift: f.shift.raw,
+      variance: f.variance.raw,
+      count: stats.count,
+      momentum: this.momentum,
+      eps: this.eps,
+    });
+    return f;
   }
 
   /** Scratch running statistics for a recomputed forward (zeros and ones, so the update stays finite). */
@@ -813,6 +996,7 @@ export class BatchNorm2d extends Module {
     const e = this.#entry;
     const x = this.#input;
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
+    if (this.#output === 'unwritten') prologueMisuse('BatchNorm2d.backward()');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (this.#dualMain || this.#dualPending) return this.#shortcutGrad(e);
     e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device);
@@ -914,6 +1098,7 @@ export class BatchNorm2d extends Module {
     this.#dualPending = false;
     this.#dualGradReady = false;
     this.#deferNext = false;
+    this.#output = 'written';
     this.#sync?.release();
   }
 }
