@@ -639,7 +639,7 @@ export class BatchNorm2d extends Module {
     if (this.#deferNext) {
       // A dual pass of the main branch's batch norm (forwardDual) normalises this input.
       this.#deferNext = false;
-      pendingStats.delete(x); // the dual pass computes both inputs' statistics itself
+      // The channel sums of x, if its convolution wrote them, stay for the dual pass.
       this.#recordForward(x, null, entry, null, null, true);
       return entry.y;
     }
@@ -802,12 +802,25 @@ export class BatchNorm2d extends Module {
     }
     expectTensor('BatchNorm2d dual shortcut input', s, { shape: x.shape, dtype: x.dtype, device: x.device });
     const entry = this.#entryFor(x);
-    pendingStats.delete(x); // the dual pass computes both inputs' statistics itself
+    // With the channel sums of both inputs from their convolutions (the `conv-bn` path), each
+    // side's statistics are finalised from them and the dual pass only normalises; otherwise it
+    // computes both inputs' statistics itself.
+    const statsA = this.training ? pendingStats.get(x) : undefined;
+    const statsB = shortcut.training ? pendingStats.get(s) : undefined;
+    const sums = statsA && statsB ? { a: statsA, b: statsB } : null;
+    pendingStats.delete(x);
+    pendingStats.delete(s);
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
-    const a = this.#dualSide(x, entry);
-    const b = shortcut.#dualSide(s, sEntry);
-    addon().dualBatchNormForward({ a: a.side, b: b.side, y: entry.y.raw, training: this.training, relu: this.relu });
+    const a = this.#dualSide(x, entry, sums?.a ?? null);
+    const b = shortcut.#dualSide(s, sEntry, sums?.b ?? null);
+    addon().dualBatchNormForward({
+      a: a.side,
+      b: b.side,
+      y: entry.y.raw,
+      training: this.training && !sums,
+      relu: this.relu,
+    });
     recorder?.end(token);
     if (this.training && !a.discarded) this.bumpCounter('num_batches_tracked');
     if (shortcut.training && !b.discarded) shortcut.bumpCounter('num_batches_tracked');
@@ -815,19 +828,28 @@ export class BatchNorm2d extends Module {
     return entry.y;
   }
 
-  /** This batch norm's side of a dual forward of input `x`. */
-  #dualSide(x: Tensor, entry: BnEntry): { side: RawDualBatchNormSide; discarded: boolean } {
+  /**
+   * This batch norm's side of a dual forward of input `x`. With `stats` (the channel sums of `x`)
+   * the statistics are finalised here and the side carries the batch mean and variance for a pass
+   * that only normalises (as {@link #fusedForward} does for a single batch norm).
+   */
+  #dualSide(x: Tensor, entry: BnEntry, stats: PendingStats | null): { side: RawDualBatchNormSide; discarded: boolean } {
     const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
+    const runningMean = (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw;
+    const runningVar = (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw;
+    const common = { x: x.raw, gamma: this.weight.data.raw, beta: this.bias.data.raw, eps: this.eps };
+    if (stats) {
+      const f = this.#finalize(stats, entry, { mean: runningMean, var: runningVar }, x.device);
+      const side = { ...common, runningMean: entry.saveMean.raw, runningVar: f.variance.raw };
+      return { side, discarded: discard !== null };
+    }
     const side: RawDualBatchNormSide = {
-      x: x.raw,
-      gamma: this.weight.data.raw,
-      beta: this.bias.data.raw,
-      runningMean: (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw,
-      runningVar: (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw,
+      ...common,
+      runningMean,
+      runningVar,
       saveMean: entry.saveMean.raw,
       saveInvStd: entry.saveInvStd.raw,
       momentum: this.momentum,
-      eps: this.eps,
     };
     return { side, discarded: discard !== null };
   }
