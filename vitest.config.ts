@@ -57,6 +57,7 @@ export default defineConfig({
             'test/fused.test.ts',
             'test/fused-bn-add-relu.test.ts',
             'test/fused-conv-bn.test.ts',
+            'test/fused-dgrad-dbn.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

@@ -613,6 +613,48 @@ export interface RawAddon {
     momentum?: number;
     eps?: number;
   }): void;
+  /**
+   * The backward of the `conv-bn` prologue (CUDA only), one cuDNN graph: with the forward
+   * y = conv(relu(x * scale + shift), weight), dz = conv_backward_data(dy, weight) masked where
+   * x * scale + shift <= 0 (written, x's dtype); dGamma += sum(dz * (x - saveMean) * saveInvStd) and
+   * dBeta += sum(dz) (accumulated); eqDz, eqX and eqBias (overwritten) the coefficients of the batch
+   * norm's input gradient that batchNormBackwardApply applies. dy, x and dz NHWC bf16/f16 with
+   * channel counts that are multiples of 8; weight the f32 master [K,R,S,C]; the rest f32[C].
+   */
+  convDgradDbn(args: {
+    dy: RawTensor;
+    weight: RawTensor;
+    x: RawTensor;
+    scale: RawTensor;
+    shift: RawTensor;
+    gamma: RawTensor;
+    saveMean: RawTensor;
+    saveInvStd: RawTensor;
+    dz: RawTensor;
+    dGamma: RawTensor;
+    dBeta: RawTensor;
+    eqDz: RawTensor;
+    eqX: RawTensor;
+    eqBias: RawTensor;
+    strideH?: number;
+    strideW?: number;
+    padH?: number;
+    padW?: number;
+    dilationH?: number;
+    dilationW?: number;
+  }): void;
+  /**
+   * The batch norm's input gradient from convDgradDbn's coefficients (CUDA only), per channel:
+   * dx = eqDz * dz + eqX * x + eqBias. dx may be dz.
+   */
+  batchNormBackwardApply(args: {
+    dz: RawTensor;
+    x: RawTensor;
+    eqDz: RawTensor;
+    eqX: RawTensor;
+    eqBias: RawTensor;
+    dx: RawTensor;
+  }): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;

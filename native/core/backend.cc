@@ -62,6 +62,17 @@ void Backend::batchNormFinalize(const BatchNormFinalizeArgs&) {
                << info().name << " backend runs batch norm unfused");
 }
 
+void Backend::convDgradDbn(const ConvDgradDbnArgs&) {
+  RC_THROW(code::kBackendUnavailable, "conv dgrad dbn: the fused backward needs a CUDA device (cuDNN's graph API); the "
+                                          << info().name << " backend runs the convolution and batch norm unfused");
+}
+
+void Backend::batchNormBackwardApply(const BatchNormBackwardApplyArgs&) {
+  RC_THROW(code::kBackendUnavailable,
+           "batch norm backward apply: part of the conv-bn fused path, which needs a CUDA device; the "
+               << info().name << " backend runs batch norm unfused");
+}
+
 namespace {
 
 // The unfused ops around an optimizer step, in the order a fused step replaces: the unscale and

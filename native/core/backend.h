@@ -519,6 +519,36 @@ struct BatchNormFinalizeArgs {
   float eps = 1e-5f;
 };
 
+// The backward of the `conv-bn` prologue (CUDA, one cuDNN graph: dgrad, dReLU, the batch norm's
+// backward weights). The forward was y = conv(relu(x * scale + shift), weight) with x the previous
+// convolution's raw output and scale = gamma * invStd, shift = beta - mean * scale (a batch norm in
+// training, then a ReLU); from dy it computes
+//   dA = conv_backward_data(dy, weight)                                   (not written)
+//   dz = dA where x * scale + shift > 0, else 0     (the gradient at the batch norm's output)
+//   dGamma += sum(dz * (x - mean) * invStd), dBeta += sum(dz)            (sums over the N*H*W rows)
+// and the per-channel coefficients of the batch norm's input gradient, which
+// batchNormBackwardApply applies: dx = eqDz * dz + eqX * x + eqBias, with M = N*H*W,
+//   eqDz = gamma * invStd, eqX = -gamma * invStd^3 * sum(dz * (x - mean)) / M,
+//   eqBias = -eqX * mean - eqDz * sum(dz) / M.
+// dy [N,P,Q,K], x and dz [N,H,W,C] NHWC in one dtype, bf16 or f16, 16-byte aligned, C and K
+// multiples of 8; weight the f32 master [K,R,S,C] (or already in x's dtype); the rest f32[C].
+struct ConvDgradDbnArgs {
+  Tensor dy, weight, x;
+  Tensor scale, shift, gamma, saveMean, saveInvStd;  // f32[C]
+  Tensor dz;                                         // overwritten
+  Tensor dGamma, dBeta;                              // f32[C], accumulated
+  Tensor eqDz, eqX, eqBias;                          // f32[C], overwritten
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
+};
+
+// The batch norm's input gradient from convDgradDbn's coefficients (ConvDgradDbnArgs), per channel
+// of NHWC tensors: dx = eqDz * dz + eqX * x + eqBias. dz, x and dx share shape and dtype; dx may be
+// dz (in place).
+struct BatchNormBackwardApplyArgs {
+  Tensor dz, x, eqDz, eqX, eqBias;
+  Tensor dx;  // overwritten
+};
+
 // A device's utilisation and memory as the NVIDIA driver reports them (what nvidia-smi shows),
 // read through NVML: `gpuPercent` is the share of the driver's last sample period (between 1/6 s
 // and 1 s depending on the product) during which at least one kernel was running, `memoryPercent`
@@ -609,6 +639,10 @@ class Backend {
   // ERR_RC_BACKEND_UNAVAILABLE: only the CUDA backend has cuDNN's graph API.
   virtual void convBnForward(const ConvBnForwardArgs& args);
   virtual void batchNormFinalize(const BatchNormFinalizeArgs& args);
+  // The conv-bn prologue's backward (ConvDgradDbnArgs, BatchNormBackwardApplyArgs); the defaults
+  // throw ERR_RC_BACKEND_UNAVAILABLE as above.
+  virtual void convDgradDbn(const ConvDgradDbnArgs& args);
+  virtual void batchNormBackwardApply(const BatchNormBackwardApplyArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;

@@ -132,6 +132,89 @@ void validateConvBnForward(const ConvBnForwardArgs& a) {
   }
 }
 
+// Whether the byte ranges of two defined tensors overlap.
+bool overlaps(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.data());
+  const auto* pb = static_cast<const char*>(b.data());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
+
+// Every argument check of convDgradDbn (ConvDgradDbnArgs), the CUDA graph's constraints included:
+// the fusion engines take 16-bit NHWC operands, 16-byte aligned, with channel counts that are
+// multiples of 8.
+void validateConvDgradDbn(const ConvDgradDbnArgs& a) {
+  const char* op = "conv dgrad dbn";
+  checkDefined(a.dy, op, "dy");
+  checkDefined(a.weight, op, "weight");
+  checkDefined(a.x, op, "x");
+  checkDefined(a.dz, op, "dz");
+  RC_CHECK_ARG(a.dy.rank() == 4 && a.weight.rank() == 4 && a.x.rank() == 4,
+               op << ": dy, weight and x must be 4-D (NHWC, KRSC), got " << a.dy.describe() << ", "
+                  << a.weight.describe() << ", " << a.x.describe());
+  RC_CHECK_ARG(a.x.dtype() == DType::BF16 || a.x.dtype() == DType::F16,
+               op << ": x is " << dtypeName(a.x.dtype())
+                  << "; the fused backward takes bf16 or f16 activations (cuDNN's runtime fusion engines fuse "
+                     "16-bit convolutions); use the unfused path for f32");
+  Conv2dParams p;
+  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
+  p.k = a.weight.dim(0), p.kernelH = a.weight.dim(1), p.kernelW = a.weight.dim(2);
+  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
+  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
+  validateConv2dParams(p);
+  checkShape(a.weight, {p.k, p.kernelH, p.kernelW, p.c}, op, "weight");
+  RC_CHECK_ARG(a.weight.dtype() == DType::F32 || a.weight.dtype() == a.x.dtype(),
+               op << ": weight must be f32 or x's dtype, got " << a.weight.describe());
+  checkShape(a.dy, {p.n, p.outH(), p.outW(), p.k}, op, "dy");
+  checkDType(a.dy, a.x.dtype(), op, "dy");
+  checkShape(a.dz, a.x.shape(), op, "dz");
+  checkDType(a.dz, a.x.dtype(), op, "dz");
+  RC_CHECK_ARG(p.c % 8 == 0 && p.k % 8 == 0, op << ": x's channels (" << p.c << ") and dy's channels (" << p.k
+                                                << ") must be multiples of 8 for the fused backward");
+  RC_CHECK_ARG(
+      aligned16(a.dy) && aligned16(a.x) && aligned16(a.dz) && (a.weight.dtype() != a.x.dtype() || aligned16(a.weight)),
+      op << ": dy, x, dz and the weights must be 16-byte aligned");
+  RC_CHECK_ARG(!overlaps(a.dz, a.x) && !overlaps(a.dz, a.dy),
+               op << ": dz must not share memory with x or dy (the graph reads them while it writes dz)");
+  const Shape c{p.c};
+  struct Named {
+    const Tensor* t;
+    const char* name;
+  };
+  for (const Named& v :
+       {Named{&a.scale, "scale"}, Named{&a.shift, "shift"}, Named{&a.gamma, "gamma"}, Named{&a.saveMean, "saveMean"},
+        Named{&a.saveInvStd, "saveInvStd"}, Named{&a.dGamma, "dGamma"}, Named{&a.dBeta, "dBeta"},
+        Named{&a.eqDz, "eqDz"}, Named{&a.eqX, "eqX"}, Named{&a.eqBias, "eqBias"}}) {
+    checkDefined(*v.t, op, v.name);
+    checkDType(*v.t, DType::F32, op, v.name);
+    checkShape(*v.t, c, op, v.name);
+  }
+}
+
+void validateBatchNormBackwardApply(const BatchNormBackwardApplyArgs& a) {
+  const char* op = "batch norm backward apply";
+  checkDefined(a.dz, op, "dz");
+  checkDefined(a.x, op, "x");
+  checkDefined(a.dx, op, "dx");
+  RC_CHECK_ARG(isFloating(a.dz.dtype()) && a.dz.rank() >= 1,
+               op << ": dz must be a floating point tensor [..., C], got " << a.dz.describe());
+  checkShape(a.x, a.dz.shape(), op, "x");
+  checkDType(a.x, a.dz.dtype(), op, "x");
+  checkShape(a.dx, a.dz.shape(), op, "dx");
+  checkDType(a.dx, a.dz.dtype(), op, "dx");
+  RC_CHECK_ARG(a.dx.data() == a.dz.data() || !overlaps(a.dx, a.dz),
+               op << ": dx must be dz itself or not share memory with it");
+  RC_CHECK_ARG(!overlaps(a.dx, a.x), op << ": dx must not share memory with x");
+  const Shape c{channels(a.dz)};
+  for (const auto& [t, name] :
+       {std::pair<const Tensor*, const char*>{&a.eqDz, "eqDz"}, {&a.eqX, "eqX"}, {&a.eqBias, "eqBias"}}) {
+    checkDefined(*t, op, name);
+    checkDType(*t, DType::F32, op, name);
+    checkShape(*t, c, op, name);
+  }
+}
+
 void validateBatchNormFinalize(const BatchNormFinalizeArgs& a) {
   const char* op = "batch norm finalize";
   checkDefined(a.sum, op, "sum");
@@ -931,6 +1014,20 @@ class CheckedBackend final : public Backend {
           &a.shift, &a.variance},
          "batch norm finalize");
     b_->batchNormFinalize(a);
+  }
+
+  void convDgradDbn(const ConvDgradDbnArgs& a) override {
+    validateConvDgradDbn(a);
+    here({&a.dy, &a.weight, &a.x, &a.scale, &a.shift, &a.gamma, &a.saveMean, &a.saveInvStd, &a.dz, &a.dGamma, &a.dBeta,
+          &a.eqDz, &a.eqX, &a.eqBias},
+         "conv dgrad dbn");
+    b_->convDgradDbn(a);
+  }
+
+  void batchNormBackwardApply(const BatchNormBackwardApplyArgs& a) override {
+    validateBatchNormBackwardApply(a);
+    here({&a.dz, &a.x, &a.eqDz, &a.eqX, &a.eqBias, &a.dx}, "batch norm backward apply");
+    b_->batchNormBackwardApply(a);
   }
 
   void convertInput(const ConvertInputArgs& a) override {

@@ -9,6 +9,7 @@
 #include "cuda_check.h"
 #include "cuda_ops.h"
 #include "fused_conv.h"
+#include "fused_dgrad.h"
 #include "jpeg_decoder.h"
 #include "kernels.h"
 #include "nvml_monitor.h"
@@ -29,8 +30,9 @@ namespace {
 // and the optimizers' tablesOnly, and the device JPEG decoder (createJpegDecoder), and fusedSgdStep, 10 the
 // fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice), and the
 // dual batch norm (dualBatchNormForward, dualBatchNormBackward); the conv-bn fused path
-// (convBnForward, batchNormFinalize).
-constexpr int kBackendAbi = 10;
+// (convBnForward, batchNormFinalize), 11 the conv-bn prologue's backward (convDgradDbn,
+// batchNormBackwardApply).
+constexpr int kBackendAbi = 11;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
   std::ostringstream out;
@@ -40,7 +42,7 @@ std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device), monitor_(device), timeline_(ctx_), convBn_(ctx_) {}
+  explicit CudaBackend(int device) : ctx_(device), monitor_(device), timeline_(ctx_), convBn_(ctx_), dgradDbn_(ctx_) {}
 
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -301,6 +303,15 @@ class CudaBackend final : public Backend {
                             a.saveInvStd.ptr<float>(), a.scale.ptr<float>(), a.shift.ptr<float>(),
                             a.variance.defined() ? a.variance.ptr<float>() : nullptr, a.sum.numel(), a.count,
                             a.momentum, a.eps, ctx_.stream());
+  }
+
+  void convDgradDbn(const ConvDgradDbnArgs& a) override { dgradDbn_.run(a); }
+
+  void batchNormBackwardApply(const BatchNormBackwardApplyArgs& a) override {
+    DeviceGuard guard(ctx_.device());
+    const int64_t c = a.dz.dim(a.dz.rank() - 1), rows = a.dz.numel() / c;
+    cuda::batchNormBackwardApply(a.dz.dtype(), a.dz.data(), a.x.data(), a.eqDz.ptr<float>(), a.eqX.ptr<float>(),
+                                 a.eqBias.ptr<float>(), a.dx.data(), rows, c, ctx_.stream());
   }
 
   void convertInput(const ConvertInputArgs& a) override {
@@ -583,6 +594,7 @@ class CudaBackend final : public Backend {
   NvmlMonitor monitor_;
   ProfileTimeline timeline_;
   ConvBnFusion convBn_;
+  DgradDbnFusion dgradDbn_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   int64_t nextGraph_ = 1;
 };

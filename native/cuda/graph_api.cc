@@ -109,6 +109,44 @@ Descriptor convolutionForward(const Descriptor& conv, const Descriptor& x, const
   return std::move(d.finalize());
 }
 
+Descriptor convolutionBackwardData(const Descriptor& conv, const Descriptor& dy, const Descriptor& w,
+                                   const Descriptor& dx, const std::string& what) {
+  Descriptor d(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, what);
+  d.setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
+      .setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, dy)
+      .setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
+      .setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, dx)
+      .setFloat(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, 1.0f)
+      .setFloat(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, 0.0f);
+  return std::move(d.finalize());
+}
+
+Descriptor convolutionBackwardFilter(const Descriptor& conv, const Descriptor& x, const Descriptor& dy,
+                                     const Descriptor& dw, const std::string& what) {
+  Descriptor d(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, what);
+  d.setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
+      .setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x)
+      .setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy)
+      .setDescriptor(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw)
+      .setFloat(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, 1.0f)
+      .setFloat(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, 0.0f);
+  return std::move(d.finalize());
+}
+
+Descriptor reluBackward(const Descriptor& x, const Descriptor& dy, const Descriptor& dx, const std::string& what) {
+  Descriptor pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + " mode");
+  const cudnnPointwiseMode_t mode = CUDNN_POINTWISE_RELU_BWD;
+  pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
+      .setDataType(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT)
+      .finalize();
+  Descriptor d(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, what);
+  d.setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
+      .setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x)
+      .setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_DYDESC, dy)
+      .setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_DXDESC, dx);
+  return std::move(d.finalize());
+}
+
 Descriptor pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* b, const Descriptor& y,
                      const std::string& what) {
   Descriptor pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + " mode");

@@ -60,10 +60,16 @@ struct Convolution2dSpec {
 };
 Descriptor convolution2d(const Convolution2dSpec& spec, const std::string& what);
 
-// The operation nodes: y = conv(x, w); y = x <mode> b (b null for unary modes); the per-channel
-// sum and sum of squares of x.
+// The operation nodes: y = conv(x, w); dx = the gradient of conv(x, w) with respect to x, from dy;
+// dw = that with respect to w, from x and dy; y = x <mode> b (b null for unary modes); dx = dy where
+// x > 0, else 0 (x the ReLU's input); the per-channel sum and sum of squares of x.
 Descriptor convolutionForward(const Descriptor& conv, const Descriptor& x, const Descriptor& w, const Descriptor& y,
                               const std::string& what);
+Descriptor convolutionBackwardData(const Descriptor& conv, const Descriptor& dy, const Descriptor& w,
+                                   const Descriptor& dx, const std::string& what);
+Descriptor convolutionBackwardFilter(const Descriptor& conv, const Descriptor& x, const Descriptor& dy,
+                                     const Descriptor& dw, const std::string& what);
+Descriptor reluBackward(const Descriptor& x, const Descriptor& dy, const Descriptor& dx, const std::string& what);
 Descriptor pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* b, const Descriptor& y,
                      const std::string& what);
 Descriptor genStats(const Descriptor& x, const Descriptor& sum, const Descriptor& sqSum, const std::string& what);

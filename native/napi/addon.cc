@@ -339,6 +339,41 @@ void parseBatchNormFinalize(const Napi::Object& o, BatchNormFinalizeArgs& a) {
   a.eps = getFloat(o, "eps", 1e-5);
 }
 
+// convDgradDbn({ dy, weight, x, scale, shift, gamma, saveMean, saveInvStd, dz, dGamma, dBeta, eqDz,
+//                eqX, eqBias, strideH?, strideW?, padH?, padW?, dilationH?, dilationW? })
+void parseConvDgradDbn(const Napi::Object& o, ConvDgradDbnArgs& a) {
+  a.dy = getTensor(o, "dy");
+  a.weight = getTensor(o, "weight");
+  a.x = getTensor(o, "x");
+  a.scale = getTensor(o, "scale");
+  a.shift = getTensor(o, "shift");
+  a.gamma = getTensor(o, "gamma");
+  a.saveMean = getTensor(o, "saveMean");
+  a.saveInvStd = getTensor(o, "saveInvStd");
+  a.dz = getTensor(o, "dz");
+  a.dGamma = getTensor(o, "dGamma");
+  a.dBeta = getTensor(o, "dBeta");
+  a.eqDz = getTensor(o, "eqDz");
+  a.eqX = getTensor(o, "eqX");
+  a.eqBias = getTensor(o, "eqBias");
+  a.strideH = getInt(o, "strideH", 1);
+  a.strideW = getInt(o, "strideW", 1);
+  a.padH = getInt(o, "padH", 0);
+  a.padW = getInt(o, "padW", 0);
+  a.dilationH = getInt(o, "dilationH", 1);
+  a.dilationW = getInt(o, "dilationW", 1);
+}
+
+// batchNormBackwardApply({ dz, x, eqDz, eqX, eqBias, dx })
+void parseBatchNormBackwardApply(const Napi::Object& o, BatchNormBackwardApplyArgs& a) {
+  a.dz = getTensor(o, "dz");
+  a.x = getTensor(o, "x");
+  a.eqDz = getTensor(o, "eqDz");
+  a.eqX = getTensor(o, "eqX");
+  a.eqBias = getTensor(o, "eqBias");
+  a.dx = getTensor(o, "dx");
+}
+
 // The fused optimizer ops' fields besides their step's: { checkFinite?, zeroGrads?,
 // scaleFromDevice?, scale?, growthTracker?, growthFactor?, backoffFactor?, growthInterval? }.
 void parseFusedEnd(const Napi::Object& o, FusedStepEnd& a) {
@@ -739,6 +774,9 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
        StructOp<ConvBnForwardArgs, parseConvBnForward, &ConvBnForwardArgs::x, &Backend::convBnForward>},
       {"batchNormFinalize", StructOp<BatchNormFinalizeArgs, parseBatchNormFinalize, &BatchNormFinalizeArgs::sum,
                                      &Backend::batchNormFinalize>},
+      {"convDgradDbn", StructOp<ConvDgradDbnArgs, parseConvDgradDbn, &ConvDgradDbnArgs::x, &Backend::convDgradDbn>},
+      {"batchNormBackwardApply", StructOp<BatchNormBackwardApplyArgs, parseBatchNormBackwardApply,
+                                          &BatchNormBackwardApplyArgs::dz, &Backend::batchNormBackwardApply>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},
       {"fusedAdamwStep",

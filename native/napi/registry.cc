@@ -20,7 +20,7 @@ namespace {
 
 constexpr const char* kCudaLibrary = "libresnet_cuda_backend.so";
 // Bumped whenever the Backend interface changes, so a stale library is refused, not misused.
-constexpr int kBackendAbi = 10;
+constexpr int kBackendAbi = 11;
 // How long python3 may take to list its site-packages when the CUDA libraries are looked for.
 constexpr int kPythonTimeoutMs = 5000;
 

@@ -56,7 +56,8 @@
 // (https://docs.nvidia.com/deeplearning/cudnn/backend/latest/api/cudnn-graph-library.html and
 // https://docs.nvidia.com/deeplearning/cudnn/backend/latest/developer/graph-api.html):
 // - Descriptors: TENSOR, CONVOLUTION, POINTWISE, OPERATION_CONVOLUTION_FORWARD,
-//   OPERATION_POINTWISE, OPERATION_GEN_STATS, OPERATIONGRAPH, ENGINEHEUR, ENGINECFG, ENGINE,
+//   OPERATION_CONVOLUTION_BACKWARD_DATA, OPERATION_CONVOLUTION_BACKWARD_FILTER, OPERATION_POINTWISE,
+//   OPERATION_GEN_STATS, OPERATION_BN_BWD_WEIGHTS, OPERATIONGRAPH, ENGINEHEUR, ENGINECFG, ENGINE,
 //   EXECUTION_PLAN and VARIANT_PACK; creating another type is CUDNN_STATUS_NOT_SUPPORTED.
 // - cudnnBackendSetAttribute: CUDNN_STATUS_NOT_INITIALIZED on a finalized descriptor;
 //   CUDNN_STATUS_BAD_PARAM for a null or destroyed descriptor, an attribute the type does not have, the wrong
@@ -64,7 +65,7 @@
 //   is not finalized or of the wrong type. cudnnBackendFinalize: BAD_PARAM for a missing required
 //   attribute or inconsistent values (tensor dims and strides of different counts, a unique id
 //   used twice in a graph, operand shapes that do not fit the operation); NOT_SUPPORTED for what
-//   the emulator does not compute (pointwise modes other than ADD, MUL and RELU_FWD, convolutions
+//   the emulator does not compute (pointwise modes other than ADD, MUL, RELU_FWD and RELU_BWD, convolutions
 //   that are not 2-D cross-correlations on 4-D tensors, a graph with a cycle). cudnnBackendGetAttribute
 //   on a descriptor that is not finalized: CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED.
 // - Heuristics report one engine (global index 0) for every graph; its plan's workspace is the
@@ -74,7 +75,15 @@
 //   The graph is interpreted node by node in dependency order over double-precision values, every
 //   tensor's values (virtual ones too) rounded to its data type. Pointwise operands broadcast
 //   along dimensions of size 1; GEN_STATS writes the per-channel (dimension 1) sum and sum of
-//   squares of its input over all other dimensions; convolutions sum products in double precision.
+//   squares of its input over all other dimensions; convolutions (forward, backward data: dx from
+//   dy and w, backward filter: dw from x and dy) sum products in double precision. RELU_BWD
+//   (XDESC the forward input, DYDESC the incoming gradient, DXDESC the output) passes dy where
+//   x > 0 and writes 0 elsewhere. BN_BWD_WEIGHTS takes x, dy [N,C,H,W] and the per-channel mean,
+//   inverse std and scale (gamma) [1,C,1,1] and writes, per channel over the M = N*H*W others,
+//   dScale = sum(dy * (x - mean) * invStd), dBias = sum(dy) and the coefficients of the batch
+//   norm's input gradient dx = eqDy * dy + eqX * x + eqBias: eqDy = scale * invStd,
+//   eqX = -scale * invStd^3 * sum(dy * (x - mean)) / M, eqBias = -eqX * mean - eqDy * dBias / M
+//   (all FLOAT [1,C,1,1]).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -295,6 +304,7 @@ typedef enum {
   CUDNN_POINTWISE_ADD = 0,
   CUDNN_POINTWISE_MUL = 1,
   CUDNN_POINTWISE_RELU_FWD = 100,
+  CUDNN_POINTWISE_RELU_BWD = 200,
 } cudnnPointwiseMode_t;
 
 typedef enum {
@@ -337,6 +347,18 @@ typedef enum {
   CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W = 703,
   CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X = 704,
   CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y = 705,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA = 706,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA = 707,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC = 708,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W = 709,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX = 710,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY = 711,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA = 712,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA = 713,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC = 714,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW = 715,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X = 716,
+  CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY = 717,
 
   CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR = 750,
   CUDNN_ATTR_OPERATION_POINTWISE_XDESC = 751,
@@ -344,6 +366,8 @@ typedef enum {
   CUDNN_ATTR_OPERATION_POINTWISE_YDESC = 753,
   CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1 = 754,
   CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2 = 755,
+  CUDNN_ATTR_OPERATION_POINTWISE_DXDESC = 756,
+  CUDNN_ATTR_OPERATION_POINTWISE_DYDESC = 757,
 
   CUDNN_ATTR_OPERATION_GENSTATS_MODE = 770,
   CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC = 771,
@@ -368,6 +392,18 @@ typedef enum {
 
   CUDNN_ATTR_ENGINE_OPERATION_GRAPH = 1300,
   CUDNN_ATTR_ENGINE_GLOBAL_INDEX = 1301,
+
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MATH_PREC = 1620,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC = 1621,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC = 1622,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC = 1623,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC = 1624,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DY_DESC = 1625,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_SCALE_DESC = 1626,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_BIAS_DESC = 1627,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC = 1628,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC = 1629,
+  CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS = 1630,
 } cudnnBackendAttributeName_t;
 
 typedef enum {
@@ -393,11 +429,14 @@ typedef enum {
   CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR = 4,
   CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR = 5,
   CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR = 10,
+  CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR = 11,
+  CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR = 12,
   CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR = 13,
   CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR = 14,
   CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR = 15,
   CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR = 16,
   CUDNN_BACKEND_TENSOR_DESCRIPTOR = 17,
+  CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR = 23,
 } cudnnBackendDescriptorType_t;
 
 extern "C" {

@@ -122,19 +122,26 @@ struct ConvInfo {
   std::vector<int64_t> prePad, postPad, strides, dilations;
 };
 
-enum class NodeKind { Conv, Pointwise, GenStats };
+enum class NodeKind { Conv, ConvBwdData, ConvBwdFilter, Pointwise, GenStats, BnBwdWeights };
 
 struct NodeInfo {
   NodeKind kind = NodeKind::Conv;
   ConvInfo conv;
   double alpha = 1.0, beta = 0.0;  // conv forward; pointwise alpha1 and alpha2
   cudnnPointwiseMode_t mode = CUDNN_POINTWISE_ADD;
-  std::vector<TensorInfo> inputs;   // conv: x, w; pointwise: x[, b]; genstats: x
-  std::vector<TensorInfo> outputs;  // conv: y; pointwise: y; genstats: sum, sqsum
+  // conv: x, w; backward data: dy, w; backward filter: x, dy; pointwise: x[, b]; RELU_BWD: x, dy;
+  // genstats: x; bn backward weights: x, dy, mean, invStd, scale.
+  std::vector<TensorInfo> inputs;
+  // conv: y; backward data: dx; backward filter: dw; pointwise: y; RELU_BWD: dx; genstats: sum,
+  // sqsum; bn backward weights: dScale, dBias, eqDy, eqX, eqBias.
+  std::vector<TensorInfo> outputs;
   const char* name() const {
     switch (kind) {
       case NodeKind::Conv: return "CONVOLUTION_FORWARD";
+      case NodeKind::ConvBwdData: return "CONVOLUTION_BACKWARD_DATA";
+      case NodeKind::ConvBwdFilter: return "CONVOLUTION_BACKWARD_FILTER";
       case NodeKind::Pointwise: return "POINTWISE";
+      case NodeKind::BnBwdWeights: return "BN_BWD_WEIGHTS";
       default: return "GEN_STATS";
     }
   }
@@ -188,6 +195,9 @@ const char* typeName(cudnnBackendDescriptorType_t t) {
     case CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR: return "ENGINEHEUR";
     case CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR: return "EXECUTION_PLAN";
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR: return "OPERATION_CONVOLUTION_FORWARD";
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR: return "OPERATION_CONVOLUTION_BACKWARD_DATA";
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR: return "OPERATION_CONVOLUTION_BACKWARD_FILTER";
+    case CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR: return "OPERATION_BN_BWD_WEIGHTS";
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: return "OPERATION_POINTWISE";
     case CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR: return "OPERATION_GEN_STATS";
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: return "OPERATIONGRAPH";
@@ -254,14 +264,47 @@ const std::vector<AttrSpec>& attrSpecs() {
       {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
        CUDNN_TYPE_FLOAT, 1, 1, false, 0, false},
 
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true,
+       CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_TYPE_FLOAT, 1, 1, false, 0, false},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+       CUDNN_TYPE_FLOAT, 1, 1, false, 0, false},
+
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true,
+       CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, 1, false, 0, false},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+       CUDNN_TYPE_FLOAT, 1, 1, false, 0, false},
+
       {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_POINTWISE_DESCRIPTOR, true},
       {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_XDESC,
        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
       {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_BDESC,
        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, false, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      // YDESC for the forward modes, DXDESC and DYDESC for RELU_BWD: checked by finalize.
       {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_YDESC,
-       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, false, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, false, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, false, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
       {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, 1,
        false, 0, false},
       {CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, 1,
@@ -276,6 +319,29 @@ const std::vector<AttrSpec>& attrSpecs() {
       {CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR, CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC,
        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
       {CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR, CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MATH_PREC,
+       CUDNN_TYPE_DATA_TYPE, 1, 1, true, 0, false},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DY_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_SCALE_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_BIAS_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC,
+       CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
+      {CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS,
        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, 1, true, CUDNN_BACKEND_TENSOR_DESCRIPTOR, true},
 
       {CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, 1, true, 0,
@@ -336,7 +402,10 @@ size_t attrElementBytes(cudnnBackendAttributeType_t t) {
 
 bool isOperation(cudnnBackendDescriptorType_t t) {
   return t == CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR ||
-         t == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR || t == CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR;
+         t == CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR ||
+         t == CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR ||
+         t == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR || t == CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR ||
+         t == CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR;
 }
 
 // ---- reading recorded attributes ----------------------------------------------------------------
@@ -434,8 +503,9 @@ cudnnStatus_t finalizeConvolution(Desc& d) {
 cudnnStatus_t finalizePointwise(Desc& d) {
   d.pointwise = value<cudnnPointwiseMode_t>(d, CUDNN_ATTR_POINTWISE_MODE, CUDNN_POINTWISE_ADD);
   if (d.pointwise != CUDNN_POINTWISE_ADD && d.pointwise != CUDNN_POINTWISE_MUL &&
-      d.pointwise != CUDNN_POINTWISE_RELU_FWD) {
-    return fail(CUDNN_STATUS_NOT_SUPPORTED, where(d) + ": the emulator computes the ADD, MUL and RELU_FWD modes only");
+      d.pointwise != CUDNN_POINTWISE_RELU_FWD && d.pointwise != CUDNN_POINTWISE_RELU_BWD) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED,
+                where(d) + ": the emulator computes the ADD, MUL, RELU_FWD and RELU_BWD modes only");
   }
   const cudnnDataType_t prec = value<cudnnDataType_t>(d, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT);
   if (prec != CUDNN_DATA_FLOAT && prec != CUDNN_DATA_DOUBLE) {
@@ -450,6 +520,26 @@ std::string dimsText(const std::vector<int64_t>& dims) {
   return s + "]";
 }
 
+// The shape checks every convolution node shares, on the forward's x [N,C,H,W], w [K,C,R,S] and
+// y [N,K,P,Q] (whichever of them the node reads or writes): 4-D, and y the size conv(x, w) makes.
+cudnnStatus_t checkConvShapes(const Desc& d, const ConvInfo& conv, const TensorInfo& x, const TensorInfo& w,
+                              const TensorInfo& y, const char* xName, const char* yName) {
+  if (x.dims.size() != 4 || w.dims.size() != 4 || y.dims.size() != 4) {
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where(d) + ": the emulator convolves 4-D tensors only");
+  }
+  std::vector<int64_t> expect = {x.dims[0], w.dims[0], 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t span = x.dims[2 + i] + conv.prePad[i] + conv.postPad[i] - conv.dilations[i] * (w.dims[2 + i] - 1) - 1;
+    expect[2 + i] = span < 0 ? 0 : span / conv.strides[i] + 1;
+  }
+  if (w.dims[1] != x.dims[1] || y.dims != expect) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": " + xName + " " + dimsText(x.dims) + " and w " +
+                                            dimsText(w.dims) + " make " + yName + " " + dimsText(expect) + ", not " +
+                                            dimsText(y.dims));
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
 cudnnStatus_t finalizeConvForward(Desc& d) {
   NodeInfo& n = d.node;
   n.kind = NodeKind::Conv;
@@ -461,21 +551,47 @@ cudnnStatus_t finalizeConvForward(Desc& d) {
   const TensorInfo& y = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y)->tensor;
   n.inputs = {x, w};
   n.outputs = {y};
-  if (x.dims.size() != 4 || w.dims.size() != 4 || y.dims.size() != 4) {
-    return fail(CUDNN_STATUS_NOT_SUPPORTED, where(d) + ": the emulator convolves 4-D tensors only");
-  }
-  std::vector<int64_t> expect = {x.dims[0], w.dims[0], 0, 0};
-  for (int i = 0; i < 2; ++i) {
-    const int64_t span =
-        x.dims[2 + i] + n.conv.prePad[i] + n.conv.postPad[i] - n.conv.dilations[i] * (w.dims[2 + i] - 1) - 1;
-    expect[2 + i] = span < 0 ? 0 : span / n.conv.strides[i] + 1;
-  }
-  if (w.dims[1] != x.dims[1] || y.dims != expect) {
-    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": x " + dimsText(x.dims) + " and w " + dimsText(w.dims) +
-                                            " make y " + dimsText(expect) + ", not " + dimsText(y.dims));
-  }
+  RC_GRAPH_TRY(checkConvShapes(d, n.conv, x, w, y, "x", "y"));
   if (x.uid == y.uid || w.uid == y.uid) {
     return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": y has the unique id of an input");
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// dx [N,C,H,W] = the gradient of conv(x, w) with respect to x, from dy [N,K,P,Q] and w [K,C,R,S].
+cudnnStatus_t finalizeConvBackwardData(Desc& d) {
+  NodeInfo& n = d.node;
+  n.kind = NodeKind::ConvBwdData;
+  n.conv = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC)->conv;
+  n.alpha = value<float>(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, 1.0f);
+  n.beta = value<float>(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, 0.0f);
+  const TensorInfo& dx = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX)->tensor;
+  const TensorInfo& w = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W)->tensor;
+  const TensorInfo& dy = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY)->tensor;
+  n.inputs = {dy, w};
+  n.outputs = {dx};
+  RC_GRAPH_TRY(checkConvShapes(d, n.conv, dx, w, dy, "dx", "dy"));
+  if (dx.uid == dy.uid || dx.uid == w.uid) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": dx has the unique id of an input");
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// dw [K,C,R,S] = the gradient of conv(x, w) with respect to w, from x [N,C,H,W] and dy [N,K,P,Q].
+cudnnStatus_t finalizeConvBackwardFilter(Desc& d) {
+  NodeInfo& n = d.node;
+  n.kind = NodeKind::ConvBwdFilter;
+  n.conv = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC)->conv;
+  n.alpha = value<float>(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, 1.0f);
+  n.beta = value<float>(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, 0.0f);
+  const TensorInfo& x = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X)->tensor;
+  const TensorInfo& dw = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW)->tensor;
+  const TensorInfo& dy = child(d, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY)->tensor;
+  n.inputs = {x, dy};
+  n.outputs = {dw};
+  RC_GRAPH_TRY(checkConvShapes(d, n.conv, x, dw, dy, "x", "dy"));
+  if (dw.uid == x.uid || dw.uid == dy.uid) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": dw has the unique id of an input");
   }
   return CUDNN_STATUS_SUCCESS;
 }
@@ -488,14 +604,46 @@ bool broadcastsTo(const TensorInfo& t, const TensorInfo& y) {
   return true;
 }
 
+// RELU_BWD: dx = relu'(x) * dy, from XDESC (the forward's input), DYDESC and into DXDESC; no
+// YDESC or BDESC.
+cudnnStatus_t finalizeReluBackward(Desc& d) {
+  NodeInfo& n = d.node;
+  const Desc* dy = child(d, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC);
+  const Desc* dx = child(d, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC);
+  if (dy == nullptr || dx == nullptr)
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": RELU_BWD needs DYDESC and DXDESC");
+  if (child(d, CUDNN_ATTR_OPERATION_POINTWISE_YDESC) != nullptr ||
+      child(d, CUDNN_ATTR_OPERATION_POINTWISE_BDESC) != nullptr) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": RELU_BWD takes no YDESC or BDESC (its output is DXDESC)");
+  }
+  const TensorInfo& x = child(d, CUDNN_ATTR_OPERATION_POINTWISE_XDESC)->tensor;
+  n.inputs = {x, dy->tensor};
+  n.outputs = {dx->tensor};
+  for (const TensorInfo& in : n.inputs) {
+    if (in.dims != dx->tensor.dims) {
+      return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": RELU_BWD's x and dy " + dimsText(in.dims) +
+                                              " must have dx's dims " + dimsText(dx->tensor.dims));
+    }
+    if (in.uid == dx->tensor.uid) return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": dx has the unique id of an input");
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
 cudnnStatus_t finalizePointwiseOp(Desc& d) {
   NodeInfo& n = d.node;
   n.kind = NodeKind::Pointwise;
   n.mode = child(d, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR)->pointwise;
   n.alpha = value<float>(d, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, 1.0f);
   n.beta = value<float>(d, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, 1.0f);
+  if (n.mode == CUDNN_POINTWISE_RELU_BWD) return finalizeReluBackward(d);
+  const Desc* yDesc = child(d, CUDNN_ATTR_OPERATION_POINTWISE_YDESC);
+  if (yDesc == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": a forward mode needs YDESC");
+  if (child(d, CUDNN_ATTR_OPERATION_POINTWISE_DXDESC) != nullptr ||
+      child(d, CUDNN_ATTR_OPERATION_POINTWISE_DYDESC) != nullptr) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": DXDESC and DYDESC belong to the backward modes");
+  }
   const TensorInfo& x = child(d, CUDNN_ATTR_OPERATION_POINTWISE_XDESC)->tensor;
-  const TensorInfo& y = child(d, CUDNN_ATTR_OPERATION_POINTWISE_YDESC)->tensor;
+  const TensorInfo& y = yDesc->tensor;
   n.inputs = {x};
   n.outputs = {y};
   const Desc* b = child(d, CUDNN_ATTR_OPERATION_POINTWISE_BDESC);
@@ -535,6 +683,50 @@ cudnnStatus_t finalizeGenStats(Desc& d) {
   }
   if (sum.type != CUDNN_DATA_FLOAT || sq.type != CUDNN_DATA_FLOAT) {
     return fail(CUDNN_STATUS_NOT_SUPPORTED, where(d) + ": the sums must be FLOAT");
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// The batch norm's backward weights: inputs x, dy [N,C,...] and mean, invStd, scale; outputs
+// dScale, dBias, eqDy, eqX, eqBias; the per-channel ones [1,C,1,...] FLOAT (see cudnn.h).
+cudnnStatus_t finalizeBnBackwardWeights(Desc& d) {
+  NodeInfo& n = d.node;
+  n.kind = NodeKind::BnBwdWeights;
+  const cudnnDataType_t prec =
+      value<cudnnDataType_t>(d, CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MATH_PREC, CUDNN_DATA_FLOAT);
+  if (prec != CUDNN_DATA_FLOAT)
+    return fail(CUDNN_STATUS_NOT_SUPPORTED, where(d) + ": the math precision must be FLOAT");
+  auto t = [&](cudnnBackendAttributeName_t name) { return child(d, name)->tensor; };
+  const TensorInfo x = t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_X_DESC);
+  const TensorInfo dy = t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DY_DESC);
+  n.inputs = {x, dy, t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_MEAN_DESC),
+              t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_INVSTD_DESC), t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_BN_SCALE_DESC)};
+  n.outputs = {t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_SCALE_DESC),
+               t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_DBN_BIAS_DESC),
+               t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_DY_SCALE_DESC),
+               t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_X_SCALE_DESC), t(CUDNN_ATTR_OPERATION_BN_BWD_WEIGHTS_EQ_BIAS)};
+  if (x.dims.size() < 2 || dy.dims != x.dims) {
+    return fail(CUDNN_STATUS_BAD_PARAM,
+                where(d) + ": x " + dimsText(x.dims) + " and dy " + dimsText(dy.dims) + " must match, [N,C,...]");
+  }
+  std::vector<int64_t> perChannel(x.dims.size(), 1);
+  perChannel[1] = x.dims[1];
+  for (size_t i = 2; i < n.inputs.size() + n.outputs.size(); ++i) {
+    const TensorInfo& v = i < n.inputs.size() ? n.inputs[i] : n.outputs[i - n.inputs.size()];
+    if (v.dims != perChannel || v.type != CUDNN_DATA_FLOAT) {
+      return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": mean, inverse std, scale and the outputs must be FLOAT " +
+                                              dimsText(perChannel) + " (one per channel of x), got " +
+                                              dimsText(v.dims));
+    }
+  }
+  std::set<int64_t> outs;
+  for (const TensorInfo& o : n.outputs) outs.insert(o.uid);
+  if (outs.size() != n.outputs.size()) {
+    return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": the five outputs need five unique ids");
+  }
+  for (const TensorInfo& in : n.inputs) {
+    if (outs.count(in.uid) != 0)
+      return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": an output has the unique id of an input");
   }
   return CUDNN_STATUS_SUCCESS;
 }
@@ -621,6 +813,9 @@ cudnnStatus_t finalize(Desc& d) {
     case CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR: return finalizeConvolution(d);
     case CUDNN_BACKEND_POINTWISE_DESCRIPTOR: return finalizePointwise(d);
     case CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR: return finalizeConvForward(d);
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR: return finalizeConvBackwardData(d);
+    case CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR: return finalizeConvBackwardFilter(d);
+    case CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_DESCRIPTOR: return finalizeBnBackwardWeights(d);
     case CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR: return finalizePointwiseOp(d);
     case CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR: return finalizeGenStats(d);
     case CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR: return finalizeGraph(d);
@@ -682,6 +877,85 @@ void convolve(const NodeInfo& n, const std::vector<double>& x, const std::vector
   }
 }
 
+// Calls f(n, k, p, q, c, h, w, r, s) for every product term of conv(x, w) = y: y[n,k,p,q] +=
+// x[n,c,h,w] * w[k,c,r,s]; the dims are the forward's (x [N,C,H,W], w [K,C,R,S], y [N,K,P,Q]).
+template <typename F>
+void forEachConvTerm(const ConvInfo& c, const std::vector<int64_t>& xd, const std::vector<int64_t>& wd,
+                     const std::vector<int64_t>& yd, F&& f) {
+  const int64_t N = xd[0], C = xd[1], H = xd[2], W = xd[3];
+  const int64_t K = wd[0], R = wd[2], S = wd[3], P = yd[2], Q = yd[3];
+  for (int64_t in = 0; in < N; ++in) {
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t p = 0; p < P; ++p) {
+        for (int64_t q = 0; q < Q; ++q) {
+          for (int64_t r = 0; r < R; ++r) {
+            const int64_t h = p * c.strides[0] - c.prePad[0] + r * c.dilations[0];
+            if (h < 0 || h >= H) continue;
+            for (int64_t s = 0; s < S; ++s) {
+              const int64_t ww = q * c.strides[1] - c.prePad[1] + s * c.dilations[1];
+              if (ww < 0 || ww >= W) continue;
+              for (int64_t ch = 0; ch < C; ++ch) {
+                f(((in * C + ch) * H + h) * W + ww, ((k * C + ch) * R + r) * S + s, ((in * K + k) * P + p) * Q + q);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// out = alpha * acc + beta * out (out not read when beta == 0).
+void blend(const NodeInfo& n, const std::vector<double>& acc, std::vector<double>& out) {
+  for (size_t i = 0; i < out.size(); ++i) out[i] = n.alpha * acc[i] + (n.beta != 0.0 ? n.beta * out[i] : 0.0);
+}
+
+// dx = convolution backward data of dy with w (inputs dy, w; output dx, the forward's x).
+void convolveBackwardData(const NodeInfo& n, const std::vector<double>& dy, const std::vector<double>& w,
+                          std::vector<double>& dx) {
+  std::vector<double> acc(dx.size(), 0.0);
+  forEachConvTerm(n.conv, n.outputs[0].dims, n.inputs[1].dims, n.inputs[0].dims,
+                  [&](int64_t xi, int64_t wi, int64_t yi) { acc[xi] += dy[yi] * w[wi]; });
+  blend(n, acc, dx);
+}
+
+// dw = convolution backward filter of x with dy (inputs x, dy; output dw, the forward's w).
+void convolveBackwardFilter(const NodeInfo& n, const std::vector<double>& x, const std::vector<double>& dy,
+                            std::vector<double>& dw) {
+  std::vector<double> acc(dw.size(), 0.0);
+  forEachConvTerm(n.conv, n.inputs[0].dims, n.outputs[0].dims, n.inputs[1].dims,
+                  [&](int64_t xi, int64_t wi, int64_t yi) { acc[wi] += x[xi] * dy[yi]; });
+  blend(n, acc, dw);
+}
+
+// The batch norm's backward weights (see cudnn.h), per channel over all other dimensions.
+void bnBackwardWeights(const NodeInfo& n, const Values& v, std::vector<std::vector<double>>& outs) {
+  const TensorInfo& xt = n.inputs[0];
+  const std::vector<double>& x = v.at(xt.uid);
+  const std::vector<double>& dy = v.at(n.inputs[1].uid);
+  const std::vector<double>& mean = v.at(n.inputs[2].uid);
+  const std::vector<double>& invStd = v.at(n.inputs[3].uid);
+  const std::vector<double>& scale = v.at(n.inputs[4].uid);
+  const int64_t C = xt.dims[1];
+  int64_t inner = 1;
+  for (size_t d = 2; d < xt.dims.size(); ++d) inner *= xt.dims[d];
+  const double m = static_cast<double>(xt.numel() / C);
+  std::vector<double> sumDy(static_cast<size_t>(C), 0.0), sumDyXc(static_cast<size_t>(C), 0.0);
+  for (int64_t i = 0; i < xt.numel(); ++i) {
+    const int64_t ch = (i / inner) % C;
+    sumDy[ch] += dy[i];
+    sumDyXc[ch] += dy[i] * (x[i] - mean[ch]);
+  }
+  for (int64_t ch = 0; ch < C; ++ch) {
+    const double is = invStd[ch], eqDy = scale[ch] * is, eqX = -scale[ch] * is * is * is * sumDyXc[ch] / m;
+    outs[0][ch] = sumDyXc[ch] * is;
+    outs[1][ch] = sumDy[ch];
+    outs[2][ch] = eqDy;
+    outs[3][ch] = eqX;
+    outs[4][ch] = -eqX * mean[ch] - eqDy * sumDy[ch] / m;
+  }
+}
+
 // The dense index into `t` (which broadcasts to `y`) of dense index `i` of y.
 int64_t broadcastIndex(const TensorInfo& t, const TensorInfo& y, int64_t i) {
   int64_t out = 0, scale = 1;
@@ -697,6 +971,11 @@ int64_t broadcastIndex(const TensorInfo& t, const TensorInfo& y, int64_t i) {
 void pointwise(const NodeInfo& n, const Values& v, std::vector<double>& y) {
   const TensorInfo& yt = n.outputs[0];
   const std::vector<double>& x = v.at(n.inputs[0].uid);
+  if (n.mode == CUDNN_POINTWISE_RELU_BWD) {
+    const std::vector<double>& dy = v.at(n.inputs[1].uid);
+    for (int64_t i = 0; i < yt.numel(); ++i) y[i] = x[i] > 0.0 ? dy[i] : 0.0;
+    return;
+  }
   const std::vector<double>* b = n.inputs.size() > 1 ? &v.at(n.inputs[1].uid) : nullptr;
   for (int64_t i = 0; i < yt.numel(); ++i) {
     const double a = n.alpha * x[broadcastIndex(n.inputs[0], yt, i)];
@@ -740,6 +1019,11 @@ void interpret(const GraphInfo& g, const std::map<int64_t, void*>& pointers, voi
       case NodeKind::Conv: convolve(n, v.at(n.inputs[0].uid), v.at(n.inputs[1].uid), outs[0]); break;
       case NodeKind::Pointwise: pointwise(n, v, outs[0]); break;
       case NodeKind::GenStats: genStats(n, v.at(n.inputs[0].uid), outs[0], outs[1]); break;
+      case NodeKind::ConvBwdData: convolveBackwardData(n, v.at(n.inputs[0].uid), v.at(n.inputs[1].uid), outs[0]); break;
+      case NodeKind::ConvBwdFilter:
+        convolveBackwardFilter(n, v.at(n.inputs[0].uid), v.at(n.inputs[1].uid), outs[0]);
+        break;
+      case NodeKind::BnBwdWeights: bnBackwardWeights(n, v, outs); break;
     }
     for (size_t o = 0; o < n.outputs.size(); ++o) {
       const TensorInfo& t = n.outputs[o];
