@@ -657,3 +657,82 @@ describe.skipIf(reason !== undefined)(
     }
   },
 );
+
+describe.skipIf(reason !== undefined)(
+  `the prologue pairing refuses unsafe use${reason ? ` (skipped: ${reason})` : ''}`,
+  () => {
+    const opts = { device: DEVICE, dtype: 'bf16' as const };
+    /** conv -> batch norm + ReLU -> conv, 16 channels, in training on the device. */
+    const chain = () => {
+      const conv1 = new Conv2d({ inChannels: 16, outChannels: 16, kernelSize: 3, padding: 1, seed: 71 });
+      const bn = new BatchNorm2d({ numFeatures: 16, relu: true });
+      const conv2 = new Conv2d({ inChannels: 16, outChannels: 16, kernelSize: 1, seed: 72 });
+      const model = new Sequential(conv1, bn, conv2).to(DEVICE);
+      model.train();
+      return { model, bn, conv2 };
+    };
+    const input = () => Tensor.from(lcgValues(2 * 4 * 4 * 16, 73), [2, 4, 4, 16], opts);
+
+    it("refuses the pair's modules' own backward, and the container's backward still runs after", () => {
+      withFused('conv-bn', () => {
+        const convBn = vi.spyOn(addon(), 'convBnForward');
+        const { model, bn, conv2 } = chain();
+        try {
+          using x = input();
+          const y = model.forward(x);
+          expect(convBn.mock.calls.filter(([a]) => a.scale !== undefined).length).toBe(1);
+          using g = Tensor.from(lcgValues(y.numel, 74), y.shape, opts);
+          using ga = Tensor.from(lcgValues(y.numel, 75), [2, 4, 4, 16], opts);
+          expect(() => conv2.backward(g)).toThrow(/did not write its output.*container/);
+          expect(() => bn.backward(ga)).toThrow(/did not write its output.*container/);
+          const dx = model.backward(g);
+          expect(dx?.toFloat32Array().some((v) => v !== 0)).toBe(true);
+        } finally {
+          model.dispose();
+          convBn.mockRestore();
+        }
+      });
+    });
+
+    it('refuses a prologue forward where the path does not apply, naming what it needs', () => {
+      withFused('conv-bn', () => {
+        const { model, bn } = chain();
+        try {
+          using x = input();
+          model.eval();
+          expect(() => bn.forwardPrologue(x)).toThrow(/forwardPrologue: needs training mode/);
+          model.train();
+          // No channel sums from a convolution for this input.
+          expect(() => bn.forwardPrologue(x)).toThrow(/channel sums/);
+        } finally {
+          model.dispose();
+        }
+      });
+    });
+
+    it('does not pair a batch norm whose forward is hooked: its output is written for the hook', () => {
+      withFused('conv-bn', () => {
+        const convBn = vi.spyOn(addon(), 'convBnForward');
+        const { model, bn } = chain();
+        try {
+          const own = bn.forward.bind(bn);
+          let seen: Float32Array | null = null;
+          bn.forward = (h: Tensor): Tensor => {
+            const out = own(h);
+            seen = out.toFloat32Array();
+            return out;
+          };
+          using x = input();
+          model.forward(x);
+          expect(convBn.mock.calls.length).toBe(2);
+          expect(convBn.mock.calls.filter(([a]) => a.scale !== undefined).length).toBe(0);
+          expect(seen).not.toBeNull();
+          expect((seen as Float32Array | null)?.some((v) => v > 0)).toBe(true);
+        } finally {
+          model.dispose();
+          convBn.mockRestore();
+        }
+      });
+    });
+  },
+);

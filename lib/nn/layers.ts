@@ -278,6 +278,16 @@ export interface Conv2dOptions {
 
 type ConvEntry = WeightedEntry<RawConv2dPlan>;
 
+/** A convolution window's stride, padding and dilation, as the native ops name them. */
+interface ConvWindow {
+  strideH: number;
+  strideW: number;
+  padH: number;
+  padW: number;
+  dilationH: number;
+  dilationW: number;
+}
+
 /**
  * 2-D convolution over NHWC input `[N, H, W, inChannels]`. The weight is stored `[out, kh, kw, in]`
  * and appears in state dicts as torchvision's `[out, in, kh, kw]`. Initialised as PyTorch does
@@ -341,7 +351,7 @@ export class Conv2d extends QuantizableLayer {
   }
 
   /** The convolution window's stride, padding and dilation, as the native ops name them. */
-  #window() {
+  #window(): ConvWindow {
     const [strideH, strideW] = this.stride;
     const [padH, padW] = this.padding;
     const [dilationH, dilationW] = this.dilation;
@@ -401,6 +411,16 @@ export class Conv2d extends QuantizableLayer {
     this.#input = p.activation;
     this.#prologue = p.norm;
     return entry.y;
+  }
+
+  /**
+   * The weight and window of the last {@link forwardPrologue}, for the batch norm's backward
+   * through this convolution (convDgradDbn).
+   * @internal
+   */
+  prologueGradArgs(): { weight: RawTensor } & ConvWindow {
+    if (!this.#prologue) prologueMisuse('Conv2d.prologueGradArgs (the last forward was not fed by a prologue)');
+    return { weight: this.weight.data.raw, ...this.#window() };
   }
 
   /** Checks input `x` and returns the plan and buffers of its shape. */
@@ -542,6 +562,8 @@ interface BnEntry {
   discardBeta: Tensor | null;
   /** The `conv-bn` finalize's outputs besides the saved statistics (f32[C] each). */
   fused: { scale: Tensor; shift: Tensor; variance: Tensor } | null;
+  /** The input gradient's per-channel coefficients from convDgradDbn (f32[C] each). */
+  eq: { dz: Tensor; x: Tensor; bias: Tensor } | null;
   dispose(): void;
 }
 
@@ -766,6 +788,66 @@ export class BatchNorm2d extends Module {
   }
 
   /**
+   * The backward of a {@link forwardPrologue} from the gradient of the output of `conv`, the
+   * convolution it fed: one convDgradDbn computes that convolution's data gradient, masks it by
+   * the ReLU of the recomputed `x * scale + shift` into `dz`, accumulates dγ and dβ, and yields the
+   * coefficients of this batch norm's input gradient, which batchNormBackwardApply writes (in
+   * place of `dz`) when {@link requiresInputGrad}. The convolution's weight gradient is not
+   * computed here.
+   * @internal
+   */
+  backwardPrologue(gradOutput: Tensor, conv: Conv2d): Tensor | null {
+    return this.backwardOnce('BatchNorm2d', () => {
+      const e = this.#entry;
+      const x = this.#input;
+      const f = e?.fused;
+      if (this.#output === 'written' || !e || !x || !f) {
+        throw new ResnetError(
+          'ERR_RC_INVALID_ARGUMENT',
+          'BatchNorm2d.backwardPrologue: the last forward did not feed a convolution prologue',
+        );
+      }
+      const c = [this.numFeatures];
+      const eq = (e.eq ??= {
+        dz: this.activationBuffer(c, 'f32', x.device),
+        x: this.activationBuffer(c, 'f32', x.device),
+        bias: this.activationBuffer(c, 'f32', x.device),
+      });
+      const dz = (e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device));
+      const recorder = opRecorder;
+      let token = recorder ? recorder.begin('conv2d.backward_data', conv, x.device) : 0;
+      addon().convDgradDbn({
+        dy: gradOutput.raw,
+        ...conv.prologueGradArgs(),
+        x: x.raw,
+        scale: f.scale.raw,
+        shift: f.shift.raw,
+        gamma: this.weight.data.raw,
+        saveMean: e.saveMean.raw,
+        saveInvStd: e.saveInvStd.raw,
+        dz: dz.raw,
+        ...this.#paramGrads(x.device, e),
+        eqDz: eq.dz.raw,
+        eqX: eq.x.raw,
+        eqBias: eq.bias.raw,
+      });
+      recorder?.end(token);
+      if (!this.requiresInputGrad) return null;
+      token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
+      addon().batchNormBackwardApply({
+        dz: dz.raw,
+        x: x.raw,
+        eqDz: eq.dz.raw,
+        eqX: eq.x.raw,
+        eqBias: eq.bias.raw,
+        dx: dz.raw,
+      });
+      recorder?.end(token);
+      return dz;
+    });
+  }
+
+  /**
    * Makes the next {@link forward} only check and record its input, leaving its output unwritten:
    * the main branch's batch norm normalises that input in its dual pass ({@link forwardDual}).
    * Residual sets it on a downsample shortcut's batch norm when the fused path `bn-add-relu` is on.
@@ -891,6 +973,7 @@ export class BatchNorm2d extends Module {
         discardGamma: null,
         discardBeta: null,
         fused: null,
+        eq: null,
         dispose: () =>
           disposeAll(
             e.y,
@@ -903,6 +986,9 @@ export class BatchNorm2d extends Module {
             e.fused?.scale,
             e.fused?.shift,
             e.fused?.variance,
+            e.eq?.dz,
+            e.eq?.x,
+            e.eq?.bias,
           ),
       };
       return e;
@@ -1018,7 +1104,7 @@ export class BatchNorm2d extends Module {
     const e = this.#entry;
     const x = this.#input;
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
-    if (this.#output === 'unwritten') prologueMisuse('BatchNorm2d.backward()');
+    if (this.#output !== 'written') prologueMisuse('BatchNorm2d.backward()');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (this.#dualMain || this.#dualPending) return this.#shortcutGrad(e);
     e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device);

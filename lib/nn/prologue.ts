@@ -81,7 +81,6 @@ export function backwardRun(
     const input = defined(g, what(i + 1));
     const norm = paired.has(i - 1) ? modules[i - 1] : undefined;
     if (norm instanceof BatchNorm2d && m instanceof Conv2d) {
-      m.requiresInputGrad = true;
       norm.requiresInputGrad = i - 1 > 0 || requiresInputGrad;
       g = prologuePairBackward(norm, m, input);
       i--;
@@ -98,12 +97,15 @@ export function backwardRun(
  * from the gradient of the convolution's output: the gradient of the batch norm's input (null
  * when `norm.requiresInputGrad` is false), with both modules' parameter gradients accumulated.
  *
- * With the ops every backend has: the activation `relu(bn(x))` is recomputed from the saved batch
- * statistics, then the convolution's backward (weights and data, on that activation) and the batch
- * norm's backward (with the ReLU mask from that activation) run as they do unfused.
+ * The activation `relu(bn(x))` is recomputed from the saved batch statistics for the
+ * convolution's weight gradient (its only reader: the convolution's backward runs without an input
+ * gradient); the batch norm's backward then runs through the convolution in one dgrad-dReLU-dBN
+ * graph and one per-channel pass ({@link BatchNorm2d.backwardPrologue}), so the gradient of the
+ * activation is never written.
  */
 export function prologuePairBackward(norm: BatchNorm2d, conv: Conv2d, gradOutput: Tensor): Tensor | null {
   norm.recomputePrologueActivation();
-  const da = defined(conv.backward(gradOutput), 'the input gradient of a convolution fed by a batch-norm prologue');
-  return norm.backward(da);
+  conv.requiresInputGrad = false;
+  conv.backward(gradOutput);
+  return norm.backwardPrologue(gradOutput, conv);
 }
