@@ -507,6 +507,9 @@ interface StepResult {
   /** convBnForward calls with the scale-bias-ReLU prologue, and all convBnForward calls. */
   prologueCalls: number;
   convBnCalls: number;
+  /** convDgradDbn and batchNormBackwardApply calls (the pairs' backward). */
+  dgradDbnCalls: number;
+  applyCalls: number;
 }
 
 /**
@@ -522,6 +525,8 @@ function moduleStep(
 ): StepResult {
   return withFused(fused, () => {
     const convBn = vi.spyOn(addon(), 'convBnForward');
+    const dgradDbn = vi.spyOn(addon(), 'convDgradDbn');
+    const apply = vi.spyOn(addon(), 'batchNormBackwardApply');
     const model = build().to(DEVICE);
     try {
       model.train(training);
@@ -540,10 +545,14 @@ function moduleStep(
         buffers: new Map(model.namedBuffers().map(([name, t]) => [name, t.toFloat32Array()])),
         prologueCalls: convBn.mock.calls.filter(([args]) => args.scale !== undefined).length,
         convBnCalls: convBn.mock.calls.length,
+        dgradDbnCalls: dgradDbn.mock.calls.length,
+        applyCalls: apply.mock.calls.length,
       };
     } finally {
       model.dispose();
       convBn.mockRestore();
+      dgradDbn.mockRestore();
+      apply.mockRestore();
     }
   });
 }
@@ -587,6 +596,9 @@ describe.skipIf(reason !== undefined)(
         // conv1, conv2 (fed by bn1), conv3 (fed by bn2), the downsample convolution.
         expect(on.convBnCalls).toBe(4);
         expect(on.prologueCalls).toBe(2);
+        expect(off.dgradDbnCalls + off.applyCalls).toBe(0);
+        expect(on.dgradDbnCalls).toBe(2);
+        expect(on.applyCalls).toBe(2);
         // The prologue convolutions read the activation in f32 where the unfused path rounds it to
         // bf16/f16: one rounding of the activation, which the gradients' sums over the batch
         // magnify (measured: relative norm error up to 8.5e-3 in bf16, 9.7e-4 in f16 over the
@@ -638,6 +650,7 @@ describe.skipIf(reason !== undefined)(
         expect(off.convBnCalls).toBe(0);
         expect(on.convBnCalls).toBe(52);
         expect(on.prologueCalls).toBe(32);
+        expect(on.dgradDbnCalls).toBe(32);
         // Measured: up to 7.9e-4 in bf16, 1.1e-4 in f16 (the rounding of the Bottleneck case).
         const tol = dtype === 'bf16' ? 5e-3 : 1e-3;
         const stage1 = [...off.buffers.keys()].filter((k) => k.startsWith('layer1.'));
