@@ -20,6 +20,7 @@ import {
   GradScaler,
   InputNormalize,
   Random,
+  ResNet18,
   ResNet50,
   SGD,
   Sequential,
@@ -668,6 +669,48 @@ describe.skipIf(reason !== undefined)(
         }
       });
     }
+  },
+);
+
+describe.skipIf(reason !== undefined)(
+  `the prologue pairs under gradient checkpointing${reason ? ` (skipped: ${reason})` : ''}`,
+  () => {
+    it('a checkpointed step (forwards recomputed in backward) equals the plain one, statistics updated once', () => {
+      // ResNet-18's blocks with inner widths of 8 (bn1 feeds conv2 in each), 8 x 8 images, bf16.
+      const build = (checkpointed: boolean) => () => {
+        const model = ResNet18({
+          smallInput: true,
+          numClasses: 4,
+          seed: 81,
+          blockWidths: Array.from({ length: 8 }, () => [8]),
+        });
+        return checkpointed ? model.checkpointing({ segments: { every: 1 } }) : model;
+      };
+      const images = () => {
+        using u8 = lcgImages(2, 8, 82, DEVICE);
+        const normalize = new InputNormalize({ ...NORMALIZE, dtype: 'bf16' });
+        try {
+          return normalize.forward(u8).clone();
+        } finally {
+          normalize.dispose();
+        }
+      };
+      const loss = new CrossEntropyLoss();
+      const gradOfLogits = (logits: Tensor) => {
+        loss.forward(logits, [0, 1]);
+        return loss.backward().clone();
+      };
+      const plain = moduleStep('conv-bn', build(false), images, gradOfLogits);
+      const checkpointed = moduleStep('conv-bn', build(true), images, gradOfLogits);
+      // 8 pairs in the forward, 7 more in the recomputed forwards (the last segment's activations
+      // are still in place when its backward runs); each pair's backward once.
+      expect(plain.prologueCalls).toBe(8);
+      expect(checkpointed.prologueCalls).toBe(15);
+      expect(checkpointed.dgradDbnCalls).toBe(8);
+      expect(checkpointed.output).toEqual(plain.output);
+      for (const [name, g] of plain.grads) expect(checkpointed.grads.get(name), name).toEqual(g);
+      for (const [name, b] of plain.buffers) expect(checkpointed.buffers.get(name), name).toEqual(b);
+    });
   },
 );
 
