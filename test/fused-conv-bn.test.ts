@@ -4,9 +4,12 @@
  * against the unfused path on the same device, in bf16 and f16: conv -> batch norm (training) ->
  * ReLU -> conv, against convBnForward with the statistics epilogue -> batchNormFinalize ->
  * convBnForward with the scale-bias-ReLU prologue. And the refusals: f32, channel counts that are
- * not multiples of 8, a backend without the path. Then a small ResNet trained a few steps with the
- * switch on (the modules' path: the statistics epilogue feeding the batch norm) and off. Runs in the 'cuda-emulator-cases' project on the
- * emulated device (test/cuda-emulator); without a usable CUDA backend the CUDA cases are skipped.
+ * not multiples of 8, a backend without the path. Then the modules' path against the unfused one: a
+ * small ResNet trained a few steps with the switch on and off (alone and with every fused path), a
+ * Bottleneck's and a pruned ResNet-50's step where each batch norm + ReLU feeds the next
+ * convolution's prologue (lib/nn/prologue.ts), the same under gradient checkpointing, and the
+ * pairing's refusals. Runs in the 'cuda-emulator-cases' project on the emulated device
+ * (test/cuda-emulator); without a usable CUDA backend the CUDA cases are skipped.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
