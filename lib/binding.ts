@@ -655,6 +655,25 @@ export interface RawAddon {
     eqBias: RawTensor;
     dx: RawTensor;
   }): void;
+  /**
+   * The filter gradient of the `conv-bn` prologue's convolution (CUDA only), one cuDNN graph:
+   * dWeight += conv_backward_filter(relu(x * scale + shift), dy), the activation recomputed as the
+   * convolution loads x. x and dy NHWC bf16/f16 with channel counts that are multiples of 8; scale
+   * and shift f32[C]; dWeight the f32 master gradient [K,R,S,C] (accumulated).
+   */
+  convWgradSbr(args: {
+    x: RawTensor;
+    dy: RawTensor;
+    scale: RawTensor;
+    shift: RawTensor;
+    dWeight: RawTensor;
+    strideH?: number;
+    strideW?: number;
+    padH?: number;
+    padW?: number;
+    dilationH?: number;
+    dilationW?: number;
+  }): void;
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;

@@ -1,15 +1,18 @@
 /**
- * The backward of the `conv-bn` prologue on CUDA (native/cuda/fused_dgrad.{cc,cu}): convDgradDbn
- * (one cuDNN graph: convolution backward data, ReLU backward on the recomputed x * scale + shift,
- * the batch norm's backward weights) and batchNormBackwardApply, on the emulated device, in bf16
- * and f16: against a host reference of the graph and against the unfused composition (the
- * convolution's backward data through Conv2dPlan, then batchNormBackward with the ReLU of
- * batchNormForward's output). Then the refusals: bad arguments, each named, and a backend without
- * the path. Runs in the 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator);
- * without a usable CUDA backend the CUDA cases are skipped.
+ * The backward of the `conv-bn` prologue on CUDA (native/cuda/fused_dgrad.{cc,cu},
+ * fused_conv_wgrad.cc), on the emulated device, in bf16 and f16. convDgradDbn (one cuDNN graph:
+ * convolution backward data, ReLU backward on the recomputed batch norm output, the batch norm's
+ * backward weights) and batchNormBackwardApply: against a host reference of the graph and against
+ * the unfused composition (the convolution's backward data through Conv2dPlan, then
+ * batchNormBackward with the ReLU of batchNormForward's output). convWgradSbr (the filter gradient
+ * with the scale-bias-ReLU prologue): against a host reference and Conv2dPlan's backward filter of
+ * the stored activation. Then a CUDA graph's capture and replay of the three ops, and the
+ * refusals: bad arguments, each named, and a backend without the path. Runs in the
+ * 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator); without a usable CUDA
+ * backend the CUDA cases are skipped.
  */
 import { describe, expect, it } from 'vitest';
-import { Tensor, listBackends } from '../lib/index.js';
+import { CudaGraph, Tensor, listBackends } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
 import { lcgValues } from './helpers/fused-runs.js';
 
@@ -84,6 +87,33 @@ function backwardDataHost(dy: Float32Array, wt: Float32Array): Float64Array {
   return dx;
 }
 
+/** dw [K, 3, 3, C] = the convolution's backward filter of x [N, H, W, C] with dy, in double precision. */
+function backwardFilterHost(x: ArrayLike<number>, dy: Float32Array): Float64Array {
+  const dw = new Float64Array(K * 9 * C);
+  for (let n = 0; n < N; n++) {
+    for (let p = 0; p < P; p++) {
+      for (let q = 0; q < P; q++) {
+        for (let k = 0; k < K; k++) {
+          const g = at(dy, ((n * P + p) * P + q) * K + k);
+          for (let r = 0; r < 3; r++) {
+            const h = p * 2 - 1 + r;
+            if (h < 0 || h >= H) continue;
+            for (let s = 0; s < 3; s++) {
+              const w = q * 2 - 1 + s;
+              if (w < 0 || w >= W) continue;
+              for (let c = 0; c < C; c++) {
+                const i = ((k * 3 + r) * 3 + s) * C + c;
+                dw[i] = at(dw, i) + g * at(x, ((n * H + h) * W + w) * C + c);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return dw;
+}
+
 /** The inputs of one case, on the device, and their host copies. */
 function problem(dtype: 'bf16' | 'f16') {
   const opts = { device: DEVICE, dtype };
@@ -122,6 +152,9 @@ describe('the conv-bn prologue backward without CUDA', () => {
     const per = { scale: v.raw, shift: v.raw, gamma: v.raw, saveMean: v.raw, saveInvStd: v.raw };
     const grads = { dGamma: v.raw, dBeta: v.raw, eqDz: v.raw, eqX: v.raw, eqBias: v.raw };
     expect(() => addon().convDgradDbn({ dy: dy.raw, weight: w.raw, x: x.raw, dz: z.raw, ...per, ...grads })).toThrow(
+      /needs a CUDA device/,
+    );
+    expect(() => addon().convWgradSbr({ x: x.raw, dy: dy.raw, scale: v.raw, shift: v.raw, dWeight: w.raw })).toThrow(
       /needs a CUDA device/,
     );
   });
@@ -243,16 +276,19 @@ describe.skipIf(reason !== undefined)(
         });
 
         // dz against the host graph: the backward data of bf16/f16 weights in double, rounded to the
-        // f32 virtual tensor, masked where the recomputed f32 x * scale + shift is not positive,
+        // f32 virtual tensor, masked where the recomputed f32 (x - mean) * invStd * gamma + beta is not
+        // positive (beta formed on the device as shift + mean * scale),
         // stored in bf16/f16 (the emulator sums in another order, which may move an f32 rounding;
         // measured: equal).
         const dAHost = backwardDataHost(pr.dyHost, roundTo(dtype, pr.wHost));
+        const betaDevice = Float32Array.from(shiftHost, (v, c) => v + Math.fround(at(meanHost, c) * at(scaleHost, c)));
         const dzWant = roundTo(
           dtype,
           Array.from(dAHost, (v, i) => {
             const c = i % C;
-            const t = Math.fround(Math.fround(at(pr.xHost, i) * at(scaleHost, c)) + at(shiftHost, c));
-            return t > 0 ? Math.fround(v) : 0;
+            const centered = Math.fround(at(pr.xHost, i) - at(meanHost, c));
+            const normalized = Math.fround(Math.fround(centered * at(invStdHost, c)) * at(pr.gammaHost, c));
+            return Math.fround(normalized + at(betaDevice, c)) > 0 ? Math.fround(v) : 0;
           }),
         );
         expect(relativeMaxError(dzHost, dzWant)).toBeLessThan(1e-6);
@@ -309,6 +345,189 @@ describe.skipIf(reason !== undefined)(
       });
     }
 
+    for (const dtype of ['bf16', 'f16'] as const) {
+      it(`convWgradSbr against the host graph and the unfused path (${dtype})`, () => {
+        const pr = problem(dtype);
+        const { opts, f32 } = pr;
+        pr.w.dispose(); // the filter gradient does not read the weights
+        using x = pr.x;
+        using dy = pr.dy;
+        using gamma = pr.gamma;
+        using beta = pr.beta;
+        using a = Tensor.zeros([N, H, W, C], opts);
+        using rm = Tensor.zeros([C], f32);
+        using rv = Tensor.from(new Float32Array(C).fill(1), [C], f32);
+        using saveMean = Tensor.zeros([C], f32);
+        using saveInvStd = Tensor.zeros([C], f32);
+        addon().batchNormForward({
+          x: x.raw,
+          gamma: gamma.raw,
+          beta: beta.raw,
+          y: a.raw,
+          runningMean: rm.raw,
+          runningVar: rv.raw,
+          saveMean: saveMean.raw,
+          saveInvStd: saveInvStd.raw,
+          training: true,
+          relu: true,
+        });
+        const meanHost = saveMean.toFloat32Array();
+        const invStdHost = saveInvStd.toFloat32Array();
+        const scaleHost = Float32Array.from(pr.gammaHost, (g, c) => g * at(invStdHost, c));
+        const shiftHost = Float32Array.from(pr.betaHost, (b, c) => b - at(meanHost, c) * at(scaleHost, c));
+        using scale = Tensor.from(scaleHost, [C], f32);
+        using shift = Tensor.from(shiftHost, [C], f32);
+        // The f32 master gradient accumulates: both paths start from the same values.
+        const dW0 = lcgValues(K * 9 * C, 18).map((v) => 0.1 * v);
+
+        // Unfused: the backward filter of the stored activation relu(bn(x)).
+        const plan = new (addon().Conv2dPlan)({
+          ...opts,
+          n: N,
+          h: H,
+          w: W,
+          c: C,
+          k: K,
+          kernelH: 3,
+          kernelW: 3,
+          strideH: 2,
+          strideW: 2,
+          padH: 1,
+          padW: 1,
+        });
+        using dW = Tensor.from(dW0, [K, 3, 3, C], f32);
+        plan.backwardWeights({ x: a.raw, dy: dy.raw, dWeight: dW.raw });
+        plan.dispose();
+
+        using fdW = Tensor.from(dW0, [K, 3, 3, C], f32);
+        addon().convWgradSbr({
+          x: x.raw,
+          dy: dy.raw,
+          scale: scale.raw,
+          shift: shift.raw,
+          dWeight: fdW.raw,
+          strideH: 2,
+          strideW: 2,
+          padH: 1,
+          padW: 1,
+        });
+        const got = fdW.toFloat32Array();
+
+        // The host graph: the activation in f32 (virtual tensors), the backward filter in double,
+        // stored in bf16/f16 and added to the f32 gradient (measured: equal).
+        const activated = Array.from(pr.xHost, (v, i) =>
+          Math.max(0, Math.fround(Math.fround(v * at(scaleHost, i % C)) + at(shiftHost, i % C))),
+        );
+        const dwLow = roundTo(dtype, backwardFilterHost(activated, pr.dyHost));
+        const want = Array.from(dwLow, (v, i) => Math.fround(v + at(dW0, i)));
+        expect(relativeMaxError(got, want)).toBeLessThan(1e-6);
+        // Against the unfused path, which rounds the activation to bf16/f16 before the convolution
+        // (measured: 3.1e-3 in bf16, 7.7e-4 in f16, about one rounding of the activation).
+        expect(relativeMaxError(got, dW.toFloat32Array())).toBeLessThan(dtype === 'bf16' ? 1e-2 : 2e-3);
+      });
+    }
+
+    it('batchNormBackwardApply on a channel count without 16-byte packs (6), into a separate dx', () => {
+      const opts = { device: DEVICE, dtype: 'f16' as const };
+      const f32 = { device: DEVICE };
+      const c6 = 6;
+      const dzHost = roundTo('f16', lcgValues(5 * c6, 31));
+      const xHost = roundTo('f16', lcgValues(5 * c6, 32));
+      const ca = lcgValues(c6, 33);
+      const cb = lcgValues(c6, 34);
+      const ck = lcgValues(c6, 35);
+      using dz = Tensor.from(dzHost, [5, c6], opts);
+      using x = Tensor.from(xHost, [5, c6], opts);
+      using dx = Tensor.zeros([5, c6], opts);
+      using eqDz = Tensor.from(ca, [c6], f32);
+      using eqX = Tensor.from(cb, [c6], f32);
+      using eqBias = Tensor.from(ck, [c6], f32);
+      addon().batchNormBackwardApply({
+        dz: dz.raw,
+        x: x.raw,
+        eqDz: eqDz.raw,
+        eqX: eqX.raw,
+        eqBias: eqBias.raw,
+        dx: dx.raw,
+      });
+      const want = roundTo(
+        'f16',
+        Array.from(dzHost, (g, i) => at(ca, i % c6) * g + at(cb, i % c6) * at(xHost, i) + at(ck, i % c6)),
+      );
+      expect(relativeMaxError(dx.toFloat32Array(), want)).toBeLessThanOrEqual(2 ** -11);
+      expect(dz.toFloat32Array()).toEqual(dzHost);
+    });
+
+    it('captures into a CUDA graph after a warm-up run, and the replay computes what the eager run did', () => {
+      const pr = problem('bf16');
+      const { opts, f32 } = pr;
+      using x = pr.x;
+      using dy = pr.dy;
+      using w = pr.w;
+      using gamma = pr.gamma;
+      pr.beta.dispose(); // the backward reads the statistics and the prologue's affine map only
+      const vec = (seed: number, offset: number) =>
+        Tensor.from(
+          lcgValues(C, seed).map((v) => offset + 0.5 * v),
+          [C],
+          f32,
+        );
+      using scale = vec(21, 1);
+      using shift = vec(22, 0);
+      using mean = vec(23, 0);
+      using invStd = vec(24, 1);
+      using dz = Tensor.zeros([N, H, W, C], opts);
+      using dGamma = Tensor.zeros([C], f32);
+      using dBeta = Tensor.zeros([C], f32);
+      using eqDz = Tensor.zeros([C], f32);
+      using eqX = Tensor.zeros([C], f32);
+      using eqBias = Tensor.zeros([C], f32);
+      using dW = Tensor.zeros([K, 3, 3, C], f32);
+      const window = { strideH: 2, strideW: 2, padH: 1, padW: 1 };
+      const step = (): void => {
+        addon().convDgradDbn({
+          dy: dy.raw,
+          weight: w.raw,
+          x: x.raw,
+          scale: scale.raw,
+          shift: shift.raw,
+          gamma: gamma.raw,
+          saveMean: mean.raw,
+          saveInvStd: invStd.raw,
+          dz: dz.raw,
+          dGamma: dGamma.raw,
+          dBeta: dBeta.raw,
+          eqDz: eqDz.raw,
+          eqX: eqX.raw,
+          eqBias: eqBias.raw,
+          ...window,
+        });
+        addon().convWgradSbr({ x: x.raw, dy: dy.raw, scale: scale.raw, shift: shift.raw, dWeight: dW.raw, ...window });
+        addon().batchNormBackwardApply({
+          dz: dz.raw,
+          x: x.raw,
+          eqDz: eqDz.raw,
+          eqX: eqX.raw,
+          eqBias: eqBias.raw,
+          dx: dz.raw,
+        });
+      };
+      const outputs = [dz, dGamma, dBeta, eqDz, eqX, eqBias, dW];
+      step();
+      const eager = outputs.map((t) => t.toFloat32Array());
+      for (const t of outputs) addon().fill({ tensor: t.raw, value: 0 });
+      const graph = CudaGraph.capture(DEVICE, step);
+      try {
+        // Capturing ran nothing: the outputs are still zero.
+        expect(dz.toFloat32Array().every((v) => v === 0)).toBe(true);
+        graph.replay();
+        outputs.forEach((t, i) => expect(t.toFloat32Array()).toEqual(eager[i]));
+        expect(dW.toFloat32Array().some((v) => v !== 0)).toBe(true);
+      } finally {
+        graph.dispose();
+      }
+    });
+
     it('refuses bad arguments, naming them', () => {
       const pr = problem('bf16');
       const { opts, f32 } = pr;
@@ -359,6 +578,17 @@ describe.skipIf(reason !== undefined)(
       expect(() =>
         addon().convDgradDbn({ ...args, ...six, ...sixOut, x: x6.raw, weight: w6.raw, dz: dz6.raw }),
       ).toThrow(/multiples of 8/);
+
+      const wgrad = { x: x.raw, dy: dy.raw, scale: v.raw, shift: v.raw, dWeight: w.raw, strideH: 2, strideW: 2 };
+      using wLow = Tensor.zeros([K, 3, 3, C], opts);
+      expect(() => addon().convWgradSbr({ ...wgrad, padH: 1, padW: 1, dWeight: wLow.raw })).toThrow(
+        /dWeight must be f32/,
+      );
+      expect(() => addon().convWgradSbr({ ...wgrad, padH: 1, padW: 1, shift: v12.raw })).toThrow(
+        /shift must have shape/,
+      );
+      expect(() => addon().convWgradSbr(wgrad)).toThrow(/dy must have shape/);
+      expect(() => addon().convWgradSbr({ ...wgrad, padH: 1, padW: 1, x: x32.raw })).toThrow(/bf16 or f16/);
 
       const apply = { dz: dz.raw, x: x.raw, eqDz: v.raw, eqX: v.raw, eqBias: v.raw, dx: dz.raw };
       expect(() => addon().batchNormBackwardApply({ ...apply, eqBias: v12.raw })).toThrow(/eqBias must have shape/);

@@ -73,6 +73,11 @@ void Backend::batchNormBackwardApply(const BatchNormBackwardApplyArgs&) {
                << info().name << " backend runs batch norm unfused");
 }
 
+void Backend::convWgradSbr(const ConvWgradSbrArgs&) {
+  RC_THROW(code::kBackendUnavailable, "conv wgrad sbr: the fused backward needs a CUDA device (cuDNN's graph API); the "
+                                          << info().name << " backend runs the ReLU and the convolution unfused");
+}
+
 namespace {
 
 // The unfused ops around an optimizer step, in the order a fused step replaces: the unscale and

@@ -524,7 +524,8 @@ struct BatchNormFinalizeArgs {
 // convolution's raw output and scale = gamma * invStd, shift = beta - mean * scale (a batch norm in
 // training, then a ReLU); from dy it computes
 //   dA = conv_backward_data(dy, weight)                                   (not written)
-//   dz = dA where x * scale + shift > 0, else 0     (the gradient at the batch norm's output)
+//   dz = dA where x * scale + shift > 0, else 0     (the gradient at the batch norm's output; the
+//        graph recomputes x * scale + shift as (x - mean) * invStd * gamma + beta)
 //   dGamma += sum(dz * (x - mean) * invStd), dBeta += sum(dz)            (sums over the N*H*W rows)
 // and the per-channel coefficients of the batch norm's input gradient, which
 // batchNormBackwardApply applies: dx = eqDz * dz + eqX * x + eqBias, with M = N*H*W,
@@ -547,6 +548,18 @@ struct ConvDgradDbnArgs {
 struct BatchNormBackwardApplyArgs {
   Tensor dz, x, eqDz, eqX, eqBias;
   Tensor dx;  // overwritten
+};
+
+// The filter gradient of the `conv-bn` prologue's convolution (CUDA, one cuDNN graph): with the
+// forward y = conv(relu(x * scale + shift), weight),
+//   dWeight += conv_backward_filter(relu(x * scale + shift), dy)
+// the normalised activation recomputed in f32 as the convolution loads x, never written. x [N,H,W,C]
+// and dy [N,P,Q,K] NHWC in one dtype, bf16 or f16, 16-byte aligned, C and K multiples of 8;
+// scale, shift f32[C]; dWeight the f32 master gradient [K,R,S,C], accumulated.
+struct ConvWgradSbrArgs {
+  Tensor x, dy, scale, shift;
+  Tensor dWeight;
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
 };
 
 // A device's utilisation and memory as the NVIDIA driver reports them (what nvidia-smi shows),
@@ -643,6 +656,7 @@ class Backend {
   // throw ERR_RC_BACKEND_UNAVAILABLE as above.
   virtual void convDgradDbn(const ConvDgradDbnArgs& args);
   virtual void batchNormBackwardApply(const BatchNormBackwardApplyArgs& args);
+  virtual void convWgradSbr(const ConvWgradSbrArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;

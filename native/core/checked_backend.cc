@@ -192,6 +192,39 @@ void validateConvDgradDbn(const ConvDgradDbnArgs& a) {
   }
 }
 
+// Every argument check of convWgradSbr (ConvWgradSbrArgs), the CUDA graph's constraints included.
+void validateConvWgradSbr(const ConvWgradSbrArgs& a) {
+  const char* op = "conv wgrad sbr";
+  checkDefined(a.x, op, "x");
+  checkDefined(a.dy, op, "dy");
+  checkDefined(a.dWeight, op, "dWeight");
+  RC_CHECK_ARG(a.x.rank() == 4 && a.dy.rank() == 4 && a.dWeight.rank() == 4,
+               op << ": x, dy and dWeight must be 4-D (NHWC, KRSC), got " << a.x.describe() << ", " << a.dy.describe()
+                  << ", " << a.dWeight.describe());
+  RC_CHECK_ARG(a.x.dtype() == DType::BF16 || a.x.dtype() == DType::F16,
+               op << ": x is " << dtypeName(a.x.dtype())
+                  << "; the fused backward takes bf16 or f16 activations (cuDNN's runtime fusion engines fuse "
+                     "16-bit convolutions); use the unfused path for f32");
+  Conv2dParams p;
+  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
+  p.k = a.dWeight.dim(0), p.kernelH = a.dWeight.dim(1), p.kernelW = a.dWeight.dim(2);
+  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
+  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
+  validateConv2dParams(p);
+  checkShape(a.dWeight, {p.k, p.kernelH, p.kernelW, p.c}, op, "dWeight");
+  checkDType(a.dWeight, DType::F32, op, "dWeight");
+  checkShape(a.dy, {p.n, p.outH(), p.outW(), p.k}, op, "dy");
+  checkDType(a.dy, a.x.dtype(), op, "dy");
+  RC_CHECK_ARG(p.c % 8 == 0 && p.k % 8 == 0, op << ": x's channels (" << p.c << ") and dy's channels (" << p.k
+                                                << ") must be multiples of 8 for the fused backward");
+  RC_CHECK_ARG(aligned16(a.x) && aligned16(a.dy), op << ": x and dy must be 16-byte aligned");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&a.scale, "scale"}, {&a.shift, "shift"}}) {
+    checkDefined(*t, op, name);
+    checkDType(*t, DType::F32, op, name);
+    checkShape(*t, {p.c}, op, name);
+  }
+}
+
 void validateBatchNormBackwardApply(const BatchNormBackwardApplyArgs& a) {
   const char* op = "batch norm backward apply";
   checkDefined(a.dz, op, "dz");
@@ -1022,6 +1055,12 @@ class CheckedBackend final : public Backend {
           &a.eqDz, &a.eqX, &a.eqBias},
          "conv dgrad dbn");
     b_->convDgradDbn(a);
+  }
+
+  void convWgradSbr(const ConvWgradSbrArgs& a) override {
+    validateConvWgradSbr(a);
+    here({&a.x, &a.dy, &a.scale, &a.shift, &a.dWeight}, "conv wgrad sbr");
+    b_->convWgradSbr(a);
   }
 
   void batchNormBackwardApply(const BatchNormBackwardApplyArgs& a) override {

@@ -9,6 +9,7 @@
 #include "cuda_check.h"
 #include "cuda_ops.h"
 #include "fused_conv.h"
+#include "fused_conv_wgrad.h"
 #include "fused_dgrad.h"
 #include "jpeg_decoder.h"
 #include "kernels.h"
@@ -31,7 +32,7 @@ namespace {
 // fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice), and the
 // dual batch norm (dualBatchNormForward, dualBatchNormBackward); the conv-bn fused path
 // (convBnForward, batchNormFinalize), 11 the conv-bn prologue's backward (convDgradDbn,
-// batchNormBackwardApply).
+// batchNormBackwardApply, convWgradSbr).
 constexpr int kBackendAbi = 11;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -42,7 +43,8 @@ std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) 
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : ctx_(device), monitor_(device), timeline_(ctx_), convBn_(ctx_), dgradDbn_(ctx_) {}
+  explicit CudaBackend(int device)
+      : ctx_(device), monitor_(device), timeline_(ctx_), convBn_(ctx_), dgradDbn_(ctx_), wgradSbr_(ctx_) {}
 
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -306,6 +308,8 @@ class CudaBackend final : public Backend {
   }
 
   void convDgradDbn(const ConvDgradDbnArgs& a) override { dgradDbn_.run(a); }
+
+  void convWgradSbr(const ConvWgradSbrArgs& a) override { wgradSbr_.run(a); }
 
   void batchNormBackwardApply(const BatchNormBackwardApplyArgs& a) override {
     DeviceGuard guard(ctx_.device());
@@ -595,6 +599,7 @@ class CudaBackend final : public Backend {
   ProfileTimeline timeline_;
   ConvBnFusion convBn_;
   DgradDbnFusion dgradDbn_;
+  WgradSbrFusion wgradSbr_;
   std::map<int64_t, cudaGraphExec_t> graphs_;
   int64_t nextGraph_ = 1;
 };

@@ -1,18 +1,24 @@
 // The dgrad-drelu-dbn graph of the conv-bn prologue's backward (see ConvDgradDbnArgs), one cuDNN
 // operation graph:
 //
-//   dA = CONV_BWD_DATA(dy, w)                        (virtual, f32)
-//   t1 = MUL(x, scale), t2 = ADD(t1, shift)          (virtual, f32: the forward's BN output)
-//   dz = RELU_BWD(t2, dA)                            (written, x's dtype)
+//   dA = CONV_BWD_DATA(dy, w)                                      (virtual, f32)
+//   t = ADD(MUL(MUL(ADD(x, -1 * mean), invStd), gamma), beta)      (virtual, f32: the BN output)
+//   dz = RELU_BWD(t, dA)                                           (written, x's dtype)
 //   dScale, dBias, eqDz, eqX, eqBias = BN_BWD_WEIGHTS(x, dz, mean, invStd, gamma)   (f32[C])
 //
 // the DgradDreluBNBwdWeight pattern of cuDNN's specialized fusion engines, the dgrad, dReLU and
 // batch-norm-backward-weights step of ResNet-50's fused training
 // (https://docs.nvidia.com/deeplearning/cudnn/backend/latest/developer/graph-api.html, "Specialized
 // Pre-Compiled Engines", DgradDreluBNBwdWeight; the node is CUDNN_BACKEND_OPERATION_BN_BWD_WEIGHTS_
-// DESCRIPTOR, whose outputs are the scale and bias gradients and the three coefficients of dx). dA,
-// t1 and t2 are virtual f32 tensors: the forward's x * scale + shift is recomputed where the ReLU
-// mask is needed, and only dz (the gradient at the batch norm's output) is written, in x's dtype.
+// DESCRIPTOR, whose outputs are the scale and bias gradients and the three coefficients of dx). The
+// batch norm's output is recomputed in the documented form of the pattern, (x - mean) * invStd *
+// gamma + beta, its subtraction an ADD with alpha2 = -1; dA and the recomputation are virtual f32
+// tensors, and only dz (the gradient at the batch norm's output) is written, in x's dtype. beta is
+// not an argument (the caller has the prologue's scale and shift): a kernel forms it first as
+// shift + mean * scale (= beta - mean * scale + mean * scale), into the plan's own buffer.
+// NVIDIA documents the pattern's engine for FP16 dy, w and x, and FP32 statistics and outputs; the
+// bf16 graph is built the same way, and where cuDNN has no engine for it ExecutionPlan throws with
+// each engine's refusal.
 //
 // The backward weights op writes dScale and dBias (it does not accumulate), so the plan writes them
 // into a buffer of its own and accumulateBnGrads adds them to the caller's dGamma and dBeta.
@@ -44,8 +50,7 @@ enum Uid : int64_t {
   kDy = 1,
   kW,
   kX,
-  kScale,
-  kShift,
+  kBeta,
   kDz,
   kMean,
   kInvStd,
@@ -56,6 +61,8 @@ enum Uid : int64_t {
   kEqX,
   kEqBias,
   kDA,
+  kCentered,
+  kNormalized,
   kScaled,
   kShifted
 };
@@ -121,24 +128,30 @@ class DgradDbnGraph {
     Descriptor x = act(kX, s.c, s.h, s.w, io, false, " x");
     Descriptor dz = act(kDz, s.c, s.h, s.w, io, false, " dz");
     Descriptor dA = act(kDA, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " conv_backward_data(dy, w)");
-    Descriptor scaled = act(kScaled, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " x*scale");
-    Descriptor shifted = act(kShifted, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " x*scale+shift");
-    Descriptor scale = vec(kScale, " scale"), shift = vec(kShift, " shift"), mean = vec(kMean, " mean");
+    Descriptor centered = act(kCentered, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " x-mean");
+    Descriptor normalized = act(kNormalized, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " (x-mean)*invStd");
+    Descriptor scaled = act(kScaled, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " (x-mean)*invStd*gamma");
+    Descriptor shifted = act(kShifted, s.c, s.h, s.w, CUDNN_DATA_FLOAT, true, " (x-mean)*invStd*gamma+beta");
+    Descriptor beta = vec(kBeta, " beta"), mean = vec(kMean, " mean");
     Descriptor invStd = vec(kInvStd, " invStd"), gamma = vec(kGamma, " gamma"), dScale = vec(kDScale, " dScale");
     Descriptor dBias = vec(kDBias, " dBias"), eqDz = vec(kEqDz, " eqDz"), eqX = vec(kEqX, " eqX");
     Descriptor eqBias = vec(kEqBias, " eqBias");
     Descriptor conv = graph::convolution2d(
         graph::Convolution2dSpec{s.padH, s.padW, s.strideH, s.strideW, s.dilationH, s.dilationW}, what);
     Descriptor dgrad = graph::convolutionBackwardData(conv, dy, w, dA, what + " convolution backward data");
-    Descriptor mul = graph::pointwise(CUDNN_POINTWISE_MUL, x, &scale, scaled, what + " recompute mul");
-    Descriptor add = graph::pointwise(CUDNN_POINTWISE_ADD, scaled, &shift, shifted, what + " recompute add");
+    Descriptor center = graph::pointwise(CUDNN_POINTWISE_ADD, x, &mean, centered, what + " recompute x-mean", -1.0f);
+    Descriptor normalize =
+        graph::pointwise(CUDNN_POINTWISE_MUL, centered, &invStd, normalized, what + " recompute *invStd");
+    Descriptor scaleBy = graph::pointwise(CUDNN_POINTWISE_MUL, normalized, &gamma, scaled, what + " recompute *gamma");
+    Descriptor shiftBy = graph::pointwise(CUDNN_POINTWISE_ADD, scaled, &beta, shifted, what + " recompute +beta");
     Descriptor drelu = graph::reluBackward(shifted, dA, dz, what + " relu backward");
     Descriptor dbn =
         bnBackwardWeights(x, dz, mean, invStd, gamma, dScale, dBias, eqDz, eqX, eqBias, what + " bn backward weights");
     plan_ = std::make_unique<graph::ExecutionPlan>(
-        ctx.cudnn(), std::vector<const Descriptor*>{&dgrad, &mul, &add, &drelu, &dbn}, what);
+        ctx.cudnn(), std::vector<const Descriptor*>{&dgrad, &center, &normalize, &scaleBy, &shiftBy, &drelu, &dbn},
+        what);
     lowWeight_ = ctx.allocate({s.k, s.r, s.s, s.c}, s.dtype);
-    partial_ = ctx.allocate({2, s.c}, DType::F32);
+    partial_ = ctx.allocate({3, s.c}, DType::F32);
   }
 
   void run(CudaContext& ctx, const ConvDgradDbnArgs& a) {
@@ -147,16 +160,15 @@ class DgradDbnGraph {
       cast(a.weight.dtype(), a.weight.data(), shape_.dtype, lowWeight_.data(), a.weight.numel(), ctx.stream());
       weight = lowWeight_.data();
     }
-    auto* partial = partial_.ptr<float>();
-    const std::vector<int64_t> uids = {kDy,     kW,     kX,      kScale, kShift, kDz,  kMean,
-                                       kInvStd, kGamma, kDScale, kDBias, kEqDz,  kEqX, kEqBias};
-    const std::vector<void*> pointers = {a.dy.data(),        const_cast<void*>(weight),
-                                         a.x.data(),         a.scale.data(),
-                                         a.shift.data(),     a.dz.data(),
-                                         a.saveMean.data(),  a.saveInvStd.data(),
-                                         a.gamma.data(),     partial,
-                                         partial + shape_.c, a.eqDz.data(),
-                                         a.eqX.data(),       a.eqBias.data()};
+    auto* partial = partial_.ptr<float>();  // dScale, dBias, beta
+    float* beta = partial + 2 * shape_.c;
+    shiftToBeta(a.shift.ptr<float>(), a.saveMean.ptr<float>(), a.scale.ptr<float>(), beta, shape_.c, ctx.stream());
+    const std::vector<int64_t> uids = {kDy,    kW,      kX,     kBeta, kDz,  kMean,  kInvStd,
+                                       kGamma, kDScale, kDBias, kEqDz, kEqX, kEqBias};
+    const std::vector<void*> pointers = {a.dy.data(),    const_cast<void*>(weight), a.x.data(),          beta,
+                                         a.dz.data(),    a.saveMean.data(),         a.saveInvStd.data(), a.gamma.data(),
+                                         partial,        partial + shape_.c,        a.eqDz.data(),       a.eqX.data(),
+                                         a.eqBias.data()};
     const auto bytes = static_cast<size_t>(plan_->workspaceBytes());
     void* workspace = bytes > 0 ? ctx.scratch(bytes) : nullptr;
     plan_->execute(ctx.cudnn(), uids, pointers, workspace);

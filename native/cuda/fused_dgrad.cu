@@ -6,6 +6,13 @@ namespace rc::cuda {
 
 namespace {
 
+__global__ void shift_to_beta_kernel(const float* __restrict__ shift, const float* __restrict__ mean,
+                                     const float* __restrict__ scale, float* __restrict__ beta, int64_t channels) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= channels) return;
+  beta[c] = shift[c] + mean[c] * scale[c];
+}
+
 __global__ void accumulate_bn_grads_kernel(const float* __restrict__ partial, float* __restrict__ dGamma,
                                            float* __restrict__ dBeta, int64_t channels) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -40,6 +47,12 @@ __global__ void bn_backward_apply_kernel(const T* dz, const T* __restrict__ x, c
 }
 
 }  // namespace
+
+void shiftToBeta(const float* shift, const float* mean, const float* scale, float* beta, int64_t channels,
+                 cudaStream_t stream) {
+  shift_to_beta_kernel<<<gridFor(channels), kThreads, 0, stream>>>(shift, mean, scale, beta, channels);
+  checkLaunch("shift_to_beta_kernel");
+}
 
 void accumulateBnGrads(const float* partial, float* dGamma, float* dBeta, int64_t channels, cudaStream_t stream) {
   accumulate_bn_grads_kernel<<<gridFor(channels), kThreads, 0, stream>>>(partial, dGamma, dBeta, channels);

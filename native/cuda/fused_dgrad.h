@@ -35,6 +35,11 @@ class DgradDbnFusion {
   std::map<std::string, std::unique_ptr<DgradDbnGraph>> graphs_;  // by shape
 };
 
+// beta[c] = shift[c] + mean[c] * scale[c]: the batch norm's beta from the prologue's affine map
+// (shift = beta - mean * scale), one thread per channel.
+void shiftToBeta(const float* shift, const float* mean, const float* scale, float* beta, int64_t channels,
+                 cudaStream_t stream);
+
 // dGamma[c] += partial[c], dBeta[c] += partial[channels + c], one thread per channel.
 void accumulateBnGrads(const float* partial, float* dGamma, float* dBeta, int64_t channels, cudaStream_t stream);
 

@@ -148,7 +148,7 @@ Descriptor reluBackward(const Descriptor& x, const Descriptor& dy, const Descrip
 }
 
 Descriptor pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* b, const Descriptor& y,
-                     const std::string& what) {
+                     const std::string& what, float alpha2) {
   Descriptor pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, what + " mode");
   pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode)
       .setDataType(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_DATA_FLOAT)
@@ -157,6 +157,7 @@ Descriptor pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descr
   d.setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw)
       .setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
   if (b != nullptr) d.setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+  if (alpha2 != 1.0f) d.setFloat(CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, alpha2);
   d.setDescriptor(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
   return std::move(d.finalize());
 }

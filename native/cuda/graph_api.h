@@ -70,8 +70,9 @@ Descriptor convolutionBackwardData(const Descriptor& conv, const Descriptor& dy,
 Descriptor convolutionBackwardFilter(const Descriptor& conv, const Descriptor& x, const Descriptor& dy,
                                      const Descriptor& dw, const std::string& what);
 Descriptor reluBackward(const Descriptor& x, const Descriptor& dy, const Descriptor& dx, const std::string& what);
+// (pointwise: y = x <mode> alpha2 * b for the binary modes; alpha2 = -1 makes ADD a subtraction.)
 Descriptor pointwise(cudnnPointwiseMode_t mode, const Descriptor& x, const Descriptor* b, const Descriptor& y,
-                     const std::string& what);
+                     const std::string& what, float alpha2 = 1.0f);
 Descriptor genStats(const Descriptor& x, const Descriptor& sum, const Descriptor& sqSum, const std::string& what);
 
 // An operation graph's execution plan: the first engine configuration of cuDNN's heuristics

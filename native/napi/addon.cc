@@ -364,6 +364,22 @@ void parseConvDgradDbn(const Napi::Object& o, ConvDgradDbnArgs& a) {
   a.dilationW = getInt(o, "dilationW", 1);
 }
 
+// convWgradSbr({ x, dy, scale, shift, dWeight, strideH?, strideW?, padH?, padW?, dilationH?,
+//                dilationW? })
+void parseConvWgradSbr(const Napi::Object& o, ConvWgradSbrArgs& a) {
+  a.x = getTensor(o, "x");
+  a.dy = getTensor(o, "dy");
+  a.scale = getTensor(o, "scale");
+  a.shift = getTensor(o, "shift");
+  a.dWeight = getTensor(o, "dWeight");
+  a.strideH = getInt(o, "strideH", 1);
+  a.strideW = getInt(o, "strideW", 1);
+  a.padH = getInt(o, "padH", 0);
+  a.padW = getInt(o, "padW", 0);
+  a.dilationH = getInt(o, "dilationH", 1);
+  a.dilationW = getInt(o, "dilationW", 1);
+}
+
 // batchNormBackwardApply({ dz, x, eqDz, eqX, eqBias, dx })
 void parseBatchNormBackwardApply(const Napi::Object& o, BatchNormBackwardApplyArgs& a) {
   a.dz = getTensor(o, "dz");
@@ -777,6 +793,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"convDgradDbn", StructOp<ConvDgradDbnArgs, parseConvDgradDbn, &ConvDgradDbnArgs::x, &Backend::convDgradDbn>},
       {"batchNormBackwardApply", StructOp<BatchNormBackwardApplyArgs, parseBatchNormBackwardApply,
                                           &BatchNormBackwardApplyArgs::dz, &Backend::batchNormBackwardApply>},
+      {"convWgradSbr", StructOp<ConvWgradSbrArgs, parseConvWgradSbr, &ConvWgradSbrArgs::x, &Backend::convWgradSbr>},
       {"adamwStep", StructOp<AdamWArgs, parseAdam<AdamWArgs>, &AdamWArgs::params, &Backend::adamwStep>},
       {"lambStep", StructOp<LambArgs, parseAdam<LambArgs>, &LambArgs::params, &Backend::lambStep>},
       {"fusedAdamwStep",

@@ -52,7 +52,7 @@ Desc tensor(int64_t uid, std::vector<int64_t> dims, bool isVirtual, bool finaliz
   return d;
 }
 
-Desc pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
+Desc pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y, float alpha2 = 1.0f) {
   Desc pw = create(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
   const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
   cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
@@ -62,6 +62,7 @@ Desc pointwise(cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
   setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
   setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
   if (b != nullptr) setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+  if (alpha2 != 1.0f) cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &alpha2);
   setDesc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
   check(cudnnBackendFinalize(op) == CUDNN_STATUS_SUCCESS, "finalize pointwise operation");
   cudnnBackendDestroyDescriptor(pw);
@@ -438,6 +439,15 @@ struct BackwardProblem {
               }
   }
 
+  // The batch norm's output (x - mean) * invStd * gamma + beta (beta: the shift values), rounded as
+  // the graph's f32 virtual tensors are.
+  float bnOut(size_t i) const {
+    const size_t c = i % C;
+    const auto centered = static_cast<float>(double(x[i]) - mean[c]);
+    const auto scaled = static_cast<float>(double(static_cast<float>(double(centered) * invStd[c])) * gamma[c]);
+    return static_cast<float>(double(scaled) + shift[c]);
+  }
+
   // x * scale + shift, rounded as the graph's f32 virtual tensors are.
   float pre(size_t i) const {
     const size_t c = i % C;
@@ -449,7 +459,7 @@ struct BackwardProblem {
     std::vector<double> dA(x.size(), 0.0);
     terms([&](int64_t xi, int64_t wi, int64_t yi) { dA[xi] += double(dy[yi]) * w[wi]; });
     std::vector<double> g(x.size());
-    for (size_t i = 0; i < x.size(); ++i) g[i] = pre(i) > 0.0f ? static_cast<float>(dA[i]) : 0.0;
+    for (size_t i = 0; i < x.size(); ++i) g[i] = bnOut(i) > 0.0f ? static_cast<float>(dA[i]) : 0.0;
     out.assign(5, std::vector<double>(C, 0.0));
     std::vector<double> sumG(C, 0.0), sumGXc(C, 0.0);
     for (size_t i = 0; i < x.size(); ++i) {
@@ -493,7 +503,7 @@ Desc strided(int64_t stride) {
   return c;
 }
 
-// dgrad -> (x * scale + shift) -> RELU_BWD -> BN_BWD_WEIGHTS, and scale-shift-ReLU -> wgrad.
+// dgrad -> (x - mean) * invStd * gamma + beta -> RELU_BWD -> BN_BWD_WEIGHTS, and scale-shift-ReLU -> wgrad.
 void backwardGraphs() {
   using B = BackwardProblem;
   B prob;
@@ -511,18 +521,23 @@ void backwardGraphs() {
   std::vector<Desc> per;
   for (int64_t uid = 10; uid < 20; ++uid) per.push_back(tensor(uid, vec, false));  // scale, shift, then bn's 8
   Desc dA = tensor(101, act, true), t1 = tensor(102, act, true), t2 = tensor(103, act, true);
+  Desc t3 = tensor(104, act, true), t4 = tensor(105, act, true);
   Desc conv = strided(2);
   Desc dgrad = convBackwardData(conv, dy, w, dA);
   check(cudnnBackendFinalize(dgrad) == CUDNN_STATUS_SUCCESS, "finalize convolution backward data");
-  Desc mul = pointwise(CUDNN_POINTWISE_MUL, x, per[0], t1);
-  Desc add = pointwise(CUDNN_POINTWISE_ADD, t1, per[1], t2);
-  Desc drelu = reluBackward(t2, dA, dz);
+  // The batch norm's output as the DgradDreluBNBwdWeight pattern recomputes it: ADD with alpha2 = -1
+  // subtracts the mean; then invStd, gamma and beta (the shift tensor).
+  Desc sub = pointwise(CUDNN_POINTWISE_ADD, x, per[2], t1, -1.0f);
+  Desc mulInvStd = pointwise(CUDNN_POINTWISE_MUL, t1, per[3], t2);
+  Desc mulGamma = pointwise(CUDNN_POINTWISE_MUL, t2, per[4], t3);
+  Desc addBeta = pointwise(CUDNN_POINTWISE_ADD, t3, per[1], t4);
+  Desc drelu = reluBackward(t4, dA, dz);
   check(cudnnBackendFinalize(drelu) == CUDNN_STATUS_SUCCESS, "finalize RELU_BWD");
   Desc dbn = bnBackwardWeights(x, dz, std::vector<Desc>(per.begin() + 2, per.end()));
   check(cudnnBackendFinalize(dbn) == CUDNN_STATUS_SUCCESS, "finalize BN_BWD_WEIGHTS");
   int64_t workspaceBytes = -1;
-  Desc plan = planOf(handle, {dbn, drelu, add, mul, dgrad}, &workspaceBytes);
-  check(workspaceBytes == 3 * B::M * B::C * 4, "the dgrad plan's workspace holds its three virtual tensors");
+  Desc plan = planOf(handle, {dbn, drelu, addBeta, mulGamma, mulInvStd, sub, dgrad}, &workspaceBytes);
+  check(workspaceBytes == 5 * B::M * B::C * 4, "the dgrad plan's workspace holds its five virtual tensors");
 
   float* ddy = upload(prob.dy);
   float* dw = upload(prob.w);
@@ -549,9 +564,10 @@ void backwardGraphs() {
   bool ok = true, masked = false;
   for (size_t i = 0; i < wantDz.size(); ++i) {
     ok = ok && near(gotDz[i], wantDz[i], 1e-6);
-    masked = masked || (prob.pre(i) <= 0.0f && gotDz[i] == 0.0f);
+    masked = masked || (prob.bnOut(i) <= 0.0f && gotDz[i] == 0.0f);
   }
-  check(ok && masked, "dz = conv_backward_data(dy, w) masked where x * scale + shift <= 0, against a direct sum");
+  check(ok && masked,
+        "dz = conv_backward_data(dy, w) masked where (x - mean) * invStd * gamma + beta <= 0, against a direct sum");
   const char* names[] = {"dScale", "dBias", "eqDy", "eqX", "eqBias"};
   for (int o = 0; o < 5; ++o) {
     const std::vector<float> got = download(dper[5 + static_cast<size_t>(o)], B::C);
@@ -580,7 +596,7 @@ void backwardGraphs() {
   check(ok, "dw = wgrad(relu(x * scale + shift), dy) against a direct sum");
   cudnnBackendDestroyDescriptor(plan2);
 
-  for (Desc d : {dy, w, x, dz, dA, t1, t2, conv, dwT, a1, a2, a3}) cudnnBackendDestroyDescriptor(d);
+  for (Desc d : {dy, w, x, dz, dA, t1, t2, t3, t4, conv, dwT, a1, a2, a3}) cudnnBackendDestroyDescriptor(d);
   for (Desc d : per) cudnnBackendDestroyDescriptor(d);
   for (float* p : dper) cudaFree(p);
   for (float* p : {ddy, dw, dxv, ddz, ddw}) cudaFree(p);

@@ -1,0 +1,34 @@
+// The filter gradient of the `conv-bn` prologue's convolution on CUDA (see ConvWgradSbrArgs):
+// the scale-bias-ReLU-wgrad cuDNN graph (fused_conv_wgrad.cc).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cuda_context.h"
+
+namespace rc::cuda {
+
+class WgradSbrGraph;
+
+// The fused filter-gradient convolutions of one backend: one cuDNN execution plan per shape,
+// built on first use and kept with the backend's context.
+class WgradSbrFusion {
+ public:
+  explicit WgradSbrFusion(CudaContext& ctx);
+  ~WgradSbrFusion();
+  WgradSbrFusion(const WgradSbrFusion&) = delete;
+  WgradSbrFusion& operator=(const WgradSbrFusion&) = delete;
+
+  // The arguments are checked by the caller (validateConvWgradSbr).
+  void run(const ConvWgradSbrArgs& args);
+
+ private:
+  CudaContext& ctx_;
+  std::mutex mutex_;
+  std::map<std::string, std::unique_ptr<WgradSbrGraph>> graphs_;  // by shape
+};
+
+}  // namespace rc::cuda
