@@ -28,9 +28,10 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  *   reads the output finalizes them instead of its statistics pass; inside a {@link Chain} or a
  *   {@link Residual} main branch, an adjacent BatchNorm2d with ReLU and Conv2d run as a pair
  *   (lib/nn/prologue.ts): the batch norm's output is not written, the convolution applies it in its
- *   prologue, and their backward runs the batch norm's gradient through the convolution
- *   (`convDgradDbn`, `batchNormBackwardApply`) after recomputing the activation for the weight
- *   gradient. With `bn-add-relu` too, the dual batch norm takes both convolutions' sums.
+ *   prologue, and in their backward the convolution's weight gradient applies it again as it loads
+ *   the input (`convWgradSbr`) while the batch norm's gradient runs through the convolution
+ *   (`convDgradDbn`, `batchNormBackwardApply`). With `bn-add-relu` too, the dual batch norm takes
+ *   both convolutions' sums.
  */
 export const FUSED_PATH_NAMES = ['optim', 'bn-add-relu', 'conv-bn'] as const;
 

@@ -235,9 +235,8 @@ const pendingStats = new WeakMap<Tensor, PendingStats>();
 /**
  * A batch norm's output handed to the next convolution's prologue on the `conv-bn` fused path
  * ({@link BatchNorm2d.forwardPrologue} to {@link Conv2d.forwardPrologue}): the convolution reads
- * `relu(x * scale + shift)` of the batch norm's input `x`, so the normalised activation is never
- * written. `activation` is the batch norm's output buffer, unwritten until the pair's backward
- * recomputes it (`lib/nn/prologue.ts`).
+ * `relu(x * scale + shift)` of the batch norm's input `x`, in forward and in its weight gradient,
+ * so the normalised activation is never written (`lib/nn/prologue.ts`).
  * @internal
  */
 export interface PrologueInput {
@@ -249,8 +248,6 @@ export interface PrologueInput {
   readonly scale: Tensor;
   /** `beta - mean * scale` per channel (f32). */
   readonly shift: Tensor;
-  /** The batch norm's output buffer, which the forward leaves unwritten. */
-  readonly activation: Tensor;
 }
 
 /** The error of a prologue pair used other than through its container. */
@@ -258,7 +255,7 @@ function prologueMisuse(what: string): never {
   throw new ResnetError(
     'ERR_RC_INVALID_ARGUMENT',
     `${what}: on the conv-bn fused path a batch norm fed the next convolution's prologue and did not write its ` +
-      'output; the pair runs only through its container (Chain or Residual), whose backward recomputes that output',
+      'output; the pair runs only through its container (Chain or Residual), which runs its backward as one step',
   );
 }
 
@@ -307,8 +304,8 @@ export class Conv2d extends QuantizableLayer {
   #entry: ConvEntry | null = null;
   /** The channel sums of the output on the `conv-bn` fused path (f32[outChannels]). */
   #sums: { sum: Tensor; sqSum: Tensor } | null = null;
-  /** The batch norm whose prologue fed the last forward ({@link forwardPrologue}), or null. */
-  #prologue: BatchNorm2d | null = null;
+  /** The batch norm output that fed the last forward's prologue ({@link forwardPrologue}), or null. */
+  #prologue: PrologueInput | null = null;
 
   constructor(options: Conv2dOptions) {
     super();
@@ -399,7 +396,8 @@ export class Conv2d extends QuantizableLayer {
    * The forward of `relu(p.x * p.scale + p.shift)` that the batch norm before this convolution
    * handed over ({@link BatchNorm2d.forwardPrologue}): one convBnForward applies the batch norm
    * and ReLU in its prologue and writes this output's channel sums in its epilogue. The activation
-   * it reads is not written; the pair's backward recomputes it (`lib/nn/prologue.ts`).
+   * it reads is not written; the pair's backward is {@link backwardPrologue} and the batch norm's
+   * {@link BatchNorm2d.backwardPrologue} (`lib/nn/prologue.ts`).
    * @internal
    */
   forwardPrologue(p: PrologueInput): Tensor {
@@ -408,8 +406,8 @@ export class Conv2d extends QuantizableLayer {
     if (!this.takesPrologue(p.x)) prologueMisuse('Conv2d.forwardPrologue (the conv-bn path does not apply)');
     this.#entry = entry;
     this.#convBnForward(p.x, entry, p);
-    this.#input = p.activation;
-    this.#prologue = p.norm;
+    this.#input = null;
+    this.#prologue = p;
     return entry.y;
   }
 
@@ -498,10 +496,38 @@ export class Conv2d extends QuantizableLayer {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
-    if (this.#prologue && !this.#prologue.prologueActivationReady) prologueMisuse('Conv2d.backward()');
+    if (this.#prologue) prologueMisuse('Conv2d.backward()');
     return this.backwardOnce(this.constructor.name, () =>
       weightedBackward(this, CONV2D_OPS, this.#entry, this.#input, gradOutput),
     );
+  }
+
+  /**
+   * The weight gradient of a {@link forwardPrologue}: `dW += wgrad(relu(x * scale + shift), dy)`
+   * in one convWgradSbr, the activation applied as the batch norm's input is loaded. The input
+   * gradient is the batch norm's {@link BatchNorm2d.backwardPrologue}; this returns null.
+   * @internal
+   */
+  backwardPrologue(gradOutput: Tensor): null {
+    return this.backwardOnce(this.constructor.name, () => {
+      const p = this.#prologue;
+      const e = this.#entry;
+      if (!p || !e) return prologueMisuse('Conv2d.backwardPrologue (the last forward was not fed by a prologue)');
+      expectTensor('Conv2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+      if (!this.weight.requiresGrad) return null;
+      const recorder = opRecorder;
+      const token = recorder ? recorder.begin(CONV2D_OPS.backwardWeights, this, p.x.device) : 0;
+      addon().convWgradSbr({
+        x: p.x.raw,
+        dy: gradOutput.raw,
+        scale: p.scale.raw,
+        shift: p.shift.raw,
+        dWeight: this.weight.grad.raw,
+        ...this.#window(),
+      });
+      recorder?.end(token);
+      return null;
+    });
   }
 
   /** The implementation oneDNN/cuDNN chose for the last input shape (for logs and benchmarks). */
@@ -603,11 +629,8 @@ export class BatchNorm2d extends Module {
   #dualPending = false;
   /** Whether the dual backward of {@link #dualMain} has computed this one's gradients for the last forward. */
   #dualGradReady = false;
-  /**
-   * The last forward fed the next convolution's prologue ({@link forwardPrologue}): its output is
-   * 'unwritten' until {@link recomputePrologueActivation} makes it 'recomputed'; 'written' otherwise.
-   */
-  #output: 'written' | 'unwritten' | 'recomputed' = 'written';
+  /** 'unwritten' when the last forward fed the next convolution's prologue ({@link forwardPrologue}). */
+  #output: 'written' | 'unwritten' = 'written';
   /**
    * Set while gradient checkpointing recomputes a forward that already ran: a training-mode
    * forward then uses the batch statistics as usual but leaves the running statistics and
@@ -718,7 +741,7 @@ export class BatchNorm2d extends Module {
    * path): from the channel sums of `x`, the finalize writes the saved statistics, the running
    * statistics' update and the prologue's scale and shift; the output is NOT written. Only the
    * containers call it (`lib/nn/prologue.ts`), for an adjacent batch norm and convolution where
-   * nothing else reads the batch norm's output; their backward recomputes it.
+   * nothing else reads the batch norm's output; their backward runs as one step.
    * @internal
    */
   forwardPrologue(x: Tensor): PrologueInput {
@@ -745,46 +768,7 @@ export class BatchNorm2d extends Module {
     if (!discard) this.bumpCounter('num_batches_tracked');
     this.#recordForward(x, null, entry, null, null);
     this.#output = 'unwritten';
-    return { norm: this, x, scale: f.scale, shift: f.shift, activation: entry.y };
-  }
-
-  /**
-   * Writes the output a {@link forwardPrologue} left unwritten, `relu(bn(x))` with the batch
-   * statistics it saved, for the backward of the pair (the convolution's gradients read it as its
-   * input, this backward's ReLU mask as its output). Once recomputed, a second call does nothing.
-   * @internal
-   */
-  recomputePrologueActivation(): void {
-    const e = this.#entry;
-    const x = this.#input;
-    const f = e?.fused;
-    if (this.#output === 'recomputed') return;
-    if (this.#output !== 'unwritten' || !e || !x || !f) {
-      throw new ResnetError(
-        'ERR_RC_INVALID_ARGUMENT',
-        'BatchNorm2d.recomputePrologueActivation: the last forward did not feed a convolution prologue',
-      );
-    }
-    const recorder = opRecorder;
-    const token = recorder ? recorder.begin('batchnorm.recompute', this, x.device) : 0;
-    addon().batchNormForward({
-      x: x.raw,
-      gamma: this.weight.data.raw,
-      beta: this.bias.data.raw,
-      y: e.y.raw,
-      runningMean: e.saveMean.raw,
-      runningVar: f.variance.raw,
-      training: false,
-      relu: true,
-      eps: this.eps,
-    });
-    recorder?.end(token);
-    this.#output = 'recomputed';
-  }
-
-  /** Whether the output a {@link forwardPrologue} left unwritten has been recomputed (or was written). @internal */
-  get prologueActivationReady(): boolean {
-    return this.#output !== 'unwritten';
+    return { norm: this, x, scale: f.scale, shift: f.shift };
   }
 
   /**
@@ -792,8 +776,8 @@ export class BatchNorm2d extends Module {
    * convolution it fed: one convDgradDbn computes that convolution's data gradient, masks it by
    * the ReLU of the recomputed `x * scale + shift` into `dz`, accumulates dγ and dβ, and yields the
    * coefficients of this batch norm's input gradient, which batchNormBackwardApply writes (in
-   * place of `dz`) when {@link requiresInputGrad}. The convolution's weight gradient is not
-   * computed here.
+   * place of `dz`) when {@link requiresInputGrad}. The convolution's weight gradient is its own
+   * {@link Conv2d.backwardPrologue}.
    * @internal
    */
   backwardPrologue(gradOutput: Tensor, conv: Conv2d): Tensor | null {
@@ -801,7 +785,7 @@ export class BatchNorm2d extends Module {
       const e = this.#entry;
       const x = this.#input;
       const f = e?.fused;
-      if (this.#output === 'written' || !e || !x || !f) {
+      if (this.#output !== 'unwritten' || !e || !x || !f) {
         throw new ResnetError(
           'ERR_RC_INVALID_ARGUMENT',
           'BatchNorm2d.backwardPrologue: the last forward did not feed a convolution prologue',

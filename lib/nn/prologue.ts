@@ -96,16 +96,12 @@ export function backwardRun(
  * The backward of a batch norm that fed convolution `conv`'s prologue, and of that convolution,
  * from the gradient of the convolution's output: the gradient of the batch norm's input (null
  * when `norm.requiresInputGrad` is false), with both modules' parameter gradients accumulated.
- *
- * The activation `relu(bn(x))` is recomputed from the saved batch statistics for the
- * convolution's weight gradient (its only reader: the convolution's backward runs without an input
- * gradient); the batch norm's backward then runs through the convolution in one dgrad-dReLU-dBN
- * graph and one per-channel pass ({@link BatchNorm2d.backwardPrologue}), so the gradient of the
- * activation is never written.
+ * The convolution's weight gradient applies the batch norm and ReLU to its input as it loads it
+ * ({@link Conv2d.backwardPrologue}); the batch norm's backward runs through the convolution in one
+ * dgrad-dReLU-dBN graph and one per-channel pass ({@link BatchNorm2d.backwardPrologue}). Neither
+ * the activation nor its gradient is written.
  */
 export function prologuePairBackward(norm: BatchNorm2d, conv: Conv2d, gradOutput: Tensor): Tensor | null {
-  norm.recomputePrologueActivation();
-  conv.requiresInputGrad = false;
-  conv.backward(gradOutput);
+  conv.backwardPrologue(gradOutput);
   return norm.backwardPrologue(gradOutput, conv);
 }
