@@ -23,10 +23,15 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  *   backward, taken by {@link Residual} when both batch norms are local (not synchronised).
  * - `conv-bn`: batch norm through cuDNN's graph API around the convolutions on CUDA: the
  *   statistics in the epilogue of the convolution that makes the activation, and the
- *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16). The
- *   modules take the first half: in training, a {@link Conv2d} writes its output's channel sums
- *   and the {@link BatchNorm2d} that reads the output skips its statistics pass; the prologue op
- *   exists in the backend (`convBnForward` with scale and shift) but no module calls it yet.
+ *   normalisation and ReLU in the prologue of the convolution that reads it (bf16 and f16). In
+ *   training, a {@link Conv2d} writes its output's channel sums and the {@link BatchNorm2d} that
+ *   reads the output finalizes them instead of its statistics pass; inside a {@link Chain} or a
+ *   {@link Residual} main branch, an adjacent BatchNorm2d with ReLU and Conv2d run as a pair
+ *   (lib/nn/prologue.ts): the batch norm's output is not written, the convolution applies it in its
+ *   prologue, and in their backward the convolution's weight gradient applies it again as it loads
+ *   the input (`convWgradSbr`) while the batch norm's gradient runs through the convolution
+ *   (`convDgradDbn`, `batchNormBackwardApply`). With `bn-add-relu` too, the dual batch norm takes
+ *   both convolutions' sums.
  */
 export const FUSED_PATH_NAMES = ['optim', 'bn-add-relu', 'conv-bn'] as const;
 

@@ -10,6 +10,7 @@ import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { BatchNorm2d } from './layers.js';
 import { Module, ShapeCache } from './module.js';
+import { backwardRun, forwardRun } from './prologue.js';
 
 /**
  * Runs a chain's children in place of its own loop: gradient checkpointing's segments
@@ -24,9 +25,14 @@ export interface ChainRunner {
   release(): void;
 }
 
-/** Runs named children in order; backward runs them in reverse. */
+/**
+ * Runs named children in order; backward runs them in reverse. On the `conv-bn` fused path a
+ * batch norm with ReLU and the convolution after it run as one pair (`lib/nn/prologue.ts`).
+ */
 export class Chain extends Module {
   readonly #sequence: Module[] = [];
+  /** The prologue pairs of the last forward (see `lib/nn/prologue.ts`). */
+  #pairs: readonly number[] = [];
   /** Runs the children instead of the plain loop when set (gradient checkpointing). @internal */
   runner: ChainRunner | null = null;
 
@@ -49,10 +55,11 @@ export class Chain extends Module {
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, this.constructor.name);
+    this.#pairs = [];
     if (this.runner) return this.runner.forward(x);
-    let h = x;
-    for (const m of this.#sequence) h = m.forward(h);
-    return h;
+    const run = forwardRun(this.#sequence, x);
+    this.#pairs = run.pairs;
+    return run.output;
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
@@ -61,17 +68,18 @@ export class Chain extends Module {
 
   #backward(gradOutput: Tensor): Tensor | null {
     if (this.runner) return this.runner.backward(gradOutput, this.requiresInputGrad);
-    let g: Tensor | null = gradOutput;
-    const n = this.#sequence.length;
-    for (let i = n - 1; i >= 0; i--) {
-      const m = this.#sequence[i]!;
-      m.requiresInputGrad = i > 0 || this.requiresInputGrad;
-      g = m.backward(defined(g, `the input gradient of ${this.constructor.name} layer ${i + 1}`));
-    }
-    return n === 0 && !this.requiresInputGrad ? null : g;
+    const g = backwardRun(
+      this.#sequence,
+      this.#pairs,
+      gradOutput,
+      this.requiresInputGrad,
+      (i) => `the input gradient of ${this.constructor.name} layer ${i}`,
+    );
+    return this.#sequence.length === 0 && !this.requiresInputGrad ? null : g;
   }
 
   protected override disposeCache(): void {
+    this.#pairs = [];
     this.runner?.release();
   }
 }
@@ -108,6 +116,8 @@ export class Residual extends Module {
   #input: Tensor | null = null;
   /** The shortcut's batch norm when the last forward ran the dual pass, else null. */
   #dual: BatchNorm2d | null = null;
+  /** The prologue pairs of the main branch in the last forward (see `lib/nn/prologue.ts`). */
+  #pairs: readonly number[] = [];
 
   constructor(main: readonly (readonly [string, Module])[], shortcut: readonly [string, Module] | null = null) {
     super();
@@ -149,8 +159,9 @@ export class Residual extends Module {
     } else {
       identity = x;
     }
-    let h = x;
-    for (let i = 0; i < this.#main.length - 1; i++) h = this.#main[i]!.forward(h);
+    const run = forwardRun(this.#main.slice(0, -1), x);
+    const h = run.output;
+    this.#pairs = run.pairs;
     expectTensor(`${this.constructor.name} shortcut output`, identity, { shape: h.shape, dtype: h.dtype });
     this.#input = x;
     this.#dual = dual;
@@ -191,11 +202,13 @@ export class Residual extends Module {
     const dIdentity = this.#dual
       ? gradOutput
       : defined(this.#last.residualGrad, `the residual gradient of ${this.constructor.name}`);
-    for (let i = this.#main.length - 2; i >= 0; i--) {
-      const m = this.#main[i]!;
-      m.requiresInputGrad = i > 0 || this.requiresInputGrad;
-      g = m.backward(defined(g, `the input gradient of ${this.constructor.name} main layer ${i + 2}`));
-    }
+    g = backwardRun(
+      this.#main.slice(0, -1),
+      this.#pairs,
+      defined(g, `the input gradient of ${this.constructor.name} main layer ${this.#main.length}`),
+      this.requiresInputGrad,
+      (i) => `the input gradient of ${this.constructor.name} main layer ${i + 1}`,
+    );
     if (this.#shortcut) this.#shortcut.requiresInputGrad = this.requiresInputGrad;
     const dShortcut = this.#shortcut ? this.#shortcut.backward(dIdentity) : dIdentity;
     if (!this.requiresInputGrad) return null;
@@ -213,5 +226,6 @@ export class Residual extends Module {
     this.#sums.clear();
     this.#input = null;
     this.#dual = null;
+    this.#pairs = [];
   }
 }

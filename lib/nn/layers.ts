@@ -232,6 +232,33 @@ interface PendingStats {
 }
 const pendingStats = new WeakMap<Tensor, PendingStats>();
 
+/**
+ * A batch norm's output handed to the next convolution's prologue on the `conv-bn` fused path
+ * ({@link BatchNorm2d.forwardPrologue} to {@link Conv2d.forwardPrologue}): the convolution reads
+ * `relu(x * scale + shift)` of the batch norm's input `x`, in forward and in its weight gradient,
+ * so the normalised activation is never written (`lib/nn/prologue.ts`).
+ * @internal
+ */
+export interface PrologueInput {
+  /** The batch norm that finalised its statistics into `scale` and `shift`. */
+  readonly norm: BatchNorm2d;
+  /** The batch norm's input (the previous convolution's raw output). */
+  readonly x: Tensor;
+  /** `gamma * invStd` per channel (f32). */
+  readonly scale: Tensor;
+  /** `beta - mean * scale` per channel (f32). */
+  readonly shift: Tensor;
+}
+
+/** The error of a prologue pair used other than through its container. */
+function prologueMisuse(what: string): never {
+  throw new ResnetError(
+    'ERR_RC_INVALID_ARGUMENT',
+    `${what}: on the conv-bn fused path a batch norm fed the next convolution's prologue and did not write its ` +
+      'output; the pair runs only through its container (Chain or Residual), which runs its backward as one step',
+  );
+}
+
 /** Options of {@link Conv2d}, as in `torch.nn.Conv2d`. */
 export interface Conv2dOptions {
   inChannels: number;
@@ -247,6 +274,16 @@ export interface Conv2dOptions {
 }
 
 type ConvEntry = WeightedEntry<RawConv2dPlan>;
+
+/** A convolution window's stride, padding and dilation, as the native ops name them. */
+interface ConvWindow {
+  strideH: number;
+  strideW: number;
+  padH: number;
+  padW: number;
+  dilationH: number;
+  dilationW: number;
+}
 
 /**
  * 2-D convolution over NHWC input `[N, H, W, inChannels]`. The weight is stored `[out, kh, kw, in]`
@@ -267,6 +304,8 @@ export class Conv2d extends QuantizableLayer {
   #entry: ConvEntry | null = null;
   /** The channel sums of the output on the `conv-bn` fused path (f32[outChannels]). */
   #sums: { sum: Tensor; sqSum: Tensor } | null = null;
+  /** The batch norm output that fed the last forward's prologue ({@link forwardPrologue}), or null. */
+  #prologue: PrologueInput | null = null;
 
   constructor(options: Conv2dOptions) {
     super();
@@ -309,7 +348,7 @@ export class Conv2d extends QuantizableLayer {
   }
 
   /** The convolution window's stride, padding and dilation, as the native ops name them. */
-  #window() {
+  #window(): ConvWindow {
     const [strideH, strideW] = this.stride;
     const [padH, padW] = this.padding;
     const [dilationH, dilationW] = this.dilation;
@@ -331,6 +370,59 @@ export class Conv2d extends QuantizableLayer {
 
   override forward(x: Tensor): Tensor {
     this.prepare(x, 'Conv2d');
+    const entry = this.#entryFor(x);
+    this.#entry = entry;
+    this.#prologue = null;
+    if (this.#takesConvBn(x)) {
+      this.#convBnForward(x, entry, null);
+      this.#input = x;
+    } else {
+      pendingStats.delete(entry.y);
+      this.#input = weightedForward(this, CONV2D_OPS, entry, x);
+    }
+    return entry.y;
+  }
+
+  /**
+   * Whether {@link forwardPrologue} takes the batch norm output of input `x` (same shape and
+   * dtype): the conditions of the `conv-bn` path, and `x` of this convolution's input channels.
+   * @internal
+   */
+  takesPrologue(x: Tensor): boolean {
+    return x.shape.length === 4 && x.shape[3] === this.inChannels && this.#takesConvBn(x);
+  }
+
+  /**
+   * The forward of `relu(p.x * p.scale + p.shift)` that the batch norm before this convolution
+   * handed over ({@link BatchNorm2d.forwardPrologue}): one convBnForward applies the batch norm
+   * and ReLU in its prologue and writes this output's channel sums in its epilogue. The activation
+   * it reads is not written; the pair's backward is {@link backwardPrologue} and the batch norm's
+   * {@link BatchNorm2d.backwardPrologue} (`lib/nn/prologue.ts`).
+   * @internal
+   */
+  forwardPrologue(p: PrologueInput): Tensor {
+    this.prepare(p.x, 'Conv2d');
+    const entry = this.#entryFor(p.x);
+    if (!this.takesPrologue(p.x)) prologueMisuse('Conv2d.forwardPrologue (the conv-bn path does not apply)');
+    this.#entry = entry;
+    this.#convBnForward(p.x, entry, p);
+    this.#input = null;
+    this.#prologue = p;
+    return entry.y;
+  }
+
+  /**
+   * The weight and window of the last {@link forwardPrologue}, for the batch norm's backward
+   * through this convolution (convDgradDbn).
+   * @internal
+   */
+  prologueGradArgs(): { weight: RawTensor } & ConvWindow {
+    if (!this.#prologue) prologueMisuse('Conv2d.prologueGradArgs (the last forward was not fed by a prologue)');
+    return { weight: this.weight.data.raw, ...this.#window() };
+  }
+
+  /** Checks input `x` and returns the plan and buffers of its shape. */
+  #entryFor(x: Tensor): ConvEntry {
     expectTensor('Conv2d input', x, { rank: 4, dtype: FLOAT_DTYPES });
     if (x.shape[3] !== this.inChannels) {
       mismatch(
@@ -343,7 +435,7 @@ export class Conv2d extends QuantizableLayer {
     if (out[1]! <= 0 || out[2]! <= 0) {
       mismatch('Conv2d input', 'a spatial size at least the kernel size', `shape [${x.shape.join(', ')}]`);
     }
-    const entry = this.#cache.get(x, () => {
+    return this.#cache.get(x, () => {
       const [n, h, w, c] = x.shape as [number, number, number, number];
       const plan = new (addon().Conv2dPlan)({
         device: x.device,
@@ -360,15 +452,6 @@ export class Conv2d extends QuantizableLayer {
       });
       return weightedEntry(this, plan, x, out);
     });
-    this.#entry = entry;
-    if (this.#takesConvBn(x)) {
-      this.#convBnForward(x, entry);
-      this.#input = x;
-    } else {
-      pendingStats.delete(entry.y);
-      this.#input = weightedForward(this, CONV2D_OPS, entry, x);
-    }
-    return entry.y;
   }
 
   /**
@@ -387,8 +470,11 @@ export class Conv2d extends QuantizableLayer {
     );
   }
 
-  /** The convolution with the statistics epilogue; the batch norm reading `e.y` takes the sums. */
-  #convBnForward(x: Tensor, e: ConvEntry): void {
+  /**
+   * The convolution with the statistics epilogue (the batch norm reading `e.y` takes the sums),
+   * and with the scale-bias-ReLU prologue of `prologue` when given.
+   */
+  #convBnForward(x: Tensor, e: ConvEntry, prologue: PrologueInput | null): void {
     const k = [this.outChannels];
     const sums = (this.#sums ??= {
       sum: this.activationBuffer(k, 'f32', x.device),
@@ -402,6 +488,7 @@ export class Conv2d extends QuantizableLayer {
       y: e.y.raw,
       sum: sums.sum.raw,
       sqSum: sums.sqSum.raw,
+      ...(prologue ? { scale: prologue.scale.raw, shift: prologue.shift.raw } : {}),
       ...this.#window(),
     });
     recorder?.end(token);
@@ -409,9 +496,38 @@ export class Conv2d extends QuantizableLayer {
   }
 
   override backward(gradOutput: Tensor): Tensor | null {
+    if (this.#prologue) prologueMisuse('Conv2d.backward()');
     return this.backwardOnce(this.constructor.name, () =>
       weightedBackward(this, CONV2D_OPS, this.#entry, this.#input, gradOutput),
     );
+  }
+
+  /**
+   * The weight gradient of a {@link forwardPrologue}: `dW += wgrad(relu(x * scale + shift), dy)`
+   * in one convWgradSbr, the activation applied as the batch norm's input is loaded. The input
+   * gradient is the batch norm's {@link BatchNorm2d.backwardPrologue}; this returns null.
+   * @internal
+   */
+  backwardPrologue(gradOutput: Tensor): null {
+    return this.backwardOnce(this.constructor.name, () => {
+      const p = this.#prologue;
+      const e = this.#entry;
+      if (!p || !e) return prologueMisuse('Conv2d.backwardPrologue (the last forward was not fed by a prologue)');
+      expectTensor('Conv2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
+      if (!this.weight.requiresGrad) return null;
+      const recorder = opRecorder;
+      const token = recorder ? recorder.begin(CONV2D_OPS.backwardWeights, this, p.x.device) : 0;
+      addon().convWgradSbr({
+        x: p.x.raw,
+        dy: gradOutput.raw,
+        scale: p.scale.raw,
+        shift: p.shift.raw,
+        dWeight: this.weight.grad.raw,
+        ...this.#window(),
+      });
+      recorder?.end(token);
+      return null;
+    });
   }
 
   /** The implementation oneDNN/cuDNN chose for the last input shape (for logs and benchmarks). */
@@ -423,6 +539,7 @@ export class Conv2d extends QuantizableLayer {
     this.#cache.clear();
     this.#entry = null;
     this.#input = null;
+    this.#prologue = null;
     disposeAll(this.#sums?.sum, this.#sums?.sqSum);
     this.#sums = null;
   }
@@ -471,6 +588,8 @@ interface BnEntry {
   discardBeta: Tensor | null;
   /** The `conv-bn` finalize's outputs besides the saved statistics (f32[C] each). */
   fused: { scale: Tensor; shift: Tensor; variance: Tensor } | null;
+  /** The input gradient's per-channel coefficients from convDgradDbn (f32[C] each). */
+  eq: { dz: Tensor; x: Tensor; bias: Tensor } | null;
   dispose(): void;
 }
 
@@ -510,6 +629,8 @@ export class BatchNorm2d extends Module {
   #dualPending = false;
   /** Whether the dual backward of {@link #dualMain} has computed this one's gradients for the last forward. */
   #dualGradReady = false;
+  /** 'unwritten' when the last forward fed the next convolution's prologue ({@link forwardPrologue}). */
+  #output: 'written' | 'unwritten' = 'written';
   /**
    * Set while gradient checkpointing recomputes a forward that already ran: a training-mode
    * forward then uses the batch statistics as usual but leaves the running statistics and
@@ -563,7 +684,7 @@ export class BatchNorm2d extends Module {
     if (this.#deferNext) {
       // A dual pass of the main branch's batch norm (forwardDual) normalises this input.
       this.#deferNext = false;
-      pendingStats.delete(x); // the dual pass computes both inputs' statistics itself
+      // The channel sums of x, if its convolution wrote them, stay for the dual pass.
       this.#recordForward(x, null, entry, null, null, true);
       return entry.y;
     }
@@ -596,6 +717,118 @@ export class BatchNorm2d extends Module {
     if (this.training && !discard) this.bumpCounter('num_batches_tracked');
     this.#recordForward(x, residual ?? null, entry, sync, null);
     return entry.y;
+  }
+
+  /**
+   * Whether {@link forwardPrologue} takes input `x`: training mode, ReLU, local (not synchronised),
+   * no deferred forward pending, and the channel sums of `x` written by the convolution that made
+   * it (the `conv-bn` path).
+   * @internal
+   */
+  feedsPrologue(x: Tensor): boolean {
+    return (
+      this.training &&
+      this.relu &&
+      !this.#deferNext &&
+      this.#sync?.active !== true &&
+      pendingStats.has(x) &&
+      fusedPathOn('conv-bn', x.device)
+    );
+  }
+
+  /**
+   * The training forward of `relu(bn(x))` for the next convolution's prologue (the `conv-bn` fused
+   * path): from the channel sums of `x`, the finalize writes the saved statistics, the running
+   * statistics' update and the prologue's scale and shift; the output is NOT written. Only the
+   * containers call it (`lib/nn/prologue.ts`), for an adjacent batch norm and convolution where
+   * nothing else reads the batch norm's output; their backward runs as one step.
+   * @internal
+   */
+  forwardPrologue(x: Tensor): PrologueInput {
+    const sync = this.#checkInput(x);
+    const stats = pendingStats.get(x);
+    if (sync || !stats || !this.feedsPrologue(x)) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'BatchNorm2d.forwardPrologue: needs training mode, relu: true, a local batch norm and the channel sums of ' +
+          'its input from a convolution on the conv-bn fused path',
+      );
+    }
+    pendingStats.delete(x);
+    const entry = this.#entryFor(x);
+    const discard = this.recomputing ? this.#discardRunning(x.device) : null;
+    const recorder = opRecorder;
+    const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
+    const running = {
+      mean: (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw,
+      var: (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw,
+    };
+    const f = this.#finalize(stats, entry, running, x.device);
+    recorder?.end(token);
+    if (!discard) this.bumpCounter('num_batches_tracked');
+    this.#recordForward(x, null, entry, null, null);
+    this.#output = 'unwritten';
+    return { norm: this, x, scale: f.scale, shift: f.shift };
+  }
+
+  /**
+   * The backward of a {@link forwardPrologue} from the gradient of the output of `conv`, the
+   * convolution it fed: one convDgradDbn computes that convolution's data gradient, masks it by
+   * the ReLU of the recomputed `x * scale + shift` into `dz`, accumulates dγ and dβ, and yields the
+   * coefficients of this batch norm's input gradient, which batchNormBackwardApply writes (in
+   * place of `dz`) when {@link requiresInputGrad}. The convolution's weight gradient is its own
+   * {@link Conv2d.backwardPrologue}.
+   * @internal
+   */
+  backwardPrologue(gradOutput: Tensor, conv: Conv2d): Tensor | null {
+    return this.backwardOnce('BatchNorm2d', () => {
+      const e = this.#entry;
+      const x = this.#input;
+      const f = e?.fused;
+      if (this.#output !== 'unwritten' || !e || !x || !f) {
+        throw new ResnetError(
+          'ERR_RC_INVALID_ARGUMENT',
+          'BatchNorm2d.backwardPrologue: the last forward did not feed a convolution prologue',
+        );
+      }
+      const c = [this.numFeatures];
+      const eq = (e.eq ??= {
+        dz: this.activationBuffer(c, 'f32', x.device),
+        x: this.activationBuffer(c, 'f32', x.device),
+        bias: this.activationBuffer(c, 'f32', x.device),
+      });
+      const dz = (e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device));
+      const recorder = opRecorder;
+      let token = recorder ? recorder.begin('conv2d.backward_data', conv, x.device) : 0;
+      addon().convDgradDbn({
+        dy: gradOutput.raw,
+        ...conv.prologueGradArgs(),
+        x: x.raw,
+        scale: f.scale.raw,
+        shift: f.shift.raw,
+        gamma: this.weight.data.raw,
+        saveMean: e.saveMean.raw,
+        saveInvStd: e.saveInvStd.raw,
+        dz: dz.raw,
+        ...this.#paramGrads(x.device, e),
+        eqDz: eq.dz.raw,
+        eqX: eq.x.raw,
+        eqBias: eq.bias.raw,
+      });
+      recorder?.end(token);
+      if (!this.requiresInputGrad) return null;
+      token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
+      addon().batchNormBackwardApply({
+        dz: dz.raw,
+        x: x.raw,
+        eqDz: eq.dz.raw,
+        eqX: eq.x.raw,
+        eqBias: eq.bias.raw,
+        dx: dz.raw,
+      });
+      recorder?.end(token);
+      return dz;
+    });
   }
 
   /**
@@ -635,12 +868,25 @@ export class BatchNorm2d extends Module {
     }
     expectTensor('BatchNorm2d dual shortcut input', s, { shape: x.shape, dtype: x.dtype, device: x.device });
     const entry = this.#entryFor(x);
-    pendingStats.delete(x); // the dual pass computes both inputs' statistics itself
+    // With the channel sums of both inputs from their convolutions (the `conv-bn` path), each
+    // side's statistics are finalised from them and the dual pass only normalises; otherwise it
+    // computes both inputs' statistics itself.
+    const statsA = this.training ? pendingStats.get(x) : undefined;
+    const statsB = shortcut.training ? pendingStats.get(s) : undefined;
+    const sums = statsA && statsB ? { a: statsA, b: statsB } : null;
+    pendingStats.delete(x);
+    pendingStats.delete(s);
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.forward', this, x.device) : 0;
-    const a = this.#dualSide(x, entry);
-    const b = shortcut.#dualSide(s, sEntry);
-    addon().dualBatchNormForward({ a: a.side, b: b.side, y: entry.y.raw, training: this.training, relu: this.relu });
+    const a = this.#dualSide(x, entry, sums?.a ?? null);
+    const b = shortcut.#dualSide(s, sEntry, sums?.b ?? null);
+    addon().dualBatchNormForward({
+      a: a.side,
+      b: b.side,
+      y: entry.y.raw,
+      training: this.training && !sums,
+      relu: this.relu,
+    });
     recorder?.end(token);
     if (this.training && !a.discarded) this.bumpCounter('num_batches_tracked');
     if (shortcut.training && !b.discarded) shortcut.bumpCounter('num_batches_tracked');
@@ -648,19 +894,28 @@ export class BatchNorm2d extends Module {
     return entry.y;
   }
 
-  /** This batch norm's side of a dual forward of input `x`. */
-  #dualSide(x: Tensor, entry: BnEntry): { side: RawDualBatchNormSide; discarded: boolean } {
+  /**
+   * This batch norm's side of a dual forward of input `x`. With `stats` (the channel sums of `x`)
+   * the statistics are finalised here and the side carries the batch mean and variance for a pass
+   * that only normalises (as {@link #fusedForward} does for a single batch norm).
+   */
+  #dualSide(x: Tensor, entry: BnEntry, stats: PendingStats | null): { side: RawDualBatchNormSide; discarded: boolean } {
     const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
+    const runningMean = (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw;
+    const runningVar = (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw;
+    const common = { x: x.raw, gamma: this.weight.data.raw, beta: this.bias.data.raw, eps: this.eps };
+    if (stats) {
+      const f = this.#finalize(stats, entry, { mean: runningMean, var: runningVar }, x.device);
+      const side = { ...common, runningMean: entry.saveMean.raw, runningVar: f.variance.raw };
+      return { side, discarded: discard !== null };
+    }
     const side: RawDualBatchNormSide = {
-      x: x.raw,
-      gamma: this.weight.data.raw,
-      beta: this.bias.data.raw,
-      runningMean: (discard?.mean ?? defined(this.#runningMean.tensor, 'the BatchNorm2d running mean')).raw,
-      runningVar: (discard?.var ?? defined(this.#runningVar.tensor, 'the BatchNorm2d running variance')).raw,
+      ...common,
+      runningMean,
+      runningVar,
       saveMean: entry.saveMean.raw,
       saveInvStd: entry.saveInvStd.raw,
       momentum: this.momentum,
-      eps: this.eps,
     };
     return { side, discarded: discard !== null };
   }
@@ -702,6 +957,7 @@ export class BatchNorm2d extends Module {
         discardGamma: null,
         discardBeta: null,
         fused: null,
+        eq: null,
         dispose: () =>
           disposeAll(
             e.y,
@@ -714,6 +970,9 @@ export class BatchNorm2d extends Module {
             e.fused?.scale,
             e.fused?.shift,
             e.fused?.variance,
+            e.eq?.dz,
+            e.eq?.x,
+            e.eq?.bias,
           ),
       };
       return e;
@@ -738,6 +997,7 @@ export class BatchNorm2d extends Module {
     this.#dualMain = null;
     this.#dualGradReady = false;
     this.#dualPending = deferred;
+    this.#output = 'written';
     if (dualShortcut) {
       dualShortcut.#dualMain = this;
       dualShortcut.#dualPending = false;
@@ -751,28 +1011,7 @@ export class BatchNorm2d extends Module {
    * running ones.
    */
   #fusedForward(args: BatchNormForwardArgs, stats: PendingStats, e: BnEntry, device: string): void {
-    const c = [this.numFeatures];
-    const f = (e.fused ??= {
-      scale: this.activationBuffer(c, 'f32', device),
-      shift: this.activationBuffer(c, 'f32', device),
-      variance: this.activationBuffer(c, 'f32', device),
-    });
-    addon().batchNormFinalize({
-      sum: stats.sum.raw,
-      sqSum: stats.sqSum.raw,
-      gamma: args.gamma,
-      beta: args.beta,
-      runningMean: args.runningMean,
-      runningVar: args.runningVar,
-      saveMean: e.saveMean.raw,
-      saveInvStd: e.saveInvStd.raw,
-      scale: f.scale.raw,
-      shift: f.shift.raw,
-      variance: f.variance.raw,
-      count: stats.count,
-      momentum: this.momentum,
-      eps: this.eps,
-    });
+    const f = this.#finalize(stats, e, { mean: args.runningMean, var: args.runningVar }, device);
     addon().batchNormForward({
       x: args.x,
       gamma: args.gamma,
@@ -785,6 +1024,42 @@ export class BatchNorm2d extends Module {
       relu: this.relu,
       eps: this.eps,
     });
+  }
+
+  /**
+   * The batch statistics from a convolution's channel sums (batchNormFinalize): the saved
+   * statistics, the prologue's scale and shift and the batch variance into the entry, the running
+   * statistics' update into `running` (the layer's own, or scratch while recomputing).
+   */
+  #finalize(
+    stats: PendingStats,
+    e: BnEntry,
+    running: { mean: RawTensor; var: RawTensor },
+    device: string,
+  ): { scale: Tensor; shift: Tensor; variance: Tensor } {
+    const c = [this.numFeatures];
+    const f = (e.fused ??= {
+      scale: this.activationBuffer(c, 'f32', device),
+      shift: this.activationBuffer(c, 'f32', device),
+      variance: this.activationBuffer(c, 'f32', device),
+    });
+    addon().batchNormFinalize({
+      sum: stats.sum.raw,
+      sqSum: stats.sqSum.raw,
+      gamma: this.weight.data.raw,
+      beta: this.bias.data.raw,
+      runningMean: running.mean,
+      runningVar: running.var,
+      saveMean: e.saveMean.raw,
+      saveInvStd: e.saveInvStd.raw,
+      scale: f.scale.raw,
+      shift: f.shift.raw,
+      variance: f.variance.raw,
+      count: stats.count,
+      momentum: this.momentum,
+      eps: this.eps,
+    });
+    return f;
   }
 
   /** Scratch running statistics for a recomputed forward (zeros and ones, so the update stays finite). */
@@ -813,6 +1088,7 @@ export class BatchNorm2d extends Module {
     const e = this.#entry;
     const x = this.#input;
     if (!e || !x) return backwardBeforeForward('BatchNorm2d');
+    if (this.#output !== 'written') prologueMisuse('BatchNorm2d.backward()');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (this.#dualMain || this.#dualPending) return this.#shortcutGrad(e);
     e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device);
@@ -914,6 +1190,7 @@ export class BatchNorm2d extends Module {
     this.#dualPending = false;
     this.#dualGradReady = false;
     this.#deferNext = false;
+    this.#output = 'written';
     this.#sync?.release();
   }
 }
