@@ -89,11 +89,11 @@ export interface ConvBnBuilt {
   shortcutSums: 'consumed' | 'unused' | 'not-written';
 }
 
-/** The whole `conv-bn` design: prologue, fused backward data, the weight gradient over a recomputed activation, the dual pass consuming the sums. */
+/** The whole `conv-bn` design as the modules take it: prologue, fused backward data and weight gradient (convWgradSbr), the dual pass consuming the sums. */
 export const CONV_BN_BUILT: Readonly<ConvBnBuilt> = Object.freeze({
   prologue: true,
   dgradDbn: true,
-  wgradPrologue: false,
+  wgradPrologue: true,
   shortcutSums: 'consumed',
 });
 
@@ -374,15 +374,13 @@ class BuiltPlanner {
     }
     if (l.weightGrad) {
       if (sbrWgrad) {
+        // fused_conv_wgrad.cc: one graph (the raw x with scale and shift, and dy read; dw written in
+        // the activations' dtype), then accumulate_f32_kernel adds dw to the f32 master gradient.
         this.#ops.push(
-          op(
-            'conv wgrad',
-            l.name,
-            'convWgradSbr',
-            2 * l.macs + 3 * x,
-            s * (x + y) + 2 * F32 * c + F32 * l.weight,
-            F32 * l.weight,
-          ),
+          op('conv wgrad', l.name, 'convWgradSbr', 2 * l.macs + 3 * x, s * (x + y) + 2 * F32 * c, s * l.weight),
+        );
+        this.#ops.push(
+          op('grad accumulate', l.name, 'accumulate_f32_kernel', l.weight, (s + F32) * l.weight, F32 * l.weight),
         );
       } else {
         convBackward({ ...l, inputGrad: false }, s, this.#ops);
