@@ -20,7 +20,9 @@
  * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
  *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
  *   --only checkpointing (run only those rows), --only profiler (the whole step and the profiler's
- *   overhead, first dtype, without the convolutions one by one)
+ *   overhead, first dtype, without the convolutions one by one), --only training (the
+ *   convolutions, the whole step and the PyTorch rows per dtype, nothing else: for runs under a
+ *   changed environment such as ONEDNN_MAX_CPU_ISA, which both sides honour)
  *   --peer-rounds 3 --peer-steps 2 --peers eager,compile (the PyTorch rows; --peer-rounds 0 skips them)
  * Prints a table and writes JSON under bench/results/.
  */
@@ -67,9 +69,12 @@ const { values } = parseArgs({
     peers: { type: 'string', default: 'eager,compile' },
   },
 });
-if (values.only !== undefined && values.only !== 'checkpointing' && values.only !== 'profiler') {
-  throw new Error(`--only expects 'checkpointing' or 'profiler', got '${values.only}'`);
+const onlyValues = ['checkpointing', 'profiler', 'training'];
+if (values.only !== undefined && !onlyValues.includes(values.only)) {
+  throw new Error(`--only expects one of ${onlyValues.map((v) => `'${v}'`).join(', ')}, got '${values.only}'`);
 }
+/** Whether the per-dtype training rows (convolutions, whole step, PyTorch peers) run in full. */
+const trainingRows = values.only === undefined || values.only === 'training';
 const batch = Number(values.batch);
 const size = Number(values.size);
 const depth = Number(values.depth) as 50;
@@ -234,7 +239,7 @@ const results: Record<string, unknown> = {
   models: [] as unknown[],
 };
 
-for (const dtype of values.only === undefined ? dtypes : values.only === 'profiler' ? dtypes.slice(0, 1) : []) {
+for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.slice(0, 1) : []) {
   const model = new ResNet(depth, { numClasses: 1000, seed: 1, device });
   const x = Tensor.randn([batch, size, size, 3], { seed: 2, device, dtype });
   const { convs, linearMacs } = convShapes(model, x);
@@ -361,19 +366,13 @@ for (const dtype of values.only === undefined ? dtypes : values.only === 'profil
   });
 
   // 8. PyTorch's step beside ours.
-  if (
-    values.only === undefined &&
-    device === 'cpu' &&
-    depth === 50 &&
-    peerRounds > 0 &&
-    (dtype === 'f32' || dtype === 'bf16')
-  ) {
+  if (trainingRows && device === 'cpu' && depth === 50 && peerRounds > 0 && (dtype === 'f32' || dtype === 'bf16')) {
     results.pytorch ??= [];
     (results.pytorch as unknown[]).push(await torchRows(dtype, () => step().item(), stepMs));
   }
 
   // 4. The profiler's overhead.
-  if (dtype === dtypes[0]) {
+  if (dtype === dtypes[0] && values.only !== 'training') {
     const overhead = profilerOverhead(model, step, Math.max(3, iterations));
     console.log(
       `  profiler: ${overhead.plainMs.toFixed(1)} ms per step without, ${overhead.profiledMs.toFixed(1)} ms with per-op profiling (${overhead.overheadPercent >= 0 ? '+' : ''}${overhead.overheadPercent.toFixed(2)}%, medians of ${overhead.rounds} alternated steps); the ops account for ${overhead.opsCoverPercent.toFixed(1)}% of the profiled step`,
@@ -523,7 +522,7 @@ function benchCheckpointing(): unknown[] {
     };
   });
 }
-if (values.only !== 'profiler') results.checkpointing = benchCheckpointing();
+if (values.only === undefined || values.only === 'checkpointing') results.checkpointing = benchCheckpointing();
 
 /** The inference table (bench/inference.ts): the Predictor beside ONNX Runtime, ResNet-50 at 224 px, batch 1 and 16 (CPU only). */
 async function inferenceRows(): Promise<void> {
