@@ -58,6 +58,7 @@ export default defineConfig({
             'test/fused-bn-add-relu.test.ts',
             'test/fused-conv-bn.test.ts',
             'test/fused-dgrad-dbn.test.ts',
+            'test/fused-conv-bn-fallback.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cuda', ...emulatorEnv },
         },

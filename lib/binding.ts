@@ -674,6 +674,30 @@ export interface RawAddon {
     dilationH?: number;
     dilationW?: number;
   }): void;
+  /**
+   * Whether cuDNN accepts every graph the `conv-bn` path needs for one convolution shape (CUDA
+   * only): the forward with the statistics epilogue and, with `prologue`, the forward with the
+   * scale-bias-ReLU prologue, convDgradDbn's and convWgradSbr's graphs. Builds and keeps their
+   * execution plans (nothing is built twice); a refusal is returned with cuDNN's reason, not thrown.
+   */
+  convBnSupport(args: {
+    device: string;
+    dtype: string;
+    n: number;
+    h: number;
+    w: number;
+    c: number;
+    k: number;
+    kernelH: number;
+    kernelW: number;
+    strideH?: number;
+    strideW?: number;
+    padH?: number;
+    padW?: number;
+    dilationH?: number;
+    dilationW?: number;
+    prologue?: boolean;
+  }): { ok: boolean; reason?: string };
   convertInput(args: { src: RawTensor; dst: RawTensor; flip?: RawTensor; mean: number[]; std: number[] }): void;
   adamwStep(args: RawAdamArgs): void;
   lambStep(args: RawAdamArgs): void;

@@ -32,6 +32,8 @@ export const FUSED_ENV = 'RESNET_CUDA_FUSED';
  *   the input (`convWgradSbr`) while the batch norm's gradient runs through the convolution
  *   (`convDgradDbn`, `batchNormBackwardApply`). With `bn-add-relu` too, the dual batch norm takes
  *   both convolutions' sums.
+ *   A shape whose graphs cuDNN refuses runs unfused, with one warning per refusal
+ *   (lib/nn/conv-bn-support.ts).
  */
 export const FUSED_PATH_NAMES = ['optim', 'bn-add-relu', 'conv-bn'] as const;
 

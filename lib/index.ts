@@ -430,5 +430,6 @@ export { SyncBatchNorm, convertSyncBatchNorm, type SyncBatchNormOptions } from '
 export type { BatchNormSync } from './nn/layers.js';
 // Fused CUDA paths (off by default; RESNET_CUDA_FUSED switches them on) and the optimizer side of the fused step.
 export { FUSED_ENV, FUSED_PATH_NAMES, fusedPathOn, fusedPaths, type FusedPath } from './fused-paths.js';
+export { CONV_BN_FALLBACK_WARNING } from './nn/conv-bn-support.js';
 export type { FusedScaleUpdate, FusedStepOptions } from './optim/optimizer.js';
 export type { FusableOptimizer } from './optim/grad-scaler.js';

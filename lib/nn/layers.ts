@@ -28,6 +28,7 @@ import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Random } from '../random.js';
 import { Tensor, expectTensor } from '../tensor.js';
+import { type ConvBnWindow, convBnAccepts } from './conv-bn-support.js';
 import { FLOAT_DTYPES, Module, ShapeCache, disposeAll } from './module.js';
 import { Parameter } from './parameter.js';
 
@@ -276,7 +277,7 @@ export interface Conv2dOptions {
 type ConvEntry = WeightedEntry<RawConv2dPlan>;
 
 /** A convolution window's stride, padding and dilation, as the native ops name them. */
-interface ConvWindow {
+export interface ConvWindow {
   strideH: number;
   strideW: number;
   padH: number;
@@ -389,7 +390,12 @@ export class Conv2d extends QuantizableLayer {
    * @internal
    */
   takesPrologue(x: Tensor): boolean {
-    return x.shape.length === 4 && x.shape[3] === this.inChannels && this.#takesConvBn(x);
+    return (
+      x.shape.length === 4 &&
+      x.shape[3] === this.inChannels &&
+      this.#takesConvBn(x) &&
+      convBnAccepts(x, this.#convBnWindow(), true)
+    );
   }
 
   /**
@@ -456,7 +462,9 @@ export class Conv2d extends QuantizableLayer {
 
   /**
    * Whether this forward takes the `conv-bn` fused path: switched on for a CUDA device, in
-   * training, bf16 or f16, no bias and no quantizer, channel counts that are multiples of 8.
+   * training, bf16 or f16, no bias and no quantizer, channel counts that are multiples of 8, and
+   * cuDNN accepts the shape's graph with the statistics epilogue (else it runs unfused, with a
+   * warning: lib/nn/conv-bn-support.ts).
    */
   #takesConvBn(x: Tensor): boolean {
     return (
@@ -466,8 +474,15 @@ export class Conv2d extends QuantizableLayer {
       (x.dtype === 'bf16' || x.dtype === 'f16') &&
       this.inChannels % 8 === 0 &&
       this.outChannels % 8 === 0 &&
-      fusedPathOn('conv-bn', x.device)
+      x.shape.length === 4 &&
+      fusedPathOn('conv-bn', x.device) &&
+      convBnAccepts(x, this.#convBnWindow(), false)
     );
+  }
+
+  /** This convolution's output channels and window, as convBnSupport takes them. */
+  #convBnWindow(): ConvBnWindow {
+    return { k: this.outChannels, kernelH: this.kernelSize[0], kernelW: this.kernelSize[1], ...this.#window() };
   }
 
   /**

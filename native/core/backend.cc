@@ -78,6 +78,11 @@ void Backend::convWgradSbr(const ConvWgradSbrArgs&) {
                                           << info().name << " backend runs the ReLU and the convolution unfused");
 }
 
+ConvBnSupport Backend::convBnSupport(const ConvBnSupportArgs&) {
+  RC_THROW(code::kBackendUnavailable, "conv-bn support: the fused path needs a CUDA device (cuDNN's graph API); the "
+                                          << info().name << " backend runs the convolution and batch norm unfused");
+}
+
 namespace {
 
 // The unfused ops around an optimizer step, in the order a fused step replaces: the unscale and

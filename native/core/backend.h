@@ -562,6 +562,23 @@ struct ConvWgradSbrArgs {
   int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
 };
 
+// One convolution shape of the `conv-bn` fused path, for convBnSupport: x [n, h, w, c] NHWC in
+// dtype (bf16 or f16), k output channels, an r x s window; with `prologue`, the convolution also
+// takes the scale-bias-ReLU prologue (and its backward).
+struct ConvBnSupportArgs {
+  int64_t n = 0, h = 0, w = 0, c = 0, k = 0, r = 1, s = 1;
+  int64_t strideH = 1, strideW = 1, padH = 0, padW = 0, dilationH = 1, dilationW = 1;
+  DType dtype = DType::BF16;
+  bool prologue = false;
+};
+
+// convBnSupport's answer: whether cuDNN has an engine for every graph the shape needs and, when
+// not, cuDNN's refusal (each engine's reason).
+struct ConvBnSupport {
+  bool ok = true;
+  std::string reason;
+};
+
 // A device's utilisation and memory as the NVIDIA driver reports them (what nvidia-smi shows),
 // read through NVML: `gpuPercent` is the share of the driver's last sample period (between 1/6 s
 // and 1 s depending on the product) during which at least one kernel was running, `memoryPercent`
@@ -657,6 +674,12 @@ class Backend {
   virtual void convDgradDbn(const ConvDgradDbnArgs& args);
   virtual void batchNormBackwardApply(const BatchNormBackwardApplyArgs& args);
   virtual void convWgradSbr(const ConvWgradSbrArgs& args);
+  // Whether the `conv-bn` ops accept one shape (ConvBnSupportArgs), known before the shape runs:
+  // builds the execution plans the shape needs (the forward with the statistics epilogue; with
+  // `prologue`, the forward with the prologue too, convDgradDbn's and convWgradSbr's) and keeps
+  // them, or the refusal, so that nothing is built twice. A refusal is the answer, not an error.
+  // The default throws ERR_RC_BACKEND_UNAVAILABLE as above.
+  virtual ConvBnSupport convBnSupport(const ConvBnSupportArgs& args);
   virtual void convertInput(const ConvertInputArgs& args) = 0;
   // Optimizers and mixed-precision support over the parameter arena (see the argument structs).
   virtual void adamwStep(const AdamWArgs& args) = 0;

@@ -192,6 +192,23 @@ void validateConvDgradDbn(const ConvDgradDbnArgs& a) {
   }
 }
 
+// Every argument check of convBnSupport (ConvBnSupportArgs): a shape the fused ops take.
+void validateConvBnSupport(const ConvBnSupportArgs& a) {
+  RC_CHECK_ARG(a.dtype == DType::BF16 || a.dtype == DType::F16,
+               "conv-bn support: dtype is " << dtypeName(a.dtype) << "; the fused path takes bf16 or f16");
+  RC_CHECK_ARG(a.n > 0 && a.h > 0 && a.w > 0 && a.c > 0 && a.k > 0 && a.r > 0 && a.s > 0,
+               "conv-bn support: n, h, w, c, k, kernelH and kernelW must be positive");
+  RC_CHECK_ARG(a.c % 8 == 0 && a.k % 8 == 0, "conv-bn support: input channels ("
+                                                 << a.c << ") and output channels (" << a.k
+                                                 << ") must be multiples of 8 for the fused convolution");
+  RC_CHECK_ARG(a.strideH > 0 && a.strideW > 0 && a.dilationH > 0 && a.dilationW > 0 && a.padH >= 0 && a.padW >= 0,
+               "conv-bn support: strides and dilations must be positive and paddings non-negative");
+  RC_CHECK_ARG(windowOutputSize(a.h, a.r, a.strideH, a.padH, a.dilationH) > 0 &&
+                   windowOutputSize(a.w, a.s, a.strideW, a.padW, a.dilationW) > 0,
+               "conv-bn support: the window (" << a.r << "x" << a.s << ") is larger than the padded input (" << a.h
+                                               << "x" << a.w << ")");
+}
+
 // Every argument check of convWgradSbr (ConvWgradSbrArgs), the CUDA graph's constraints included.
 void validateConvWgradSbr(const ConvWgradSbrArgs& a) {
   const char* op = "conv wgrad sbr";
@@ -1061,6 +1078,11 @@ class CheckedBackend final : public Backend {
     validateConvWgradSbr(a);
     here({&a.x, &a.dy, &a.scale, &a.shift, &a.dWeight}, "conv wgrad sbr");
     b_->convWgradSbr(a);
+  }
+
+  ConvBnSupport convBnSupport(const ConvBnSupportArgs& a) override {
+    validateConvBnSupport(a);
+    return b_->convBnSupport(a);
   }
 
   void batchNormBackwardApply(const BatchNormBackwardApplyArgs& a) override {

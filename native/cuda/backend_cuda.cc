@@ -32,7 +32,7 @@ namespace {
 // fused AdamW and LAMB steps (fusedAdamwStep, fusedLambStep) and FusedStepEnd (scaleFromDevice), and the
 // dual batch norm (dualBatchNormForward, dualBatchNormBackward); the conv-bn fused path
 // (convBnForward, batchNormFinalize), 11 the conv-bn prologue's backward (convDgradDbn,
-// batchNormBackwardApply, convWgradSbr).
+// batchNormBackwardApply, convWgradSbr) and convBnSupport.
 constexpr int kBackendAbi = 11;
 
 std::string versionString(int packed, int majorDiv, int minorDiv, int minorMod) {
@@ -310,6 +310,14 @@ class CudaBackend final : public Backend {
   void convDgradDbn(const ConvDgradDbnArgs& a) override { dgradDbn_.run(a); }
 
   void convWgradSbr(const ConvWgradSbrArgs& a) override { wgradSbr_.run(a); }
+
+  // The graphs in the order a training step first uses them; the first refusal is the answer.
+  ConvBnSupport convBnSupport(const ConvBnSupportArgs& a) override {
+    std::string reason = convBn_.refusal(a, a.prologue);
+    if (reason.empty() && a.prologue) reason = dgradDbn_.refusal(a);
+    if (reason.empty() && a.prologue) reason = wgradSbr_.refusal(a);
+    return ConvBnSupport{reason.empty(), reason};
+  }
 
   void batchNormBackwardApply(const BatchNormBackwardApplyArgs& a) override {
     DeviceGuard guard(ctx_.device());

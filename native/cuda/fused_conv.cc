@@ -161,14 +161,16 @@ void ConvBnFusion::forward(const ConvBnForwardArgs& a) {
   RC_CHECK_ARG(aligned16(a.x) && aligned16(a.y) && (a.weight.dtype() != s.dtype || aligned16(a.weight)),
                "conv-bn: x, y and the weights must be 16-byte aligned");
   DeviceGuard guard(ctx_.device());
-  ConvBnGraph* g = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = graphs_[s.str()];
-    if (!slot) slot = std::make_unique<ConvBnGraph>(ctx_, s);
-    g = slot.get();
-  }
-  g->run(ctx_, a);
+  plans_.get(s.str(), [&] { return std::make_unique<ConvBnGraph>(ctx_, s); })->run(ctx_, a);
+}
+
+std::string ConvBnFusion::refusal(const ConvBnSupportArgs& a, bool prologue) {
+  const int64_t p = windowOutputSize(a.h, a.r, a.strideH, a.padH, a.dilationH);
+  const int64_t q = windowOutputSize(a.w, a.s, a.strideW, a.padW, a.dilationW);
+  const ConvBnShape s{a.n,       a.h,       a.w,    a.c,    a.k,         a.r,         a.s,     p,        q,
+                      a.strideH, a.strideW, a.padH, a.padW, a.dilationH, a.dilationW, a.dtype, prologue, true};
+  DeviceGuard guard(ctx_.device());
+  return plans_.refusal(s.str(), [&] { return std::make_unique<ConvBnGraph>(ctx_, s); });
 }
 
 }  // namespace rc::cuda

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cuda_context.h"
+#include "plan_cache.h"
 
 namespace rc::cuda {
 
@@ -28,10 +29,13 @@ class ConvBnFusion {
 
   void forward(const ConvBnForwardArgs& args);
 
+  // "" when cuDNN accepts the forward graph of shape `a` with the statistics epilogue (and the
+  // prologue when `prologue`), building and keeping its plan; else cuDNN's refusal.
+  std::string refusal(const ConvBnSupportArgs& a, bool prologue);
+
  private:
   CudaContext& ctx_;
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<ConvBnGraph>> graphs_;  // by shape
+  PlanCache<ConvBnGraph> plans_;  // by shape
 };
 
 // saveMean, saveInvStd, running statistics and the next prologue's scale and shift from a

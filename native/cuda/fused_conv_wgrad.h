@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda_context.h"
+#include "plan_cache.h"
 
 namespace rc::cuda {
 
@@ -25,10 +26,13 @@ class WgradSbrFusion {
   // The arguments are checked by the caller (validateConvWgradSbr).
   void run(const ConvWgradSbrArgs& args);
 
+  // "" when cuDNN accepts the graph of shape `a`, building and keeping its plan; else cuDNN's
+  // refusal.
+  std::string refusal(const ConvBnSupportArgs& a);
+
  private:
   CudaContext& ctx_;
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<WgradSbrGraph>> graphs_;  // by shape
+  PlanCache<WgradSbrGraph> plans_;  // by shape
 };
 
 }  // namespace rc::cuda

@@ -193,14 +193,16 @@ void DgradDbnFusion::run(const ConvDgradDbnArgs& a) {
   const DgradDbnShape s{xs[0], xs[1],     xs[2],     xs[3],  ws[0],  ws[1],       ws[2],       ys[1],
                         ys[2], a.strideH, a.strideW, a.padH, a.padW, a.dilationH, a.dilationW, a.x.dtype()};
   DeviceGuard guard(ctx_.device());
-  DgradDbnGraph* g = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& slot = graphs_[s.str()];
-    if (!slot) slot = std::make_unique<DgradDbnGraph>(ctx_, s);
-    g = slot.get();
-  }
-  g->run(ctx_, a);
+  plans_.get(s.str(), [&] { return std::make_unique<DgradDbnGraph>(ctx_, s); })->run(ctx_, a);
+}
+
+std::string DgradDbnFusion::refusal(const ConvBnSupportArgs& a) {
+  const int64_t p = windowOutputSize(a.h, a.r, a.strideH, a.padH, a.dilationH);
+  const int64_t q = windowOutputSize(a.w, a.s, a.strideW, a.padW, a.dilationW);
+  const DgradDbnShape s{a.n, a.h,       a.w,       a.c,    a.k,    a.r,         a.s,         p,
+                        q,   a.strideH, a.strideW, a.padH, a.padW, a.dilationH, a.dilationW, a.dtype};
+  DeviceGuard guard(ctx_.device());
+  return plans_.refusal(s.str(), [&] { return std::make_unique<DgradDbnGraph>(ctx_, s); });
 }
 
 }  // namespace rc::cuda

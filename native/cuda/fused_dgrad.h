@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cuda_context.h"
+#include "plan_cache.h"
 
 namespace rc::cuda {
 
@@ -29,10 +30,13 @@ class DgradDbnFusion {
   // The arguments are checked by the caller (validateConvDgradDbn).
   void run(const ConvDgradDbnArgs& args);
 
+  // "" when cuDNN accepts the graph of shape `a`, building and keeping its plan; else cuDNN's
+  // refusal.
+  std::string refusal(const ConvBnSupportArgs& a);
+
  private:
   CudaContext& ctx_;
-  std::mutex mutex_;
-  std::map<std::string, std::unique_ptr<DgradDbnGraph>> graphs_;  // by shape
+  PlanCache<DgradDbnGraph> plans_;  // by shape
 };
 
 // beta[c] = shift[c] + mean[c] * scale[c]: the batch norm's beta from the prologue's affine map

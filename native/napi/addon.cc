@@ -627,6 +627,35 @@ Napi::Value CreateUniqueId(const Napi::CallbackInfo& info) {
   });
 }
 
+// convBnSupport({ device, dtype, n, h, w, c, k, kernelH, kernelW, strideH?, strideW?, padH?, padW?,
+//                 dilationH?, dilationW?, prologue? }) -> { ok, reason? }
+Napi::Value ConvBnSupportFn(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    Napi::Object o = optionsArg(info, "convBnSupport");
+    ConvBnSupportArgs a;
+    a.dtype = getDType(o, "dtype");
+    a.n = getInt(o, "n");
+    a.h = getInt(o, "h");
+    a.w = getInt(o, "w");
+    a.c = getInt(o, "c");
+    a.k = getInt(o, "k");
+    a.r = getInt(o, "kernelH");
+    a.s = getInt(o, "kernelW");
+    a.strideH = getInt(o, "strideH", 1);
+    a.strideW = getInt(o, "strideW", 1);
+    a.padH = getInt(o, "padH", 0);
+    a.padW = getInt(o, "padW", 0);
+    a.dilationH = getInt(o, "dilationH", 1);
+    a.dilationW = getInt(o, "dilationW", 1);
+    a.prologue = getBool(o, "prologue", false);
+    const ConvBnSupport s = backendFor(getDevice(o, "device")).convBnSupport(a);
+    Napi::Object out = Napi::Object::New(info.Env());
+    out.Set("ok", s.ok);
+    if (!s.ok) out.Set("reason", s.reason);
+    return Napi::Value(out);
+  });
+}
+
 // profileMark({ device, push?: name, pop?: boolean }) -> the mark's index in the window.
 Napi::Value ProfileMark(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
@@ -832,6 +861,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"destroyGraph", DestroyGraph},
       {"createUniqueId", CreateUniqueId},
       {"profileMark", ProfileMark},
+      {"convBnSupport", ConvBnSupportFn},
       {"profileRead", ProfileRead},
   };
   for (const auto& [name, fn] : functions) {

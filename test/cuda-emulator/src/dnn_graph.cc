@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -793,6 +794,55 @@ cudnnStatus_t finalizeGraph(Desc& d) {
   return CUDNN_STATUS_SUCCESS;
 }
 
+// The fusion pattern of a graph as RESNET_CUDA_EMU_GRAPH_REFUSE names it: "dgrad-dbn" (a batch
+// norm's backward weights node), "wgrad-sbr" (a backward filter convolution), "conv-sbr" (a forward
+// convolution after pointwise nodes: the scale-bias-ReLU prologue), "conv-genstats" (a forward
+// convolution with statistics), else "other".
+std::string patternName(const GraphInfo& g) {
+  bool bnBwd = false, wgrad = false, conv = false, pointwise = false, stats = false;
+  for (const NodeInfo& n : g.nodes) {
+    bnBwd |= n.kind == NodeKind::BnBwdWeights;
+    wgrad |= n.kind == NodeKind::ConvBwdFilter;
+    conv |= n.kind == NodeKind::Conv;
+    pointwise |= n.kind == NodeKind::Pointwise;
+    stats |= n.kind == NodeKind::GenStats;
+  }
+  if (bnBwd) return "dgrad-dbn";
+  if (wgrad) return "wgrad-sbr";
+  if (conv && pointwise) return "conv-sbr";
+  if (conv && stats) return "conv-genstats";
+  return "other";
+}
+
+// The I/O type of a graph: that of its first non-virtual tensor of a 16-bit type, else "f32".
+std::string ioTypeName(const GraphInfo& g) {
+  for (const TensorInfo& t : g.io) {
+    if (t.type == CUDNN_DATA_BFLOAT16) return "bf16";
+    if (t.type == CUDNN_DATA_HALF) return "f16";
+  }
+  return "f32";
+}
+
+// Whether RESNET_CUDA_EMU_GRAPH_REFUSE makes every engine refuse `g`: a comma-separated list of
+// patterns, each a pattern name (see patternName) or "name:type" (bf16, f16, f32), e.g.
+// "dgrad-dbn:bf16", as a real GPU's engines may refuse a graph; tests of the fallback set it. The
+// variable is read at each plan's finalize.
+bool refusedByEnvironment(const GraphInfo& g) {
+  const char* text = std::getenv("RESNET_CUDA_EMU_GRAPH_REFUSE");
+  if (text == nullptr || *text == '\0') return false;
+  const std::string name = patternName(g), typed = name + ":" + ioTypeName(g);
+  std::string list(text);
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string item = list.substr(start, end - start);
+    if (item == name || item == typed) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 cudnnStatus_t finalizeEngine(Desc& d) {
   if (value<int64_t>(d, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, -1) != 0) {
     return fail(CUDNN_STATUS_NOT_SUPPORTED, where(d) + ": the emulator has one engine, global index 0");
@@ -830,6 +880,11 @@ cudnnStatus_t finalize(Desc& d) {
       d.handle = value<cudnnHandle_t>(d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, nullptr);
       if (d.handle == nullptr) return fail(CUDNN_STATUS_BAD_PARAM, where(d) + ": the handle is null");
       d.graph = child(d, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG)->graph;
+      if (d.graph && refusedByEnvironment(*d.graph)) {
+        return fail(CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN,
+                    where(d) + ": no engine supports the " + patternName(*d.graph) + " pattern with " +
+                        ioTypeName(*d.graph) + " I/O (refused by RESNET_CUDA_EMU_GRAPH_REFUSE)");
+      }
       return CUDNN_STATUS_SUCCESS;
     case CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR:
       d.packUids = values<int64_t>(d, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS);

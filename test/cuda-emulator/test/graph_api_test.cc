@@ -3,11 +3,13 @@
 // data, RELU_BWD, BN_BWD_WEIGHTS) and a scale-bias-ReLU-wgrad graph (convolution backward filter)
 // against direct computations, and the documented refusals (a finalized descriptor, wrong attribute
 // types and counts, unfinalized arguments, inconsistent shapes, a missing variant-pack entry or
-// workspace, the backward nodes' operands). test/fused-conv-bn.test.ts runs it; it prints
+// workspace, the backward nodes' operands), and the engines' refusal of the patterns that
+// RESNET_CUDA_EMU_GRAPH_REFUSE names. test/fused-conv-bn.test.ts runs it; it prints
 // "graph api: N passed, M failed".
 #include <cudnn.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -742,6 +744,55 @@ void refusals() {
   cudnnDestroy(handle);
 }
 
+// The status of finalizing an execution plan of `graph` (a finalized operation graph), with
+// RESNET_CUDA_EMU_GRAPH_REFUSE set to `refuse` (unset when null) while the plan is finalized.
+cudnnStatus_t planStatus(cudnnHandle_t handle, Desc graph, const char* refuse) {
+  Desc heur = create(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  const cudnnBackendHeurMode_t heurMode = CUDNN_HEUR_MODE_A;
+  setDesc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heurMode);
+  check(cudnnBackendFinalize(heur) == CUDNN_STATUS_SUCCESS, "finalize heuristics");
+  Desc cfg = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+  int64_t count = 0;
+  cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &cfg);
+  Desc plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  setDesc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+  if (refuse != nullptr) setenv("RESNET_CUDA_EMU_GRAPH_REFUSE", refuse, 1);
+  const cudnnStatus_t status = cudnnBackendFinalize(plan);
+  unsetenv("RESNET_CUDA_EMU_GRAPH_REFUSE");
+  for (Desc d : {heur, cfg, plan}) cudnnBackendDestroyDescriptor(d);
+  return status;
+}
+
+// RESNET_CUDA_EMU_GRAPH_REFUSE: a relu -> convolution graph (the conv-sbr pattern, f32 I/O) is
+// refused where the variable names its pattern, alone or with its I/O type, and only there.
+void refusalSwitch() {
+  cudnnHandle_t handle = nullptr;
+  cudnnCreate(&handle);
+  Desc x = tensor(1, {1, 8, 2, 2}, false);
+  Desc activated = tensor(2, {1, 8, 2, 2}, true);
+  Desc w = tensor(3, {4, 8, 1, 1}, false);
+  Desc y = tensor(4, {1, 4, 2, 2}, false);
+  Desc relu = pointwise(CUDNN_POINTWISE_RELU_FWD, x, nullptr, activated);
+  Desc conv = convolution(0);
+  Desc fwd = convForward(conv, activated, w, y);
+  check(cudnnBackendFinalize(fwd) == CUDNN_STATUS_SUCCESS, "finalize convolution forward");
+  cudnnStatus_t status;
+  Desc graph = graphOf(handle, {relu, fwd}, &status);
+  check(status == CUDNN_STATUS_SUCCESS, "finalize the operation graph");
+  check(planStatus(handle, graph, nullptr) == CUDNN_STATUS_SUCCESS, "no refusal set: the plan finalizes");
+  check(planStatus(handle, graph, "conv-sbr:bf16,dgrad-dbn") == CUDNN_STATUS_SUCCESS,
+        "other patterns or another I/O type refused: the plan finalizes");
+  check(planStatus(handle, graph, "dgrad-dbn,conv-sbr:f32") == CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN,
+        "conv-sbr:f32 refused: NOT_SUPPORTED_GRAPH_PATTERN");
+  check(planStatus(handle, graph, "conv-sbr") == CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN,
+        "conv-sbr refused: NOT_SUPPORTED_GRAPH_PATTERN");
+  check(planStatus(handle, graph, "conv-sb") == CUDNN_STATUS_SUCCESS, "a name is matched whole");
+  for (Desc d : {x, activated, w, y, relu, conv, fwd, graph}) cudnnBackendDestroyDescriptor(d);
+  cudnnDestroy(handle);
+}
+
 }  // namespace
 
 int main() {
@@ -749,5 +800,6 @@ int main() {
   refusals();
   backwardGraphs();
   backwardRefusals();
+  refusalSwitch();
   return rc_emu_test::finish("graph api");
 }
