@@ -9,9 +9,7 @@
 // the operand as the convolution loads it, and y is written once. x, w and y are bf16 or f16 (the
 // fusion engines' 16-bit I/O; f32 activations are refused), 16-byte aligned with channel counts
 // that are multiples of 8; scale, shift and the sums are f32.
-#include <map>
 #include <memory>
-#include <mutex>
 #include <sstream>
 
 #include "cuda_check.h"

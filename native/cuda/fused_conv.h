@@ -5,9 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "cuda_context.h"

@@ -15,9 +15,7 @@
 // accumulateF32 then adds it to the caller's f32 master gradient.
 #include "fused_conv_wgrad.h"
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <sstream>
 
 #include "cuda_check.h"

@@ -2,9 +2,7 @@
 // the scale-bias-ReLU-wgrad cuDNN graph (fused_conv_wgrad.cc).
 #pragma once
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "cuda_context.h"

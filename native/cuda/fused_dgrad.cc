@@ -32,9 +32,7 @@
 //      = eqDz * g + eqX * x + eqBias,
 // eqDz = gamma * invStd, eqX = -gamma * invStd^3 * sum(g * (x - mean)) / M,
 // eqBias = -eqX * mean - eqDz * sum(g) / M; and dGamma = sum(g * xhat), dBeta = sum(g).
-#include <map>
 #include <memory>
-#include <mutex>
 #include <sstream>
 
 #include "cuda_check.h"

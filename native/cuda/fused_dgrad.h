@@ -6,9 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "cuda_context.h"
