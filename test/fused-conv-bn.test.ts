@@ -616,6 +616,28 @@ describe.skipIf(reason !== undefined)(
         else expectStepsClose(on, off, 3e-3, 5e-4);
       });
 
+      it(`a Bottleneck's batch norms that write no output allocate none (${dtype})`, () => {
+        // The rank-4 buffers the batch norms take in a training forward: one output each unfused
+        // (the shortcut runs first);
+        // with conv-bn and bn-add-relu, bn1 and bn2 feed prologues and the shortcut's batch norm
+        // the dual pass, so only bn3's output (the block's) is allocated.
+        const outputs = (fused: string): string[] =>
+          withFused(fused, () => {
+            const model = bottleneck().to(DEVICE);
+            const spy = vi.spyOn(BatchNorm2d.prototype, 'activationBuffer');
+            try {
+              using x = input();
+              model.forward(x);
+              return spy.mock.calls.filter(([shape]) => shape.length === 4).map(([shape]) => shape.join('x'));
+            } finally {
+              spy.mockRestore();
+              model.dispose();
+            }
+          });
+        expect(outputs('')).toEqual(['2x4x4x32', '2x8x8x8', '2x4x4x8', '2x4x4x32']);
+        expect(outputs('conv-bn,bn-add-relu')).toEqual(['2x4x4x32']);
+      });
+
       it(`a Bottleneck in evaluation mode: the switch changes nothing (${dtype})`, () => {
         const off = moduleStep('', bottleneck, input, gradOf, false);
         const on = moduleStep('conv-bn', bottleneck, input, gradOf, false);

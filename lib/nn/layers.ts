@@ -593,7 +593,8 @@ export interface BatchNormSync {
 }
 
 interface BnEntry {
-  y: Tensor;
+  /** The output, allocated on first access. */
+  readonly y: Tensor;
   saveMean: Tensor;
   saveInvStd: Tensor;
   dx: Tensor | null;
@@ -701,7 +702,8 @@ export class BatchNorm2d extends Module {
       this.#deferNext = false;
       // The channel sums of x, if its convolution wrote them, stay for the dual pass.
       this.#recordForward(x, null, entry, null, null, true);
-      return entry.y;
+      // Nothing reads this output; x (same shape) stands in for it, so no buffer is allocated.
+      return x;
     }
     const discard = this.training && this.recomputing ? this.#discardRunning(x.device) : null;
     const recorder = opRecorder;
@@ -847,8 +849,9 @@ export class BatchNorm2d extends Module {
   }
 
   /**
-   * Makes the next {@link forward} only check and record its input, leaving its output unwritten:
-   * the main branch's batch norm normalises that input in its dual pass ({@link forwardDual}).
+   * Makes the next {@link forward} only check and record its input and return it unchanged (its
+   * output is not computed): the main branch's batch norm normalises that input in its dual pass
+   * ({@link forwardDual}).
    * Residual sets it on a downsample shortcut's batch norm when the fused path `bn-add-relu` is on.
    * @internal
    */
@@ -959,12 +962,19 @@ export class BatchNorm2d extends Module {
     return sync;
   }
 
-  /** The cached output and saved statistics for `x`'s shape. */
+  /**
+   * The cached output and saved statistics for `x`'s shape. The output buffer is allocated on first
+   * use: a batch norm that feeds a convolution's prologue or a dual pass never writes it.
+   */
   #entryFor(x: Tensor): BnEntry {
     return this.#cache.get(x, () => {
       const c = [this.numFeatures];
+      let y: Tensor | null = null;
+      const allocateY = () => this.activationBuffer(x.shape, x.dtype, x.device);
       const e: BnEntry = {
-        y: this.activationBuffer(x.shape, x.dtype, x.device),
+        get y() {
+          return (y ??= allocateY());
+        },
         saveMean: this.activationBuffer(c, 'f32', x.device),
         saveInvStd: this.activationBuffer(c, 'f32', x.device),
         dx: null,
@@ -975,7 +985,7 @@ export class BatchNorm2d extends Module {
         eq: null,
         dispose: () =>
           disposeAll(
-            e.y,
+            y,
             e.saveMean,
             e.saveInvStd,
             e.dx,
