@@ -139,6 +139,52 @@ function problem(dtype: 'bf16' | 'f16') {
   };
 }
 
+/**
+ * The forward's batch norm over the problem's x (training, ReLU) and what the prologue takes from
+ * it: a = relu(bn(x)), the saved statistics, scale = gamma * invStd and shift = beta - mean * scale,
+ * on the device and on the host. Disposing it frees the device tensors.
+ */
+function bnForward(pr: ReturnType<typeof problem>) {
+  const { opts, f32 } = pr;
+  const a = Tensor.zeros([N, H, W, C], opts);
+  using rm = Tensor.zeros([C], f32);
+  using rv = Tensor.from(new Float32Array(C).fill(1), [C], f32);
+  const saveMean = Tensor.zeros([C], f32);
+  const saveInvStd = Tensor.zeros([C], f32);
+  addon().batchNormForward({
+    x: pr.x.raw,
+    gamma: pr.gamma.raw,
+    beta: pr.beta.raw,
+    y: a.raw,
+    runningMean: rm.raw,
+    runningVar: rv.raw,
+    saveMean: saveMean.raw,
+    saveInvStd: saveInvStd.raw,
+    training: true,
+    relu: true,
+  });
+  const meanHost = saveMean.toFloat32Array();
+  const invStdHost = saveInvStd.toFloat32Array();
+  const scaleHost = Float32Array.from(pr.gammaHost, (g, c) => g * at(invStdHost, c));
+  const shiftHost = Float32Array.from(pr.betaHost, (b, c) => b - at(meanHost, c) * at(scaleHost, c));
+  const scale = Tensor.from(scaleHost, [C], f32);
+  const shift = Tensor.from(shiftHost, [C], f32);
+  return {
+    a,
+    saveMean,
+    saveInvStd,
+    scale,
+    shift,
+    meanHost,
+    invStdHost,
+    scaleHost,
+    shiftHost,
+    [Symbol.dispose]() {
+      for (const t of [a, saveMean, saveInvStd, scale, shift]) t.dispose();
+    },
+  };
+}
+
 describe('the conv-bn prologue backward without CUDA', () => {
   it.skipIf(onlyCuda)('the CPU backend refuses the fused ops, naming the device they need', () => {
     using z = Tensor.zeros([1, 2, 2, 8], { dtype: 'bf16' });
@@ -171,32 +217,11 @@ describe.skipIf(reason !== undefined)(
         using dy = pr.dy;
         using w = pr.w;
         using gamma = pr.gamma;
-        using beta = pr.beta;
+        using _beta = pr.beta; // read through pr by bnForward
 
         // The forward's batch norm (training, ReLU): its statistics, and a = relu(bn(x)).
-        using a = Tensor.zeros([N, H, W, C], opts);
-        using rm = Tensor.zeros([C], f32);
-        using rv = Tensor.from(new Float32Array(C).fill(1), [C], f32);
-        using saveMean = Tensor.zeros([C], f32);
-        using saveInvStd = Tensor.zeros([C], f32);
-        addon().batchNormForward({
-          x: x.raw,
-          gamma: gamma.raw,
-          beta: beta.raw,
-          y: a.raw,
-          runningMean: rm.raw,
-          runningVar: rv.raw,
-          saveMean: saveMean.raw,
-          saveInvStd: saveInvStd.raw,
-          training: true,
-          relu: true,
-        });
-        const meanHost = saveMean.toFloat32Array();
-        const invStdHost = saveInvStd.toFloat32Array();
-        const scaleHost = Float32Array.from(pr.gammaHost, (g, c) => g * at(invStdHost, c));
-        const shiftHost = Float32Array.from(pr.betaHost, (b, c) => b - at(meanHost, c) * at(scaleHost, c));
-        using scale = Tensor.from(scaleHost, [C], f32);
-        using shift = Tensor.from(shiftHost, [C], f32);
+        using bn = bnForward(pr);
+        const { a, saveMean, saveInvStd, scale, shift, meanHost, invStdHost, scaleHost, shiftHost } = bn;
         // dGamma and dBeta accumulate: both paths start from the same non-zero values.
         const dGamma0 = lcgValues(C, 16);
         const dBeta0 = lcgValues(C, 17);
@@ -352,31 +377,10 @@ describe.skipIf(reason !== undefined)(
         pr.w.dispose(); // the filter gradient does not read the weights
         using x = pr.x;
         using dy = pr.dy;
-        using gamma = pr.gamma;
-        using beta = pr.beta;
-        using a = Tensor.zeros([N, H, W, C], opts);
-        using rm = Tensor.zeros([C], f32);
-        using rv = Tensor.from(new Float32Array(C).fill(1), [C], f32);
-        using saveMean = Tensor.zeros([C], f32);
-        using saveInvStd = Tensor.zeros([C], f32);
-        addon().batchNormForward({
-          x: x.raw,
-          gamma: gamma.raw,
-          beta: beta.raw,
-          y: a.raw,
-          runningMean: rm.raw,
-          runningVar: rv.raw,
-          saveMean: saveMean.raw,
-          saveInvStd: saveInvStd.raw,
-          training: true,
-          relu: true,
-        });
-        const meanHost = saveMean.toFloat32Array();
-        const invStdHost = saveInvStd.toFloat32Array();
-        const scaleHost = Float32Array.from(pr.gammaHost, (g, c) => g * at(invStdHost, c));
-        const shiftHost = Float32Array.from(pr.betaHost, (b, c) => b - at(meanHost, c) * at(scaleHost, c));
-        using scale = Tensor.from(scaleHost, [C], f32);
-        using shift = Tensor.from(shiftHost, [C], f32);
+        using _gamma = pr.gamma; // read through pr by bnForward
+        using _beta = pr.beta;
+        using bn = bnForward(pr);
+        const { a, scale, shift, scaleHost, shiftHost } = bn;
         // The f32 master gradient accumulates: both paths start from the same values.
         const dW0 = lcgValues(K * 9 * C, 18).map((v) => 0.1 * v);
 
