@@ -97,6 +97,27 @@ void validateBatchNormForward(const BatchNormForwardArgs& a) {
   }
 }
 
+// The convolution a fused op's arguments describe: x [N,H,W,C], a filter-shaped tensor [K,R,S,C]
+// (the weight or its gradient) and the arguments' window, checked as conv2d's parameters.
+template <typename Args>
+Conv2dParams fusedConvParams(const Args& a, const Tensor& filter) {
+  Conv2dParams p;
+  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
+  p.k = filter.dim(0), p.kernelH = filter.dim(1), p.kernelW = filter.dim(2);
+  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
+  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
+  validateConv2dParams(p);
+  return p;
+}
+
+// The activations of the fused backward graphs: bf16 or f16.
+void checkFusedBackwardActivations(const Tensor& x, const char* op) {
+  RC_CHECK_ARG(x.dtype() == DType::BF16 || x.dtype() == DType::F16,
+               op << ": x is " << dtypeName(x.dtype())
+                  << "; the fused backward takes bf16 or f16 activations (cuDNN's runtime fusion engines fuse "
+                     "16-bit convolutions); use the unfused path for f32");
+}
+
 void validateConvBnForward(const ConvBnForwardArgs& a) {
   const char* op = "conv-bn";
   checkDefined(a.x, op, "x");
@@ -105,12 +126,7 @@ void validateConvBnForward(const ConvBnForwardArgs& a) {
   RC_CHECK_ARG(a.x.rank() == 4 && a.weight.rank() == 4 && a.y.rank() == 4,
                op << ": x, weight and y must be 4-D (NHWC, KRSC), got " << a.x.describe() << ", " << a.weight.describe()
                   << ", " << a.y.describe());
-  Conv2dParams p;
-  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
-  p.k = a.weight.dim(0), p.kernelH = a.weight.dim(1), p.kernelW = a.weight.dim(2);
-  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
-  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
-  validateConv2dParams(p);
+  const Conv2dParams p = fusedConvParams(a, a.weight);
   checkShape(a.weight, {p.k, p.kernelH, p.kernelW, p.c}, op, "weight");
   RC_CHECK_ARG(a.weight.dtype() == DType::F32 || a.weight.dtype() == a.x.dtype(),
                op << ": weight must be f32 or x's dtype, got " << a.weight.describe());
@@ -153,16 +169,8 @@ void validateConvDgradDbn(const ConvDgradDbnArgs& a) {
   RC_CHECK_ARG(a.dy.rank() == 4 && a.weight.rank() == 4 && a.x.rank() == 4,
                op << ": dy, weight and x must be 4-D (NHWC, KRSC), got " << a.dy.describe() << ", "
                   << a.weight.describe() << ", " << a.x.describe());
-  RC_CHECK_ARG(a.x.dtype() == DType::BF16 || a.x.dtype() == DType::F16,
-               op << ": x is " << dtypeName(a.x.dtype())
-                  << "; the fused backward takes bf16 or f16 activations (cuDNN's runtime fusion engines fuse "
-                     "16-bit convolutions); use the unfused path for f32");
-  Conv2dParams p;
-  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
-  p.k = a.weight.dim(0), p.kernelH = a.weight.dim(1), p.kernelW = a.weight.dim(2);
-  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
-  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
-  validateConv2dParams(p);
+  checkFusedBackwardActivations(a.x, op);
+  const Conv2dParams p = fusedConvParams(a, a.weight);
   checkShape(a.weight, {p.k, p.kernelH, p.kernelW, p.c}, op, "weight");
   RC_CHECK_ARG(a.weight.dtype() == DType::F32 || a.weight.dtype() == a.x.dtype(),
                op << ": weight must be f32 or x's dtype, got " << a.weight.describe());
@@ -218,16 +226,8 @@ void validateConvWgradSbr(const ConvWgradSbrArgs& a) {
   RC_CHECK_ARG(a.x.rank() == 4 && a.dy.rank() == 4 && a.dWeight.rank() == 4,
                op << ": x, dy and dWeight must be 4-D (NHWC, KRSC), got " << a.x.describe() << ", " << a.dy.describe()
                   << ", " << a.dWeight.describe());
-  RC_CHECK_ARG(a.x.dtype() == DType::BF16 || a.x.dtype() == DType::F16,
-               op << ": x is " << dtypeName(a.x.dtype())
-                  << "; the fused backward takes bf16 or f16 activations (cuDNN's runtime fusion engines fuse "
-                     "16-bit convolutions); use the unfused path for f32");
-  Conv2dParams p;
-  p.n = a.x.dim(0), p.h = a.x.dim(1), p.w = a.x.dim(2), p.c = a.x.dim(3);
-  p.k = a.dWeight.dim(0), p.kernelH = a.dWeight.dim(1), p.kernelW = a.dWeight.dim(2);
-  p.strideH = a.strideH, p.strideW = a.strideW, p.padH = a.padH, p.padW = a.padW;
-  p.dilationH = a.dilationH, p.dilationW = a.dilationW, p.dtype = a.x.dtype();
-  validateConv2dParams(p);
+  checkFusedBackwardActivations(a.x, op);
+  const Conv2dParams p = fusedConvParams(a, a.dWeight);
   checkShape(a.dWeight, {p.k, p.kernelH, p.kernelW, p.c}, op, "dWeight");
   checkDType(a.dWeight, DType::F32, op, "dWeight");
   checkShape(a.dy, {p.n, p.outH(), p.outW(), p.k}, op, "dy");
