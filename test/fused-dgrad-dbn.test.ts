@@ -139,6 +139,24 @@ function problem(dtype: 'bf16' | 'f16') {
   };
 }
 
+/** The unfused plan of the problem's convolution (3x3, stride 2, padding 1), in `opts`' dtype. */
+function convPlan(opts: { device: string; dtype: 'bf16' | 'f16' }) {
+  return new (addon().Conv2dPlan)({
+    ...opts,
+    n: N,
+    h: H,
+    w: W,
+    c: C,
+    k: K,
+    kernelH: 3,
+    kernelW: 3,
+    strideH: 2,
+    strideW: 2,
+    padH: 1,
+    padW: 1,
+  });
+}
+
 /**
  * The forward's batch norm over the problem's x (training, ReLU) and what the prologue takes from
  * it: a = relu(bn(x)), the saved statistics, scale = gamma * invStd and shift = beta - mean * scale,
@@ -227,20 +245,7 @@ describe.skipIf(reason !== undefined)(
         const dBeta0 = lcgValues(C, 17);
 
         // Unfused: the backward data of the convolution, then the batch norm's backward through the ReLU.
-        const plan = new (addon().Conv2dPlan)({
-          ...opts,
-          n: N,
-          h: H,
-          w: W,
-          c: C,
-          k: K,
-          kernelH: 3,
-          kernelW: 3,
-          strideH: 2,
-          strideW: 2,
-          padH: 1,
-          padW: 1,
-        });
+        const plan = convPlan(opts);
         using dA = Tensor.zeros([N, H, W, C], opts);
         using dx = Tensor.zeros([N, H, W, C], opts);
         using dGamma = Tensor.from(dGamma0, [C], f32);
@@ -385,20 +390,7 @@ describe.skipIf(reason !== undefined)(
         const dW0 = lcgValues(K * 9 * C, 18).map((v) => 0.1 * v);
 
         // Unfused: the backward filter of the stored activation relu(bn(x)).
-        const plan = new (addon().Conv2dPlan)({
-          ...opts,
-          n: N,
-          h: H,
-          w: W,
-          c: C,
-          k: K,
-          kernelH: 3,
-          kernelW: 3,
-          strideH: 2,
-          strideW: 2,
-          padH: 1,
-          padW: 1,
-        });
+        const plan = convPlan(opts);
         using dW = Tensor.from(dW0, [K, 3, 3, C], f32);
         plan.backwardWeights({ x: a.raw, dy: dy.raw, dWeight: dW.raw });
         plan.dispose();
