@@ -27,7 +27,7 @@
     # The static libraries' symbols stay out of the dynamic symbol table, so that another libjpeg in
     # the same process (sharp) binds to its own. No executable stack: newer glibc refuses to load a
     # library that asks for one (as in CMakeLists.txt). The run path $ORIGIN (RUNPATH, as CMake
-    # writes it) finds a libdnnl.so.2 and libgomp.so.1 beside the addon first ($$: make's escape).
+    # writes it) finds a libdnnl.so.3 and libgomp.so.1 beside the addon first ($$: make's escape).
     'ldflags': ['-Wl,--exclude-libs,ALL', '-Wl,-z,noexecstack', '-Wl,--enable-new-dtags', "-Wl,-rpath,'$$ORIGIN'"],
   },
   'targets': [

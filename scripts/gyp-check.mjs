@@ -88,7 +88,7 @@ try {
     const needed = [...readelf.stdout.matchAll(/\(NEEDED\).*\[(.*)\]/g)].map((m) => m[1]);
     const runpath = /\(RUNPATH\).*\[(.*)\]/.exec(readelf.stdout)?.[1] ?? '';
     step(`needs: ${needed.join(' ')}; run path: ${runpath || '(none)'}`);
-    // As the CMake build: $ORIGIN first, so that a libdnnl.so.2 or libgomp.so.1 beside it wins.
+    // As the CMake build: $ORIGIN first, so that a libdnnl.so.3 or libgomp.so.1 beside it wins.
     if (runpath.split(':')[0] !== '$ORIGIN') throw new Error(`the run path '${runpath}' does not start with $ORIGIN`);
   }
 

@@ -29,7 +29,7 @@ const root = dirname(dirname(fileURLToPath(import.meta.url)));
 // addon targets; native/cpu/optim.cc is compiled on its own (binding.gyp's rc_cpu_optim).
 const sourceDirs = ['native/core', 'native/cpu', 'native/image', 'native/napi'];
 const separateSources = ['native/cpu/optim.cc'];
-// oneDNN is linked shared (scripts/deps installs Intel's libdnnl.so.2), the other two statically.
+// oneDNN is linked shared (scripts/deps installs Intel's libdnnl.so.3), the other two statically.
 const archives = ['libdnnl.so', 'libgloo.a', 'libjpeg.a'];
 const headers = ['dnnl.hpp', 'gloo/allreduce.h', 'jpeglib.h'];
 // The system's Gloo (libgloo-dev) installs into /usr/lib, outside the multiarch folder.

@@ -279,7 +279,7 @@ function build(cmakeJs) {
           `the native ${args[1]} step failed (${r.signal ? `signal ${r.signal}` : `exit code ${r.status}`}).`,
           'It needs CMake >= 3.18, a C++17 compiler with OpenMP, and the oneDNN, libjpeg-turbo and Gloo of',
           'scripts/deps (on Debian: apt-get install cmake make g++ nasm curl unzip; scripts/setup in the source',
-          'repository runs all of it); with RESNET_CUDA_SYSTEM_LIBS=1, the system packages libdnnl-dev=2.6.3-1',
+          'repository runs all of it); with RESNET_CUDA_SYSTEM_LIBS=1, a oneDNN 3.x (Debian 13: libdnnl-dev)',
           'libgloo-dev ocl-icd-opencl-dev libjpeg-dev instead.',
           ...(cuda.enabled
             ? [
@@ -341,6 +341,6 @@ fail([
   `no prebuilt native addon matches ${tuple} (Node ${process.versions.node}), and this is not a source checkout`,
   `that can be built here (missing: ${tools.missing.join(', ')}).`,
   'Prebuilt binaries ship for linux-x64 (glibc). To build from source, clone the repository and run',
-  '`bash scripts/setup` (Debian/Ubuntu: installs CMake and g++, installs oneDNN 2.6 with scripts/deps, then `npm ci`), or, with those',
+  '`bash scripts/setup` (Debian/Ubuntu: installs CMake and g++, installs oneDNN 3.2 with scripts/deps, then `npm ci`), or, with those',
   'installed, `npm ci && npm run build:native`. To install without the addon: RESNET_CUDA_SKIP_NATIVE_BUILD=1.',
 ]);

@@ -4,13 +4,13 @@
 //
 //   prebuilds/linux-x64/node.napi.glibc.node       build/Release/resnet_cuda.node
 //   prebuilds/linux-x64/libresnet_cuda_backend.so  build/Release/libresnet_cuda_backend.so, if built
-//   prebuilds/linux-x64/libdnnl.so.2               oneDNN, the copy the addon loads here (scripts/deps)
+//   prebuilds/linux-x64/libdnnl.so.3               oneDNN, the copy the addon loads here (scripts/deps)
 //   prebuilds/linux-x64/licenses/onednn/           oneDNN's LICENSE and THIRD-PARTY-PROGRAMS
 //   prebuilds/linux-x64/libgomp.so.1               GCC's OpenMP runtime, the one the addon loads here
 //
 // The addon opens the CUDA backend library from its own folder, so both go side by side.
 // libjpeg-turbo and Gloo are linked into the addon statically (scripts/deps); oneDNN is the shared
-// libdnnl.so.2 of Intel's wheels, and libgomp is needed by both and lacking on slim images: the
+// libdnnl.so.3 of Intel's wheels, and libgomp is needed by both and lacking on slim images: the
 // addon's run path ($ORIGIN) finds the copies beside it (oneDNN's Apache-2.0 license and GCC's
 // runtime library exception allow shipping them; oneDNN's license files go with it).
 // Run after `npm run build:native`; then checks that the copy loads on its own (PREBUILDS_ONLY).
@@ -77,7 +77,7 @@ function resolvedPath(file, soname) {
 // $ORIGIN run path, and is copied from where the loader finds it on this machine.
 const addonBuilt = files[0].from;
 const bundled = [
-  { soname: 'libdnnl.so.2', hint: 'run scripts/deps (it installs oneDNN into its cache)' },
+  { soname: 'libdnnl.so.3', hint: 'run scripts/deps (it installs oneDNN into its cache)' },
   { soname: 'libgomp.so.1', hint: 'install libgomp1' },
 ];
 if (process.platform === 'linux') {
@@ -91,8 +91,8 @@ if (process.platform === 'linux') {
     const from = resolvedPath(addonBuilt, soname);
     if (!from) fail(`ldd does not find ${soname} for ${relative(root, addonBuilt)}: ${hint}.`);
     files.push({ from, to: soname, required: true });
-    if (soname === 'libdnnl.so.2') {
-      // scripts/deps's prefix: lib/libdnnl.so.2 and licenses/ (the system's oneDNN has neither beside).
+    if (soname === 'libdnnl.so.3') {
+      // scripts/deps's prefix: lib/libdnnl.so.3 and licenses/ (the system's oneDNN has neither beside).
       const licenses = join(dirname(dirname(from)), 'licenses');
       for (const name of ['LICENSE', 'THIRD-PARTY-PROGRAMS']) {
         const file = join(licenses, name);

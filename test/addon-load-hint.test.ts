@@ -24,7 +24,7 @@ describe('addonLoadHint: the cause, from the loader message', () => {
   });
 
   it('calls a missing bundled library an incomplete install, never a system package', () => {
-    for (const lib of ['libdnnl.so.2', 'libgomp.so.1']) {
+    for (const lib of ['libdnnl.so.3', 'libgomp.so.1']) {
       const hint = addonLoadHint(
         new Error(`${lib}: cannot open shared object file: No such file or directory`),
         installed,
@@ -38,7 +38,7 @@ describe('addonLoadHint: the cause, from the loader message', () => {
 
   it('tells a source checkout missing oneDNN to run scripts/deps', () => {
     const root = fileURLToPath(new URL('..', import.meta.url));
-    const hint = addonLoadHint(new Error('libdnnl.so.2: cannot open shared object file: No such file'), { root });
+    const hint = addonLoadHint(new Error('libdnnl.so.3: cannot open shared object file: No such file'), { root });
     expect(hint).toContain('bash scripts/deps');
     expect(hint).toContain('npm run build:native');
   });

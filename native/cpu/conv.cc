@@ -55,19 +55,22 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
 
     const auto direct = dnnl::algorithm::convolution_direct;
     const auto training = dnnl::prop_kind::forward_training;
-    auto fwdDesc = p_.bias ? Forward::desc(training, direct, l.x, wAny, l.bias, l.y, strides, dilates, padL, padR)
-                           : Forward::desc(training, direct, l.x, wAny, l.y, strides, dilates, padL, padR);
-    const Forward::primitive_desc fwdPd(fwdDesc, attr, eng);
-    const BackwardData::desc bwdDataDesc(direct, l.x, wAny, l.y, strides, dilates, padL, padR);
-    auto bwdWDesc = p_.bias ? BackwardWeights::desc(direct, l.x, dwAny, l.bias, l.y, strides, dilates, padL, padR)
-                            : BackwardWeights::desc(direct, l.x, dwAny, l.y, strides, dilates, padL, padR);
-    passes_.build(ctx_, l, fwdPd, BackwardData::primitive_desc(bwdDataDesc, attr, eng, fwdPd),
-                  BackwardWeights::primitive_desc(bwdWDesc, attr, eng, fwdPd), rowGradient(act));
+    const auto fwdPd =
+        p_.bias
+            ? Forward::primitive_desc(eng, training, direct, l.x, wAny, l.bias, l.y, strides, dilates, padL, padR, attr)
+            : Forward::primitive_desc(eng, training, direct, l.x, wAny, l.y, strides, dilates, padL, padR, attr);
+    const BackwardData::primitive_desc bwdDataPd(eng, direct, l.x, wAny, l.y, strides, dilates, padL, padR, fwdPd,
+                                                 attr);
+    const auto bwdWPd = p_.bias ? BackwardWeights::primitive_desc(eng, direct, l.x, dwAny, l.bias, l.y, strides,
+                                                                  dilates, padL, padR, fwdPd, attr)
+                                : BackwardWeights::primitive_desc(eng, direct, l.x, dwAny, l.y, strides, dilates, padL,
+                                                                  padR, fwdPd, attr);
+    passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd, rowGradient(act));
   }
 
   // A 1x1 stride-1 convolution without padding or bias is a matrix product over the N*H*W rows, and
   // so is its weight gradient: dW[K,C] += dy[rows,K]^T x[rows,C], with OHWI weights being [K,C].
-  // Used in bf16, where oneDNN 2.6's brgemm matmul on AMX measured 1.1-11x faster than its
+  // Used in bf16, where oneDNN's brgemm matmul on AMX measured 1.1-11x faster than its
   // backward-weights convolution for most of ResNet-50's 1x1 layers (bench/RESULTS.md); in f32 the
   // two measured within noise of each other over the set, either one faster layer by layer, so f32
   // keeps the convolution.

@@ -75,7 +75,7 @@ std::optional<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int6
   attr.set_post_ops(sum);
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   try {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(dyT, x, dW), attr, ctx.engine());
+    dnnl::matmul::primitive_desc pd(ctx.engine(), dyT, x, dW, attr);
     // Only oneDNN's brgemm kernels beat the convolution's backward-weights primitive; its generic
     // gemm or reference matmul would not.
     if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return std::nullopt;
@@ -116,10 +116,13 @@ std::string isaName() {
     case isa::avx: return "avx";
     case isa::avx2: return "avx2";
     case isa::avx2_vnni: return "avx2_vnni";
+    case isa::avx2_vnni_2: return "avx2_vnni_2";
     case isa::avx512_core: return "avx512_core";
     case isa::avx512_core_vnni: return "avx512_core_vnni";
     case isa::avx512_core_bf16: return "avx512_core_bf16";
+    case isa::avx512_core_fp16: return "avx512_core_fp16";
     case isa::avx512_core_amx: return "avx512_core_amx";
+    case isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
     default: return "other";
   }
 }

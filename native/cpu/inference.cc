@@ -6,8 +6,7 @@
 //   kernel; f32 outputs are channel-blocked (nChw16c with AVX-512), bf16 outputs in the layout
 //   oneDNN picks. Each convolution reads its input in the layout its producer wrote.
 //   Bias, the residual add (a `sum` post-op) and the ReLU (an `eltwise_relu` post-op after it) run
-//   inside the convolution. f32 3x3 stride-1 convolutions on large maps take oneDNN's Winograd
-//   kernels on the same layouts (winogradFits).
+//   inside the convolution.
 // - The weights (OHWI f32 with batch norm folded in) are reordered once into the layout, and the
 //   dtype, the primitive wants.
 // - Max pooling, global average pooling and the final inner product run on the same layouts. The
@@ -133,17 +132,19 @@ class CpuInferencePlan final : public InferencePlan {
 
  private:
   // f32 convolutions write channel-blocked outputs (nChw16c with AVX-512, nChw8c with AVX2), where
-  // oneDNN's direct kernels run: left to choose (`any`), oneDNN 2.6 takes its NHWC brgemm kernels,
-  // which measured 1.1-1.5x slower on ResNet-50 at batch 1 and 16 (bench/RESULTS.md). bf16 keeps
-  // `any`: its AMX kernels want NHWC.
+  // oneDNN's direct kernels run: given NHWC, oneDNN takes its brgemm kernels, which measured
+  // 1.1-1.5x slower on ResNet-50 at batch 1 and 16 with oneDNN 2.6, and level at batch 1 with 3.2
+  // (bench/RESULTS.md). bf16 keeps `any`: its AMX kernels want NHWC.
   void chooseBlockedLayout() {
     if (p_.dtype != DType::F32) return;
-    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-    if (isa == dnnl::cpu_isa::avx512_core || isa == dnnl::cpu_isa::avx512_core_vnni ||
-        isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx) {
+    using isa = dnnl::cpu_isa;
+    const isa effective = dnnl::get_effective_cpu_isa();
+    if (effective == isa::avx512_core || effective == isa::avx512_core_vnni || effective == isa::avx512_core_bf16 ||
+        effective == isa::avx512_core_fp16 || effective == isa::avx512_core_amx ||
+        effective == isa::avx512_core_amx_fp16) {
       blockedTag_ = tag::nChw16c;
       blockedWidth_ = 16;
-    } else if (isa == dnnl::cpu_isa::avx2 || isa == dnnl::cpu_isa::avx2_vnni) {
+    } else if (effective == isa::avx2 || effective == isa::avx2_vnni || effective == isa::avx2_vnni_2) {
       blockedTag_ = tag::nChw8c;
       blockedWidth_ = 8;
     }
@@ -256,12 +257,6 @@ class CpuInferencePlan final : public InferencePlan {
     Tensor owned = ctx_.allocateBytes(std::max<size_t>(want.get_size(), 64));
     memory src(memory::desc(dims, dt::f32, plain), eng, const_cast<float*>(host.data()));
     memory dst(want, eng, owned.data());
-    if (want.data.format_kind == dnnl_format_kind_wino) {
-      // oneDNN transforms Winograd weights only from the plain OIHW order: go through it.
-      memory oihw(memory::desc(dims, dt::f32, tag::abcd), eng);
-      dnnl::reorder(src, oihw).execute(ctx_.stream(), src, oihw);
-      src = oihw;
-    }
     dnnl::reorder(src, dst).execute(ctx_.stream(), src, dst);
     ctx_.stream().wait();
     weights_.push_back(owned);
@@ -284,46 +279,13 @@ class CpuInferencePlan final : public InferencePlan {
 
   dnnl::convolution_forward::primitive_desc convPd(const InferenceNode& node, const memory::desc& src,
                                                    const memory::desc& dst, const dnnl::primitive_attr& attr,
-                                                   const Shape& in, const Shape& out,
-                                                   dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct) {
+                                                   const Shape& in, const Shape& out) {
     const memory::dims wDims{node.outChannels, node.inChannels, node.kernelH, node.kernelW};
-    const dnnl::convolution_forward::desc d(
-        dnnl::prop_kind::forward_inference, algorithm, src, memory::desc(wDims, act_, tag::any),
-        memory::desc({node.outChannels}, dt::f32, tag::x), dst, {node.strideH, node.strideW},
-        {node.dilationH - 1, node.dilationW - 1}, {node.padH, node.padW}, padRight(node, in, out));
-    return dnnl::convolution_forward::primitive_desc(d, attr, ctx_.engine());
-  }
-
-  // Winograd convolutions for f32 3x3 stride-1 convolutions on channel-blocked maps of at least
-  // kWinogradMinPixels output pixels. oneDNN 2.6 picks the kernel: F(2x2, 3x3) (`jit_fp32_wino_2x3`:
-  // 16 multiplications per 2x2 output tile where the direct kernel does 36) at batch 1 and 2,
-  // F(4x4, 3x3) (`jit_wino_4x3`: 36 per 4x4 tile against 144) from batch 3. At batch 1 it measured
-  // 1.6-1.7x faster than the direct kernel on one thread at 56x56 and 28x28 (ResNet-50's first two
-  // stages), but slower at 14x14 and 7x7 with two threads, where an image has too few tiles to share
-  // out (bench/RESULTS.md). The transforms add rounding of a few f32 epsilons per layer (larger for
-  // F(4x4, 3x3)); the plan stays within the f32 tolerance of the eval forward.
-  static constexpr int64_t kWinogradMinPixels = 28 * 28;
-
-  bool winogradFits(const InferenceNode& node, const Shape& out) const {
-    return p_.dtype == DType::F32 && blockedWidth_ == 16 && node.kernelH == 3 && node.kernelW == 3 &&
-           node.strideH == 1 && node.strideW == 1 && node.dilationH == 1 && node.dilationW == 1 &&
-           out[1] * out[2] >= kWinogradMinPixels;
-  }
-
-  // The Winograd convolution on the layouts `direct` chose, or `direct` when oneDNN has no
-  // Winograd kernel for it (channels, post-ops, ISA).
-  dnnl::convolution_forward::primitive_desc winogradOr(const InferenceNode& node,
-                                                       const dnnl::convolution_forward::primitive_desc& direct,
-                                                       const dnnl::primitive_attr& attr, const Shape& in,
-                                                       const Shape& out) {
-    try {
-      auto pd =
-          convPd(node, direct.src_desc(), direct.dst_desc(), attr, in, out, dnnl::algorithm::convolution_winograd);
-      if (!isReference(pd.impl_info_str())) return pd;
-    } catch (const dnnl::error& e) {
-      if (e.status != dnnl_unimplemented) throw;
-    }
-    return direct;
+    return dnnl::convolution_forward::primitive_desc(
+        ctx_.engine(), dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src,
+        memory::desc(wDims, act_, tag::any), memory::desc({node.outChannels}, dt::f32, tag::x), dst,
+        {node.strideH, node.strideW}, {node.dilationH - 1, node.dilationW - 1}, {node.padH, node.padW},
+        padRight(node, in, out), attr);
   }
 
   void addConv(size_t i, const InferenceNode& node) {
@@ -333,7 +295,7 @@ class CpuInferencePlan final : public InferencePlan {
     const memory::dims dstDims{out[0], out[3], out[1], out[2]};
     dnnl::post_ops ops;
     if (node.residual >= 0) ops.append_sum(1.0f);
-    if (node.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    if (node.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     attr.set_post_ops(ops);
@@ -346,7 +308,6 @@ class CpuInferencePlan final : public InferencePlan {
     const bool internal = node.input > 0;
     auto pd = convPd(node, internal ? values_[node.input].desc : anySrc, anyDst, attr, in, out);
     if (internal && isReference(pd.impl_info_str())) pd = convPd(node, anySrc, anyDst, attr, in, out);
-    if (winogradFits(node, out)) pd = winogradOr(node, pd, attr, in, out);
     // Accumulate into the residual's buffer when this is its last reader: the output takes its layout.
     if (node.residual > 0 && values_[node.residual].lastUse == static_cast<int64_t>(i) &&
         values_[node.residual].desc != pd.dst_desc() && node.residual != node.input) {
@@ -394,9 +355,9 @@ class CpuInferencePlan final : public InferencePlan {
     const memory::desc src = node.input > 0 ? values_[node.input].desc : memory::desc(srcDims, act_, tag::nhwc);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference, algorithm, src,
-                                        memory::desc(dstDims, act_, tag::any), strides, kernel, padL, padR);
-    const dnnl::pooling_forward::primitive_desc pd(d, attr, ctx_.engine());
+    const dnnl::pooling_forward::primitive_desc pd(ctx_.engine(), dnnl::prop_kind::forward_inference, algorithm, src,
+                                                   memory::desc(dstDims, act_, tag::any), strides, kernel,
+                                                   memory::dims{0, 0}, padL, padR, attr);
     Step s;
     s.primitive = dnnl::pooling_forward(pd);
     const MemRef from = source(static_cast<size_t>(node.input), pd.src_desc());
@@ -422,7 +383,7 @@ class CpuInferencePlan final : public InferencePlan {
     const bool last = i + 1 == p_.nodes.size();
     const memory::desc& have = values_[node.input].desc;
     // A pooled value keeps its 4-D [n, c, 1, 1] desc; the weights then take the same rank.
-    const bool spatial = node.input > 0 && have.dims().size() == 4;
+    const bool spatial = node.input > 0 && have.get_ndims() == 4;
     const memory::dims wDims = spatial ? memory::dims{node.outChannels, node.inChannels, 1, 1}
                                        : memory::dims{node.outChannels, node.inChannels};
     const memory::desc src = spatial ? have : memory::desc({in[0], in[1]}, act_, tag::nc);
@@ -430,10 +391,9 @@ class CpuInferencePlan final : public InferencePlan {
     const memory::desc dst = last ? outputDesc_ : memory::desc({in[0], node.outChannels}, act_, tag::nc);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_inference, src,
-                                              memory::desc(wDims, act_, tag::any),
-                                              memory::desc({node.outChannels}, dt::f32, tag::x), dst);
-    const dnnl::inner_product_forward::primitive_desc pd(d, attr, ctx_.engine());
+    const dnnl::inner_product_forward::primitive_desc pd(ctx_.engine(), dnnl::prop_kind::forward_inference, src,
+                                                         memory::desc(wDims, act_, tag::any),
+                                                         memory::desc({node.outChannels}, dt::f32, tag::x), dst, attr);
     Step s;
     s.primitive = dnnl::inner_product_forward(pd);
     const MemRef from = source(static_cast<size_t>(node.input), pd.src_desc());

@@ -1,8 +1,9 @@
 // The INT8 inference plan on oneDNN (native/core/inference_plan.h, params.int8). Nodes with weight
 // scales run as oneDNN int8 convolutions and inner products: u8 or s8 source (u8 when the input
-// follows a ReLU), s8 weights quantized per output channel once at creation, f32 bias, per-channel
-// output scales, and the residual add (sum post-op) and ReLU (eltwise post-op) fused in. The other
-// nodes run in f32.
+// follows a ReLU), s8 weights quantized per output channel once at creation, f32 bias, the source,
+// per-channel weight and destination scales (oneDNN 3.x: dst = post_ops(src_scale * wei_scale[k] *
+// acc + bias[k]) / dst_scale), and the residual add (sum post-op) and ReLU (eltwise post-op) fused
+// in. The other nodes run in f32.
 //
 // Every value keeps the representation its producer writes (f32, or u8/s8 with a scale) plus any
 // others its consumers need, each made once by a oneDNN reorder right after it is first needed
@@ -176,16 +177,17 @@ class Int8InferencePlan final : public InferencePlan {
       if (r.type == type && (type == dt::f32 || r.scale == scale) && (md == nullptr || r.md == *md)) return r;
     }
     const Rep& from = reps.front();
-    const memory::desc target = md != nullptr ? *md : memory::desc(from.md.dims(), type, tag::nhwc);
+    const memory::desc target = md != nullptr ? *md : memory::desc(from.md.get_dims(), type, tag::nhwc);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    // stored_target = stored_from * from.scale / scale.
+    // stored_target = stored_from * from.scale / scale: the ratio as the source's scale.
     const float ratio = from.scale / (type == dt::f32 ? 1.0f : scale);
-    if (ratio != 1.0f) attr.set_output_scales(0, {ratio});
+    if (ratio != 1.0f) attr.set_scales_mask(DNNL_ARG_FROM, 0);
     auto& eng = ctx_.engine();
     const dnnl::reorder::primitive_desc pd(eng, from.md, eng, target, attr);
     const int buffer = newBuffer(target);
     addStep(dnnl::reorder(pd), {{DNNL_ARG_FROM, from.buffer, from.md}, {DNNL_ARG_TO, buffer, target}}, pd);
+    if (ratio != 1.0f) bindScales(DNNL_ARG_FROM, {ratio});
     ++reorders_;
     reps.push_back({type, target, type == dt::f32 ? 1.0f : scale, buffer});
     return reps.back();
@@ -209,6 +211,17 @@ class Int8InferencePlan final : public InferencePlan {
     weights_.push_back({std::move(buffer), dst});
   }
 
+  // The scales of argument `arg` (DNNL_ARG_SRC, ...) of the last step: one value, or one per
+  // channel of the mask the primitive was created with. Held by the plan like a weight.
+  void bindScales(int arg, const std::vector<float>& values) {
+    const memory::desc md({static_cast<int64_t>(values.size())}, dt::f32, tag::x);
+    Tensor buffer = ctx_.allocateBytes(std::max<size_t>(md.get_size(), 64));
+    std::copy(values.begin(), values.end(), buffer.ptr<float>());
+    const memory mem(md, ctx_.engine(), buffer.data());
+    steps_.back().bound[DNNL_ARG_ATTR_SCALES | arg] = mem;
+    weights_.push_back({std::move(buffer), mem});
+  }
+
   void build() {
     auto& eng = ctx_.engine();
     reps_.resize(p_.nodes.size() + 1);
@@ -230,6 +243,22 @@ class Int8InferencePlan final : public InferencePlan {
 
   // The memory descriptor of node i's output when it is the plan's output (plain [n, features]).
   bool isLast(size_t i) const { return i + 1 == p_.nodes.size(); }
+
+  // A quantized convolution's or inner product's scales: the source's (one), the weights' (one per
+  // output channel: dimension 0 of both primitives' weights) and, when it writes int8, the
+  // destination's (one). The bias stays in f32 units: oneDNN adds it after the scales.
+  static void setQuantScales(dnnl::primitive_attr& attr, bool dstScaled) {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << 0);
+    if (dstScaled) attr.set_scales_mask(DNNL_ARG_DST, 0);
+  }
+
+  // The values of setQuantScales' scales, bound to the last step.
+  void bindQuantScales(const InferenceNode& node, float dstScale) {
+    bindScales(DNNL_ARG_SRC, {node.inputScale});
+    bindScales(DNNL_ARG_WEIGHTS, node.weightScales);
+    if (dstScale != 1.0f) bindScales(DNNL_ARG_DST, {dstScale});
+  }
 
   void buildConv(size_t i) {
     const InferenceNode& node = p_.nodes[i];
@@ -262,25 +291,16 @@ class Int8InferencePlan final : public InferencePlan {
 
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    std::vector<float> bias = node.bias;
-    if (q) {
-      // oneDNN 2.x: dst = output_scale[k] * (sum(src * wei) + bias[k]), so the bias is given in
-      // the accumulator's units (divided by the input and weight scales).
-      std::vector<float> scales(static_cast<size_t>(node.outChannels));
-      for (size_t k = 0; k < scales.size(); ++k) {
-        const float acc = node.inputScale * node.weightScales[k];
-        scales[k] = acc / dstScale;
-        bias[k] = node.bias[k] / acc;
-      }
-      attr.set_output_scales(1 << 1, scales);
-    }
+    // The destination scale divides after the post-ops; a residual is summed in f32 (dstScale 1),
+    // and the ReLU commutes with a positive scale.
+    if (q) setQuantScales(attr, dstScale != 1.0f);
     dnnl::post_ops ops;
     if (hasResidual) ops.append_sum(1.0f);
-    if (node.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    if (node.relu) ops.append_eltwise(dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     attr.set_post_ops(ops);
-    const dnnl::convolution_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                               srcMd, wMd, bMd, dstMd, strides, dilates, padL, padR);
-    const dnnl::convolution_forward::primitive_desc pd(desc, attr, eng);
+    const dnnl::convolution_forward::primitive_desc pd(eng, dnnl::prop_kind::forward_inference,
+                                                       dnnl::algorithm::convolution_direct, srcMd, wMd, bMd, dstMd,
+                                                       strides, dilates, padL, padR, attr);
 
     const memory::desc pdSrc = pd.src_desc();
     const Rep src = repFor(node.input, srcType, node.inputScale, &pdSrc);
@@ -291,7 +311,7 @@ class Int8InferencePlan final : public InferencePlan {
     } else {
       addWeight(node.weight.data(), plainW, pd.weights_desc());
     }
-    addWeight(bias.data(), bMd, bMd);
+    addWeight(node.bias.data(), bMd, bMd);
     const size_t wIndex = weights_.size() - 2;
 
     int dst;
@@ -316,7 +336,8 @@ class Int8InferencePlan final : public InferencePlan {
             pd);
     steps_.back().bound[DNNL_ARG_WEIGHTS] = weights_[wIndex].second;
     steps_.back().bound[DNNL_ARG_BIAS] = weights_[wIndex + 1].second;
-    reps_[static_cast<size_t>(v)].push_back({pd.dst_desc().data_type(), pd.dst_desc(), dstScale, dst});
+    if (q) bindQuantScales(node, dstScale);
+    reps_[static_cast<size_t>(v)].push_back({pd.dst_desc().get_data_type(), pd.dst_desc(), dstScale, dst});
     (q ? int8Nodes_ : floatNodes_)++;
     if (dstType != dt::f32) ++requantized_;
   }
@@ -332,10 +353,10 @@ class Int8InferencePlan final : public InferencePlan {
                             farPadding(xDims[3], yDims[3], node.kernelW, node.strideW, node.padW)};
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, src.md,
-                                           memory::desc(yDims, src.type, tag::any), {node.strideH, node.strideW},
-                                           {node.kernelH, node.kernelW}, {node.padH, node.padW}, padR);
-    const dnnl::pooling_forward::primitive_desc pd(desc, attr, eng);
+    const dnnl::pooling_forward::primitive_desc pd(
+        eng, dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, src.md,
+        memory::desc(yDims, src.type, tag::any), {node.strideH, node.strideW}, {node.kernelH, node.kernelW}, {0, 0},
+        {node.padH, node.padW}, padR, attr);
     const int dst = newBuffer(pd.dst_desc());
     addStep(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src.buffer, src.md}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, pd);
     reps_[static_cast<size_t>(v)].push_back({src.type, pd.dst_desc(), src.scale, dst});
@@ -351,10 +372,9 @@ class Int8InferencePlan final : public InferencePlan {
     const memory::desc dstMd(yDims, dt::f32, isLast(i) ? tag::nchw : tag::any);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    const dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_inference,
-                                           dnnl::algorithm::pooling_avg_exclude_padding, src.md, dstMd, {1, 1},
-                                           {xDims[2], xDims[3]}, {0, 0}, {0, 0});
-    const dnnl::pooling_forward::primitive_desc pd(desc, attr, eng);
+    const dnnl::pooling_forward::primitive_desc pd(eng, dnnl::prop_kind::forward_inference,
+                                                   dnnl::algorithm::pooling_avg_exclude_padding, src.md, dstMd, {1, 1},
+                                                   {xDims[2], xDims[3]}, {0, 0}, {0, 0}, {0, 0}, attr);
     const int dst = isLast(i) ? kOutput : newBuffer(pd.dst_desc());
     addStep(dnnl::pooling_forward(pd), {{DNNL_ARG_SRC, src.buffer, src.md}, {DNNL_ARG_DST, dst, pd.dst_desc()}}, pd);
     reps_[static_cast<size_t>(v)].push_back({dt::f32, pd.dst_desc(), 1.0f, dst});
@@ -367,7 +387,7 @@ class Int8InferencePlan final : public InferencePlan {
     const int64_t v = static_cast<int64_t>(i) + 1;
     const dt srcType = q ? (node.inputUnsigned ? dt::u8 : dt::s8) : dt::f32;
     // The input's own dims: [n, c, 1, 1] after global pooling, [n, c] after another linear.
-    const memory::dims xDims = reps_[static_cast<size_t>(node.input)].front().md.dims();
+    const memory::dims xDims = reps_[static_cast<size_t>(node.input)].front().md.get_dims();
     const bool flat = xDims.size() == 2;
     const memory::dims wDims =
         flat ? memory::dims{node.outChannels, node.inChannels} : memory::dims{node.outChannels, node.inChannels, 1, 1};
@@ -378,18 +398,10 @@ class Int8InferencePlan final : public InferencePlan {
     const memory::desc bMd({node.outChannels}, dt::f32, tag::x);
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    std::vector<float> bias = node.bias;
-    if (q) {
-      std::vector<float> scales(static_cast<size_t>(node.outChannels));
-      for (size_t k = 0; k < scales.size(); ++k) {
-        scales[k] = node.inputScale * node.weightScales[k];
-        bias[k] = node.bias[k] / scales[k];
-      }
-      attr.set_output_scales(1 << 1, scales);
-    }
-    const dnnl::inner_product_forward::desc desc(dnnl::prop_kind::forward_inference, srcMd,
-                                                 memory::desc(wDims, q ? dt::s8 : dt::f32, tag::any), bMd, dstMd);
-    const dnnl::inner_product_forward::primitive_desc pd(desc, attr, eng);
+    if (q) setQuantScales(attr, false);
+    const dnnl::inner_product_forward::primitive_desc pd(eng, dnnl::prop_kind::forward_inference, srcMd,
+                                                         memory::desc(wDims, q ? dt::s8 : dt::f32, tag::any), bMd,
+                                                         dstMd, attr);
     const memory::desc pdSrc = pd.src_desc();
     const Rep src = repFor(node.input, srcType, node.inputScale, &pdSrc);
     const memory::desc plainW(wDims, q ? dt::s8 : dt::f32, flat ? tag::ab : tag::abcd);
@@ -399,13 +411,14 @@ class Int8InferencePlan final : public InferencePlan {
     } else {
       addWeight(node.weight.data(), plainW, pd.weights_desc());
     }
-    addWeight(bias.data(), bMd, bMd);
+    addWeight(node.bias.data(), bMd, bMd);
     const size_t wIndex = weights_.size() - 2;
     const int dst = isLast(i) ? kOutput : newBuffer(pd.dst_desc());
     addStep(dnnl::inner_product_forward(pd), {{DNNL_ARG_SRC, src.buffer, src.md}, {DNNL_ARG_DST, dst, pd.dst_desc()}},
             pd);
     steps_.back().bound[DNNL_ARG_WEIGHTS] = weights_[wIndex].second;
     steps_.back().bound[DNNL_ARG_BIAS] = weights_[wIndex + 1].second;
+    if (q) bindQuantScales(node, 1.0f);
     reps_[static_cast<size_t>(v)].push_back({dt::f32, pd.dst_desc(), 1.0f, dst});
     (q ? int8Nodes_ : floatNodes_)++;
   }

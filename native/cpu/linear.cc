@@ -39,12 +39,12 @@ class CpuLinearPlan final : public WeightedPlan<LinearPlan, Forward, BackwardDat
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
 
     const auto training = dnnl::prop_kind::forward_training;
-    auto fwdDesc = p_.bias ? Forward::desc(training, l.x, wAny, l.bias, l.y) : Forward::desc(training, l.x, wAny, l.y);
-    const Forward::primitive_desc fwdPd(fwdDesc, attr, eng);
-    const BackwardData::desc bwdDataDesc(l.x, wAny, l.y);
-    auto bwdWDesc = p_.bias ? BackwardWeights::desc(l.x, dwAny, l.bias, l.y) : BackwardWeights::desc(l.x, dwAny, l.y);
-    passes_.build(ctx_, l, fwdPd, BackwardData::primitive_desc(bwdDataDesc, attr, eng, fwdPd),
-                  BackwardWeights::primitive_desc(bwdWDesc, attr, eng, fwdPd));
+    const auto fwdPd = p_.bias ? Forward::primitive_desc(eng, training, l.x, wAny, l.bias, l.y, attr)
+                               : Forward::primitive_desc(eng, training, l.x, wAny, l.y, attr);
+    const BackwardData::primitive_desc bwdDataPd(eng, l.x, wAny, l.y, fwdPd, attr);
+    const auto bwdWPd = p_.bias ? BackwardWeights::primitive_desc(eng, l.x, dwAny, l.bias, l.y, fwdPd, attr)
+                                : BackwardWeights::primitive_desc(eng, l.x, dwAny, l.y, fwdPd, attr);
+    passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd);
   }
 
   CpuContext& ctx_;

@@ -176,12 +176,12 @@ class CpuPool2dPlan final : public Pool2dPlan {
                             farPadding(p_.w, p_.outW(), p_.kernelW, p_.strideW, p_.padW)};
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::pooling_forward::desc fwdDesc(dnnl::prop_kind::forward_training, algo, xMd_, yMd_, strides, kernel, padL,
-                                        padR);
-    fwdPd_ = dnnl::pooling_forward::primitive_desc(fwdDesc, attr, eng);
+    const memory::dims dilation{0, 0};
+    fwdPd_ = dnnl::pooling_forward::primitive_desc(eng, dnnl::prop_kind::forward_training, algo, xMd_, yMd_, strides,
+                                                   kernel, dilation, padL, padR, attr);
     fwd_ = dnnl::pooling_forward(fwdPd_);
-    dnnl::pooling_backward::desc bwdDesc(algo, xMd_, yMd_, strides, kernel, padL, padR);
-    bwdPd_ = dnnl::pooling_backward::primitive_desc(bwdDesc, attr, eng, fwdPd_);
+    bwdPd_ = dnnl::pooling_backward::primitive_desc(eng, algo, xMd_, yMd_, strides, kernel, dilation, padL, padR,
+                                                    fwdPd_, attr);
     bwd_ = dnnl::pooling_backward(bwdPd_);
   }
 
