@@ -9,13 +9,11 @@
  * 'cuda-emulator-cases' project on the emulated device (test/cuda-emulator) and are skipped without
  * a usable CUDA backend; the op's argument checks and the CPU backend's refusal run on the CPU.
  */
-import { afterAll, describe, expect, it, vi } from 'vitest';
-import { BatchNorm2d, Bottleneck, Random, Sequential, Tensor, listBackends } from '../lib/index.js';
+import { afterAll, describe, expect, it } from 'vitest';
+import { BatchNorm2d, Tensor, listBackends } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
-import { Conv2d } from '../lib/nn/layers.js';
-import { CONV_BN_FALLBACK_WARNING } from '../lib/nn/conv-bn-support.js';
 import type { Module } from '../lib/nn/module.js';
-import { lcgValues, withFused } from './helpers/fused-runs.js';
+import { type StepResult, bottleneck, bottleneckData, moduleStep } from './helpers/fused-runs.js';
 
 const REFUSE_ENV = 'RESNET_CUDA_EMU_GRAPH_REFUSE';
 const savedRefuse = process.env[REFUSE_ENV];
@@ -29,77 +27,6 @@ const cuda = listBackends().find((b) => b.name === 'cuda');
 const onlyCuda = process.env.RESNET_TEST_BACKENDS === 'cuda';
 const reason = cuda?.available ? undefined : (cuda?.reason ?? 'no CUDA backend');
 const DEVICE = 'cuda:0';
-
-/** A downsampling Bottleneck, 16 -> 32 channels (inner width 8), stride 2. */
-function bottleneck(): Bottleneck {
-  const rng = new Random(41);
-  const downsample = new Sequential(
-    new Conv2d({ inChannels: 16, outChannels: 32, kernelSize: 1, stride: 2, seed: 42 }),
-    new BatchNorm2d({ numFeatures: 32 }),
-  );
-  return new Bottleneck(16, 8, 2, downsample, rng);
-}
-
-/** What one training step of a module computed, and the fused ops and warnings it took. */
-interface StepResult {
-  output: Float32Array;
-  inputGrad: Float32Array | null;
-  grads: Map<string, Float32Array>;
-  buffers: Map<string, Float32Array>;
-  convBnCalls: number;
-  prologueCalls: number;
-  dgradDbnCalls: number;
-  wgradCalls: number;
-  applyCalls: number;
-  warnings: string[];
-}
-
-/**
- * `steps` forwards and backwards of `model` on the same input and output gradient with
- * RESNET_CUDA_FUSED set to `fused`; the result of the last, with the ops and warnings of all.
- */
-function trainSteps(fused: string, model: Module, dtype: 'bf16' | 'f16', steps = 1): StepResult {
-  return withFused(fused, () => {
-    const convBn = vi.spyOn(addon(), 'convBnForward');
-    const dgradDbn = vi.spyOn(addon(), 'convDgradDbn');
-    const wgrad = vi.spyOn(addon(), 'convWgradSbr');
-    const apply = vi.spyOn(addon(), 'batchNormBackwardApply');
-    const warn = vi.spyOn(process, 'emitWarning').mockImplementation(() => undefined);
-    const opts = { device: DEVICE, dtype };
-    try {
-      model.train(true);
-      let output: Float32Array = new Float32Array(0);
-      let inputGrad: Float32Array | null = null;
-      for (let s = 0; s < steps; s++) {
-        using x = Tensor.from(lcgValues(2 * 8 * 8 * 16, 51), [2, 8, 8, 16], opts);
-        const y = model.forward(x);
-        output = y.toFloat32Array();
-        using g = Tensor.from(lcgValues(y.numel, 52), y.shape, opts);
-        inputGrad = model.backward(g)?.toFloat32Array() ?? null;
-      }
-      return {
-        output,
-        inputGrad,
-        grads: new Map(model.namedParameters().map(([name, p]) => [name, p.grad.toFloat32Array()])),
-        buffers: new Map(model.namedBuffers().map(([name, t]) => [name, t.toFloat32Array()])),
-        convBnCalls: convBn.mock.calls.length,
-        prologueCalls: convBn.mock.calls.filter(([a]) => a.scale !== undefined).length,
-        dgradDbnCalls: dgradDbn.mock.calls.length,
-        wgradCalls: wgrad.mock.calls.length,
-        applyCalls: apply.mock.calls.length,
-        warnings: warn.mock.calls
-          .filter(([, o]) => typeof o === 'object' && o !== null && 'code' in o && o.code === CONV_BN_FALLBACK_WARNING)
-          .map(([m]) => String(m)),
-      };
-    } finally {
-      convBn.mockRestore();
-      dgradDbn.mockRestore();
-      wgrad.mockRestore();
-      apply.mockRestore();
-      warn.mockRestore();
-    }
-  });
-}
 
 /** Hooks every batch norm's forward on the instance, which keeps the containers from pairing it. */
 function unpaired(model: Module): Module {
@@ -164,46 +91,36 @@ describe.skipIf(reason !== undefined)(
     });
 
     it('a Bottleneck step (bf16, dgrad-dbn refused): the pairs run unfused, as when nothing pairs them, warned once per shape', () => {
-      const fallback = bottleneck().to(DEVICE);
-      const reference = unpaired(bottleneck().to(DEVICE));
-      try {
-        const on = trainSteps('conv-bn', fallback, 'bf16', 2);
-        const off = trainSteps('conv-bn', reference, 'bf16', 2);
-        // Both steps: conv1, conv2, conv3 and the downsample convolution with the statistics
-        // epilogue, no prologue, none of the pairs' backward ops.
-        for (const r of [on, off]) {
-          expect(r.convBnCalls).toBe(8);
-          expect(r.prologueCalls).toBe(0);
-          expect(r.dgradDbnCalls + r.wgradCalls + r.applyCalls).toBe(0);
-        }
-        expectSameStep(on, off);
-        // bn1 -> conv2 (3x3, stride 2) and bn2 -> conv3 (1x1): two shapes refused, each said once
-        // over both steps; the reference never asked.
-        expect(on.warnings).toHaveLength(2);
-        expect(on.warnings[0]).toMatch(
-          /input \[2, 8, 8, 8\] bf16 -> 8 channels, kernel 3x3, stride 2x2.*runs unfused\. cuDNN: .*dgrad-dbn pattern/,
-        );
-        expect(on.warnings[1]).toMatch(/input \[2, 4, 4, 8\] bf16 -> 32 channels, kernel 1x1/);
-        expect(off.warnings).toHaveLength(0);
-      } finally {
-        fallback.dispose();
-        reference.dispose();
+      const { input, gradOf } = bottleneckData(DEVICE, 'bf16');
+      const on = moduleStep('conv-bn', DEVICE, bottleneck, input, gradOf, { steps: 2 });
+      const off = moduleStep('conv-bn', DEVICE, () => unpaired(bottleneck()), input, gradOf, { steps: 2 });
+      // Both steps: conv1, conv2, conv3 and the downsample convolution with the statistics
+      // epilogue, no prologue, none of the pairs' backward ops.
+      for (const r of [on, off]) {
+        expect(r.convBnCalls).toBe(8);
+        expect(r.prologueCalls).toBe(0);
+        expect(r.dgradDbnCalls + r.wgradCalls + r.applyCalls).toBe(0);
       }
+      expectSameStep(on, off);
+      // bn1 -> conv2 (3x3, stride 2) and bn2 -> conv3 (1x1): two shapes refused, each said once
+      // over both steps; the reference never asked.
+      expect(on.warnings).toHaveLength(2);
+      expect(on.warnings[0]).toMatch(
+        /input \[2, 8, 8, 8\] bf16 -> 8 channels, kernel 3x3, stride 2x2.*runs unfused\. cuDNN: .*dgrad-dbn pattern/,
+      );
+      expect(on.warnings[1]).toMatch(/input \[2, 4, 4, 8\] bf16 -> 32 channels, kernel 1x1/);
+      expect(off.warnings).toHaveLength(0);
     });
 
     it('a Bottleneck step (f16, not refused) still takes the fused ops, without a warning', () => {
-      const model = bottleneck().to(DEVICE);
-      try {
-        const on = trainSteps('conv-bn', model, 'f16');
-        expect(on.convBnCalls).toBe(4);
-        expect(on.prologueCalls).toBe(2);
-        expect(on.dgradDbnCalls).toBe(2);
-        expect(on.wgradCalls).toBe(2);
-        expect(on.applyCalls).toBe(2);
-        expect(on.warnings).toHaveLength(0);
-      } finally {
-        model.dispose();
-      }
+      const { input, gradOf } = bottleneckData(DEVICE, 'f16');
+      const on = moduleStep('conv-bn', DEVICE, bottleneck, input, gradOf);
+      expect(on.convBnCalls).toBe(4);
+      expect(on.prologueCalls).toBe(2);
+      expect(on.dgradDbnCalls).toBe(2);
+      expect(on.wgradCalls).toBe(2);
+      expect(on.applyCalls).toBe(2);
+      expect(on.warnings).toHaveLength(0);
     });
   },
 );

@@ -17,12 +17,10 @@ import { dirname, join } from 'node:path';
 import { describe, expect, it, vi } from 'vitest';
 import {
   BatchNorm2d,
-  Bottleneck,
   CrossEntropyLoss,
   CudaGraph,
   GradScaler,
   InputNormalize,
-  Random,
   ResNet18,
   ResNet50,
   SGD,
@@ -33,12 +31,15 @@ import {
 import { addon } from '../lib/binding.js';
 import { FUSED_ENV, fusedPathOn } from '../lib/fused-paths.js';
 import { Conv2d } from '../lib/nn/layers.js';
-import type { Module } from '../lib/nn/module.js';
 import {
   NORMALIZE,
   type SmallResNetShape,
+  type StepResult,
+  bottleneck,
+  bottleneckData,
   lcgImages,
   lcgValues,
+  moduleStep,
   smallResNet,
   withFused,
 } from './helpers/fused-runs.js';
@@ -502,69 +503,6 @@ function relativeNormError(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return Math.sqrt(num) / Math.sqrt(den || 1);
 }
 
-/** What one forward and backward of a module leaves: output, input gradient, parameter gradients, buffers. */
-interface StepResult {
-  output: Float32Array;
-  inputGrad: Float32Array | null;
-  grads: Map<string, Float32Array>;
-  buffers: Map<string, Float32Array>;
-  /** convBnForward calls with the scale-bias-ReLU prologue, and all convBnForward calls. */
-  prologueCalls: number;
-  convBnCalls: number;
-  /** convWgradSbr, convDgradDbn and batchNormBackwardApply calls (the pairs' backward). */
-  wgradCalls: number;
-  dgradDbnCalls: number;
-  applyCalls: number;
-}
-
-/**
- * One forward of `input()` through `build()` (on the device, in training or evaluation mode) and,
- * in training, one backward of `gradOf(output)`, with RESNET_CUDA_FUSED set to `fused`.
- */
-function moduleStep(
-  fused: string,
-  build: () => Module,
-  input: () => Tensor,
-  gradOf: (output: Tensor) => Tensor,
-  training = true,
-): StepResult {
-  return withFused(fused, () => {
-    const convBn = vi.spyOn(addon(), 'convBnForward');
-    const wgrad = vi.spyOn(addon(), 'convWgradSbr');
-    const dgradDbn = vi.spyOn(addon(), 'convDgradDbn');
-    const apply = vi.spyOn(addon(), 'batchNormBackwardApply');
-    const model = build().to(DEVICE);
-    try {
-      model.train(training);
-      using x = input();
-      const y = model.forward(x);
-      const output = y.toFloat32Array();
-      let inputGrad: Float32Array | null = null;
-      if (training) {
-        using g = gradOf(y);
-        inputGrad = model.backward(g)?.toFloat32Array() ?? null;
-      }
-      return {
-        output,
-        inputGrad,
-        grads: new Map(model.namedParameters().map(([name, p]) => [name, p.grad.toFloat32Array()])),
-        buffers: new Map(model.namedBuffers().map(([name, t]) => [name, t.toFloat32Array()])),
-        prologueCalls: convBn.mock.calls.filter(([args]) => args.scale !== undefined).length,
-        convBnCalls: convBn.mock.calls.length,
-        wgradCalls: wgrad.mock.calls.length,
-        dgradDbnCalls: dgradDbn.mock.calls.length,
-        applyCalls: apply.mock.calls.length,
-      };
-    } finally {
-      model.dispose();
-      convBn.mockRestore();
-      wgrad.mockRestore();
-      dgradDbn.mockRestore();
-      apply.mockRestore();
-    }
-  });
-}
-
 /** Expects `on` within `tol` (relative norm error) of `off`: output, input and parameter gradients; buffers within `bufferTol`. */
 function expectStepsClose(on: StepResult, off: StepResult, tol: number, bufferTol: number): void {
   expect(relativeNormError(on.output, off.output), 'output').toBeLessThan(tol);
@@ -579,27 +517,15 @@ function expectStepsClose(on: StepResult, off: StepResult, tol: number, bufferTo
   }
 }
 
-/** A downsampling Bottleneck, 16 -> 32 channels (inner width 8), stride 2, as ResNet-50 builds its first block of a stage. */
-function bottleneck(): Bottleneck {
-  const rng = new Random(41);
-  const downsample = new Sequential(
-    new Conv2d({ inChannels: 16, outChannels: 32, kernelSize: 1, stride: 2, seed: 42 }),
-    new BatchNorm2d({ numFeatures: 32 }),
-  );
-  return new Bottleneck(16, 8, 2, downsample, rng);
-}
-
 describe.skipIf(reason !== undefined)(
   `the batch norm + ReLU in the next convolution's prologue${reason ? ` (skipped: ${reason})` : ''}`,
   () => {
     for (const dtype of ['bf16', 'f16'] as const) {
-      const opts = { device: DEVICE, dtype };
-      const input = () => Tensor.from(lcgValues(2 * 8 * 8 * 16, 51), [2, 8, 8, 16], opts);
-      const gradOf = (y: Tensor) => Tensor.from(lcgValues(y.numel, 52), y.shape, opts);
+      const { input, gradOf } = bottleneckData(DEVICE, dtype);
 
       it(`a Bottleneck: output, gradients and running statistics as unfused (${dtype})`, () => {
-        const off = moduleStep('', bottleneck, input, gradOf);
-        const on = moduleStep('conv-bn', bottleneck, input, gradOf);
+        const off = moduleStep('', DEVICE, bottleneck, input, gradOf);
+        const on = moduleStep('conv-bn', DEVICE, bottleneck, input, gradOf);
         expect(off.convBnCalls).toBe(0);
         // conv1, conv2 (fed by bn1), conv3 (fed by bn2), the downsample convolution.
         expect(on.convBnCalls).toBe(4);
@@ -639,8 +565,8 @@ describe.skipIf(reason !== undefined)(
       });
 
       it(`a Bottleneck in evaluation mode: the switch changes nothing (${dtype})`, () => {
-        const off = moduleStep('', bottleneck, input, gradOf, false);
-        const on = moduleStep('conv-bn', bottleneck, input, gradOf, false);
+        const off = moduleStep('', DEVICE, bottleneck, input, gradOf, { training: false });
+        const on = moduleStep('conv-bn', DEVICE, bottleneck, input, gradOf, { training: false });
         expect(on.convBnCalls).toBe(0);
         expect(on.output).toEqual(off.output);
       });
@@ -674,8 +600,8 @@ describe.skipIf(reason !== undefined)(
           loss.forward(logits, [0, 1, 2, 3]);
           return loss.backward().clone();
         };
-        const off = moduleStep('', build, images, gradOfLogits);
-        const on = moduleStep('conv-bn', build, images, gradOfLogits);
+        const off = moduleStep('', DEVICE, build, images, gradOfLogits);
+        const on = moduleStep('conv-bn', DEVICE, build, images, gradOfLogits);
         // Every convolution but the 3-channel stem: 16 blocks of 3, 4 downsample convolutions; in
         // every block bn1 feeds conv2 and bn2 feeds conv3.
         expect(off.convBnCalls).toBe(0);
@@ -731,8 +657,8 @@ describe.skipIf(reason !== undefined)(
         loss.forward(logits, [0, 1]);
         return loss.backward().clone();
       };
-      const plain = moduleStep('conv-bn', build(false), images, gradOfLogits);
-      const checkpointed = moduleStep('conv-bn', build(true), images, gradOfLogits);
+      const plain = moduleStep('conv-bn', DEVICE, build(false), images, gradOfLogits);
+      const checkpointed = moduleStep('conv-bn', DEVICE, build(true), images, gradOfLogits);
       // 8 pairs in the forward, 7 more in the recomputed forwards (the last segment's activations
       // are still in place when its backward runs); each pair's backward once.
       expect(plain.prologueCalls).toBe(8);

@@ -1,21 +1,27 @@
 /**
  * What the tests of the fused paths share to train the same small model with a path on and off:
  * deterministic data, the fused-path switch set for the length of a run, a small ResNet of a
- * chosen shape, and the Trainer options of a quiet run.
+ * chosen shape, and the Trainer options of a quiet run; and, for the conv-bn path's tests, a
+ * Bottleneck with its data and a module step that records the fused ops and fallback warnings.
  * @packageDocumentation
  */
+import { vi } from 'vitest';
 import {
   AdaptiveAvgPool2d,
   BatchNorm2d,
+  Bottleneck,
   Flatten,
   Linear,
   MaxPool2d,
+  Random,
   Residual,
   Sequential,
   Tensor,
   type TrainerOptions,
 } from '../../lib/index.js';
+import { addon } from '../../lib/binding.js';
 import { FUSED_ENV } from '../../lib/fused-paths.js';
+import { CONV_BN_FALLBACK_WARNING } from '../../lib/nn/conv-bn-support.js';
 import { Conv2d } from '../../lib/nn/layers.js';
 import type { Module } from '../../lib/nn/module.js';
 
@@ -118,3 +124,108 @@ export const QUIET_TRAINER = {
   plots: false,
   normalize: NORMALIZE,
 } as const satisfies Partial<TrainerOptions>;
+
+/** A downsampling Bottleneck, 16 -> 32 channels (inner width 8), stride 2, as ResNet-50 builds its first block of a stage. */
+export function bottleneck(): Bottleneck {
+  const rng = new Random(41);
+  const downsample = new Sequential(
+    new Conv2d({ inChannels: 16, outChannels: 32, kernelSize: 1, stride: 2, seed: 42 }),
+    new BatchNorm2d({ numFeatures: 32 }),
+  );
+  return new Bottleneck(16, 8, 2, downsample, rng);
+}
+
+/** The input of a {@link bottleneck} step, [2, 8, 8, 16] (seed 51), and its output gradient (seed 52), on `device` in `dtype`. */
+export function bottleneckData(
+  device: string,
+  dtype: 'bf16' | 'f16',
+): { input: () => Tensor; gradOf: (output: Tensor) => Tensor } {
+  const opts = { device, dtype };
+  return {
+    input: () => Tensor.from(lcgValues(2 * 8 * 8 * 16, 51), [2, 8, 8, 16], opts),
+    gradOf: (y: Tensor) => Tensor.from(lcgValues(y.numel, 52), y.shape, opts),
+  };
+}
+
+/** What a {@link moduleStep} leaves: the last step's output, input gradient, parameter gradients and buffers, and the fused ops and warnings of all. */
+export interface StepResult {
+  output: Float32Array;
+  inputGrad: Float32Array | null;
+  grads: Map<string, Float32Array>;
+  buffers: Map<string, Float32Array>;
+  /** convBnForward calls with the scale-bias-ReLU prologue, and all convBnForward calls. */
+  prologueCalls: number;
+  convBnCalls: number;
+  /** convWgradSbr, convDgradDbn and batchNormBackwardApply calls (the pairs' backward). */
+  wgradCalls: number;
+  dgradDbnCalls: number;
+  applyCalls: number;
+  /** The messages of the conv-bn fallback warnings (CONV_BN_FALLBACK_WARNING), which are not printed. */
+  warnings: string[];
+}
+
+/** How a {@link moduleStep} runs: in training (a backward after each forward) or evaluation, and how many steps. */
+export interface StepOptions {
+  /** Training mode, with a backward after each forward (true), or evaluation mode, forwards only. */
+  training?: boolean;
+  /** The number of steps, each on the same input and output gradient. */
+  steps?: number;
+}
+
+/**
+ * `steps` forwards of `input()` through `build()` (placed on `device`, in training or evaluation
+ * mode) and, in training, a backward of `gradOf(output)` after each, with RESNET_CUDA_FUSED set to
+ * `fused`; the model is disposed after.
+ */
+export function moduleStep(
+  fused: string,
+  device: string,
+  build: () => Module,
+  input: () => Tensor,
+  gradOf: (output: Tensor) => Tensor,
+  { training = true, steps = 1 }: StepOptions = {},
+): StepResult {
+  return withFused(fused, () => {
+    const convBn = vi.spyOn(addon(), 'convBnForward');
+    const wgrad = vi.spyOn(addon(), 'convWgradSbr');
+    const dgradDbn = vi.spyOn(addon(), 'convDgradDbn');
+    const apply = vi.spyOn(addon(), 'batchNormBackwardApply');
+    const warn = vi.spyOn(process, 'emitWarning').mockImplementation(() => undefined);
+    const model = build().to(device);
+    try {
+      model.train(training);
+      let output: Float32Array = new Float32Array(0);
+      let inputGrad: Float32Array | null = null;
+      for (let s = 0; s < steps; s++) {
+        using x = input();
+        const y = model.forward(x);
+        output = y.toFloat32Array();
+        if (training) {
+          using g = gradOf(y);
+          inputGrad = model.backward(g)?.toFloat32Array() ?? null;
+        }
+      }
+      return {
+        output,
+        inputGrad,
+        grads: new Map(model.namedParameters().map(([name, p]) => [name, p.grad.toFloat32Array()])),
+        buffers: new Map(model.namedBuffers().map(([name, t]) => [name, t.toFloat32Array()])),
+        prologueCalls: convBn.mock.calls.filter(([args]) => args.scale !== undefined).length,
+        convBnCalls: convBn.mock.calls.length,
+        wgradCalls: wgrad.mock.calls.length,
+        dgradDbnCalls: dgradDbn.mock.calls.length,
+        applyCalls: apply.mock.calls.length,
+        warnings: warn.mock.calls
+          .filter(([, o]) => typeof o === 'object' && o !== null && 'code' in o && o.code === CONV_BN_FALLBACK_WARNING)
+          .map(([m]) => String(m)),
+      };
+    } finally {
+      model.dispose();
+      convBn.mockRestore();
+      wgrad.mockRestore();
+      dgradDbn.mockRestore();
+      apply.mockRestore();
+      warn.mockRestore();
+    }
+  });
+}
