@@ -239,6 +239,9 @@ describe('the INT8 plan', () => {
     const p = new Predictor(graph, { dtype: 'int8' });
     const y = p.predict(x).toFloat32Array();
     expect(p.implementation([2, 32, 32, 3])).toMatch(/^onednn int8: 21 int8 \+ 0 f32/);
+    // The f32 residual sums reach the next block's convolutions through the plan's own
+    // quantizing pass (same layout), not a oneDNN reorder.
+    expect(p.implementation([2, 32, 32, 3])).toMatch(/ quantize:own x[1-9]/);
     const ref = referenceInt8Forward(graph, data, [2, 32, 32, 3]);
     model.eval();
     const f32 = model.forward(x).toFloat32Array();

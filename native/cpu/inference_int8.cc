@@ -16,14 +16,20 @@
 //
 // Activations use the layouts the primitives choose (format_tag::any). All primitives, weights and
 // buffers are made at creation, buffers shared between values whose lifetimes do not overlap, and
-// `run` only executes the steps.
+// `run` only executes the steps. Quantizing an f32 value into int8 of the same layout (after each
+// residual sum) is a pass of this file's own: oneDNN 3.x's reorder with a scale given at execution
+// ran at half the speed of 2.x's with a constant one (bench/RESULTS.md).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "../core/error.h"
 #include "cpu_ops.h"
+#include "isa.h"
 
 namespace rc::cpu {
 
@@ -58,11 +64,77 @@ struct StepArg {
   memory::desc md;
 };
 
+// y = saturate(round_half_even(x * multiplier)) from f32 into u8 or s8, element by element: what
+// oneDNN's reorder computes with that source scale. NaN becomes 0.
+template <typename Q>
+RC_ALWAYS_INLINE void quantizeImpl(const float* __restrict x, Q* __restrict y, int64_t n, float multiplier) {
+  constexpr float lo = std::numeric_limits<Q>::min(), hi = std::numeric_limits<Q>::max();
+  // Adding and subtracting 1.5 * 2^23 rounds a float of magnitude below 2^22 to an integer, half
+  // to even, in plain float arithmetic (which vectorises, where nearbyint does not).
+  constexpr float kRound = 12582912.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] * multiplier;
+    v = v == v ? v : 0.0f;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    y[i] = static_cast<Q>(static_cast<int32_t>((v + kRound) - kRound));
+  }
+}
+RC_ISA_DISPATCH(quantizeRun, quantizeImpl, (const float* __restrict x, T* __restrict y, int64_t n, float multiplier),
+                (x, y, n, multiplier))
+
+constexpr int64_t kQuantizeChunk = 1 << 16;
+
+template <typename Q>
+void quantizeValues(const float* x, Q* y, int64_t n, float multiplier) {
+  const int64_t chunks = (n + kQuantizeChunk - 1) / kQuantizeChunk;
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t at = c * kQuantizeChunk;
+    quantizeRun<Q>(x + at, y + at, std::min(kQuantizeChunk, n - at), multiplier);
+  }
+}
+
+// A quantizing step of this file's own (Step::quantize).
+struct QuantizeStep {
+  int64_t count = 0;
+  float multiplier = 1.0f;
+  bool isUnsigned = false;
+};
+
+// A step: a oneDNN primitive, or (quantize set) the quantizing pass from DNNL_ARG_FROM to DNNL_ARG_TO.
 struct Step {
   dnnl::primitive prim;
   std::vector<StepArg> args;
   std::unordered_map<int, memory> bound;  // filled once the buffers are placed
+  std::optional<QuantizeStep> quantize;
+
+  void execute(dnnl::stream& stream) {
+    if (!quantize) {
+      prim.execute(stream, bound);
+      return;
+    }
+    const auto* x = static_cast<const float*>(bound.at(DNNL_ARG_FROM).get_data_handle());
+    void* y = bound.at(DNNL_ARG_TO).get_data_handle();
+    if (quantize->isUnsigned) {
+      quantizeValues(x, static_cast<uint8_t*>(y), quantize->count, quantize->multiplier);
+    } else {
+      quantizeValues(x, static_cast<int8_t*>(y), quantize->count, quantize->multiplier);
+    }
+  }
 };
+
+// Whether `from` (f32) and `to` (int8) lay out the same elements at the same offsets, without padding.
+bool sameDenseLayout(const memory::desc& from, const memory::desc& to) {
+  if (from.get_format_kind() != dnnl::memory::format_kind::blocked ||
+      to.get_format_kind() != dnnl::memory::format_kind::blocked || from.get_dims() != to.get_dims() ||
+      from.get_strides() != to.get_strides() || from.get_inner_nblks() != 0 || to.get_inner_nblks() != 0) {
+    return false;
+  }
+  int64_t n = 1;
+  for (const auto d : to.get_dims()) n *= d;
+  return from.get_size() == static_cast<size_t>(n) * sizeof(float) && to.get_size() == static_cast<size_t>(n);
+}
 
 // How a value is consumed, for the choice of its producer's output type.
 struct Quant {
@@ -105,8 +177,9 @@ class Int8InferencePlan final : public InferencePlan {
                                                   << shapeStr(y.shape()));
     xMem_.set_data_handle(x.data());
     yMem_.set_data_handle(y.data());
+    // A CPU stream runs each primitive before execute returns, so the own steps fall in order.
     dnnlGuard(p_.str(), [&] {
-      for (auto& s : steps_) s.prim.execute(ctx_.stream(), s.bound);
+      for (auto& s : steps_) s.execute(ctx_.stream());
       ctx_.stream().wait();
     });
   }
@@ -166,7 +239,7 @@ class Int8InferencePlan final : public InferencePlan {
     for (const auto& a : args) use(a.buffer);
     scratchBytes_ = std::max(scratchBytes_, pd.scratchpad_desc().get_size());
     kernels_[pd.impl_info_str()]++;
-    steps_.push_back({std::move(prim), std::move(args), {}});
+    steps_.push_back({std::move(prim), std::move(args), {}, std::nullopt});
   }
 
   // A representation of `value` of `type`, `scale` (int8) and layout `md` (or any layout when
@@ -178,6 +251,9 @@ class Int8InferencePlan final : public InferencePlan {
     }
     const Rep& from = reps.front();
     const memory::desc target = md != nullptr ? *md : memory::desc(from.md.get_dims(), type, tag::nhwc);
+    if (from.type == dt::f32 && type != dt::f32 && sameDenseLayout(from.md, target)) {
+      return addQuantize(value, from, target, type, scale);
+    }
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     // stored_target = stored_from * from.scale / scale: the ratio as the source's scale.
@@ -190,6 +266,21 @@ class Int8InferencePlan final : public InferencePlan {
     if (ratio != 1.0f) bindScales(DNNL_ARG_FROM, {ratio});
     ++reorders_;
     reps.push_back({type, target, type == dt::f32 ? 1.0f : scale, buffer});
+    return reps.back();
+  }
+
+  // The quantizing pass of the f32 `from` into int8 `target` of the same layout (repFor).
+  const Rep& addQuantize(int64_t value, const Rep& from, const memory::desc& target, dt type, float scale) {
+    const int buffer = newBuffer(target);
+    const std::vector<StepArg> args{{DNNL_ARG_FROM, from.buffer, from.md}, {DNNL_ARG_TO, buffer, target}};
+    for (const auto& a : args) use(a.buffer);
+    // As the reorder's ratio (repFor): stored = stored_from * from.scale / scale.
+    const QuantizeStep q{static_cast<int64_t>(target.get_size()), from.scale / scale, type == dt::u8};
+    steps_.push_back({dnnl::primitive(), args, {}, q});
+    kernels_["quantize:own"]++;
+    ++quantizePasses_;
+    auto& reps = reps_[static_cast<size_t>(value)];
+    reps.push_back({type, target, scale, buffer});
     return reps.back();
   }
 
@@ -473,8 +564,8 @@ class Int8InferencePlan final : public InferencePlan {
   void describe() {
     std::ostringstream s;
     s << "onednn int8: " << int8Nodes_ << " int8 + " << floatNodes_ << " f32 conv/linear, " << requantized_
-      << " with int8 output, " << reorders_ << " reorders, " << inPlace_ << " residual sums in place, "
-      << (activationBytes_ + (1 << 20) - 1) / (1 << 20) << " MiB activations; kernels:";
+      << " with int8 output, " << reorders_ << " reorders, " << quantizePasses_ << " quantizing passes, " << inPlace_
+      << " residual sums in place, " << (activationBytes_ + (1 << 20) - 1) / (1 << 20) << " MiB activations; kernels:";
     for (const auto& [name, count] : kernels_) s << " " << name << " x" << count << ";";
     impl_ = s.str();
   }
@@ -491,7 +582,7 @@ class Int8InferencePlan final : public InferencePlan {
   size_t scratchBytes_ = 0, activationBytes_ = 0;
   memory xMem_, yMem_;
   std::map<std::string, int> kernels_;
-  int int8Nodes_ = 0, floatNodes_ = 0, requantized_ = 0, reorders_ = 0, inPlace_ = 0;
+  int int8Nodes_ = 0, floatNodes_ = 0, requantized_ = 0, reorders_ = 0, quantizePasses_ = 0, inPlace_ = 0;
   std::string impl_;
 };
 
