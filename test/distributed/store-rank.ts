@@ -28,8 +28,10 @@ if (mode === 'set') {
   store.close();
 } else if (mode === 'hold') {
   store.set(`ready/${store.rank}`, String(process.pid));
-  // Waits to be killed: the store must report this rank lost, since it never says goodbye.
-  setInterval(() => undefined, 1000);
+  // Waits to be killed: the store must report this rank lost, since it never says goodbye. The
+  // timer holds the client: one the garbage collector finalizes says goodbye and closes, as a
+  // rank that leaves on purpose does, which would hide the kill.
+  setInterval(() => store.rank, 1000);
 } else {
   throw new Error(`unknown mode ${mode}`);
 }
