@@ -209,7 +209,12 @@ function bench(parsed: ParsedCommand, io: CliIO): number {
   const props = backend?.properties ?? {};
   const detail = cuda
     ? [props.runtime && `CUDA ${props.runtime}`, props.cudnn && `cuDNN ${props.cudnn}`]
-    : [props.onednn && `oneDNN ${props.onednn}`, props.isa, props.threads && `${props.threads} threads`];
+    : [
+        props.onednn && `oneDNN ${props.onednn}`,
+        props.isa,
+        props.bf16 === 'native' ? undefined : props.bf16 && `bf16 ${props.bf16}`,
+        props.threads && `${props.threads} threads`,
+      ];
   say(
     `resnet-cuda bench: ${a.model}, batch ${batch}, ${a.size} px, ${amp === 'none' ? 'fp32' : amp}, ${device} (${[backend?.device, ...detail].filter(Boolean).join(', ')})`,
   );

@@ -312,7 +312,12 @@ function describeBackend(b: DoctorBackend): string {
   const p = b.properties ?? {};
   const details =
     b.name === 'cpu'
-      ? [p.onednn && `oneDNN ${p.onednn}`, p.isa, p.threads && `${p.threads} threads`]
+      ? [
+          p.onednn && `oneDNN ${p.onednn}`,
+          p.isa,
+          p.bf16 === 'native' ? undefined : p.bf16 && `bf16 ${p.bf16}`,
+          p.threads && `${p.threads} threads`,
+        ]
       : [
           b.deviceCount > 1 ? `${b.deviceCount} devices` : undefined,
           p.computeCapability && `sm ${p.computeCapability}`,

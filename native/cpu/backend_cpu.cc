@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "backend_cpu.h"
+#include "compute_type.h"
 #include "cpu_ops.h"
 #include "gloo_communicator.h"
 
@@ -43,6 +44,7 @@ class CpuBackend final : public Backend {
     out.properties = {
         {"onednn", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch)},
         {"isa", isaName()},
+        {"bf16", hasNativeBf16(ctx_.engine()) ? "native" : "computed in f32"},
         {"threads", std::to_string(omp_get_max_threads())},
     };
     return out;

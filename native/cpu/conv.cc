@@ -1,4 +1,5 @@
 // conv2d on oneDNN: NHWC activations and OHWI f32 master weights (see weighted_passes.h).
+#include "compute_type.h"
 #include "cpu_ops.h"
 #include "weighted_passes.h"
 
@@ -23,7 +24,8 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
 
   // The forward's implementation, and the weight gradient's when a matmul computes it.
   std::string implementation() const override {
-    const std::string forward = passes_.forwardPd().impl_info_str();
+    std::string forward = passes_.forwardPd().impl_info_str();
+    if (passes_.forwardPd().src_desc().get_data_type() != toDnnl(p_.dtype)) forward += " (bf16 computed in f32)";
     return passes_.hasRowGradient() ? forward + ", weight gradient " + passes_.weightGradientImplementation() : forward;
   }
 
@@ -38,7 +40,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     const memory::dims padL{p_.padH, p_.padW};
     const memory::dims padR{farPadding(p_.h, p_.outH(), p_.dilationH * (p_.kernelH - 1) + 1, p_.strideH, p_.padH),
                             farPadding(p_.w, p_.outW(), p_.dilationW * (p_.kernelW - 1) + 1, p_.strideW, p_.padW)};
-    const dt act = toDnnl(p_.dtype);
+    const dt act = computeType(ctx_.engine(), p_.dtype);
     WeightedLayout l;
     l.x = memory::desc(xDims, act, tag::nhwc);
     l.y = memory::desc(yDims, act, tag::nhwc);
@@ -73,11 +75,11 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // Used in bf16, where oneDNN's brgemm matmul on AMX measured 1.1-11x faster than its
   // backward-weights convolution for most of ResNet-50's 1x1 layers (bench/RESULTS.md); in f32 the
   // two measured within noise of each other over the set, either one faster layer by layer, so f32
-  // keeps the convolution.
+  // (and bf16 computed in f32) keeps the convolution.
   std::optional<RowGradientMatmul> rowGradient(dt act) const {
     const bool pointwise = p_.kernelH == 1 && p_.kernelW == 1 && p_.strideH == 1 && p_.strideW == 1 && p_.padH == 0 &&
                            p_.padW == 0 && !p_.bias;
-    if (!pointwise || p_.dtype != DType::BF16) return std::nullopt;
+    if (!pointwise || act != dt::bf16) return std::nullopt;
     return RowGradientMatmul::create(ctx_, p_.n * p_.h * p_.w, p_.c, p_.k, act);
   }
 

@@ -34,6 +34,16 @@ void* CpuContext::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+void* CpuContext::staging(int slot, size_t bytes) {
+  RC_CHECK_ARG(slot == 0 || slot == 1, "CpuContext::staging: slot must be 0 or 1, got " << slot);
+  Tensor& buffer = staging_[slot];
+  if (!buffer.defined() || buffer.nbytes() < bytes) {
+    buffer = Tensor();
+    buffer = allocateBytes(bytes);
+  }
+  return buffer.data();
+}
+
 Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype);
   return Tensor(std::make_shared<Storage>(allocator_.get(), Device{DeviceType::Cpu, 0}, bytes), 0, shape, dtype);

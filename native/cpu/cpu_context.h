@@ -21,6 +21,9 @@ class CpuContext {
   Allocator& allocator() { return *allocator_; }
   // A scratch buffer of at least `bytes`, valid until the next call.
   void* scratch(size_t bytes);
+  // A staging buffer of at least `bytes` in slot 0 or 1 (compute_type.h's f32 copies at a
+  // primitive's edges), valid until the next call with the same slot.
+  void* staging(int slot, size_t bytes);
   Tensor allocate(const Shape& shape, DType dtype);
   Tensor allocateBytes(size_t bytes);
 
@@ -29,6 +32,7 @@ class CpuContext {
   dnnl::stream stream_;
   std::unique_ptr<CachingAllocator> allocator_;
   Tensor scratch_;
+  Tensor staging_[2];
 };
 
 dnnl::memory::data_type toDnnl(DType t);

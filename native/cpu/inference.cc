@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "../core/error.h"
+#include "compute_type.h"
 #include "cpu_ops.h"
 
 namespace rc::cpu {
@@ -106,7 +107,7 @@ class CpuInferencePlan final : public InferencePlan {
     RC_CHECK_ARG(p.dtype == DType::F32 || p.dtype == DType::BF16 || p.dtype == DType::F16,
                  "inference plan: dtype must be f32, bf16 or f16, got " << dtypeName(p.dtype));
     shapes_ = inferenceValueShapes(p);
-    act_ = toDnnl(p.dtype);
+    act_ = computeType(ctx.engine(), p.dtype);
     chooseBlockedLayout();
     try {
       build();
@@ -136,7 +137,7 @@ class CpuInferencePlan final : public InferencePlan {
   // 1.1-1.5x slower on ResNet-50 at batch 1 and 16 with oneDNN 2.6, and level at batch 1 with 3.2
   // (bench/RESULTS.md). bf16 keeps `any`: its AMX kernels want NHWC.
   void chooseBlockedLayout() {
-    if (p_.dtype != DType::F32) return;
+    if (act_ != dt::f32) return;
     using isa = dnnl::cpu_isa;
     const isa effective = dnnl::get_effective_cpu_isa();
     if (effective == isa::avx512_core || effective == isa::avx512_core_vnni || effective == isa::avx512_core_bf16 ||
@@ -420,9 +421,10 @@ class CpuInferencePlan final : public InferencePlan {
   }
 
   // "onednn f32: convs brgconv:avx512_core x20, ...; fc gemm:jit; 2 reorders, 1 residual copy"
+  // ("onednn bf16 computed in f32: ..." where oneDNN has no bf16 kernels, see compute_type.h)
   void describe() {
     std::ostringstream s;
-    s << "onednn " << dtypeName(p_.dtype) << ":";
+    s << "onednn " << dtypeName(p_.dtype) << (act_ == toDnnl(p_.dtype) ? "" : " computed in f32") << ":";
     if (!convKernels_.empty()) {
       s << " convs";
       const char* sep = " ";

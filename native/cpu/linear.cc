@@ -1,4 +1,5 @@
 // linear on oneDNN's inner product: y = x W^T + b with W as [out, in] (torchvision's layout).
+#include "compute_type.h"
 #include "cpu_ops.h"
 #include "weighted_passes.h"
 
@@ -24,7 +25,7 @@ class CpuLinearPlan final : public WeightedPlan<LinearPlan, Forward, BackwardDat
  private:
   void build() {
     auto& eng = ctx_.engine();
-    const dt act = toDnnl(p_.dtype);
+    const dt act = computeType(ctx_.engine(), p_.dtype);
     WeightedLayout l;
     l.x = memory::desc({p_.n, p_.in}, act, tag::nc);
     l.y = memory::desc({p_.n, p_.out}, act, tag::nc);

@@ -1,11 +1,12 @@
-// Average pooling on oneDNN (NHWC). Max pooling is our own loop, because oneDNN's max drops NaN
-// (a window holding NaN and inf gives inf) where PyTorch propagates it; it keeps the argmax, as an
-// int32 index into the sample's H*W plane, in a workspace that the module owns between forward and
+// Average pooling on oneDNN (NHWC; bf16 through f32 copies where oneDNN has no bf16 kernels). Max pooling is our own
+// loop, because oneDNN's max drops NaN (a window holding NaN and inf gives inf) where PyTorch propagates it; it keeps
+// the argmax, as an int32 index into the sample's H*W plane, in a workspace that the module owns between forward and
 // backward.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "compute_type.h"
 #include "cpu_ops.h"
 #include "isa.h"
 
@@ -127,13 +128,14 @@ class CpuPool2dPlan final : public Pool2dPlan {
     dnnlGuard(p_.str() + " forward", [&] {
       auto& eng = ctx_.engine();
       std::unordered_map<int, memory> args{
-          {DNNL_ARG_SRC, memory(xMd_, eng, x.data())},
-          {DNNL_ARG_DST, memory(yMd_, eng, y.data())},
+          {DNNL_ARG_SRC, memory(xMd_, eng, stageInput(ctx_, x, xMd_, 0))},
+          {DNNL_ARG_DST, memory(yMd_, eng, stageOutput(ctx_, y, yMd_, 1))},
           {DNNL_ARG_SCRATCHPAD,
            memory(fwdPd_.scratchpad_desc(), eng, ctx_.scratch(fwdPd_.scratchpad_desc().get_size()))}};
       if (workspaceBytes() > 0)
         args.emplace(DNNL_ARG_WORKSPACE, memory(fwdPd_.workspace_desc(), eng, workspace.data()));
       fwd_.execute(ctx_.stream(), args);
+      finishOutput(ctx_, y, yMd_, 1);
     });
   }
 
@@ -154,20 +156,21 @@ class CpuPool2dPlan final : public Pool2dPlan {
     dnnlGuard(p_.str() + " backward", [&] {
       auto& eng = ctx_.engine();
       std::unordered_map<int, memory> args{
-          {DNNL_ARG_DIFF_DST, memory(yMd_, eng, dy.data())},
-          {DNNL_ARG_DIFF_SRC, memory(xMd_, eng, dx.data())},
+          {DNNL_ARG_DIFF_DST, memory(yMd_, eng, stageInput(ctx_, dy, yMd_, 0))},
+          {DNNL_ARG_DIFF_SRC, memory(xMd_, eng, stageOutput(ctx_, dx, xMd_, 1))},
           {DNNL_ARG_SCRATCHPAD,
            memory(bwdPd_.scratchpad_desc(), eng, ctx_.scratch(bwdPd_.scratchpad_desc().get_size()))}};
       if (workspaceBytes() > 0)
         args.emplace(DNNL_ARG_WORKSPACE, memory(fwdPd_.workspace_desc(), eng, workspace.data()));
       bwd_.execute(ctx_.stream(), args);
+      finishOutput(ctx_, dx, xMd_, 1);
     });
   }
 
  private:
   void build() {
     auto& eng = ctx_.engine();
-    const auto act = toDnnl(p_.dtype);
+    const auto act = computeType(ctx_.engine(), p_.dtype);
     xMd_ = memory::desc({p_.n, p_.c, p_.h, p_.w}, act, tag::nhwc);
     yMd_ = memory::desc({p_.n, p_.c, p_.outH(), p_.outW()}, act, tag::nhwc);
     const auto algo = dnnl::algorithm::pooling_avg_include_padding;

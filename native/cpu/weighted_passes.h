@@ -3,7 +3,9 @@
 // weight gradient is reordered back with a sum post-op (+=) into the f32 master gradient; the
 // bias gradient is summed on the host. Where the weight gradient is one matrix product over the
 // rows (a 1x1 stride-1 convolution without bias: dW[K,C] += dy^T x), a matmul with a sum post-op
-// writes it straight into the master gradient instead (RowGradientMatmul).
+// writes it straight into the master gradient instead (RowGradientMatmul). The layout's x and y
+// are in the compute type (compute_type.h): bf16 tensors pass through f32 staging copies where
+// oneDNN has no bf16 kernels.
 #pragma once
 
 #include <optional>
@@ -11,6 +13,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "compute_type.h"
 #include "cpu_context.h"
 
 namespace rc::cpu {
@@ -85,22 +88,24 @@ class WeightedPasses {
     auto& eng = ctx_->engine();
     fwdReorder_->run(weight, fwdWeight_);
     std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, x.data())},
+        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, stageInput(*ctx_, x, layout_.x, 0))},
         {DNNL_ARG_WEIGHTS, dnnl::memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
-        {DNNL_ARG_DST, dnnl::memory(layout_.y, eng, y.data())},
+        {DNNL_ARG_DST, dnnl::memory(layout_.y, eng, stageOutput(*ctx_, y, layout_.y, 1))},
         {DNNL_ARG_SCRATCHPAD, scratchpad(fwdPd_.scratchpad_desc())}};
     if (hasBias()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(layout_.bias, eng, bias.data()));
     fwd_.execute(ctx_->stream(), args);
+    finishOutput(*ctx_, y, layout_.y, 1);
   }
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) {
     auto& eng = ctx_->engine();
     bwdReorder_->run(weight, bwdWeight_);
     bwdData_.execute(ctx_->stream(),
-                     {{DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, dy.data())},
+                     {{DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, stageInput(*ctx_, dy, layout_.y, 0))},
                       {DNNL_ARG_WEIGHTS, dnnl::memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
-                      {DNNL_ARG_DIFF_SRC, dnnl::memory(layout_.x, eng, dx.data())},
+                      {DNNL_ARG_DIFF_SRC, dnnl::memory(layout_.x, eng, stageOutput(*ctx_, dx, layout_.x, 1))},
                       {DNNL_ARG_SCRATCHPAD, scratchpad(bwdDataPd_.scratchpad_desc())}});
+    finishOutput(*ctx_, dx, layout_.x, 1);
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) {
@@ -111,10 +116,11 @@ class WeightedPasses {
     auto& eng = ctx_->engine();
     auto& s = ctx_->stream();
     const auto dwMd = bwdWeightsPd_.diff_weights_desc();
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, x.data())},
-                                               {DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, dy.data())},
-                                               {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(dwMd, eng, diffWeight_.data())},
-                                               {DNNL_ARG_SCRATCHPAD, scratchpad(bwdWeightsPd_.scratchpad_desc())}};
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, stageInput(*ctx_, x, layout_.x, 0))},
+        {DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, stageInput(*ctx_, dy, layout_.y, 1))},
+        {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(dwMd, eng, diffWeight_.data())},
+        {DNNL_ARG_SCRATCHPAD, scratchpad(bwdWeightsPd_.scratchpad_desc())}};
     if (hasBias()) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(layout_.bias, eng, diffBias_.data()));
     bwdWeights_.execute(s, args);
     dnnl::memory blocked(dwMd, eng, diffWeight_.data());

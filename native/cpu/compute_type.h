@@ -1,0 +1,34 @@
+// The type oneDNN computes a dtype in on this CPU, and the copies at a primitive's edges when that
+// type is not the tensor's own. oneDNN has bf16 kernels only on CPUs with AVX-512 (or AVX2-VNNI-2);
+// elsewhere (AVX2 CPUs such as AMD Zen 2/3 or Intel Skylake client parts) a bf16 plan builds its
+// primitives in f32 and converts: bf16 inputs widened to f32 before a primitive reads them, f32
+// outputs rounded to bf16 (nearest even) after it writes them. The results are those of f32
+// arithmetic on the bf16 values, as PyTorch's CPU kernels compute bf16 where the CPU has no bf16
+// instructions; there is no speed-up over f32 there.
+#pragma once
+
+#include <dnnl.hpp>
+
+#include "../core/backend.h"
+
+namespace rc::cpu {
+
+class CpuContext;
+
+// Whether oneDNN has bf16 kernels on this CPU (probed once with a small bf16 convolution).
+bool hasNativeBf16(dnnl::engine& engine);
+
+// The oneDNN data type the plans compute `t` in: t's own, except bf16 on a CPU without bf16
+// kernels, which computes in f32.
+dnnl::memory::data_type computeType(dnnl::engine& engine, DType t);
+
+// The buffer a primitive reads for `t`, described by `md` (plain, in t's element order): t's own
+// memory when md has t's data type, else t widened to f32 in staging slot `slot` of the context.
+void* stageInput(CpuContext& ctx, const Tensor& t, const dnnl::memory::desc& md, int slot);
+
+// The buffer a primitive writes for `t`: t's own memory when md has t's data type, else staging
+// slot `slot`, which finishOutput then rounds into t.
+void* stageOutput(CpuContext& ctx, const Tensor& t, const dnnl::memory::desc& md, int slot);
+void finishOutput(CpuContext& ctx, const Tensor& t, const dnnl::memory::desc& md, int slot);
+
+}  // namespace rc::cpu
