@@ -7,6 +7,7 @@
  */
 import { describe, expect, it } from 'vitest';
 import { Conv2d, CrossEntropyLoss, Predictor, Tensor, listBackends } from '../lib/index.js';
+import { warnBf16ComputedInF32 } from '../lib/cli/common.js';
 import { CLASSES, SIZE, grads, images, labels, smallResNet } from './helpers/ddp-fixtures.js';
 
 const cpu = listBackends().find((b) => b.name === 'cpu');
@@ -35,6 +36,16 @@ describe('bf16 on the CPU', () => {
       expect(cpu?.properties?.isa).toBe('avx2');
       expect(inF32).toBe(true);
     }
+  });
+
+  it('train and lr-find warn that --amp bf16 is no faster than --amp none where it computes in f32', () => {
+    const said: string[] = [];
+    warnBf16ComputedInF32('bf16', 'cpu', (text) => said.push(text));
+    warnBf16ComputedInF32('none', 'cpu', (text) => said.push(text));
+    warnBf16ComputedInF32('bf16', 'cuda', (text) => said.push(text));
+    expect(said).toEqual(
+      inF32 ? [expect.stringMatching(/^warning: oneDNN has no bf16 kernels on this CPU \(avx2\): --amp bf16 /)] : [],
+    );
   });
 
   it('a bf16 model and its bf16 Predictor name the type they compute in', () => {

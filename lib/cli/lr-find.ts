@@ -18,6 +18,7 @@ import {
   ampOption,
   buildModel,
   checkAmp,
+  warnBf16ComputedInF32,
   checkBatchMemory,
   checkDevice,
   datasetDefaults,
@@ -264,6 +265,7 @@ async function run(parsed: ParsedCommand, io: CliIO): Promise<number> {
   const files = locateData(dataset, data, 'train');
   const device = checkDevice(a.device);
   checkAmp(a.amp, device);
+  warnBf16ComputedInF32(a.amp, device, (text) => io.stderr.write(`${text}\n`));
   const size = a.trainCropSize ?? datasetDefaults(dataset).trainCropSize;
   checkBatchMemory(a.batchSize, size);
   if (dataset === 'shapes' && a.numClasses !== undefined && (a.numClasses < 2 || a.numClasses > 6)) {

@@ -59,6 +59,7 @@ import {
   trainTransform,
   valResizeFor,
   valTransform,
+  warnBf16ComputedInF32,
   workerCount,
   type AmpName,
   type Architecture,
@@ -837,6 +838,7 @@ function resolveArgs(parsed: ParsedCommand, warn: (text: string) => void): { arg
   checkFineTune(a);
   const device = checkDeviceName(a.device);
   checkAmp(a.amp, device);
+  warnBf16ComputedInF32(a.amp, device, warn);
   if (a.decode === 'gpu' && dataset !== 'imagefolder') {
     throw new UsageError(`--decode gpu decodes JPEG files (--dataset imagefolder), not the ${dataset} dataset`);
   }
