@@ -206,8 +206,9 @@ describe('extractFeatures', () => {
   });
 
   it('t-SNE of a briefly trained model’s features separates the generated classes (5-NN accuracy in 2-D)', async () => {
-    // 40 steps of batch 32 on 16 px shapes, then the features of 200 validation images.
-    const steps = 40;
+    // 60 steps of batch 32 on 16 px shapes, then the features of 200 validation images (after 40
+    // steps the features separated the classes on one CPU and not on another: 0.855 and 0.64).
+    const steps = 60;
     const batch = 32;
     const train = generateShapes({ count: steps * batch, size, classes: 4, seed: 21 });
     const model = ResNet18({ numClasses: 4, smallInput: true, seed: 21 });
@@ -233,7 +234,7 @@ describe('extractFeatures', () => {
     const result = tsne(out.features, out.dims, { perplexity: 20, iterations: 500, seed: 0 });
     const inEmbedding = knnAccuracy(result.embedding, 2, out.labels, 5);
     // Chance is 0.25; the untrained model's features gave 0.37 (0.365 in feature space), and these
-    // 0.865 (0.855) when this was written. The embedding keeps the neighbourhoods of the 512-d features.
+    // 0.98 (0.98) on an AVX2 CPU when this was written. The embedding keeps the neighbourhoods of the 512-d features.
     expect(inEmbedding).toBeGreaterThanOrEqual(0.7);
     expect(inEmbedding).toBeGreaterThanOrEqual(inFeatureSpace - 0.1);
   });

@@ -35,7 +35,7 @@ import {
 } from '../lib/inference/quant-math.js';
 import { saveWeights } from '../lib/train/checkpoint.js';
 import { runCli } from './helpers/cli.js';
-import { referenceInt8Forward } from './helpers/int8-reference.js';
+import { EXACT_INT8, referenceInt8Forward } from './helpers/int8-reference.js';
 
 function randomInput(n: number, s: number, seed: number): Float32Array {
   const rng = new Random(seed);
@@ -226,7 +226,9 @@ describe('the INT8 plan', () => {
       const p = new Predictor(graph, { dtype: 'int8' });
       const y = p.predict(x).toFloat32Array();
       const ref = referenceInt8Forward(graph, data, [3, 8, 8, 3]);
-      expect(maxAbsDiff(y, ref)).toBeLessThan(1e-5 * maxAbs(ref));
+      // Exact with VNNI; without it, within the error of the saturating 16-bit pair sums (measured
+      // 2.4e-3 of the output's scale on an AVX2 CPU).
+      expect(maxAbsDiff(y, ref)).toBeLessThan((EXACT_INT8 ? 1e-5 : 1e-2) * maxAbs(ref));
       p.dispose();
     }
   });
@@ -251,9 +253,12 @@ describe('the INT8 plan', () => {
     // step on (here from layer3.0.conv2's input). Each layer alone agrees to about 1e-6 of its
     // output (measured); the whole stays far below the quantization error itself (the f32 model's
     // distance from the reference).
+    // Without VNNI the saturating 16-bit pair sums add an error of their own, of the order of the
+    // quantization error (2.3% of the output's scale against the f32 model's 2.8%, measured on an
+    // AVX2 CPU).
     const diff = maxAbsDiff(y, ref);
-    expect(diff).toBeLessThan(0.02 * maxAbs(ref));
-    expect(maxAbsDiff(f32, ref)).toBeGreaterThan(3 * diff);
+    expect(diff).toBeLessThan((EXACT_INT8 ? 0.02 : 0.04) * maxAbs(ref));
+    expect(maxAbsDiff(f32, ref)).toBeGreaterThan((EXACT_INT8 ? 3 : 1) * diff);
     // The same input twice gives the same output (no state kept between runs).
     expect(Array.from(p.predict(x).toFloat32Array())).toEqual(Array.from(y));
     p.dispose();

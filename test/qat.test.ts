@@ -43,6 +43,7 @@ import { Trainer } from '../lib/train/trainer.js';
 import { defined } from './helpers/defined.js';
 import { runInt8Graph } from './helpers/int8-graph-reference.js';
 import { relativeError, runOnnx } from './helpers/onnx.js';
+import { EXACT_INT8 } from './helpers/int8-reference.js';
 import { fakeQuantize, fakeQuantizeBackward, observeMinMax } from './reference/fake-quant.js';
 import { Rng } from './reference/rng.js';
 
@@ -276,7 +277,9 @@ describe.skipIf(onlyCuda)('quantization-aware training', () => {
     console.log(
       `QAT: ONNX Runtime (QDQ) vs fake-quantized: ${relativeError(onnx, fake.logits).toExponential(2)} relative, top-1 agreement ${onnxAgreement}`,
     );
-    expect(relativeError(onnx, fake.logits)).toBeLessThan(2e-2);
+    // ONNX Runtime's u8 x s8 kernels on a CPU without VNNI add pairs of products in saturating
+    // 16-bit integers (12% relative measured on an AVX2 CPU); the classes still agree.
+    expect(relativeError(onnx, fake.logits)).toBeLessThan(EXACT_INT8 ? 2e-2 : 0.25);
     expect(onnxAgreement).toBeGreaterThanOrEqual(0.98);
     model.dispose();
   });

@@ -45,6 +45,7 @@ class CpuBackend final : public Backend {
         {"onednn", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch)},
         {"isa", isaName()},
         {"bf16", hasNativeBf16(ctx_.engine()) ? "native" : "computed in f32"},
+        {"int8", hasInt8DotProducts() ? "vnni" : "no vnni"},
         {"threads", std::to_string(omp_get_max_threads())},
     };
     return out;

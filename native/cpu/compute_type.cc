@@ -45,6 +45,20 @@ bool hasNativeBf16(dnnl::engine& engine) {
   return native;
 }
 
+bool hasInt8DotProducts() {
+  using isa = dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case isa::avx2_vnni:
+    case isa::avx2_vnni_2:
+    case isa::avx512_core_vnni:
+    case isa::avx512_core_bf16:
+    case isa::avx512_core_fp16:
+    case isa::avx512_core_amx:
+    case isa::avx512_core_amx_fp16: return true;
+    default: return false;
+  }
+}
+
 dnnl::memory::data_type computeType(dnnl::engine& engine, DType t) {
   return t == DType::BF16 && !hasNativeBf16(engine) ? dt::f32 : toDnnl(t);
 }

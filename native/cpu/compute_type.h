@@ -18,6 +18,12 @@ class CpuContext;
 // Whether oneDNN has bf16 kernels on this CPU (probed once with a small bf16 convolution).
 bool hasNativeBf16(dnnl::engine& engine);
 
+// Whether oneDNN's int8 kernels sum u8 x s8 products in 32 bits on this CPU (VNNI or AMX). Without
+// VNNI (AVX2, or AVX-512 before Cascade Lake) they add pairs of products in saturating 16-bit
+// integers first (255 x 127 x 2 overflows), and halve the weights of layers with signed inputs to
+// avoid it: INT8 results there are close to the quantized arithmetic, not equal to it.
+bool hasInt8DotProducts();
+
 // The oneDNN data type the plans compute `t` in: t's own, except bf16 on a CPU without bf16
 // kernels, which computes in f32.
 dnnl::memory::data_type computeType(dnnl::engine& engine, DType t);

@@ -5,8 +5,17 @@
  * the sum back (`acc * inputScale * weightScale[k] + bias`), then adds the residual and applies the
  * ReLU in f32. Unquantized nodes, pooling included, run in f64.
  */
+import { listBackends } from '../../lib/index.js';
 import type { InferenceGraph, InferenceNode } from '../../lib/inference/graph.js';
 import { quantize } from '../../lib/inference/quant-math.js';
+
+/**
+ * Whether this CPU's int8 kernels (oneDNN's, and ONNX Runtime's) compute the quantized arithmetic
+ * exactly: with VNNI or AMX they sum u8 x s8 products in 32 bits. Without VNNI (AVX2, AVX-512
+ * before Cascade Lake) they add pairs of products in saturating 16-bit integers, and oneDNN halves
+ * the weights of layers with signed inputs to avoid that, so results are close, not equal.
+ */
+export const EXACT_INT8 = listBackends().find((b) => b.name === 'cpu')?.properties?.int8 === 'vnni';
 
 interface Value {
   n: number;
