@@ -1,7 +1,7 @@
-// Average pooling on oneDNN (NHWC; bf16 through f32 copies where oneDNN has no bf16 kernels). Max pooling is our own
-// loop, because oneDNN's max drops NaN (a window holding NaN and inf gives inf) where PyTorch propagates it; it keeps
-// the argmax, as an int32 index into the sample's H*W plane, in a workspace that the module owns between forward and
-// backward.
+// Average pooling on oneDNN (NHWC; bf16 through f32 copies where oneDNN has no bf16 kernels, see
+// compute_type.h). Max pooling is our own loop, because oneDNN's max drops NaN (a window holding
+// NaN and inf gives inf) where PyTorch propagates it; it keeps the argmax, as an int32 index into
+// the sample's H*W plane, in a workspace that the module owns between forward and backward.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
