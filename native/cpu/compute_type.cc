@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "cpu_context.h"
+#include "cpu_ops.h"
 
 namespace rc::cpu {
 
@@ -65,26 +66,18 @@ dnnl::memory::data_type computeType(dnnl::engine& engine, DType t) {
 
 void* stageInput(CpuContext& ctx, const Tensor& t, const dnnl::memory::desc& md, int slot) {
   if (!isStaged(t, md)) return t.data();
-  const int64_t n = t.numel();
-  auto* out = static_cast<float*>(ctx.staging(slot, static_cast<size_t>(n) * sizeof(float)));
-  const uint16_t* in = t.ptr<uint16_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16ToFloat(in[i]);
-  return out;
+  const Tensor wide = ctx.staging(slot, t.shape());
+  cast(t, wide);
+  return wide.data();
 }
 
 void* stageOutput(CpuContext& ctx, const Tensor& t, const dnnl::memory::desc& md, int slot) {
   if (!isStaged(t, md)) return t.data();
-  return ctx.staging(slot, static_cast<size_t>(t.numel()) * sizeof(float));
+  return ctx.staging(slot, t.shape()).data();
 }
 
 void finishOutput(CpuContext& ctx, const Tensor& t, const dnnl::memory::desc& md, int slot) {
-  if (!isStaged(t, md)) return;
-  const int64_t n = t.numel();
-  const auto* in = static_cast<const float*>(ctx.staging(slot, static_cast<size_t>(n) * sizeof(float)));
-  uint16_t* out = t.ptr<uint16_t>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = floatToBf16(in[i]);
+  if (isStaged(t, md)) cast(ctx.staging(slot, t.shape()), t);
 }
 
 }  // namespace rc::cpu

@@ -1,10 +1,12 @@
-// The type oneDNN computes a dtype in on this CPU, and the copies at a primitive's edges when that
-// type is not the tensor's own. oneDNN has bf16 kernels only on CPUs with AVX-512 (or AVX2-VNNI-2);
-// elsewhere (AVX2 CPUs such as AMD Zen 2/3 or Intel Skylake client parts) a bf16 plan builds its
-// primitives in f32 and converts: bf16 inputs widened to f32 before a primitive reads them, f32
-// outputs rounded to bf16 (nearest even) after it writes them. The results are those of f32
-// arithmetic on the bf16 values, as PyTorch's CPU kernels compute bf16 where the CPU has no bf16
-// instructions; there is no speed-up over f32 there.
+// The type oneDNN computes a dtype in on this CPU, the copies at a primitive's edges when that
+// type is not the tensor's own, and whether its int8 kernels compute exactly.
+//
+// oneDNN has bf16 kernels only on CPUs with AVX-512 (or AVX2-VNNI-2); elsewhere (AVX2 CPUs such
+// as AMD Zen 2/3 or Intel client parts) a bf16 plan builds its primitives in f32 and converts:
+// bf16 inputs widened to f32 before a primitive reads them, f32 outputs rounded to bf16 (nearest
+// even) after it writes them. The results are those of f32 arithmetic on the bf16 values, as
+// PyTorch's CPU kernels compute bf16 where the CPU has no bf16 instructions; there is no speed-up
+// over f32 there.
 #pragma once
 
 #include <dnnl.hpp>

@@ -26,22 +26,20 @@ CpuContext::CpuContext()
       stream_(engine_),
       allocator_(std::make_unique<CachingAllocator>(Device{DeviceType::Cpu, 0}, hostAlloc, hostFree, hostFreeMemory)) {}
 
-void* CpuContext::scratch(size_t bytes) {
-  if (!scratch_.defined() || scratch_.nbytes() < bytes) {
-    scratch_ = Tensor();
-    scratch_ = allocateBytes(bytes);
-  }
-  return scratch_.data();
-}
-
-void* CpuContext::staging(int slot, size_t bytes) {
-  RC_CHECK_ARG(slot == 0 || slot == 1, "CpuContext::staging: slot must be 0 or 1, got " << slot);
-  Tensor& buffer = staging_[slot];
+const Tensor& CpuContext::grown(Tensor& buffer, size_t bytes) {
   if (!buffer.defined() || buffer.nbytes() < bytes) {
-    buffer = Tensor();
+    buffer = Tensor();  // the old buffer goes back to the allocator before the larger one is taken
     buffer = allocateBytes(bytes);
   }
-  return buffer.data();
+  return buffer;
+}
+
+void* CpuContext::scratch(size_t bytes) { return grown(scratch_, bytes).data(); }
+
+Tensor CpuContext::staging(int slot, const Shape& shape) {
+  RC_CHECK_ARG(slot == 0 || slot == 1, "CpuContext::staging: slot must be 0 or 1, got " << slot);
+  const Tensor& buffer = grown(staging_[slot], static_cast<size_t>(shapeNumel(shape)) * sizeof(float));
+  return Tensor(buffer.storage(), buffer.byteOffset(), shape, DType::F32);
 }
 
 Tensor CpuContext::allocate(const Shape& shape, DType dtype) {

@@ -21,9 +21,9 @@ class CpuContext {
   Allocator& allocator() { return *allocator_; }
   // A scratch buffer of at least `bytes`, valid until the next call.
   void* scratch(size_t bytes);
-  // A staging buffer of at least `bytes` in slot 0 or 1 (compute_type.h's f32 copies at a
-  // primitive's edges), valid until the next call with the same slot.
-  void* staging(int slot, size_t bytes);
+  // An f32 tensor of `shape` in staging slot 0 or 1 (compute_type.h's copies at a primitive's
+  // edges), valid until the next call with the same slot.
+  Tensor staging(int slot, const Shape& shape);
   Tensor allocate(const Shape& shape, DType dtype);
   Tensor allocateBytes(size_t bytes);
 
@@ -31,6 +31,9 @@ class CpuContext {
   dnnl::engine engine_;
   dnnl::stream stream_;
   std::unique_ptr<CachingAllocator> allocator_;
+  // `buffer`, replaced by a larger one when it holds fewer than `bytes`.
+  const Tensor& grown(Tensor& buffer, size_t bytes);
+
   Tensor scratch_;
   Tensor staging_[2];
 };
