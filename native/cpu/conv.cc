@@ -22,11 +22,13 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     dnnlGuard(p.str(), [&] { build(); });
   }
 
-  // The forward's implementation, and the weight gradient's when a matmul computes it.
+  // The forward's implementation, and the weight gradient's when a matmul or copies in another
+  // layout compute it.
   std::string implementation() const override {
     std::string forward = passes_.forwardPd().impl_info_str();
     if (passes_.forwardPd().src_desc().get_data_type() != toDnnl(p_.dtype)) forward += " (bf16 computed in f32)";
-    return passes_.hasRowGradient() ? forward + ", weight gradient " + passes_.weightGradientImplementation() : forward;
+    return passes_.hasOwnWeightGradientPath() ? forward + ", weight gradient " + passes_.weightGradientImplementation()
+                                              : forward;
   }
 
  private:
@@ -63,11 +65,33 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
             : Forward::primitive_desc(eng, training, direct, l.x, wAny, l.y, strides, dilates, padL, padR, attr);
     const BackwardData::primitive_desc bwdDataPd(eng, direct, l.x, wAny, l.y, strides, dilates, padL, padR, fwdPd,
                                                  attr);
-    const auto bwdWPd = p_.bias ? BackwardWeights::primitive_desc(eng, direct, l.x, dwAny, l.bias, l.y, strides,
-                                                                  dilates, padL, padR, fwdPd, attr)
-                                : BackwardWeights::primitive_desc(eng, direct, l.x, dwAny, l.y, strides, dilates, padL,
-                                                                  padR, fwdPd, attr);
+    // The weight gradient from x and dy in the given layouts (the plan's NHWC, or `any`).
+    const auto backwardWeights = [&](const memory::desc& x, const memory::desc& dy) {
+      return p_.bias ? BackwardWeights::primitive_desc(eng, direct, x, dwAny, l.bias, dy, strides, dilates, padL, padR,
+                                                       fwdPd, attr)
+                     : BackwardWeights::primitive_desc(eng, direct, x, dwAny, dy, strides, dilates, padL, padR, fwdPd,
+                                                       attr);
+    };
+    auto bwdWPd = backwardWeights(l.x, l.y);
+    if (copiesForWeightGradient(bwdWPd)) {
+      bwdWPd = backwardWeights(memory::desc(xDims, act, tag::any), memory::desc(yDims, act, tag::any));
+    }
     passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd, rowGradient(act));
+  }
+
+  // Whether the weight gradient reads x and dy copied into oneDNN's channel-blocked layout. oneDNN's
+  // f32 weight-gradient kernels for AVX2 (`jit:avx2`, `jit_1x1:avx2`, which `nhwcPd` runs where the
+  // CPU has no AVX-512) read NHWC 1.1-1.8x slower than their own layout (bench/RESULTS.md, ResNet-50's
+  // layers on a Zen 3). The copy is a pass over x and dy (about 0.4 ns per element on two cores); the
+  // gain about a third of the kernel's time (about 4 ps per multiply-add): it pays from about 100
+  // multiply-adds per copied element, and takes effect from 128 (every 3x3 layer of ResNet-50 and the
+  // 1x1 layers of its last two stages; its 56x56 1x1 layers would lose by it).
+  bool copiesForWeightGradient(const BackwardWeights::primitive_desc& nhwcPd) const {
+    const std::string impl = nhwcPd.impl_info_str();
+    if (impl != "jit:avx2" && impl != "jit_1x1:avx2") return false;
+    const double macs = static_cast<double>(p_.n) * p_.outH() * p_.outW() * p_.k * p_.c * p_.kernelH * p_.kernelW;
+    const double copied = static_cast<double>(p_.n) * (p_.h * p_.w * p_.c + p_.outH() * p_.outW() * p_.k);
+    return macs >= 128.0 * copied;
   }
 
   // A 1x1 stride-1 convolution without padding or bias is a matrix product over the N*H*W rows, and

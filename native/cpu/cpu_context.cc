@@ -42,6 +42,11 @@ Tensor CpuContext::staging(int slot, const Shape& shape) {
   return Tensor(buffer.storage(), buffer.byteOffset(), shape, DType::F32);
 }
 
+void* CpuContext::layoutCopy(int slot, size_t bytes) {
+  RC_CHECK_ARG(slot == 0 || slot == 1, "CpuContext::layoutCopy: slot must be 0 or 1, got " << slot);
+  return grown(layoutCopies_[slot], bytes).data();
+}
+
 Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype);
   return Tensor(std::make_shared<Storage>(allocator_.get(), Device{DeviceType::Cpu, 0}, bytes), 0, shape, dtype);
@@ -68,6 +73,20 @@ dnnl::reorder accumulatingReorder(CpuContext& ctx, const dnnl::memory::desc& fro
   sum.append_sum(1.0f);
   attr.set_post_ops(sum);
   return dnnl::reorder(dnnl::reorder::primitive_desc(ctx.engine(), from, ctx.engine(), to, attr));
+}
+
+LayoutCopy::LayoutCopy(CpuContext& ctx, const dnnl::memory::desc& from, const dnnl::memory::desc& to, int slot)
+    : ctx_(&ctx), from_(from), to_(to), slot_(slot) {
+  if (from_ != to_) reorder_ = dnnl::reorder(dnnl::reorder::primitive_desc(ctx.engine(), from_, ctx.engine(), to_));
+}
+
+dnnl::memory LayoutCopy::operator()(void* data) {
+  auto& eng = ctx_->engine();
+  if (!reorder_) return dnnl::memory(from_, eng, data);
+  dnnl::memory copy(to_, eng, ctx_->layoutCopy(slot_, to_.get_size()));
+  dnnl::memory source(from_, eng, data);
+  reorder_->execute(ctx_->stream(), source, copy);
+  return copy;
 }
 
 std::optional<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,

@@ -24,6 +24,9 @@ class CpuContext {
   // An f32 tensor of `shape` in staging slot 0 or 1 (compute_type.h's copies at a primitive's
   // edges), valid until the next call with the same slot.
   Tensor staging(int slot, const Shape& shape);
+  // At least `bytes` in layout slot 0 or 1 (a primitive's input copied into the layout it reads
+  // fastest, weighted_passes.h), valid until the next call with the same slot.
+  void* layoutCopy(int slot, size_t bytes);
   Tensor allocate(const Shape& shape, DType dtype);
   Tensor allocateBytes(size_t bytes);
 
@@ -36,6 +39,7 @@ class CpuContext {
 
   Tensor scratch_;
   Tensor staging_[2];
+  Tensor layoutCopies_[2];
 };
 
 dnnl::memory::data_type toDnnl(DType t);

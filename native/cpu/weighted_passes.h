@@ -3,9 +3,10 @@
 // weight gradient is reordered back with a sum post-op (+=) into the f32 master gradient; the
 // bias gradient is summed on the host. Where the weight gradient is one matrix product over the
 // rows (a 1x1 stride-1 convolution without bias: dW[K,C] += dy^T x), a matmul with a sum post-op
-// writes it straight into the master gradient instead (RowGradientMatmul). The layout's x and y
-// are in the compute type (compute_type.h): bf16 tensors pass through f32 staging copies where
-// oneDNN has no bf16 kernels.
+// writes it straight into the master gradient instead (RowGradientMatmul). The backward-weights
+// primitive may read x and dy in a layout of its own (the plan chooses): they are copied into it
+// first (LayoutCopy). The layout's x and y are in the compute type (compute_type.h): bf16 tensors
+// pass through f32 staging copies where oneDNN has no bf16 kernels.
 #pragma once
 
 #include <optional>
@@ -44,6 +45,22 @@ class RowGradientMatmul {
   dnnl::matmul matmul_;
 };
 
+// A primitive's input in the layout the primitive reads (`to`) when the plan holds it in another
+// (`from`): a oneDNN reorder into layout slot `slot` of the context; no copy when they agree.
+class LayoutCopy {
+ public:
+  LayoutCopy(CpuContext& ctx, const dnnl::memory::desc& from, const dnnl::memory::desc& to, int slot);
+  bool copies() const { return reorder_.has_value(); }
+  // The memory the primitive reads: `data` (laid out as `from`) itself, or its copy.
+  dnnl::memory operator()(void* data);
+
+ private:
+  CpuContext* ctx_;
+  dnnl::memory::desc from_, to_;
+  int slot_;
+  std::optional<dnnl::reorder> reorder_;
+};
+
 template <typename Forward, typename BackwardData, typename BackwardWeights>
 class WeightedPasses {
  public:
@@ -72,14 +89,19 @@ class WeightedPasses {
       RC_THROW(code::kInternal, "the row-gradient matmul computes no bias gradient; build it only without a bias");
     }
     if (!rowGradient_) diffWeight_ = ctx.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
+    xForGradient_.emplace(ctx, layout.x, bwdWeightsPd_.src_desc(), 0);
+    dyForGradient_.emplace(ctx, layout.y, bwdWeightsPd_.diff_dst_desc(), 1);
     if (layout.biasCount > 0) diffBias_ = ctx.allocate({layout.biasCount}, DType::F32);
   }
 
-  bool hasRowGradient() const { return rowGradient_.has_value(); }
+  // Whether the weight gradient runs otherwise than the primitive on the plan's own layouts.
+  bool hasOwnWeightGradientPath() const { return rowGradient_ || xForGradient_->copies() || dyForGradient_->copies(); }
 
   // The weight gradient's implementation: the matmul's when it computes it, else the primitive's.
   std::string weightGradientImplementation() const {
-    return rowGradient_ ? "matmul " + rowGradient_->implementation() : bwdWeightsPd_.impl_info_str();
+    if (rowGradient_) return "matmul " + rowGradient_->implementation();
+    const std::string primitive = bwdWeightsPd_.impl_info_str();
+    return xForGradient_->copies() || dyForGradient_->copies() ? primitive + " on channel-blocked copies" : primitive;
   }
 
   const ForwardPd& forwardPd() const { return fwdPd_; }
@@ -117,8 +139,8 @@ class WeightedPasses {
     auto& s = ctx_->stream();
     const auto dwMd = bwdWeightsPd_.diff_weights_desc();
     std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, stageInput(*ctx_, x, layout_.x, 0))},
-        {DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, stageInput(*ctx_, dy, layout_.y, 1))},
+        {DNNL_ARG_SRC, (*xForGradient_)(stageInput(*ctx_, x, layout_.x, 0))},
+        {DNNL_ARG_DIFF_DST, (*dyForGradient_)(stageInput(*ctx_, dy, layout_.y, 1))},
         {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(dwMd, eng, diffWeight_.data())},
         {DNNL_ARG_SCRATCHPAD, scratchpad(bwdWeightsPd_.scratchpad_desc())}};
     if (hasBias()) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(layout_.bias, eng, diffBias_.data()));
@@ -151,6 +173,7 @@ class WeightedPasses {
   dnnl::reorder accumulateWeight_;
   std::optional<WeightReorder> fwdReorder_, bwdReorder_;
   std::optional<RowGradientMatmul> rowGradient_;
+  std::optional<LayoutCopy> xForGradient_, dyForGradient_;
   Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
 };
 

@@ -32,7 +32,10 @@ interface ConvShape extends Conv2dGeometry {
 }
 
 // Strides 1 and 2, padding 0/1/2/3, odd and non-square inputs, 1x1 and rectangular kernels,
-// batch 1, dilation 2, with and without bias.
+// batch 1, dilation 2, with and without bias. The last two do at least 128 multiply-adds per
+// element of x and dy, so on AVX2 CPUs their weight gradient reads x and dy copied into oneDNN's
+// channel-blocked layout (native/cpu/conv.cc), with channel counts that are not multiples of its
+// block of 8.
 const CONV_SHAPES: ConvShape[] = [
   { n: 2, h: 17, w: 17, c: 3, k: 8, kernelH: 7, kernelW: 7, strideH: 2, strideW: 2, padH: 3, padW: 3, bias: false },
   { n: 2, h: 8, w: 8, c: 8, k: 16, kernelH: 3, kernelW: 3, padH: 1, padW: 1, bias: true },
@@ -41,6 +44,8 @@ const CONV_SHAPES: ConvShape[] = [
   { n: 2, h: 7, w: 7, c: 8, k: 16, kernelH: 1, kernelW: 1, strideH: 2, strideW: 2, bias: true },
   { n: 1, h: 9, w: 9, c: 4, k: 4, kernelH: 3, kernelW: 3, padH: 2, padW: 2, dilationH: 2, dilationW: 2, bias: false },
   { n: 3, h: 7, w: 6, c: 4, k: 5, kernelH: 3, kernelW: 1, strideH: 2, strideW: 1, padH: 1, padW: 0, bias: true },
+  { n: 2, h: 6, w: 6, c: 30, k: 34, kernelH: 3, kernelW: 3, padH: 1, padW: 1, bias: true },
+  { n: 1, h: 4, w: 4, c: 260, k: 266, kernelH: 1, kernelW: 1, bias: false },
 ];
 
 function convLabel(shape: ConvShape): string {

@@ -1,0 +1,43 @@
+/**
+ * Where oneDNN runs its AVX2 weight-gradient kernels, a convolution that does at least 128
+ * multiply-adds per element of x and dy has its weight gradient read them copied into oneDNN's
+ * channel-blocked layout, which those kernels read faster than NHWC (native/cpu/conv.cc); smaller
+ * ones read NHWC. The op table checks the values of both (test/ops/conv-cases.ts); this file
+ * checks which path each takes. The 'cpu-avx2' test project runs it under ONEDNN_MAX_CPU_ISA=AVX2,
+ * so the AVX2 path is checked on every machine.
+ */
+import { describe, expect, it } from 'vitest';
+import { Conv2d, Tensor, listBackends } from '../lib/index.js';
+
+const isa = listBackends().find((b) => b.name === 'cpu')?.properties?.isa ?? '';
+const COPIES = 'on channel-blocked copies';
+
+/** The implementation a convolution reports after one forward and backward on an n x size x size x inChannels input. */
+function implementationOf(inChannels: number, outChannels: number, kernelSize: number, size: number): string {
+  const conv = new Conv2d({ inChannels, outChannels, kernelSize, padding: (kernelSize - 1) / 2, seed: 1 });
+  const x = Tensor.randn([2, size, size, inChannels], { seed: 2 });
+  const y = conv.forward(x);
+  const dy = Tensor.randn(y.shape, { seed: 3 });
+  conv.backward(dy).dispose();
+  const implementation = conv.implementation();
+  for (const t of [x, y, dy]) t.dispose();
+  conv.dispose();
+  return implementation;
+}
+
+describe('the CPU weight gradient layout', () => {
+  // 2x6x6x30 -> 34, 3x3: 2*36*34*30*9 multiply-adds over 2*36*(30+34) elements, 143 per element.
+  const dense = (): string => implementationOf(30, 34, 3, 6);
+  // 2x8x8x16 -> 16, 3x3: 72 multiply-adds per element.
+  const light = (): string => implementationOf(16, 16, 3, 8);
+
+  it.runIf(isa === 'avx2')('on AVX2, copies x and dy for a layer with 128 or more multiply-adds per element', () => {
+    expect(dense()).toMatch(/weight gradient jit:avx2 on channel-blocked copies$/);
+    expect(light()).not.toContain(COPIES);
+  });
+
+  it.runIf(isa.startsWith('avx512'))('on AVX-512, reads NHWC: the copies were measured only on AVX2', () => {
+    expect(dense()).not.toContain(COPIES);
+    expect(light()).not.toContain(COPIES);
+  });
+});
