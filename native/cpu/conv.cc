@@ -85,7 +85,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // layers on a Zen 3). The copy is a pass over x and dy (about 0.4 ns per element on two cores); the
   // gain about a third of the kernel's time (about 4 ps per multiply-add): it pays from about 100
   // multiply-adds per copied element, and takes effect from 128 (every 3x3 layer of ResNet-50 and the
-  // 1x1 layers of its last two stages; its 56x56 1x1 layers would lose by it).
+  // 1x1 layers of its last two stages; the 1x1 layers of its first two stages would not gain).
   bool copiesForWeightGradient(const BackwardWeights::primitive_desc& nhwcPd) const {
     const std::string impl = nhwcPd.impl_info_str();
     if (impl != "jit:avx2" && impl != "jit_1x1:avx2") return false;
