@@ -64,17 +64,18 @@ export default defineConfig({
         },
       },
       {
-        // The CPU op table, the bf16 checks, the weight-gradient layout and the INT8 plan with oneDNN
+        // The CPU op table, the bf16 checks, the convolution layouts and the INT8 plan with oneDNN
         // capped at AVX2, where it has no bf16 kernels (the plans compute bf16 in f32,
-        // native/cpu/compute_type.h), copies x and dy for some weight gradients (native/cpu/conv.cc)
-        // and has no VNNI: those paths are tested on every machine, not only on AVX2-only CPUs.
+        // native/cpu/compute_type.h), the convolutions copy some of their inputs into other layouts
+        // (native/cpu/conv.cc) and it has no VNNI: those paths are tested on every machine, not only
+        // on AVX2-only CPUs.
         extends: true,
         test: {
           name: 'cpu-avx2',
           include: [
             'test/ops.test.ts',
             'test/cpu-bf16-compute.test.ts',
-            'test/cpu-weight-gradient-layout.test.ts',
+            'test/cpu-conv-layouts.test.ts',
             'test/int8.test.ts',
           ],
           env: { RESNET_TEST_BACKENDS: 'cpu', ONEDNN_MAX_CPU_ISA: 'AVX2' },

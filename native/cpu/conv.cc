@@ -1,4 +1,9 @@
-// conv2d on oneDNN: NHWC activations and OHWI f32 master weights (see weighted_passes.h).
+// conv2d on oneDNN: NHWC activations and OHWI f32 master weights (see weighted_passes.h). Where
+// oneDNN runs its AVX2 kernels, a strided 1x1 convolution runs at stride 1 on a copy of the pixels
+// it reads, and the weight gradient of a layer with many multiply-adds per element reads x and dy
+// copied into oneDNN's channel-blocked layout (bench/RESULTS.md).
+#include <cstring>
+
 #include "compute_type.h"
 #include "cpu_ops.h"
 #include "weighted_passes.h"
@@ -15,9 +20,58 @@ using Forward = dnnl::convolution_forward;
 using BackwardData = dnnl::convolution_backward_data;
 using BackwardWeights = dnnl::convolution_backward_weights;
 
+// A 1x1 convolution with stride s and no padding reads only every s-th pixel: the same as a stride-1
+// convolution of those pixels. Pixel (oh, ow) of `compact` is pixel (oh * sh, ow * sw) of `full`;
+// both NHWC with the same channels and element type.
+void gatherPixels(const Tensor& full, const Tensor& compact, int64_t sh, int64_t sw) {
+  const Shape& f = full.shape();
+  const Shape& c = compact.shape();
+  const size_t row = static_cast<size_t>(c[3]) * dtypeSize(full.dtype());
+  const auto* src = static_cast<const char*>(full.data());
+  auto* dst = static_cast<char*>(compact.data());
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < c[0]; ++n) {
+    for (int64_t oh = 0; oh < c[1]; ++oh) {
+      for (int64_t ow = 0; ow < c[2]; ++ow) {
+        std::memcpy(dst + static_cast<size_t>((n * c[1] + oh) * c[2] + ow) * row,
+                    src + static_cast<size_t>((n * f[1] + oh * sh) * f[2] + ow * sw) * row, row);
+      }
+    }
+  }
+}
+
+// The gradient of gatherPixels: `full` gets `compact` at the sampled pixels and zero elsewhere.
+void scatterPixels(const Tensor& compact, const Tensor& full, int64_t sh, int64_t sw) {
+  const Shape& f = full.shape();
+  const Shape& c = compact.shape();
+  const size_t row = static_cast<size_t>(c[3]) * dtypeSize(full.dtype());
+  const auto* src = static_cast<const char*>(compact.data());
+  auto* dst = static_cast<char*>(full.data());
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t n = 0; n < f[0]; ++n) {
+    for (int64_t h = 0; h < f[1]; ++h) {
+      char* line = dst + static_cast<size_t>((n * f[1] + h) * f[2]) * row;
+      const int64_t oh = h / sh;
+      if (h % sh != 0 || oh >= c[1]) {
+        std::memset(line, 0, static_cast<size_t>(f[2]) * row);
+        continue;
+      }
+      for (int64_t w = 0; w < f[2]; ++w) {
+        const int64_t ow = w / sw;
+        if (w % sw == 0 && ow < c[2]) {
+          std::memcpy(line + static_cast<size_t>(w) * row, src + static_cast<size_t>((n * c[1] + oh) * c[2] + ow) * row,
+                      row);
+        } else {
+          std::memset(line + static_cast<size_t>(w) * row, 0, row);
+        }
+      }
+    }
+  }
+}
+
 class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardData, BackwardWeights> {
  public:
-  CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : WeightedPlan(p.str()), ctx_(ctx), p_(p) {
+  CpuConv2dPlan(CpuContext& ctx, const Conv2dParams& p) : WeightedPlan(p.str()), ctx_(ctx), p_(p), g_(p) {
     checkCpuComputeType(p.dtype, "conv2d");
     dnnlGuard(p.str(), [&] { build(); });
   }
@@ -26,57 +80,125 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // layout compute it.
   std::string implementation() const override {
     std::string forward = passes_.forwardPd().impl_info_str();
+    if (subsampled_) forward += " on a subsampled copy (stride 1)";
     if (passes_.forwardPd().src_desc().get_data_type() != toDnnl(p_.dtype)) forward += " (bf16 computed in f32)";
     return passes_.hasOwnWeightGradientPath() ? forward + ", weight gradient " + passes_.weightGradientImplementation()
                                               : forward;
   }
 
+  void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
+    WeightedPlan::forward(subsampled_ ? subsampled(x) : x, weight, bias, y);
+  }
+
+  void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    if (!subsampled_) return WeightedPlan::backwardData(dy, weight, dx);
+    const Tensor compact = ctx_.strideCopy(compactShape(), dx.dtype());
+    WeightedPlan::backwardData(dy, weight, compact);
+    scatterPixels(compact, dx, p_.strideH, p_.strideW);
+  }
+
+  void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
+    WeightedPlan::backwardWeights(subsampled_ ? subsampled(x) : x, dy, dWeight, dBias);
+  }
+
  private:
   void build() {
-    auto& eng = ctx_.engine();
-    const memory::dims xDims{p_.n, p_.c, p_.h, p_.w};
-    const memory::dims yDims{p_.n, p_.k, p_.outH(), p_.outW()};
-    const memory::dims wDims{p_.k, p_.c, p_.kernelH, p_.kernelW};
-    const memory::dims strides{p_.strideH, p_.strideW};
-    const memory::dims dilates{p_.dilationH - 1, p_.dilationW - 1};
-    const memory::dims padL{p_.padH, p_.padW};
-    const memory::dims padR{farPadding(p_.h, p_.outH(), p_.dilationH * (p_.kernelH - 1) + 1, p_.strideH, p_.padH),
-                            farPadding(p_.w, p_.outW(), p_.dilationW * (p_.kernelW - 1) + 1, p_.strideW, p_.padW)};
+    subsampled_ = subsamples();
+    if (subsampled_) {
+      g_.h = p_.outH();
+      g_.w = p_.outW();
+      g_.strideH = g_.strideW = 1;
+    }
     const dt act = computeType(ctx_.engine(), p_.dtype);
-    WeightedLayout l;
-    l.x = memory::desc(xDims, act, tag::nhwc);
-    l.y = memory::desc(yDims, act, tag::nhwc);
-    l.weightF32 = memory::desc(wDims, dt::f32, tag::acdb);
-    l.bias = memory::desc({p_.k}, dt::f32, tag::x);
-    l.weightDims = wDims;
-    l.weightTag = tag::acdb;
-    l.biasCount = p_.bias ? p_.k : 0;
-    const memory::desc wAny(wDims, act, tag::any);
-    const memory::desc dwAny(wDims, dt::f32, tag::any);
-
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-
+    const WeightedLayout l = layout(act);
+    const auto fwdPd = forwardPd(l, act);
+    auto& eng = ctx_.engine();
     const auto direct = dnnl::algorithm::convolution_direct;
-    const auto training = dnnl::prop_kind::forward_training;
-    const auto fwdPd =
-        p_.bias
-            ? Forward::primitive_desc(eng, training, direct, l.x, wAny, l.bias, l.y, strides, dilates, padL, padR, attr)
-            : Forward::primitive_desc(eng, training, direct, l.x, wAny, l.y, strides, dilates, padL, padR, attr);
-    const BackwardData::primitive_desc bwdDataPd(eng, direct, l.x, wAny, l.y, strides, dilates, padL, padR, fwdPd,
-                                                 attr);
+    const memory::desc wAny(l.weightDims, act, tag::any);
+    const memory::desc dwAny(l.weightDims, dt::f32, tag::any);
+    const Window win = window();
+    const BackwardData::primitive_desc bwdDataPd(eng, direct, l.x, wAny, l.y, win.strides, win.dilates, win.padL,
+                                                 win.padR, fwdPd, attr());
     // The weight gradient from x and dy in the given layouts (the plan's NHWC, or `any`).
     const auto backwardWeights = [&](const memory::desc& x, const memory::desc& dy) {
-      return p_.bias ? BackwardWeights::primitive_desc(eng, direct, x, dwAny, l.bias, dy, strides, dilates, padL, padR,
-                                                       fwdPd, attr)
-                     : BackwardWeights::primitive_desc(eng, direct, x, dwAny, dy, strides, dilates, padL, padR, fwdPd,
-                                                       attr);
+      return g_.bias ? BackwardWeights::primitive_desc(eng, direct, x, dwAny, l.bias, dy, win.strides, win.dilates,
+                                                       win.padL, win.padR, fwdPd, attr())
+                     : BackwardWeights::primitive_desc(eng, direct, x, dwAny, dy, win.strides, win.dilates, win.padL,
+                                                       win.padR, fwdPd, attr());
     };
     auto bwdWPd = backwardWeights(l.x, l.y);
     if (copiesForWeightGradient(bwdWPd)) {
-      bwdWPd = backwardWeights(memory::desc(xDims, act, tag::any), memory::desc(yDims, act, tag::any));
+      bwdWPd =
+          backwardWeights(memory::desc(l.x.get_dims(), act, tag::any), memory::desc(l.y.get_dims(), act, tag::any));
     }
     passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd, rowGradient(act));
+  }
+
+  // The stride, dilation and padding of the geometry the primitives run on (g_).
+  struct Window {
+    memory::dims strides, dilates, padL, padR;
+  };
+  Window window() const {
+    return {{g_.strideH, g_.strideW},
+            {g_.dilationH - 1, g_.dilationW - 1},
+            {g_.padH, g_.padW},
+            {farPadding(g_.h, g_.outH(), g_.dilationH * (g_.kernelH - 1) + 1, g_.strideH, g_.padH),
+             farPadding(g_.w, g_.outW(), g_.dilationW * (g_.kernelW - 1) + 1, g_.strideW, g_.padW)}};
+  }
+
+  // NHWC activations in the compute type and OHWI f32 master weights, for g_.
+  WeightedLayout layout(dt act) const {
+    const memory::dims wDims{g_.k, g_.c, g_.kernelH, g_.kernelW};
+    WeightedLayout l;
+    l.x = memory::desc({g_.n, g_.c, g_.h, g_.w}, act, tag::nhwc);
+    l.y = memory::desc({g_.n, g_.k, g_.outH(), g_.outW()}, act, tag::nhwc);
+    l.weightF32 = memory::desc(wDims, dt::f32, tag::acdb);
+    l.bias = memory::desc({g_.k}, dt::f32, tag::x);
+    l.weightDims = wDims;
+    l.weightTag = tag::acdb;
+    l.biasCount = g_.bias ? g_.k : 0;
+    return l;
+  }
+
+  static dnnl::primitive_attr attr() {
+    dnnl::primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return a;
+  }
+
+  Forward::primitive_desc forwardPd(const WeightedLayout& l, dt act) const {
+    auto& eng = ctx_.engine();
+    const Window win = window();
+    const memory::desc wAny(l.weightDims, act, tag::any);
+    const auto direct = dnnl::algorithm::convolution_direct;
+    const auto training = dnnl::prop_kind::forward_training;
+    return g_.bias ? Forward::primitive_desc(eng, training, direct, l.x, wAny, l.bias, l.y, win.strides, win.dilates,
+                                             win.padL, win.padR, attr())
+                   : Forward::primitive_desc(eng, training, direct, l.x, wAny, l.y, win.strides, win.dilates, win.padL,
+                                             win.padR, attr());
+  }
+
+  // Whether this 1x1 strided convolution without padding runs as a stride-1 convolution of the
+  // pixels it reads, copied out first (and its input gradient scattered back, zero elsewhere).
+  // oneDNN's strided NHWC kernels for AVX2 (`brgconv_1x1:avx2` forward, `brgconv_strided:avx2`
+  // backward data) ran ResNet-50's downsampling layers 1.1-1.8x slower than its stride-1 kernels on
+  // the same multiply-adds (bench/RESULTS.md, a Zen 3); the copies read a quarter of x and write
+  // dx once.
+  bool subsamples() const {
+    const bool strided1x1 =
+        p_.kernelH == 1 && p_.kernelW == 1 && (p_.strideH > 1 || p_.strideW > 1) && p_.padH == 0 && p_.padW == 0;
+    if (!strided1x1) return false;
+    const dt act = computeType(ctx_.engine(), p_.dtype);
+    return std::string(forwardPd(layout(act), act).impl_info_str()) == "brgconv_1x1:avx2";
+  }
+
+  Shape compactShape() const { return {g_.n, g_.h, g_.w, g_.c}; }
+
+  // x's sampled pixels, in the context's stride copy.
+  Tensor subsampled(const Tensor& x) {
+    const Tensor compact = ctx_.strideCopy(compactShape(), x.dtype());
+    gatherPixels(x, compact, p_.strideH, p_.strideW);
+    return compact;
   }
 
   // Whether the weight gradient reads x and dy copied into oneDNN's channel-blocked layout. oneDNN's
@@ -89,8 +211,8 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   bool copiesForWeightGradient(const BackwardWeights::primitive_desc& nhwcPd) const {
     const std::string impl = nhwcPd.impl_info_str();
     if (impl != "jit:avx2" && impl != "jit_1x1:avx2") return false;
-    const double macs = static_cast<double>(p_.n) * p_.outH() * p_.outW() * p_.k * p_.c * p_.kernelH * p_.kernelW;
-    const double copied = static_cast<double>(p_.n) * (p_.h * p_.w * p_.c + p_.outH() * p_.outW() * p_.k);
+    const double macs = static_cast<double>(g_.n) * g_.outH() * g_.outW() * g_.k * g_.c * g_.kernelH * g_.kernelW;
+    const double copied = static_cast<double>(g_.n) * (g_.h * g_.w * g_.c + g_.outH() * g_.outW() * g_.k);
     return macs >= 128.0 * copied;
   }
 
@@ -101,14 +223,16 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // two measured within noise of each other over the set, either one faster layer by layer, so f32
   // (and bf16 computed in f32) keeps the convolution.
   std::optional<RowGradientMatmul> rowGradient(dt act) const {
-    const bool pointwise = p_.kernelH == 1 && p_.kernelW == 1 && p_.strideH == 1 && p_.strideW == 1 && p_.padH == 0 &&
-                           p_.padW == 0 && !p_.bias;
+    const bool pointwise = g_.kernelH == 1 && g_.kernelW == 1 && g_.strideH == 1 && g_.strideW == 1 && g_.padH == 0 &&
+                           g_.padW == 0 && !g_.bias;
     if (!pointwise || act != dt::bf16) return std::nullopt;
-    return RowGradientMatmul::create(ctx_, p_.n * p_.h * p_.w, p_.c, p_.k, act);
+    return RowGradientMatmul::create(ctx_, g_.n * g_.h * g_.w, g_.c, g_.k, act);
   }
 
   CpuContext& ctx_;
-  Conv2dParams p_;
+  Conv2dParams p_;  // the convolution asked for
+  Conv2dParams g_;  // the one the primitives run: p_, or its stride-1 form on the subsampled input
+  bool subsampled_ = false;
 };
 
 }  // namespace

@@ -47,6 +47,11 @@ void* CpuContext::layoutCopy(int slot, size_t bytes) {
   return grown(layoutCopies_[slot], bytes).data();
 }
 
+Tensor CpuContext::strideCopy(const Shape& shape, DType dtype) {
+  const Tensor& buffer = grown(strideCopy_, static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype));
+  return Tensor(buffer.storage(), buffer.byteOffset(), shape, dtype);
+}
+
 Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype);
   return Tensor(std::make_shared<Storage>(allocator_.get(), Device{DeviceType::Cpu, 0}, bytes), 0, shape, dtype);

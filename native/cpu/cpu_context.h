@@ -27,6 +27,9 @@ class CpuContext {
   // At least `bytes` in layout slot 0 or 1 (a primitive's input copied into the layout it reads
   // fastest, weighted_passes.h), valid until the next call with the same slot.
   void* layoutCopy(int slot, size_t bytes);
+  // A tensor of `shape` and `dtype` for the pixels a strided 1x1 convolution reads, or their
+  // gradient (conv.cc), valid until the next call.
+  Tensor strideCopy(const Shape& shape, DType dtype);
   Tensor allocate(const Shape& shape, DType dtype);
   Tensor allocateBytes(size_t bytes);
 
@@ -40,6 +43,7 @@ class CpuContext {
   Tensor scratch_;
   Tensor staging_[2];
   Tensor layoutCopies_[2];
+  Tensor strideCopy_;
 };
 
 dnnl::memory::data_type toDnnl(DType t);

@@ -1,0 +1,61 @@
+/**
+ * The layouts of the CPU convolutions where oneDNN runs its AVX2 kernels (native/cpu/conv.cc): a
+ * convolution that does at least 128 multiply-adds per element of x and dy has its weight gradient
+ * read them copied into oneDNN's channel-blocked layout, which those kernels read faster than NHWC,
+ * smaller ones read NHWC; a strided 1x1 convolution runs as a stride-1 one on a copy of the pixels
+ * it reads. The op table checks the values of all of them (test/ops/conv-cases.ts); this file
+ * checks which path each takes. The 'cpu-avx2' test project runs it under ONEDNN_MAX_CPU_ISA=AVX2,
+ * so the AVX2 paths are checked on every machine.
+ */
+import { describe, expect, it } from 'vitest';
+import { Conv2d, Tensor, listBackends } from '../lib/index.js';
+
+const isa = listBackends().find((b) => b.name === 'cpu')?.properties?.isa ?? '';
+const COPIES = 'on channel-blocked copies';
+const SUBSAMPLED = 'on a subsampled copy';
+
+/** The implementation a convolution reports after one forward and backward on an n x size x size x inChannels input. */
+function implementationOf(
+  inChannels: number,
+  outChannels: number,
+  kernelSize: number,
+  size: number,
+  stride = 1,
+): string {
+  const conv = new Conv2d({ inChannels, outChannels, kernelSize, stride, padding: (kernelSize - 1) / 2, seed: 1 });
+  const x = Tensor.randn([2, size, size, inChannels], { seed: 2 });
+  const y = conv.forward(x);
+  const dy = Tensor.randn(y.shape, { seed: 3 });
+  conv.backward(dy).dispose();
+  const implementation = conv.implementation();
+  for (const t of [x, y, dy]) t.dispose();
+  conv.dispose();
+  return implementation;
+}
+
+describe('the CPU convolution layouts', () => {
+  // 2x6x6x30 -> 34, 3x3: 2*36*34*30*9 multiply-adds over 2*36*(30+34) elements, 143 per element.
+  const dense = (): string => implementationOf(30, 34, 3, 6);
+  // 2x8x8x16 -> 16, 3x3: 72 multiply-adds per element.
+  const light = (): string => implementationOf(16, 16, 3, 8);
+
+  // 2x8x8x16 -> 32, 1x1 stride 2.
+  const strided = (): string => implementationOf(16, 32, 1, 8, 2);
+
+  it.runIf(isa === 'avx2')('on AVX2, copies x and dy for a layer with 128 or more multiply-adds per element', () => {
+    expect(dense()).toMatch(/weight gradient jit:avx2 on channel-blocked copies$/);
+    expect(light()).not.toContain(COPIES);
+  });
+
+  it.runIf(isa === 'avx2')('on AVX2, runs a strided 1x1 convolution at stride 1 on the pixels it reads', () => {
+    expect(strided()).toMatch(/^brgconv_1x1:avx2 on a subsampled copy \(stride 1\)/);
+    expect(dense()).not.toContain(SUBSAMPLED);
+  });
+
+  it.runIf(isa.startsWith('avx512'))('on AVX-512, reads NHWC as it is: the copies were measured only on AVX2', () => {
+    for (const implementation of [dense(), light(), strided()]) {
+      expect(implementation).not.toContain(COPIES);
+      expect(implementation).not.toContain(SUBSAMPLED);
+    }
+  });
+});
