@@ -3,8 +3,8 @@
 // executes the primitives in order.
 //
 // - Convolutions are created with `format_tag::any` weights, so oneDNN lays them out for its
-//   kernel; f32 outputs are channel-blocked (nChw16c with AVX-512), bf16 outputs in the layout
-//   oneDNN picks. Each convolution reads its input in the layout its producer wrote.
+//   kernel; f32 outputs are channel-blocked (nChw16c) with AVX-512 and NHWC with AVX2, bf16
+//   outputs in the layout oneDNN picks. Each convolution reads its input in the layout its producer wrote.
 //   Bias, the residual add (a `sum` post-op) and the ReLU (an `eltwise_relu` post-op after it) run
 //   inside the convolution.
 // - The weights (OHWI f32 with batch norm folded in) are reordered once into the layout, and the
@@ -108,7 +108,7 @@ class CpuInferencePlan final : public InferencePlan {
                  "inference plan: dtype must be f32, bf16 or f16, got " << dtypeName(p.dtype));
     shapes_ = inferenceValueShapes(p);
     act_ = computeType(ctx.engine(), p.dtype);
-    chooseBlockedLayout();
+    chooseOutputLayout();
     try {
       build();
     } catch (const dnnl::error& e) {
@@ -132,22 +132,24 @@ class CpuInferencePlan final : public InferencePlan {
   std::string implementation() const override { return implementation_; }
 
  private:
-  // f32 convolutions write channel-blocked outputs (nChw16c with AVX-512, nChw8c with AVX2), where
-  // oneDNN's direct kernels run: given NHWC, oneDNN takes its brgemm kernels, which measured
-  // 1.1-1.5x slower on ResNet-50 at batch 1 and 16 with oneDNN 2.6, and level at batch 1 with 3.2
-  // (bench/RESULTS.md). bf16 keeps `any`: its AMX kernels want NHWC.
-  void chooseBlockedLayout() {
+  // The f32 convolutions' output layout. With AVX-512 channel-blocked (nChw16c), where oneDNN's
+  // direct kernels run: given NHWC, oneDNN takes its brgemm kernels, which measured 1.1-1.5x slower
+  // on ResNet-50 at batch 1 and 16 with oneDNN 2.6, and level at batch 1 with 3.2. With AVX2 NHWC:
+  // there the brgemm kernels measured 5-7% faster than the blocked (nChw8c) direct ones at batch 1
+  // and level at batch 4 and 16 (bench/RESULTS.md, a Zen 3), and `any` would pick the blocked ones.
+  // bf16 keeps `any`: its AMX kernels want NHWC.
+  void chooseOutputLayout() {
     if (act_ != dt::f32) return;
     using isa = dnnl::cpu_isa;
     const isa effective = dnnl::get_effective_cpu_isa();
     if (effective == isa::avx512_core || effective == isa::avx512_core_vnni || effective == isa::avx512_core_bf16 ||
         effective == isa::avx512_core_fp16 || effective == isa::avx512_core_amx ||
         effective == isa::avx512_core_amx_fp16) {
-      blockedTag_ = tag::nChw16c;
-      blockedWidth_ = 16;
+      outputTag_ = tag::nChw16c;
+      outputBlock_ = 16;
     } else if (effective == isa::avx2 || effective == isa::avx2_vnni || effective == isa::avx2_vnni_2) {
-      blockedTag_ = tag::nChw8c;
-      blockedWidth_ = 8;
+      outputTag_ = tag::nhwc;
+      outputBlock_ = 1;
     }
   }
 
@@ -302,8 +304,8 @@ class CpuInferencePlan final : public InferencePlan {
     attr.set_post_ops(ops);
 
     const memory::desc anySrc(srcDims, act_, tag::any);
-    const bool blocked = blockedTag_ != tag::any && node.outChannels % blockedWidth_ == 0;
-    const memory::desc anyDst(dstDims, act_, blocked ? blockedTag_ : tag::any);
+    const bool ownLayout = outputTag_ != tag::any && node.outChannels % outputBlock_ == 0;
+    const memory::desc anyDst(dstDims, act_, ownLayout ? outputTag_ : tag::any);
     // Read the input where it is (its producer's layout and dtype) unless oneDNN has only its
     // reference kernel for that; the network's input is always converted.
     const bool internal = node.input > 0;
@@ -446,8 +448,8 @@ class CpuInferencePlan final : public InferencePlan {
   const InferencePlanParams& p_;
   std::vector<Shape> shapes_;
   dt act_ = dt::f32;
-  tag blockedTag_ = tag::any;  // the f32 convolutions' output layout, or any
-  int64_t blockedWidth_ = 1;
+  tag outputTag_ = tag::any;  // the f32 convolutions' output layout (chooseOutputLayout), or any
+  int64_t outputBlock_ = 1;   // its channel block: outputs with other channel counts take any
   std::vector<Value> values_;
   std::set<size_t> takenOver_;
   SlotPlanner slots_;
