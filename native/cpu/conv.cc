@@ -22,47 +22,56 @@ using BackwardWeights = dnnl::convolution_backward_weights;
 
 // A 1x1 convolution with stride s and no padding reads only every s-th pixel: the same as a stride-1
 // convolution of those pixels. Pixel (oh, ow) of `compact` is pixel (oh * sh, ow * sw) of `full`;
-// both NHWC with the same channels and element type.
-void gatherPixels(const Tensor& full, const Tensor& compact, int64_t sh, int64_t sw) {
-  const Shape& f = full.shape();
-  const Shape& c = compact.shape();
-  const size_t row = static_cast<size_t>(c[3]) * dtypeSize(full.dtype());
-  const auto* src = static_cast<const char*>(full.data());
-  auto* dst = static_cast<char*>(compact.data());
+// both NHWC with the same channels and element type, addressed here by byte offsets of pixel rows.
+struct PixelSampling {
+  Shape full, compact;
+  int64_t sh, sw;
+  size_t row;  // bytes per pixel
+
+  PixelSampling(const Tensor& f, const Tensor& c, int64_t strideH, int64_t strideW)
+      : full(f.shape()),
+        compact(c.shape()),
+        sh(strideH),
+        sw(strideW),
+        row(static_cast<size_t>(c.dim(3)) * dtypeSize(f.dtype())) {}
+  size_t fullAt(int64_t n, int64_t h, int64_t w) const {
+    return static_cast<size_t>((n * full[1] + h) * full[2] + w) * row;
+  }
+  size_t compactAt(int64_t n, int64_t oh, int64_t ow) const {
+    return static_cast<size_t>((n * compact[1] + oh) * compact[2] + ow) * row;
+  }
+};
+
+// compact = the sampled pixels of full.
+void gatherPixels(const PixelSampling& p, const void* full, void* compact) {
+  const auto* src = static_cast<const char*>(full);
+  auto* dst = static_cast<char*>(compact);
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < c[0]; ++n) {
-    for (int64_t oh = 0; oh < c[1]; ++oh) {
-      for (int64_t ow = 0; ow < c[2]; ++ow) {
-        std::memcpy(dst + static_cast<size_t>((n * c[1] + oh) * c[2] + ow) * row,
-                    src + static_cast<size_t>((n * f[1] + oh * sh) * f[2] + ow * sw) * row, row);
+  for (int64_t n = 0; n < p.compact[0]; ++n) {
+    for (int64_t oh = 0; oh < p.compact[1]; ++oh) {
+      for (int64_t ow = 0; ow < p.compact[2]; ++ow) {
+        std::memcpy(dst + p.compactAt(n, oh, ow), src + p.fullAt(n, oh * p.sh, ow * p.sw), p.row);
       }
     }
   }
 }
 
-// The gradient of gatherPixels: `full` gets `compact` at the sampled pixels and zero elsewhere.
-void scatterPixels(const Tensor& compact, const Tensor& full, int64_t sh, int64_t sw) {
-  const Shape& f = full.shape();
-  const Shape& c = compact.shape();
-  const size_t row = static_cast<size_t>(c[3]) * dtypeSize(full.dtype());
-  const auto* src = static_cast<const char*>(compact.data());
-  auto* dst = static_cast<char*>(full.data());
+// The gradient of gatherPixels: full = compact at the sampled pixels, zero elsewhere.
+void scatterPixels(const PixelSampling& p, const void* compact, void* full) {
+  const auto* src = static_cast<const char*>(compact);
+  auto* dst = static_cast<char*>(full);
 #pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t n = 0; n < f[0]; ++n) {
-    for (int64_t h = 0; h < f[1]; ++h) {
-      char* line = dst + static_cast<size_t>((n * f[1] + h) * f[2]) * row;
-      const int64_t oh = h / sh;
-      if (h % sh != 0 || oh >= c[1]) {
-        std::memset(line, 0, static_cast<size_t>(f[2]) * row);
-        continue;
-      }
-      for (int64_t w = 0; w < f[2]; ++w) {
-        const int64_t ow = w / sw;
-        if (w % sw == 0 && ow < c[2]) {
-          std::memcpy(line + static_cast<size_t>(w) * row, src + static_cast<size_t>((n * c[1] + oh) * c[2] + ow) * row,
-                      row);
+  for (int64_t n = 0; n < p.full[0]; ++n) {
+    for (int64_t h = 0; h < p.full[1]; ++h) {
+      const int64_t oh = h / p.sh;
+      const bool sampledRow = h % p.sh == 0 && oh < p.compact[1];
+      for (int64_t w = 0; w < p.full[2]; ++w) {
+        const int64_t ow = w / p.sw;
+        char* to = dst + p.fullAt(n, h, w);
+        if (sampledRow && w % p.sw == 0 && ow < p.compact[2]) {
+          std::memcpy(to, src + p.compactAt(n, oh, ow), p.row);
         } else {
-          std::memset(line + static_cast<size_t>(w) * row, 0, row);
+          std::memset(to, 0, p.row);
         }
       }
     }
@@ -94,7 +103,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     if (!subsampled_) return WeightedPlan::backwardData(dy, weight, dx);
     const Tensor compact = ctx_.strideCopy(compactShape(), dx.dtype());
     WeightedPlan::backwardData(dy, weight, compact);
-    scatterPixels(compact, dx, p_.strideH, p_.strideW);
+    scatterPixels(PixelSampling(dx, compact, p_.strideH, p_.strideW), compact.data(), dx.data());
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
@@ -197,7 +206,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // x's sampled pixels, in the context's stride copy.
   Tensor subsampled(const Tensor& x) {
     const Tensor compact = ctx_.strideCopy(compactShape(), x.dtype());
-    gatherPixels(x, compact, p_.strideH, p_.strideW);
+    gatherPixels(PixelSampling(x, compact, p_.strideH, p_.strideW), x.data(), compact.data());
     return compact;
   }
 
