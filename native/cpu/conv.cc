@@ -192,7 +192,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // oneDNN's strided NHWC kernels for AVX2 (`brgconv_1x1:avx2` forward, `brgconv_strided:avx2`
   // backward data) ran ResNet-50's downsampling layers 1.1-1.8x slower than its stride-1 kernels on
   // the same multiply-adds (bench/RESULTS.md, a Zen 3); the copies read a quarter of x and write
-  // dx once.
+  // dx once. Asked before build() changes g_, so that it sees the strided forward.
   bool subsamples() const {
     const bool strided1x1 =
         p_.kernelH == 1 && p_.kernelW == 1 && (p_.strideH > 1 || p_.strideW > 1) && p_.padH == 0 && p_.padW == 0;
