@@ -4,7 +4,9 @@
  * 1. Every distinct convolution of ResNet-50 at the benchmark's batch and image size, forward plus
  *    backward (data and weights), in f32 and bf16, with achieved GFLOP/s.
  * 2. A whole ResNet-50 training step (forward, loss, backward, SGD) in f32 and bf16: step time,
- *    images/s, GFLOP/s, and the ratio to the conv-only time of the same step.
+ *    images/s, GFLOP/s, and the ratio to the conv-only time of the same step; then that ratio again
+ *    over --ratio-rounds rounds, each one pass over the convolutions right before one step, so that
+ *    both halves of each ratio see the same load (`stepToConvRounds`).
  * 3. Memory: resident set size and allocator statistics before and after the timed steps.
  * 4. Gradient checkpointing: the allocator's peak and the step time of a ResNet-50 training step
  *    without checkpointing, per stage and with every block a segment (`benchCheckpointing`).
@@ -24,6 +26,7 @@
  *   convolutions, the whole step and the PyTorch rows per dtype, nothing else: for runs under a
  *   changed environment such as ONEDNN_MAX_CPU_ISA, which both sides honour)
  *   --peer-rounds 3 --peer-steps 2 --peers eager,compile (the PyTorch rows; --peer-rounds 0 skips them)
+ *   --ratio-rounds 3 (the whole step against the convolutions alone, alternated; 0 skips them)
  * Prints a table and writes JSON under bench/results/.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -66,6 +69,7 @@ const { values } = parseArgs({
     only: { type: 'string' },
     'peer-rounds': { type: 'string', default: '3' },
     'peer-steps': { type: 'string', default: '2' },
+    'ratio-rounds': { type: 'string', default: '3' },
     peers: { type: 'string', default: 'eager,compile' },
   },
 });
@@ -83,6 +87,7 @@ const device = values.device;
 const dtypes = values.dtypes.split(',') as DType[];
 const peerRounds = Number(values['peer-rounds']);
 const peerSteps = Number(values['peer-steps']);
+const ratioRounds = Number(values['ratio-rounds']);
 const peerVariants = values.peers.split(',').filter((v) => v !== '');
 for (const v of peerVariants) {
   if (v !== 'eager' && v !== 'compile') throw new Error(`--peers expects eager and/or compile, got '${v}'`);
@@ -92,6 +97,9 @@ if (!Number.isInteger(peerRounds) || peerRounds < 0) {
 }
 if (!Number.isInteger(peerSteps) || peerSteps < 1) {
   throw new Error(`--peer-steps expects an integer >= 1, got '${values['peer-steps']}'`);
+}
+if (!Number.isInteger(ratioRounds) || ratioRounds < 0) {
+  throw new Error(`--ratio-rounds expects an integer >= 0, got '${values['ratio-rounds']}'`);
 }
 
 interface ConvShape {
@@ -107,12 +115,17 @@ interface ConvShape {
   macs: number;
 }
 
-/** The convolutions of the model with their input shapes, found by running one forward. */
+/**
+ * The convolutions of the model with their input shapes, found by running one forward with each
+ * convolution's `forward` wrapped (the wrappers are removed again, so later steps count nothing).
+ */
 function convShapes(model: ResNet, x: Tensor): { convs: ConvShape[]; linearMacs: number } {
   const found = new Map<string, ConvShape>();
+  const wrapped: Conv2d[] = [];
   let linearMacs = 0;
   for (const [, m] of model.namedModules()) {
     if (m instanceof Conv2d) {
+      wrapped.push(m);
       const forward = m.forward.bind(m);
       m.forward = (input: Tensor) => {
         const out = m.outputShape(input.shape);
@@ -138,7 +151,11 @@ function convShapes(model: ResNet, x: Tensor): { convs: ConvShape[]; linearMacs:
       linearMacs += batch * m.inFeatures * m.outFeatures;
     }
   }
-  model.forward(x);
+  try {
+    model.forward(x);
+  } finally {
+    for (const m of wrapped) Reflect.deleteProperty(m, 'forward');
+  }
   return { convs: [...found.values()], linearMacs };
 }
 
@@ -253,7 +270,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
     time: 0,
     warmupTime: 0,
   });
-  const layerData = (values.only === 'profiler' ? [] : convs).map((c) => {
+  const layerData = (values.only === 'profiler' ? [] : convs).map((c): LayerRun => {
     const conv = new Conv2d({
       inChannels: c.inChannels,
       outChannels: c.outChannels,
@@ -303,11 +320,6 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
       implementation: conv.implementation(),
     });
   }
-  for (const { conv, input, dy } of layerData) {
-    conv.releaseBuffers();
-    input.dispose();
-    dy.dispose();
-  }
   const convOnlyGflops = (3 * 2 * convMacs) / convSeconds / 1e9;
   if (layerData.length > 0) {
     console.log(`  conv-only: ${(convSeconds * 1000).toFixed(0)} ms per step, ${convOnlyGflops.toFixed(1)} GFLOP/s`);
@@ -350,6 +362,18 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   console.log(
     `  memory: RSS ${rssBefore.toFixed(0)} -> ${rssAfter.toFixed(0)} MiB over ${iterations + 1} steps; allocator ${(allocAfter.allocatedBytes / 2 ** 20).toFixed(0)} MiB live, ${(allocAfter.reservedBytes / 2 ** 20).toFixed(0)} MiB reserved, ${allocAfter.systemAllocationCount - allocBefore.systemAllocationCount} new system allocations`,
   );
+  const alternated = layerData.length > 0 ? stepToConvRounds(layerData, step) : [];
+  if (alternated.length > 0) {
+    const s = spread(alternated);
+    console.log(
+      `  step / conv-only, ${alternated.length} alternated rounds (the convolutions once, then one step): ${s.min.toFixed(2)}-${s.max.toFixed(2)}x, median ${median(alternated).toFixed(2)}x`,
+    );
+  }
+  for (const { conv, input, dy } of layerData) {
+    conv.releaseBuffers();
+    input.dispose();
+    dy.dispose();
+  }
   (results.models as unknown[]).push({
     dtype,
     stepMs,
@@ -359,6 +383,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
     convOnlyMs: convSeconds * 1000,
     convOnlyGflops,
     ratioToConvOnly: ratio,
+    ratioToConvOnlyAlternated: alternated,
     stepGflop: stepFlops / 1e9,
     rssMiB: { before: rssBefore, after: rssAfter },
     allocator: allocAfter,
@@ -386,6 +411,46 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   optimizer.dispose();
   loss.dispose();
   x.dispose();
+}
+
+/** One layer of the conv-only sum: a convolution with its input and output gradient. */
+interface LayerRun {
+  c: ConvShape;
+  conv: Conv2d;
+  input: Tensor;
+  dy: Tensor;
+}
+
+/** One pass over the step's distinct convolutions, forward and backward each, weighted by count (ms). */
+function convOnlyOnce(layers: readonly LayerRun[]): number {
+  let ms = 0;
+  for (const { c, conv, input, dy } of layers) {
+    synchronize(device);
+    const t0 = performance.now();
+    conv.forward(input);
+    conv.backward(dy);
+    synchronize(device);
+    ms += (performance.now() - t0) * c.count;
+  }
+  return ms;
+}
+
+/**
+ * The whole step over the convolutions alone, `ratioRounds` times: each round times one pass over
+ * the convolutions and, right after it, one step, so that on a shared machine both sides of each
+ * ratio run under the same load (the first table times them minutes apart).
+ */
+function stepToConvRounds(layers: readonly LayerRun[], step: () => unknown): number[] {
+  const ratios: number[] = [];
+  for (let r = 0; r < ratioRounds; r++) {
+    const convMs = convOnlyOnce(layers);
+    synchronize(device);
+    const t0 = performance.now();
+    step();
+    synchronize(device);
+    ratios.push((performance.now() - t0) / convMs);
+  }
+  return ratios;
 }
 
 /** The lowest and highest of a list, and its mean. */
@@ -446,9 +511,10 @@ async function torchRows(dtype: 'f32' | 'bf16', ourStep: () => unknown, ourStepM
   );
   const rows = Object.entries(rounds).map(([impl, ms]) => {
     const s = spread(ms);
-    const ratios = impl === 'resnet-cuda' ? null : spread(ms.map((peerMs, i) => peerMs / ours[i]!));
+    const perRound = ms.map((peerMs, i) => peerMs / ours[i]!);
+    const ratios = impl === 'resnet-cuda' ? null : { ...spread(perRound), median: median(perRound) };
     console.log(
-      `    ${impl.padEnd(16)} ${imgs(s.max).toFixed(2)}-${imgs(s.min).toFixed(2)} img/s (mean step ${s.mean.toFixed(0)} ms)${ratios ? `, ours / peer ${ratios.min.toFixed(2)}-${ratios.max.toFixed(2)}x` : ''}`,
+      `    ${impl.padEnd(16)} ${imgs(s.max).toFixed(2)}-${imgs(s.min).toFixed(2)} img/s (mean step ${s.mean.toFixed(0)} ms)${ratios ? `, ours / peer ${ratios.min.toFixed(2)}-${ratios.max.toFixed(2)}x, median ${ratios.median.toFixed(2)}x` : ''}`,
     );
     return { impl, stepMs: ms, ratioOursToPeer: ratios };
   });
