@@ -350,6 +350,7 @@ export {
   type CalibrationSamples,
   type CalibratorOptions,
 } from './inference/calibrate.js';
+export { WEIGHT_BITS, type WeightBits } from './inference/quant-math.js';
 // The standalone inference artifact (model.safetensors + model.json; TorchScript's role), and a
 // Predictor (the fused inference path) run over a DataLoader.
 export {

@@ -10,6 +10,7 @@ import { ResnetError } from '../errors.js';
 import { CALIBRATION_METHODS, calibrate, type CalibrationMethod } from '../inference/calibrate.js';
 import { lowerForInference } from '../inference/graph.js';
 import { Predictor } from '../inference/predictor.js';
+import type { WeightBits } from '../inference/quant-math.js';
 import { InputNormalize } from '../nn/input.js';
 import type { ResNet } from '../nn/resnet.js';
 import type { Tensor } from '../tensor.js';
@@ -43,6 +44,16 @@ export const INT8_EVAL_OPTIONS: OptionSpec[] = [
     help: 'How activation ranges are chosen: minmax, percentile (99.99th of |x|), or entropy (least KL divergence).',
     section: 'INT8',
   },
+  {
+    name: 'int8-weight-bits',
+    type: 'int',
+    min: 7,
+    max: 8,
+    default: 8,
+    valueName: 'BITS',
+    help: 'Width of the quantized weights: 8, or 7 for the exact integer arithmetic on CPUs without VNNI (doctor says which).',
+    section: 'INT8',
+  },
 ];
 
 /** The values of {@link INT8_EVAL_OPTIONS}. */
@@ -50,11 +61,13 @@ export interface Int8EvalArgs {
   int8: boolean;
   calibrationSamples: number;
   calibrationMethod: CalibrationMethod;
+  int8WeightBits: number;
 }
 
 /** What `eval --int8` measured. */
 export interface Int8Report {
   method: CalibrationMethod;
+  weightBits: WeightBits;
   calibrationImages: number;
   images: number;
   f32Acc1: number;
@@ -72,6 +85,7 @@ export function checkInt8Args(a: Int8EvalArgs, given: ReadonlySet<string>, devic
   if (!a.int8) {
     if (given.has('calibrationSamples')) throw new UsageError('--calibration-samples needs --int8');
     if (given.has('calibrationMethod')) throw new UsageError('--calibration-method needs --int8');
+    if (given.has('int8WeightBits')) throw new UsageError('--int8-weight-bits needs --int8');
     return;
   }
   if (device !== 'cpu') throw new UsageError(`--int8 runs on the CPU backend; got --device ${device}`);
@@ -145,6 +159,7 @@ export async function evaluateInt8(
       method: a.calibrationMethod,
       normalize,
       limit: a.calibrationSamples,
+      weightBits: a.int8WeightBits as WeightBits,
     });
   } finally {
     await calibrationLoader.close();
@@ -186,6 +201,7 @@ export async function evaluateInt8(
   }
   return {
     method: a.calibrationMethod,
+    weightBits: a.int8WeightBits as WeightBits,
     calibrationImages,
     images,
     f32Acc1: images > 0 ? f32Correct / images : 0,
@@ -201,7 +217,7 @@ export async function evaluateInt8(
 export function int8ReportText(r: Int8Report): string {
   const change = (r.int8Acc1 - r.f32Acc1) * 100;
   return [
-    `INT8 (calibrated with ${r.method} on ${r.calibrationImages} training images; ${r.images} evaluation images):`,
+    `INT8 (calibrated with ${r.method} on ${r.calibrationImages} training images, ${r.weightBits}-bit weights; ${r.images} evaluation images):`,
     `  f32 Acc@1 ${percent(r.f32Acc1)}  int8 Acc@1 ${percent(r.int8Acc1)}  change ${change >= 0 ? '+' : ''}${change.toFixed(2)} points`,
     `  f32 ${r.f32ImagesPerSecond.toFixed(1)} img/s (${r.f32Path === 'predictor' ? 'inference plan' : 'modules eval forward'})  int8 ${r.int8ImagesPerSecond.toFixed(1)} img/s  speed-up ${(r.int8ImagesPerSecond / r.f32ImagesPerSecond).toFixed(2)}x`,
     `  ${r.implementation}`,

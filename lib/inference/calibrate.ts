@@ -19,7 +19,15 @@ import { InputNormalize } from '../nn/input.js';
 import type { Module } from '../nn/module.js';
 import { Tensor, expectTensor } from '../tensor.js';
 import { lowerForInference, type InferenceGraph, type InferenceNode } from './graph.js';
-import { AbsHistogram, entropyThreshold, percentileThreshold, scaleOf, weightScales } from './quant-math.js';
+import {
+  AbsHistogram,
+  WEIGHT_BITS,
+  entropyThreshold,
+  percentileThreshold,
+  scaleOf,
+  weightScales,
+  type WeightBits,
+} from './quant-math.js';
 
 /** How an activation's clipping threshold is chosen. */
 export const CALIBRATION_METHODS = ['minmax', 'percentile', 'entropy'] as const;
@@ -51,6 +59,12 @@ export interface CalibrateOptions {
   device?: string;
   /** Names of convolutions or linear layers to leave in floating point (e.g. `['conv1', 'fc']`). */
   exclude?: readonly string[];
+  /**
+   * Width of the quantized weights; default 8. With 7 (ONNX Runtime's `reduce_range`), the plan's
+   * integer arithmetic is exact on CPUs without VNNI too, whose int8 kernels otherwise saturate
+   * (and, for signed inputs, halve the weights): see `listBackends()`'s `int8` property.
+   */
+  weightBits?: WeightBits;
 }
 
 /** The activations seen at one graph value (the input of one or more quantized nodes). */
@@ -108,7 +122,7 @@ function thresholdOf(obs: Observer, method: CalibrationMethod, percentile: numbe
 }
 
 /** Options of a {@link Calibrator}: how the thresholds are chosen and which layers stay in floating point. */
-export type CalibratorOptions = Pick<CalibrateOptions, 'method' | 'percentile' | 'exclude'>;
+export type CalibratorOptions = Pick<CalibrateOptions, 'method' | 'percentile' | 'exclude' | 'weightBits'>;
 
 /**
  * Calibration one batch at a time (what {@link calibrate} drives over its samples): `observe` runs
@@ -121,6 +135,8 @@ export class Calibrator {
   readonly method: CalibrationMethod;
   /** The percentile of `method: 'percentile'`. */
   readonly percentile: number;
+  /** The width of the quantized weights. */
+  readonly weightBits: WeightBits;
   readonly #model: Module;
   readonly #graph: InferenceGraph;
   readonly #quantized: (InferenceNode & { op: 'conv' | 'linear' })[] = [];
@@ -129,8 +145,14 @@ export class Calibrator {
   #images = 0;
 
   constructor(model: Module, options: CalibratorOptions = {}) {
-    const o = expectOptions<CalibratorOptions>('Calibrator options', options, ['method', 'percentile', 'exclude']);
+    const o = expectOptions<CalibratorOptions>('Calibrator options', options, [
+      'method',
+      'percentile',
+      'exclude',
+      'weightBits',
+    ]);
     this.method = expectOneOf('options.method', o.method ?? 'entropy', CALIBRATION_METHODS);
+    this.weightBits = expectOneOf('options.weightBits', o.weightBits ?? 8, WEIGHT_BITS);
     this.percentile = o.percentile === undefined ? 99.99 : expectNumber('options.percentile', o.percentile, 0, 100);
     if (this.percentile === 0) invalid('options.percentile', 'a percentile in (0, 100]', this.percentile);
     if (o.exclude !== undefined && !Array.isArray(o.exclude)) {
@@ -217,7 +239,7 @@ export class Calibrator {
       node.quant = {
         inputScale: scales.get(node.input) ?? 1,
         inputUnsigned: this.#unsigned[node.input]!,
-        weightScales: weightScales(node.weight, outChannels),
+        weightScales: weightScales(node.weight, outChannels, this.weightBits),
       };
     }
     return this.#graph;
@@ -246,6 +268,7 @@ export async function calibrate(
     'normalize',
     'device',
     'exclude',
+    'weightBits',
   ]);
   const limit = o.limit === undefined ? Infinity : expectInt('options.limit', o.limit, 1);
   if (o.normalize !== undefined && !(o.normalize instanceof InputNormalize)) {
@@ -263,6 +286,7 @@ export async function calibrate(
     ...(o.method !== undefined ? { method: o.method } : {}),
     ...(o.percentile !== undefined ? { percentile: o.percentile } : {}),
     ...(o.exclude !== undefined ? { exclude: o.exclude } : {}),
+    ...(o.weightBits !== undefined ? { weightBits: o.weightBits } : {}),
   });
   let index = 0;
   for await (const item of samples as AsyncIterable<CalibrationBatch>) {

@@ -17,11 +17,23 @@ export const INT8_MAX = { signed: 127, unsigned: 255 } as const;
 export const HISTOGRAM_BINS = 2048;
 
 /**
- * Per-output-channel symmetric weight scales: `max |w| / 127` over each channel's `weight.length /
- * outChannels` values (a channel of zeros gets 1, any positive scale represents it exactly).
+ * The widths weights can be quantized to: 8 bits (values in [-127, 127]), or 7 bits ([-63, 63]),
+ * whose products with u8 or s8 activations never saturate the 16-bit pair sums of int8 kernels
+ * without VNNI, so that the plan computes the quantized arithmetic exactly on every CPU.
  */
-export function weightScales(weight: Float32Array, outChannels: number): Float32Array {
+export const WEIGHT_BITS = [8, 7] as const;
+/** One of {@link WEIGHT_BITS}. */
+export type WeightBits = (typeof WEIGHT_BITS)[number];
+
+/**
+ * Per-output-channel symmetric weight scales: `max |w| / 127` (8 bits) or `max |w| / 63` (7 bits)
+ * over each channel's `weight.length / outChannels` values (a channel of zeros gets 1, any positive
+ * scale represents it exactly).
+ */
+export function weightScales(weight: Float32Array, outChannels: number, bits: WeightBits = 8): Float32Array {
   expectInt('outChannels', outChannels, 1);
+  if (!WEIGHT_BITS.includes(bits)) invalid('bits', `one of ${WEIGHT_BITS.join(', ')}`, bits);
+  const largest = 2 ** (bits - 1) - 1;
   if (weight.length % outChannels !== 0) {
     invalid('weight', `a multiple of ${outChannels} values (one block per output channel)`, `${weight.length} values`);
   }
@@ -30,7 +42,7 @@ export function weightScales(weight: Float32Array, outChannels: number): Float32
   for (let o = 0; o < outChannels; o++) {
     let max = 0;
     for (let i = o * per; i < (o + 1) * per; i++) max = Math.max(max, Math.abs(weight[i]!));
-    scales[o] = max > 0 ? max / INT8_MAX.signed : 1;
+    scales[o] = max > 0 ? max / largest : 1;
   }
   return scales;
 }

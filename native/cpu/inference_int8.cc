@@ -26,8 +26,12 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "../core/error.h"
+#include "compute_type.h"
 #include "cpu_ops.h"
 #include "isa.h"
 
@@ -158,6 +162,20 @@ std::vector<int8_t> quantizeWeights(const InferenceNode& node) {
     }
   }
   return q;
+}
+
+// Whether quantized weights fit in 7 bits ([-63, 63]: calibrated with `weightBits: 7`).
+bool withinSevenBits(const std::vector<int8_t>& q) {
+  return std::all_of(q.begin(), q.end(), [](int8_t v) { return v >= -63 && v <= 63; });
+}
+
+// Whether a quantized convolution's primitive halves its weights. oneDNN's direct int8 convolution
+// kernels on CPUs without VNNI add pairs of u8 x s8 products in saturating 16-bit sums; for a signed
+// source they shift it into u8 and halve the weights (rounding odd ones), doubling the result.
+// Its gemm-based kernels do neither, and its reference kernels sum in 32 bits.
+bool halvesSignedInputWeights(const InferenceNode& node, const std::string& implementation) {
+  return !node.inputUnsigned && !hasInt8DotProducts() && implementation.find("gemm") == std::string::npos &&
+         implementation.find("ref") == std::string::npos;
 }
 
 class Int8InferencePlan final : public InferencePlan {
@@ -345,10 +363,26 @@ class Int8InferencePlan final : public InferencePlan {
   }
 
   // The values of setQuantScales' scales, bound to the last step.
-  void bindQuantScales(const InferenceNode& node, float dstScale) {
+  void bindQuantScales(const InferenceNode& node, const std::vector<float>& weightScales, float dstScale) {
     bindScales(DNNL_ARG_SRC, {node.inputScale});
-    bindScales(DNNL_ARG_WEIGHTS, node.weightScales);
+    bindScales(DNNL_ARG_WEIGHTS, weightScales);
     if (dstScale != 1.0f) bindScales(DNNL_ARG_DST, {dstScale});
+  }
+
+  // The quantized weights of a convolution, and the scales that go with them. Where the primitive
+  // halves the weights of a signed input (halvesSignedInputWeights) and they fit in 7 bits, they
+  // are handed over doubled with halved scales: the halving then gives them back exactly and their
+  // products never saturate, so the plan computes the quantized arithmetic exactly there too.
+  std::pair<std::vector<int8_t>, std::vector<float>> convWeights(const InferenceNode& node,
+                                                                 const std::string& implementation) {
+    std::vector<int8_t> q = quantizeWeights(node);
+    std::vector<float> scales = node.weightScales;
+    if (halvesSignedInputWeights(node, implementation) && withinSevenBits(q)) {
+      for (int8_t& v : q) v = static_cast<int8_t>(2 * v);
+      for (float& v : scales) v *= 0.5f;
+      ++doubledWeights_;
+    }
+    return {std::move(q), std::move(scales)};
   }
 
   void buildConv(size_t i) {
@@ -396,9 +430,11 @@ class Int8InferencePlan final : public InferencePlan {
     const memory::desc pdSrc = pd.src_desc();
     const Rep src = repFor(node.input, srcType, node.inputScale, &pdSrc);
     const memory::desc plainW(wDims, q ? dt::s8 : dt::f32, tag::acdb);
+    std::vector<float> weightScales;
     if (q) {
-      const std::vector<int8_t> wq = quantizeWeights(node);
+      auto [wq, scales] = convWeights(node, pd.impl_info_str());
       addWeight(wq.data(), plainW, pd.weights_desc());
+      weightScales = std::move(scales);
     } else {
       addWeight(node.weight.data(), plainW, pd.weights_desc());
     }
@@ -427,7 +463,7 @@ class Int8InferencePlan final : public InferencePlan {
             pd);
     steps_.back().bound[DNNL_ARG_WEIGHTS] = weights_[wIndex].second;
     steps_.back().bound[DNNL_ARG_BIAS] = weights_[wIndex + 1].second;
-    if (q) bindQuantScales(node, dstScale);
+    if (q) bindQuantScales(node, weightScales, dstScale);
     reps_[static_cast<size_t>(v)].push_back({pd.dst_desc().get_data_type(), pd.dst_desc(), dstScale, dst});
     (q ? int8Nodes_ : floatNodes_)++;
     if (dstType != dt::f32) ++requantized_;
@@ -509,7 +545,7 @@ class Int8InferencePlan final : public InferencePlan {
             pd);
     steps_.back().bound[DNNL_ARG_WEIGHTS] = weights_[wIndex].second;
     steps_.back().bound[DNNL_ARG_BIAS] = weights_[wIndex + 1].second;
-    if (q) bindQuantScales(node, 1.0f);
+    if (q) bindQuantScales(node, node.weightScales, 1.0f);
     reps_[static_cast<size_t>(v)].push_back({dt::f32, pd.dst_desc(), 1.0f, dst});
     (q ? int8Nodes_ : floatNodes_)++;
   }
@@ -565,7 +601,9 @@ class Int8InferencePlan final : public InferencePlan {
     std::ostringstream s;
     s << "onednn int8: " << int8Nodes_ << " int8 + " << floatNodes_ << " f32 conv/linear, " << requantized_
       << " with int8 output, " << reorders_ << " reorders, " << quantizePasses_ << " quantizing passes, " << inPlace_
-      << " residual sums in place, " << (activationBytes_ + (1 << 20) - 1) / (1 << 20) << " MiB activations; kernels:";
+      << " residual sums in place, ";
+    if (doubledWeights_ > 0) s << doubledWeights_ << " signed-input convolutions given doubled 7-bit weights, ";
+    s << (activationBytes_ + (1 << 20) - 1) / (1 << 20) << " MiB activations; kernels:";
     for (const auto& [name, count] : kernels_) s << " " << name << " x" << count << ";";
     impl_ = s.str();
   }
@@ -582,7 +620,8 @@ class Int8InferencePlan final : public InferencePlan {
   size_t scratchBytes_ = 0, activationBytes_ = 0;
   memory xMem_, yMem_;
   std::map<std::string, int> kernels_;
-  int int8Nodes_ = 0, floatNodes_ = 0, requantized_ = 0, reorders_ = 0, quantizePasses_ = 0, inPlace_ = 0;
+  int int8Nodes_ = 0, floatNodes_ = 0, requantized_ = 0, reorders_ = 0, quantizePasses_ = 0, inPlace_ = 0,
+      doubledWeights_ = 0;
   std::string impl_;
 };
 
