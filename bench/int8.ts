@@ -2,7 +2,8 @@
  * INT8 rows of the inference table: {@link int8Quantizer} is the `quantize` hook of
  * {@link benchInference} (calibrates the benchmark's model on a few generated images; the
  * throughput does not depend on the scales chosen). Run alone,
- * `node dist/bench/int8.js [--size 224] [--batches 1,16] [--rounds 3] [--seconds 1] [--method entropy]`
+ * `node dist/bench/int8.js [--size 224] [--batches 1,16] [--rounds 3] [--seconds 1] [--method entropy]
+ * [--weight-bits 8]`
  * prints ResNet-50's f32 and INT8 rows beside ONNX Runtime.
  * @packageDocumentation
  */
@@ -12,6 +13,7 @@ import { parseArgs } from 'node:util';
 import { Tensor, type ResNet } from '../lib/index.js';
 import { Calibrator, type CalibrationMethod } from '../lib/inference/calibrate.js';
 import type { InferenceGraph } from '../lib/inference/graph.js';
+import type { WeightBits } from '../lib/inference/quant-math.js';
 import { benchInference } from './inference.js';
 
 /** Options of {@link int8Quantizer}. */
@@ -21,6 +23,8 @@ export interface Int8QuantizerOptions {
   /** Calibration images; default 4. */
   images?: number;
   method?: CalibrationMethod;
+  /** Width of the quantized weights; default 8. */
+  weightBits?: WeightBits;
 }
 
 /** A `quantize` hook for {@link benchInference}: the model's INT8 graph calibrated on normal-noise images. */
@@ -28,7 +32,7 @@ export function int8Quantizer(o: Int8QuantizerOptions = {}): (model: ResNet) => 
   const size = o.size ?? 224;
   const images = o.images ?? 4;
   return (model) => {
-    const calibrator = new Calibrator(model, { method: o.method ?? 'entropy' });
+    const calibrator = new Calibrator(model, { method: o.method ?? 'entropy', weightBits: o.weightBits ?? 8 });
     const x = Tensor.randn([images, size, size, 3], { seed: 11 });
     calibrator.observe(x);
     x.dispose();
@@ -44,6 +48,7 @@ if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.me
       rounds: { type: 'string', default: '3' },
       seconds: { type: 'string', default: '1' },
       method: { type: 'string', default: 'entropy' },
+      'weight-bits': { type: 'string', default: '8' },
     },
   });
   const size = Number(values.size);
@@ -54,6 +59,10 @@ if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.me
     dtypes: ['f32', 'int8'],
     rounds: Number(values.rounds),
     seconds: Number(values.seconds),
-    quantize: int8Quantizer({ size, method: values.method as CalibrationMethod }),
+    quantize: int8Quantizer({
+      size,
+      method: values.method as CalibrationMethod,
+      weightBits: Number(values['weight-bits']) as WeightBits,
+    }),
   });
 }
