@@ -1,10 +1,11 @@
 /**
- * The layouts of the CPU convolutions where oneDNN runs its AVX2 kernels (native/cpu/conv.cc): a
- * convolution that does at least 128 multiply-adds per element of x and dy has its weight gradient
- * read them copied into oneDNN's channel-blocked layout, which those kernels read faster than NHWC,
- * smaller ones read NHWC; a strided 1x1 convolution runs as a stride-1 one on a copy of the pixels
- * it reads. The op table checks the values of all of them (test/ops/conv-cases.ts); this file
- * checks which path each takes. The 'cpu-avx2' test project runs it under ONEDNN_MAX_CPU_ISA=AVX2,
+ * The layouts of the CPU convolutions where oneDNN runs its AVX2 kernels (native/cpu/conv.cc): the
+ * weight gradient of a kernel larger than 1x1 is computed as matrix products over gathered patches;
+ * a 1x1 convolution that does at least 128 multiply-adds per element of x and dy has its weight
+ * gradient read them copied into oneDNN's channel-blocked layout, which its kernel reads faster
+ * than NHWC, smaller ones read NHWC; a strided 1x1 convolution runs as a stride-1 one on a copy of
+ * the pixels it reads. The op table checks the values of all of them (test/ops/conv-cases.ts); this
+ * file checks which path each takes. The 'cpu-avx2' test project runs it under ONEDNN_MAX_CPU_ISA=AVX2,
  * so the AVX2 paths are checked on every machine.
  */
 import { describe, expect, it } from 'vitest';
@@ -13,6 +14,7 @@ import { Conv2d, Tensor, listBackends } from '../lib/index.js';
 const isa = listBackends().find((b) => b.name === 'cpu')?.properties?.isa ?? '';
 const COPIES = 'on channel-blocked copies';
 const SUBSAMPLED = 'on a subsampled copy';
+const PATCHES = 'weight gradient sgemm over gathered patches';
 
 /** The implementation a convolution reports after one forward and backward on an n x size x size x inChannels input. */
 function implementationOf(
@@ -38,24 +40,42 @@ describe('the CPU convolution layouts', () => {
   const dense = (): string => implementationOf(30, 34, 3, 6);
   // 2x8x8x16 -> 16, 3x3: 72 multiply-adds per element.
   const light = (): string => implementationOf(16, 16, 3, 8);
+  // 2x4x4x260 -> 266, 1x1: 131 multiply-adds per element.
+  const densePointwise = (): string => implementationOf(260, 266, 1, 4);
+  // 2x8x8x16 -> 16, 1x1: 8 multiply-adds per element.
+  const lightPointwise = (): string => implementationOf(16, 16, 1, 8);
 
   // 2x8x8x16 -> 32, 1x1 stride 2.
   const strided = (): string => implementationOf(16, 32, 1, 8, 2);
 
-  it.runIf(isa === 'avx2')('on AVX2, copies x and dy for a layer with 128 or more multiply-adds per element', () => {
-    expect(dense()).toMatch(/weight gradient jit:avx2 on channel-blocked copies$/);
-    expect(light()).not.toContain(COPIES);
+  it.runIf(isa === 'avx2')('on AVX2, gathers patches for the weight gradient of every kernel larger than 1x1', () => {
+    expect(dense()).toMatch(/^brgconv:avx2, weight gradient sgemm over gathered patches$/);
+    expect(light()).toContain(PATCHES);
+    expect(implementationOf(3, 8, 7, 16, 2)).toContain(PATCHES);
+    for (const pointwise of [densePointwise(), lightPointwise(), strided()]) expect(pointwise).not.toContain(PATCHES);
   });
+
+  it.runIf(isa === 'avx2')(
+    'on AVX2, copies x and dy for a 1x1 layer with 128 or more multiply-adds per element',
+    () => {
+      expect(densePointwise()).toMatch(/weight gradient jit_1x1:avx2 on channel-blocked copies$/);
+      expect(lightPointwise()).not.toContain(COPIES);
+    },
+  );
 
   it.runIf(isa === 'avx2')('on AVX2, runs a strided 1x1 convolution at stride 1 on the pixels it reads', () => {
     expect(strided()).toMatch(/^brgconv_1x1:avx2 on a subsampled copy \(stride 1\)/);
     expect(dense()).not.toContain(SUBSAMPLED);
   });
 
-  it.runIf(isa.startsWith('avx512'))('on AVX-512, reads NHWC as it is: the copies were measured only on AVX2', () => {
-    for (const implementation of [dense(), light(), strided()]) {
-      expect(implementation).not.toContain(COPIES);
-      expect(implementation).not.toContain(SUBSAMPLED);
-    }
-  });
+  it.runIf(isa.startsWith('avx512'))(
+    'on AVX-512, reads NHWC as it is: the copies and patches were measured only on AVX2',
+    () => {
+      for (const implementation of [dense(), light(), densePointwise(), strided()]) {
+        expect(implementation).not.toContain(COPIES);
+        expect(implementation).not.toContain(SUBSAMPLED);
+        expect(implementation).not.toContain(PATCHES);
+      }
+    },
+  );
 });

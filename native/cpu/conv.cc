@@ -1,11 +1,13 @@
 // conv2d on oneDNN: NHWC activations and OHWI f32 master weights (see weighted_passes.h). Where
 // oneDNN runs its AVX2 kernels, a strided 1x1 convolution runs at stride 1 on a copy of the pixels
-// it reads, and the weight gradient of a layer with many multiply-adds per element reads x and dy
-// copied into oneDNN's channel-blocked layout (bench/RESULTS.md).
+// it reads, the weight gradient of a larger kernel is computed as matrix products over gathered
+// patches, and that of a 1x1 layer with many multiply-adds per element reads x and dy copied into
+// oneDNN's channel-blocked layout (bench/RESULTS.md).
 #include <cstring>
 
 #include "compute_type.h"
 #include "cpu_ops.h"
+#include "patch_gradient.h"
 #include "weighted_passes.h"
 
 namespace rc::cpu {
@@ -136,11 +138,13 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
                                                        win.padR, fwdPd, attr());
     };
     auto bwdWPd = backwardWeights(l.x, l.y);
-    if (copiesForWeightGradient(bwdWPd)) {
+    std::unique_ptr<WeightGradientPath> ownGradient = rowGradient(act);
+    if (!ownGradient && gathersPatches(bwdWPd, act)) ownGradient = std::make_unique<PatchGradient>(ctx_, g_, l);
+    if (!ownGradient && copiesForWeightGradient(bwdWPd)) {
       bwdWPd =
           backwardWeights(memory::desc(l.x.get_dims(), act, tag::any), memory::desc(l.y.get_dims(), act, tag::any));
     }
-    passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd, rowGradient(act));
+    passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd, std::move(ownGradient));
   }
 
   // The stride, dilation and padding of the geometry the primitives run on (g_).
@@ -210,13 +214,24 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     return compact;
   }
 
+  // Whether the weight gradient is computed as matrix products over gathered patches
+  // (patch_gradient.h): for an f32 kernel of more than one tap where oneDNN's backward-weights
+  // primitive is its AVX2 direct kernel (`jit:avx2`, no AVX-512). Over ResNet-50's 3x3 and 7x7
+  // layers at batch 16 on a Zen 3 it was 1.0-1.6x faster than that kernel on channel-blocked copies
+  // (the 3x3 layers of stages 2 and 3 level, the 7x7 stem, stage 1, the strided layers and stage 4
+  // 1.2-1.6x), and 1.0-1.9x on smaller layers of 3 to 64 channels (bench/RESULTS.md). 1x1 layers keep
+  // `jit_1x1:avx2`, which was 0.5-1.2x its time there.
+  bool gathersPatches(const BackwardWeights::primitive_desc& nhwcPd, dt act) const {
+    return act == dt::f32 && g_.kernelH * g_.kernelW > 1 && std::string(nhwcPd.impl_info_str()) == "jit:avx2";
+  }
+
   // Whether the weight gradient reads x and dy copied into oneDNN's channel-blocked layout. oneDNN's
   // f32 weight-gradient kernels for AVX2 (`jit:avx2`, `jit_1x1:avx2`, which `nhwcPd` runs where the
   // CPU has no AVX-512) read NHWC 1.1-1.8x slower than their own layout (bench/RESULTS.md, ResNet-50's
   // layers on a Zen 3). The copy is a pass over x and dy (about 0.4 ns per element on two cores); the
   // gain about a third of the kernel's time (about 4 ps per multiply-add): it pays from about 100
-  // multiply-adds per copied element, and takes effect from 128 (every 3x3 layer of ResNet-50 and the
-  // 1x1 layers of its last two stages; the 1x1 layers of its first two stages would not gain).
+  // multiply-adds per copied element, and takes effect from 128 (the 1x1 layers of ResNet-50's last
+  // two stages; those of its first two stages would not gain; its larger kernels gather patches).
   bool copiesForWeightGradient(const BackwardWeights::primitive_desc& nhwcPd) const {
     const std::string impl = nhwcPd.impl_info_str();
     if (impl != "jit:avx2" && impl != "jit_1x1:avx2") return false;
@@ -231,10 +246,10 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // backward-weights convolution for most of ResNet-50's 1x1 layers (bench/RESULTS.md); in f32 the
   // two measured within noise of each other over the set, either one faster layer by layer, so f32
   // (and bf16 computed in f32) keeps the convolution.
-  std::optional<RowGradientMatmul> rowGradient(dt act) const {
+  std::unique_ptr<WeightGradientPath> rowGradient(dt act) const {
     const bool pointwise = g_.kernelH == 1 && g_.kernelW == 1 && g_.strideH == 1 && g_.strideW == 1 && g_.padH == 0 &&
                            g_.padW == 0 && !g_.bias;
-    if (!pointwise || act != dt::bf16) return std::nullopt;
+    if (!pointwise || act != dt::bf16) return nullptr;
     return RowGradientMatmul::create(ctx_, g_.n * g_.h * g_.w, g_.c, g_.k, act);
   }
 

@@ -94,8 +94,8 @@ dnnl::memory LayoutCopy::operator()(void* data) {
   return copy;
 }
 
-std::optional<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
-                                                           dnnl::memory::data_type act) {
+std::unique_ptr<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
+                                                             dnnl::memory::data_type act) {
   using dims = dnnl::memory::dims;
   // dy^T: dy is [rows, out] row-major, read as [out, rows]; x is [rows, in]; dW is [out, in].
   const dnnl::memory::desc dyT({out, rows}, act, dims{1, out});
@@ -110,17 +110,17 @@ std::optional<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int6
     dnnl::matmul::primitive_desc pd(ctx.engine(), dyT, x, dW, attr);
     // Only oneDNN's brgemm kernels beat the convolution's backward-weights primitive; its generic
     // gemm or reference matmul would not.
-    if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return std::nullopt;
-    return RowGradientMatmul(ctx, pd);
+    if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return nullptr;
+    return std::make_unique<RowGradientMatmul>(ctx, pd);
   } catch (const dnnl::error&) {
-    return std::nullopt;  // no matmul for this layout: the convolution's primitive does it
+    return nullptr;  // no matmul for this layout: the convolution's primitive does it
   }
 }
 
 RowGradientMatmul::RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd)
     : ctx_(&ctx), pd_(std::move(pd)), matmul_(pd_) {}
 
-void RowGradientMatmul::run(const Tensor& x, const Tensor& dy, const Tensor& dWeight) {
+void RowGradientMatmul::run(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& /*dBias*/) {
   auto& eng = ctx_->engine();
   const auto scratch = pd_.scratchpad_desc();
   matmul_.execute(ctx_->stream(),

@@ -1,14 +1,17 @@
 // The three passes of a oneDNN plan over f32 master weights (conv2d and linear): the weights are
 // reordered into each primitive's preferred layout before forward and backward data, and the
 // weight gradient is reordered back with a sum post-op (+=) into the f32 master gradient; the
-// bias gradient is summed on the host. Where the weight gradient is one matrix product over the
-// rows (a 1x1 stride-1 convolution without bias: dW[K,C] += dy^T x), a matmul with a sum post-op
-// writes it straight into the master gradient instead (RowGradientMatmul). The backward-weights
+// bias gradient is summed on the host. A plan may compute the weight gradient otherwise
+// (WeightGradientPath): where it is one matrix product over the rows (a 1x1 stride-1 convolution
+// without bias: dW[K,C] += dy^T x), a matmul with a sum post-op writes it straight into the master
+// gradient (RowGradientMatmul); conv.cc also has matrix products over gathered patches
+// (patch_gradient.h). The backward-weights
 // primitive may read x and dy in a layout of its own (the plan chooses): they are copied into it
 // first (LayoutCopy). The layout's x and y are in the compute type (compute_type.h): bf16 tensors
 // pass through f32 staging copies where oneDNN has no bf16 kernels.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -27,19 +30,30 @@ struct WeightedLayout {
   int64_t biasCount = 0;               // 0 without a bias
 };
 
+// A weight gradient computed otherwise than by the backward-weights primitive: from x and dy in the
+// plan's layouts, added (+=) into the plain f32 master gradient and bias gradient.
+class WeightGradientPath {
+ public:
+  virtual ~WeightGradientPath() = default;
+  virtual void run(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) = 0;
+  // What computes it, for the plan's implementation line.
+  virtual std::string implementation() const = 0;
+};
+
 // dW[out,in] += dy[rows,out]^T x[rows,in] as one oneDNN matmul whose sum post-op accumulates into
-// the plain f32 gradient in place: no blocked gradient buffer and no accumulating reorder pass.
-class RowGradientMatmul {
+// the plain f32 gradient in place: no blocked gradient buffer and no accumulating reorder pass. It
+// computes no bias gradient: build it only for a layer without a bias.
+class RowGradientMatmul final : public WeightGradientPath {
  public:
   // The matmul for these sizes, or nothing when oneDNN has no brgemm kernel for it on this CPU
   // (then the convolution's own backward-weights primitive is the better choice).
-  static std::optional<RowGradientMatmul> create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
-                                                 dnnl::memory::data_type act);
-  void run(const Tensor& x, const Tensor& dy, const Tensor& dWeight);
-  std::string implementation() const { return pd_.impl_info_str(); }
+  static std::unique_ptr<RowGradientMatmul> create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
+                                                   dnnl::memory::data_type act);
+  RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd);
+  void run(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override;
+  std::string implementation() const override { return "matmul " + std::string(pd_.impl_info_str()); }
 
  private:
-  RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd);
   CpuContext* ctx_;
   dnnl::matmul::primitive_desc pd_;
   dnnl::matmul matmul_;
@@ -68,9 +82,9 @@ class WeightedPasses {
   using BackwardDataPd = typename BackwardData::primitive_desc;
   using BackwardWeightsPd = typename BackwardWeights::primitive_desc;
 
-  // `rowGradient`, when given, computes the weight gradient (the layout has no bias then).
+  // `ownGradient`, when given, computes the weight gradient in place of the primitive.
   void build(CpuContext& ctx, const WeightedLayout& layout, ForwardPd fwdPd, BackwardDataPd bwdDataPd,
-             BackwardWeightsPd bwdWeightsPd, std::optional<RowGradientMatmul> rowGradient = std::nullopt) {
+             BackwardWeightsPd bwdWeightsPd, std::unique_ptr<WeightGradientPath> ownGradient = nullptr) {
     ctx_ = &ctx;
     layout_ = layout;
     fwdPd_ = fwdPd;
@@ -84,22 +98,19 @@ class WeightedPasses {
     bwdReorder_.emplace(ctx, layout.weightDims, layout.weightTag, bwdDataPd_.weights_desc());
     fwdWeight_ = ctx.allocateBytes(fwdPd_.weights_desc().get_size());
     bwdWeight_ = ctx.allocateBytes(bwdDataPd_.weights_desc().get_size());
-    rowGradient_ = std::move(rowGradient);
-    if (rowGradient_ && layout.biasCount > 0) {
-      RC_THROW(code::kInternal, "the row-gradient matmul computes no bias gradient; build it only without a bias");
-    }
-    if (!rowGradient_) diffWeight_ = ctx.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
+    ownGradient_ = std::move(ownGradient);
+    if (!ownGradient_) diffWeight_ = ctx.allocateBytes(bwdWeightsPd_.diff_weights_desc().get_size());
     xForGradient_.emplace(ctx, layout.x, bwdWeightsPd_.src_desc(), 0);
     dyForGradient_.emplace(ctx, layout.y, bwdWeightsPd_.diff_dst_desc(), 1);
     if (layout.biasCount > 0) diffBias_ = ctx.allocate({layout.biasCount}, DType::F32);
   }
 
   // Whether the weight gradient runs otherwise than the primitive on the plan's own layouts.
-  bool hasOwnWeightGradientPath() const { return rowGradient_ || xForGradient_->copies() || dyForGradient_->copies(); }
+  bool hasOwnWeightGradientPath() const { return ownGradient_ || xForGradient_->copies() || dyForGradient_->copies(); }
 
-  // The weight gradient's implementation: the matmul's when it computes it, else the primitive's.
+  // The weight gradient's implementation: the plan's own path when it has one, else the primitive's.
   std::string weightGradientImplementation() const {
-    if (rowGradient_) return "matmul " + rowGradient_->implementation();
+    if (ownGradient_) return ownGradient_->implementation();
     const std::string primitive = bwdWeightsPd_.impl_info_str();
     return xForGradient_->copies() || dyForGradient_->copies() ? primitive + " on channel-blocked copies" : primitive;
   }
@@ -131,8 +142,8 @@ class WeightedPasses {
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) {
-    if (rowGradient_) {
-      rowGradient_->run(x, dy, dWeight);
+    if (ownGradient_) {
+      ownGradient_->run(x, dy, dWeight, dBias);
       return;
     }
     auto& eng = ctx_->engine();
@@ -172,7 +183,7 @@ class WeightedPasses {
   BackwardWeights bwdWeights_;
   dnnl::reorder accumulateWeight_;
   std::optional<WeightReorder> fwdReorder_, bwdReorder_;
-  std::optional<RowGradientMatmul> rowGradient_;
+  std::unique_ptr<WeightGradientPath> ownGradient_;
   std::optional<LayoutCopy> xForGradient_, dyForGradient_;
   Tensor fwdWeight_, bwdWeight_, diffWeight_, diffBias_;
 };

@@ -34,10 +34,12 @@ interface ConvShape extends Conv2dGeometry {
 // Strides 1 and 2, padding 0/1/2/3, odd and non-square inputs, 1x1 and rectangular kernels,
 // batch 1, dilation 2, with and without bias. The 1x1 strided ones run on AVX2 CPUs as stride-1
 // convolutions of the pixels they read (native/cpu/conv.cc): the last of them with unequal strides
-// and a last row and column that no output reads. The 3x3 and 1x1 shapes with 30 and 260 channels
-// do at least 128 multiply-adds per element of x and dy, so on AVX2 CPUs their weight gradient
-// reads x and dy copied into oneDNN's channel-blocked layout, with channel counts that are not
-// multiples of its block of 8.
+// and a last row and column that no output reads. On AVX2 CPUs the weight gradient of every kernel
+// larger than 1x1 is computed over gathered patches, each thread on its share of the output pixels
+// in chunks of 128: the 3x3 over 13x12 pixels takes more than one chunk per thread, the last shape
+// has one output pixel, so a thread has none. The 1x1 shape with 260 channels does at least 128
+// multiply-adds per element of x and dy, so on AVX2 CPUs its weight gradient reads x and dy copied
+// into oneDNN's channel-blocked layout, with channel counts that are not multiples of its block of 8.
 const CONV_SHAPES: ConvShape[] = [
   { n: 2, h: 17, w: 17, c: 3, k: 8, kernelH: 7, kernelW: 7, strideH: 2, strideW: 2, padH: 3, padW: 3, bias: false },
   { n: 2, h: 8, w: 8, c: 8, k: 16, kernelH: 3, kernelW: 3, padH: 1, padW: 1, bias: true },
@@ -49,6 +51,8 @@ const CONV_SHAPES: ConvShape[] = [
   { n: 2, h: 6, w: 6, c: 30, k: 34, kernelH: 3, kernelW: 3, padH: 1, padW: 1, bias: true },
   { n: 1, h: 4, w: 4, c: 260, k: 266, kernelH: 1, kernelW: 1, bias: false },
   { n: 2, h: 8, w: 7, c: 12, k: 20, kernelH: 1, kernelW: 1, strideH: 2, strideW: 3, bias: false },
+  { n: 2, h: 13, w: 12, c: 5, k: 7, kernelH: 3, kernelW: 3, padH: 1, padW: 1, bias: true },
+  { n: 1, h: 3, w: 3, c: 4, k: 6, kernelH: 3, kernelW: 3, bias: true },
 ];
 
 function convLabel(shape: ConvShape): string {
