@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { defineConfig } from 'vitest/config';
 
@@ -9,6 +9,23 @@ const emulator = resolve('build/Release/libresnet_cuda_emulator.so');
 const emulatorEnv = existsSync(emulator)
   ? { RESNET_CUDA_BACKEND_LIBRARY: emulator }
   : { RESNET_CUDA_EMULATOR_MISSING: emulator };
+
+// Where the CPU has AVX-512, oneDNN has bf16 kernels (native or emulated), which the CPU backend
+// uses or not by timing them (native/cpu/compute_type.h): the 'cpu-bf16-native' project runs the op
+// table and the bf16 checks with them forced on, so that path is tested whichever this CPU chooses.
+const avx512 = existsSync('/proc/cpuinfo') && /\bavx512f\b/.test(readFileSync('/proc/cpuinfo', 'utf8'));
+const bf16NativeProjects = avx512
+  ? [
+      {
+        extends: true as const,
+        test: {
+          name: 'cpu-bf16-native',
+          include: ['test/ops.test.ts', 'test/cpu-bf16-compute.test.ts'],
+          env: { RESNET_TEST_BACKENDS: 'cpu', RESNET_CPU_BF16: 'native' },
+        },
+      },
+    ]
+  : [];
 
 export default defineConfig({
   resolve: {
@@ -91,6 +108,7 @@ export default defineConfig({
           env: { RESNET_TEST_BACKENDS: 'cuda', RESNET_CUDA_EMU_SCHEDULE: 'random', ...emulatorEnv },
         },
       },
+      ...bf16NativeProjects,
     ],
   },
 });

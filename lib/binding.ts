@@ -259,7 +259,11 @@ export interface BackendStatus {
   reason?: string;
   /** The device's name, when available. */
   device?: string;
-  /** Library versions and capabilities, when available (e.g. `onednn`, `isa`, `threads`). */
+  /**
+   * Library versions and capabilities, when available (e.g. `onednn`, `isa`, `threads`). The CPU
+   * backend's `bf16` is `native` or `computed in f32`, and `bf16Reason` says why (no bf16 kernels,
+   * AMX, the timing that chose, or `RESNET_CPU_BF16`).
+   */
   properties?: Record<string, string>;
 }
 

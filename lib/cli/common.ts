@@ -265,14 +265,15 @@ export function checkAmp(amp: AmpName, device: string): void {
 
 /**
  * Warns when `--amp bf16` on the CPU will compute in f32: oneDNN has bf16 kernels only on CPUs
- * with AVX-512, so on AVX2-only ones the run works but is no faster than `--amp none`.
+ * with AVX-512, and on some of those (Xeons without AMX) they are slower than its f32 ones, so the
+ * run works and halves the activations' memory but is no faster than `--amp none`.
  */
 export function warnBf16ComputedInF32(amp: AmpName, device: string, warn: (text: string) => void): void {
   if (amp !== 'bf16' || device !== 'cpu') return;
   const cpu = listBackends().find((b) => b.name === 'cpu');
   if (cpu?.properties?.bf16 !== 'computed in f32') return;
   warn(
-    `warning: oneDNN has no bf16 kernels on this CPU (${cpu.properties.isa ?? 'no AVX-512'}): --amp bf16 computes its convolutions in f32 and is no faster than --amp none`,
+    `warning: --amp bf16 computes its convolutions in f32 on this CPU (${cpu.properties.bf16Reason ?? cpu.properties.isa ?? 'no AVX-512'}) and is no faster than --amp none`,
   );
 }
 

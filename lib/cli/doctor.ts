@@ -315,7 +315,7 @@ function describeBackend(b: DoctorBackend): string {
       ? [
           p.onednn && `oneDNN ${p.onednn}`,
           p.isa,
-          p.bf16 === 'native' ? undefined : p.bf16 && `bf16 ${p.bf16}`,
+          p.bf16 === 'native' ? undefined : p.bf16 && `bf16 ${p.bf16}${p.bf16Reason ? ` (${p.bf16Reason})` : ''}`,
           p.int8 === 'no vnni' ? 'int8 without VNNI (exact with 7-bit weights)' : undefined,
           p.threads && `${p.threads} threads`,
         ]

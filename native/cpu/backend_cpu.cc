@@ -44,7 +44,8 @@ class CpuBackend final : public Backend {
     out.properties = {
         {"onednn", std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch)},
         {"isa", isaName()},
-        {"bf16", hasNativeBf16(ctx_.engine()) ? "native" : "computed in f32"},
+        {"bf16", bf16Compute(ctx_.engine()).native ? "native" : "computed in f32"},
+        {"bf16Reason", bf16Compute(ctx_.engine()).reason},
         {"int8", hasInt8DotProducts() ? "vnni" : "no vnni"},
         {"threads", std::to_string(omp_get_max_threads())},
     };

@@ -7,9 +7,15 @@
 // even) after it writes them. The results are those of f32 arithmetic on the bf16 values, as
 // PyTorch's CPU kernels compute bf16 where the CPU has no bf16 instructions; there is no speed-up
 // over f32 there.
+//
+// Having bf16 kernels does not make them faster: AVX512-BF16's dot product runs at twice the f32
+// FMA rate on some CPUs (AMD Zen 5) and at half of it on others (Intel Xeons whose AMX is not
+// available), where the f32 kernels win. So without AMX the choice is measured once per process
+// (bf16Compute), and RESNET_CPU_BF16 (auto, native or f32) overrides it.
 #pragma once
 
 #include <dnnl.hpp>
+#include <string>
 
 #include "../core/backend.h"
 
@@ -17,7 +23,20 @@ namespace rc::cpu {
 
 class CpuContext;
 
-// Whether oneDNN has bf16 kernels on this CPU (probed once with a small bf16 convolution).
+// How this process computes bf16, decided once: natively in oneDNN's bf16 kernels, or in f32 on
+// the bf16 values, and why (for BackendInfo, `doctor` and the CLI's warning).
+struct Bf16Compute {
+  bool native = false;
+  std::string reason;
+};
+
+// The decision, in order: RESNET_CPU_BF16=f32 or native (native where oneDNN has no bf16 kernels
+// is an error); no bf16 kernels: f32; AMX: native; otherwise native when oneDNN's bf16 1x1
+// convolution takes at most 1.1x its f32 one, timed here (the margin pays for the conversions
+// at the edges of each f32 primitive). Throws kInvalidArgument for another RESNET_CPU_BF16 value.
+const Bf16Compute& bf16Compute(dnnl::engine& engine);
+
+// bf16Compute(engine).native.
 bool hasNativeBf16(dnnl::engine& engine);
 
 // Whether oneDNN's int8 kernels sum u8 x s8 products in 32 bits on this CPU (VNNI or AMX). Without
