@@ -121,11 +121,13 @@ std::string bf16Setting() {
 Bf16Compute decideBf16(dnnl::engine& engine) {
   const std::string setting = bf16Setting();
   const bool kernels = probeBf16(engine);
-  if (setting == "native" && !kernels) {
-    RC_THROW(code::kInvalidArgument,
-             "RESNET_CPU_BF16=native, but oneDNN has no bf16 kernels on this CPU (" << isaName() << ")");
+  if (setting == "native") {
+    if (!kernels) {
+      RC_THROW(code::kInvalidArgument,
+               "RESNET_CPU_BF16=native, but oneDNN has no bf16 kernels on this CPU (" << isaName() << ")");
+    }
+    return {true, "RESNET_CPU_BF16=native"};
   }
-  if (setting == "native") return {true, "RESNET_CPU_BF16=native"};
   if (setting == "f32") return {false, "RESNET_CPU_BF16=f32"};
   if (!kernels) return {false, "oneDNN has no bf16 kernels on this CPU (" + isaName() + ")"};
   if (hasAmx()) return {true, "AMX"};
