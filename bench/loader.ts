@@ -25,8 +25,7 @@
  * On a shared machine single runs vary by 10% or more: `--repeat N` runs everything N times,
  * alternating with the reference, and reports the median of each figure.
  *
- * Options: --images 200 --count 400 --batch 32 --prefetch 2 --workers 0,1,2,all --repeat 1
- *          --python python3
+ * Options: `--help` prints them (USAGE below).
  * Prints a table and one `RESULT {json}` line.
  */
 import { spawnSync } from 'node:child_process';
@@ -45,6 +44,7 @@ import { permutation, type Sampler } from '../lib/data/sampler.js';
 import { CenterCrop, Compose, RandomHorizontalFlip, RandomResizedCrop, Resize } from '../lib/data/transforms.js';
 import { synchronize } from '../lib/device.js';
 import { gpuDecodeUnavailable, measureGpuDecode } from './gpu-decode.js';
+import { integerOption, parseOptions } from './options.js';
 
 const cores = availableParallelism();
 
@@ -64,25 +64,42 @@ if (process.env.UV_THREADPOOL_SIZE === undefined && cores > 4) {
   process.exit(child.status ?? 1);
 }
 
-const { values } = parseArgs({
-  options: {
-    images: { type: 'string', default: '200' },
-    count: { type: 'string', default: '400' },
-    batch: { type: 'string', default: '32' },
-    prefetch: { type: 'string', default: '2' },
-    workers: { type: 'string', default: '0,1,2,all' },
-    repeat: { type: 'string', default: '1' },
-    python: { type: 'string', default: process.env.PYTHON ?? 'python3' },
-  },
-});
-const imageCount = Number(values.images);
-const timedImages = Number(values.count);
-const batchSize = Number(values.batch);
-const prefetch = Number(values.prefetch);
-const workerCounts = [...new Set(values.workers.split(',').map((w) => (w === 'all' ? cores : Number(w))))].sort(
-  (a, b) => a - b,
+const USAGE = `Usage: node dist/bench/loader.js [OPTIONS]
+
+  --images N         JPEGs written for the test folder [200]
+  --count N          images timed per run [400]
+  --batch N          batch size [32]
+  --prefetch N       batches in flight per worker [2]
+  --workers LIST     worker counts to run, 'all' meaning one per core [0,1,2,all]
+  --repeat N         runs of everything, alternated with the reference; medians reported [1]
+  --python PATH      the Python whose torchvision is the reference [$PYTHON, else python3]
+  -h, --help         print this help
+`;
+
+const values = parseOptions(
+  () =>
+    parseArgs({
+      options: {
+        images: { type: 'string', default: '200' },
+        count: { type: 'string', default: '400' },
+        batch: { type: 'string', default: '32' },
+        prefetch: { type: 'string', default: '2' },
+        workers: { type: 'string', default: '0,1,2,all' },
+        repeat: { type: 'string', default: '1' },
+        python: { type: 'string', default: process.env.PYTHON ?? 'python3' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }),
+  USAGE,
 );
-const repeats = Math.max(1, Math.trunc(Number(values.repeat)) || 1);
+const imageCount = integerOption('images', values.images, 1);
+const timedImages = integerOption('count', values.count, 1);
+const batchSize = integerOption('batch', values.batch, 1);
+const prefetch = integerOption('prefetch', values.prefetch, 1);
+const workerCounts = [
+  ...new Set(values.workers.split(',').map((w) => (w === 'all' ? cores : integerOption('workers', w, 0)))),
+].sort((a, b) => a - b);
+const repeats = integerOption('repeat', values.repeat, 1);
 const python = values.python;
 
 const CLASSES = 4;

@@ -19,14 +19,7 @@
  *    eager and torch.compile, the same model, batch, dtype and optimizer, runs of --peer-steps steps
  *    alternated with ours for --peer-rounds rounds; ranges of the rounds' means and the ratios.
  *
- * Options: --batch 16 --size 224 --depth 50 --iterations 5 --device cpu --dtypes f32,bf16
- *   --checkpoint-batch 64 --checkpoint-size 224 (64 on the CPU) --checkpoint-steps 2 (the checkpointing rows)
- *   --only checkpointing (run only those rows), --only profiler (the whole step and the profiler's
- *   overhead, first dtype, without the convolutions one by one), --only training (the
- *   convolutions, the whole step and the PyTorch rows per dtype, nothing else: for runs under a
- *   changed environment such as ONEDNN_MAX_CPU_ISA, which both sides honour)
- *   --peer-rounds 3 --peer-steps 2 --peers eager,compile (the PyTorch rows; --peer-rounds 0 skips them)
- *   --ratio-rounds 3 (the whole step against the convolutions alone, alternated; 0 skips them)
+ * Options: `--help` prints them (USAGE below).
  * Prints a table and writes JSON under bench/results/.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -52,56 +45,77 @@ import { benchInference } from './inference.js';
 import { int8Quantizer } from './int8.js';
 import { benchPruning } from './prune.js';
 import { benchDataParallel } from './ddp.js';
+import { integerOption, parseOptions, usageError } from './options.js';
 import { checkpointingOf, type CheckpointSegments } from '../lib/nn/checkpoint.js';
 import { findTorchPython, startTorchPeer, type TorchPeer } from './torch-cpu.js';
 
-const { values } = parseArgs({
-  options: {
-    batch: { type: 'string', default: '16' },
-    size: { type: 'string', default: '224' },
-    depth: { type: 'string', default: '50' },
-    iterations: { type: 'string', default: '5' },
-    device: { type: 'string', default: 'cpu' },
-    dtypes: { type: 'string', default: 'f32,bf16' },
-    'checkpoint-batch': { type: 'string', default: '64' },
-    'checkpoint-size': { type: 'string' },
-    'checkpoint-steps': { type: 'string', default: '2' },
-    only: { type: 'string' },
-    'peer-rounds': { type: 'string', default: '3' },
-    'peer-steps': { type: 'string', default: '2' },
-    'ratio-rounds': { type: 'string', default: '3' },
-    peers: { type: 'string', default: 'eager,compile' },
-  },
-});
+const USAGE = `Usage: node dist/bench/run.js [OPTIONS]   (npm run bench runs it with the defaults, then bench/loader.js)
+
+  --batch N            batch size [16]
+  --size PX            image size [224]
+  --depth D            ResNet depth [50]
+  --iterations N       timed steps of the whole-step row [5]
+  --device D           cpu or cuda[:i] [cpu]
+  --dtypes LIST        comma-separated element types [f32,bf16]
+  --checkpoint-batch N, --checkpoint-size PX, --checkpoint-steps N
+                       the gradient-checkpointing rows [64, 224 on CUDA and 64 on the CPU, 2]
+  --only ROWS          checkpointing (only those rows), profiler (the whole step and the
+                       profiler's overhead, first dtype), or training (the convolutions, the whole
+                       step and the PyTorch rows per dtype, nothing else: for runs under a changed
+                       environment such as ONEDNN_MAX_CPU_ISA, which both sides honour)
+  --peer-rounds N      alternated rounds beside PyTorch; 0 skips them [3]
+  --peer-steps N       steps per round [2]
+  --peers LIST         eager,compile [eager,compile]
+  --ratio-rounds N     alternated rounds of the whole step against its convolutions alone; 0
+                       skips them [3]
+  -h, --help           print this help
+
+PyTorch's rows need a Python with torch: RESNET_TORCH_PYTHON, else python3 on the PATH.
+Prints a table and writes JSON under bench/results/.
+`;
+
+const values = parseOptions(
+  () =>
+    parseArgs({
+      options: {
+        batch: { type: 'string', default: '16' },
+        size: { type: 'string', default: '224' },
+        depth: { type: 'string', default: '50' },
+        iterations: { type: 'string', default: '5' },
+        device: { type: 'string', default: 'cpu' },
+        dtypes: { type: 'string', default: 'f32,bf16' },
+        'checkpoint-batch': { type: 'string', default: '64' },
+        'checkpoint-size': { type: 'string' },
+        'checkpoint-steps': { type: 'string', default: '2' },
+        only: { type: 'string' },
+        'peer-rounds': { type: 'string', default: '3' },
+        'peer-steps': { type: 'string', default: '2' },
+        'ratio-rounds': { type: 'string', default: '3' },
+        peers: { type: 'string', default: 'eager,compile' },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }),
+  USAGE,
+);
 const onlyValues = ['checkpointing', 'profiler', 'training'];
 if (values.only !== undefined && !onlyValues.includes(values.only)) {
-  throw new Error(`--only expects one of ${onlyValues.map((v) => `'${v}'`).join(', ')}, got '${values.only}'`);
+  usageError(`--only expects one of ${onlyValues.map((v) => `'${v}'`).join(', ')}, got '${values.only}'`);
 }
 /** Whether the per-dtype training rows (convolutions, whole step, PyTorch peers) run in full. */
 const trainingRows = values.only === undefined || values.only === 'training';
-const batch = Number(values.batch);
-const size = Number(values.size);
-const depth = Number(values.depth) as 50;
-const iterations = Number(values.iterations);
+const batch = integerOption('batch', values.batch, 1);
+const size = integerOption('size', values.size, 1);
+const depth = integerOption('depth', values.depth, 1) as 50;
+const iterations = integerOption('iterations', values.iterations, 1);
 const device = values.device;
 const dtypes = values.dtypes.split(',') as DType[];
-const peerRounds = Number(values['peer-rounds']);
-const peerSteps = Number(values['peer-steps']);
-const ratioRounds = Number(values['ratio-rounds']);
+const peerRounds = integerOption('peer-rounds', values['peer-rounds'], 0);
+const peerSteps = integerOption('peer-steps', values['peer-steps'], 1);
+const ratioRounds = integerOption('ratio-rounds', values['ratio-rounds'], 0);
 const peerVariants = values.peers.split(',').filter((v) => v !== '');
 for (const v of peerVariants) {
-  if (v !== 'eager' && v !== 'compile') throw new Error(`--peers expects eager and/or compile, got '${v}'`);
+  if (v !== 'eager' && v !== 'compile') usageError(`--peers expects eager and/or compile, got '${v}'`);
 }
-if (!Number.isInteger(peerRounds) || peerRounds < 0) {
-  throw new Error(`--peer-rounds expects an integer >= 0, got '${values['peer-rounds']}'`);
-}
-if (!Number.isInteger(peerSteps) || peerSteps < 1) {
-  throw new Error(`--peer-steps expects an integer >= 1, got '${values['peer-steps']}'`);
-}
-if (!Number.isInteger(ratioRounds) || ratioRounds < 0) {
-  throw new Error(`--ratio-rounds expects an integer >= 0, got '${values['ratio-rounds']}'`);
-}
-
 interface ConvShape {
   key: string;
   input: number[];
@@ -535,11 +549,15 @@ if (values.only === undefined) pruningRows();
  * (224 / size)^2 (exactly so when 224 / size is a ratio the strides keep whole, as for 64, 112, 224).
  */
 function benchCheckpointing(): unknown[] {
-  const cBatch = Number(values['checkpoint-batch']);
+  const cBatch = integerOption('checkpoint-batch', values['checkpoint-batch'], 1);
   // ResNet-50 at batch 64 and 224 px takes minutes a step on a CPU, and about four times the 4.1 GiB
   // bench/RESULTS.md measures at batch 16: 64 px there unless asked.
-  const cSize = Number(values['checkpoint-size'] ?? (device.startsWith('cuda') ? 224 : 64));
-  const cSteps = Number(values['checkpoint-steps']);
+  const cSize = integerOption(
+    'checkpoint-size',
+    values['checkpoint-size'] ?? (device.startsWith('cuda') ? '224' : '64'),
+    1,
+  );
+  const cSteps = integerOption('checkpoint-steps', values['checkpoint-steps'], 1);
   const configs: [string, CheckpointSegments | null][] = [
     ['none', null],
     ['stage', 'stage'],
