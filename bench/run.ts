@@ -4,7 +4,8 @@
  * 1. Every distinct convolution of ResNet-50 at the benchmark's batch and image size, forward plus
  *    backward (data and weights), in f32 and bf16, with achieved GFLOP/s.
  * 2. A whole ResNet-50 training step (forward, loss, backward, SGD) in f32 and bf16: step time,
- *    images/s, GFLOP/s, and the ratio to the conv-only time of the same step; then that ratio again
+ *    images/s, GFLOP/s (on the CPU also as a share of its FMA peak, measured right before and after
+ *    the timed steps), and the ratio to the conv-only time of the same step; then that ratio again
  *    over --ratio-rounds rounds, each one pass over the convolutions right before one step, so that
  *    both halves of each ratio see the same load (`stepToConvRounds`).
  * 3. Memory: resident set size and allocator statistics before and after the timed steps.
@@ -41,6 +42,7 @@ import {
   synchronize,
   type DType,
 } from '../lib/index.js';
+import { addon } from '../lib/binding.js';
 import { benchInference } from './inference.js';
 import { int8Quantizer } from './int8.js';
 import { benchPruning } from './prune.js';
@@ -357,6 +359,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   step();
   const rssBefore = rssMiB();
   const allocBefore = memoryStats(device);
+  const peakBefore = device === 'cpu' ? fmaPeak() : null;
   const modelBench = new Bench({ iterations, warmupIterations: 1, time: 0, warmupTime: 0 });
   let last = 0;
   modelBench.add(`ResNet-${depth} ${dtype} training step`, () => {
@@ -366,6 +369,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   const r = modelBench.tasks[0]!.result;
   if (r.state !== 'completed') throw new Error(`training step: ${r.state === 'errored' ? r.error.message : r.state}`);
   const stepMs = r.latency.mean;
+  const peakAfter = device === 'cpu' ? fmaPeak() : null;
   const allocAfter = memoryStats(device);
   const rssAfter = rssMiB();
   const gflops = stepFlops / (stepMs / 1000) / 1e9;
@@ -373,6 +377,12 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   console.log(
     `  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s${layerData.length > 0 ? `, ${ratio.toFixed(2)}x the conv-only time` : ''}; loss ${last.toFixed(3)}`,
   );
+  const peak = peakBefore && peakAfter ? Math.max(peakBefore.gflops, peakAfter.gflops) : null;
+  if (peakBefore && peakAfter && peak) {
+    console.log(
+      `  ${((100 * gflops) / peak).toFixed(0)}% of the CPU's FMA peak measured right before and after the timed steps (${peakBefore.gflops.toFixed(0)} and ${peakAfter.gflops.toFixed(0)} GFLOP/s: ${peakBefore.isa}, ${peakBefore.threads} threads)`,
+    );
+  }
   console.log(
     `  memory: RSS ${rssBefore.toFixed(0)} -> ${rssAfter.toFixed(0)} MiB over ${iterations + 1} steps; allocator ${(allocAfter.allocatedBytes / 2 ** 20).toFixed(0)} MiB live, ${(allocAfter.reservedBytes / 2 ** 20).toFixed(0)} MiB reserved, ${allocAfter.systemAllocationCount - allocBefore.systemAllocationCount} new system allocations`,
   );
@@ -399,6 +409,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
     ratioToConvOnly: ratio,
     ratioToConvOnlyAlternated: alternated,
     stepGflop: stepFlops / 1e9,
+    ...(peak ? { fmaPeakGflops: [peakBefore?.gflops, peakAfter?.gflops], shareOfFmaPeak: gflops / peak } : {}),
     rssMiB: { before: rssBefore, after: rssAfter },
     allocator: allocAfter,
     newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,
@@ -425,6 +436,14 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   optimizer.dispose();
   loss.dispose();
   x.dispose();
+}
+
+/**
+ * The CPU's multiply-add peak (independent FMA chains in registers on every OpenMP thread, best
+ * trial over 300 ms): what the step's GFLOP/s are a share of.
+ */
+function fmaPeak(): { gflops: number; threads: number; isa: string } {
+  return addon().cpuFmaPeak({ milliseconds: 300 });
 }
 
 /** One layer of the conv-only sum: a convolution with its input and output gradient. */

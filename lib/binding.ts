@@ -793,6 +793,11 @@ export interface RawAddon {
   emptyCache(args: { device: string }): void;
   listBackends(): BackendStatus[];
   /**
+   * The CPU's multiply-add peak in GFLOP/s over all OpenMP threads: independent FMA chains in
+   * registers on the widest vectors the CPU has (`isa`), best trial over about `milliseconds`.
+   */
+  cpuFmaPeak(args: { milliseconds: number }): { gflops: number; threads: number; isa: 'avx512' | 'avx2' | 'sse' };
+  /**
    * Where the CUDA libraries are (searched and loaded once per process); with `env`, a fresh search
    * in that environment only (tests), loading only when `load` is true.
    */

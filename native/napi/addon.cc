@@ -5,6 +5,7 @@
 #include <map>
 
 #include "../core/error.h"
+#include "../cpu/fma_peak.h"
 #include "addon_data.h"
 #include "convert.h"
 #include "image.h"
@@ -583,6 +584,18 @@ Napi::Value ResetPeakMemory(const Napi::CallbackInfo& info) {
   });
 }
 
+// cpuFmaPeak({ milliseconds }) -> { gflops, threads, isa }: the CPU's multiply-add peak, measured.
+Napi::Value CpuFmaPeak(const Napi::CallbackInfo& info) {
+  return guarded(info.Env(), [&] {
+    const auto peak = cpu::measureFmaPeak(getNumber(optionsArg(info, "cpuFmaPeak"), "milliseconds"));
+    Napi::Object out = Napi::Object::New(info.Env());
+    out.Set("gflops", peak.gflops);
+    out.Set("threads", peak.threads);
+    out.Set("isa", peak.isa);
+    return Napi::Value(out);
+  });
+}
+
 Napi::Value EmptyCache(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     backendFor(getDevice(optionsArg(info, "emptyCache"), "device")).allocator().emptyCache();
@@ -853,6 +866,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
       {"deviceUtilization", DeviceUtilizationFn},
       {"resetPeakMemory", ResetPeakMemory},
       {"emptyCache", EmptyCache},
+      {"cpuFmaPeak", CpuFmaPeak},
       {"listBackends", ListBackends},
       {"cudaLibraries", CudaLibraries},
       {"beginCapture", BeginCapture},
