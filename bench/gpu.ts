@@ -5,32 +5,55 @@
  * `--modes eager,graph` measures both in one process, so that cuDNN's algorithm search (once per
  * convolution shape and process) runs once.
  *
- *   node dist/bench/gpu.js [--device cuda:0] [--batch 256] [--dtype bf16|f16|f32] [--steps 30]
- *                          [--modes eager|graph|eager,graph] [--graph (= --modes graph)]
+ * Options: `--help` prints them (USAGE below).
  */
 import { parseArgs } from 'node:util';
 import { ResNet50 } from '../lib/index.js';
 import { benchmarkTraining } from '../lib/train/benchmark.js';
+import { integerOption, parseOptions, usageError } from './options.js';
 
-const { values } = parseArgs({
-  options: {
-    device: { type: 'string', default: 'cuda:0' },
-    batch: { type: 'string', default: '256' },
-    size: { type: 'string', default: '224' },
-    dtype: { type: 'string', default: 'bf16' },
-    steps: { type: 'string', default: '30' },
-    warmup: { type: 'string', default: '5' },
-    modes: { type: 'string', default: 'eager' },
-    graph: { type: 'boolean', default: false },
-  },
-});
+const USAGE = `Usage: node dist/bench/gpu.js [OPTIONS]
+
+  --device D         the CUDA device [cuda:0]
+  --batch N          batch size [256]
+  --size PX          image size [224]
+  --dtype T          bf16, f16 or f32 [bf16]
+  --steps N          timed steps [30]
+  --warmup N         untimed steps first [5]
+  --modes LIST       eager, graph or eager,graph [eager]
+  --graph            the same as --modes graph
+  -h, --help         print this help
+`;
+
+const values = parseOptions(
+  () =>
+    parseArgs({
+      options: {
+        device: { type: 'string', default: 'cuda:0' },
+        batch: { type: 'string', default: '256' },
+        size: { type: 'string', default: '224' },
+        dtype: { type: 'string', default: 'bf16' },
+        steps: { type: 'string', default: '30' },
+        warmup: { type: 'string', default: '5' },
+        modes: { type: 'string', default: 'eager' },
+        graph: { type: 'boolean', default: false },
+        help: { type: 'boolean', short: 'h' },
+      },
+    }),
+  USAGE,
+);
 const device = values.device;
-const batch = Number(values.batch);
-const size = Number(values.size);
-const dtype = values.dtype as 'f32' | 'bf16' | 'f16';
+const batch = integerOption('batch', values.batch, 1);
+const size = integerOption('size', values.size, 1);
+const steps = integerOption('steps', values.steps, 1);
+const warmup = integerOption('warmup', values.warmup, 0);
+if (values.dtype !== 'f32' && values.dtype !== 'bf16' && values.dtype !== 'f16') {
+  usageError(`--dtype expects bf16, f16 or f32, got '${values.dtype}'`);
+}
+const dtype = values.dtype;
 const modes = values.graph ? ['graph'] : values.modes.split(',');
 for (const mode of modes) {
-  if (mode !== 'eager' && mode !== 'graph') throw new Error(`--modes: 'eager' and/or 'graph', not '${mode}'`);
+  if (mode !== 'eager' && mode !== 'graph') usageError(`--modes expects eager and/or graph, got '${mode}'`);
 }
 
 for (const mode of modes) {
@@ -42,8 +65,8 @@ for (const mode of modes) {
     dtype,
     batch,
     size,
-    steps: Number(values.steps),
-    warmup: Number(values.warmup),
+    steps,
+    warmup,
     cudaGraph: graph,
   });
   const result = {

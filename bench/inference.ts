@@ -4,8 +4,8 @@
  * {@link exportOnnxBytes}, in the same process, alternating round by round so that both see the
  * same machine load. Rows per compute dtype and batch, with the ratio to ONNX Runtime's f32 time.
  *
- * `node dist/bench/inference.js [--depth 50] [--size 224] [--batches 1,16] [--dtypes f32,bf16]
- *   [--rounds 5] [--seconds 1]`; `npm run bench` runs it at its defaults.
+ * `node dist/bench/inference.js [OPTIONS]` (`--help` lists them); `npm run bench` runs it at its
+ * defaults.
  *
  * INT8 rows: {@link benchInference} takes a `quantize` hook (a model to its calibrated graph); the
  * `int8` dtype is benchmarked only when one is given, and reported as skipped otherwise.
@@ -20,6 +20,7 @@ import { ResNet, Tensor, listBackends, type ResNetDepth } from '../lib/index.js'
 import { exportOnnxBytes } from '../lib/export/onnx.js';
 import type { InferenceGraph } from '../lib/inference/graph.js';
 import { Predictor, type PredictorDType } from '../lib/inference/predictor.js';
+import { integerListOption, integerOption, numberOption, parseOptions } from './options.js';
 
 /** What {@link benchInference} measures. */
 export interface InferenceBenchOptions {
@@ -168,25 +169,41 @@ export async function benchInference(o: InferenceBenchOptions): Promise<Inferenc
   return rows;
 }
 
+const USAGE = `Usage: node dist/bench/inference.js [OPTIONS]
+
+  --depth D          ResNet depth [50]
+  --size PX          image size [224]
+  --batches LIST     batch sizes [1,16]
+  --dtypes LIST      compute types; int8 needs a quantize hook (bench/int8.js) [f32,bf16,int8]
+  --rounds N         alternated rounds beside ONNX Runtime [5]
+  --seconds S        time per row and round [1]
+  -h, --help         print this help
+`;
+
 /** The command-line options as {@link InferenceBenchOptions}. */
 function optionsFromArgs(): InferenceBenchOptions {
-  const { values } = parseArgs({
-    options: {
-      depth: { type: 'string', default: '50' },
-      size: { type: 'string', default: '224' },
-      batches: { type: 'string', default: '1,16' },
-      dtypes: { type: 'string', default: 'f32,bf16,int8' },
-      rounds: { type: 'string', default: '5' },
-      seconds: { type: 'string', default: '1' },
-    },
-  });
+  const values = parseOptions(
+    () =>
+      parseArgs({
+        options: {
+          depth: { type: 'string', default: '50' },
+          size: { type: 'string', default: '224' },
+          batches: { type: 'string', default: '1,16' },
+          dtypes: { type: 'string', default: 'f32,bf16,int8' },
+          rounds: { type: 'string', default: '5' },
+          seconds: { type: 'string', default: '1' },
+          help: { type: 'boolean', short: 'h' },
+        },
+      }),
+    USAGE,
+  );
   return {
-    depth: Number(values.depth) as ResNetDepth,
-    size: Number(values.size),
-    batches: values.batches.split(',').map(Number),
+    depth: integerOption('depth', values.depth, 1) as ResNetDepth,
+    size: integerOption('size', values.size, 1),
+    batches: integerListOption('batches', values.batches, 1),
     dtypes: values.dtypes.split(',') as PredictorDType[],
-    rounds: Number(values.rounds),
-    seconds: Number(values.seconds),
+    rounds: integerOption('rounds', values.rounds, 1),
+    seconds: numberOption('seconds', values.seconds, 0.01),
   };
 }
 

@@ -28,6 +28,20 @@ export function parseOptions<V extends { help?: boolean | undefined }>(parse: ()
   return values;
 }
 
+/** `text` as a number of at least `min`, or a {@link usageError} naming the option `name`. */
+export function numberOption(name: string, text: string, min: number): number {
+  const value = Number(text);
+  if (text.trim() === '' || !Number.isFinite(value) || value < min) {
+    usageError(`--${name} expects a number >= ${min}, got '${text}'`);
+  }
+  return value;
+}
+
+/** `text`, a comma-separated list, as integers of at least `min` each (see {@link integerOption}). */
+export function integerListOption(name: string, text: string, min: number): number[] {
+  return text.split(',').map((item) => integerOption(name, item, min));
+}
+
 /** `text` as an integer of at least `min`, or a {@link usageError} naming the option `name`. */
 export function integerOption(name: string, text: string, min: number): number {
   const value = Number(text);

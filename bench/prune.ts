@@ -4,8 +4,8 @@
  * global magnitude (same shapes: dense kernels run as before), and of channel-pruned models (30%
  * and 50% of the blocks' inner channels removed).
  *
- * `node dist/bench/prune.js [--depth 18] [--size 64] [--batch 16] [--iterations 5] [--device cpu]`;
- * `npm run bench` runs it at its defaults after the ResNet-50 step.
+ * `node dist/bench/prune.js [OPTIONS]` (`--help` lists them); `npm run bench` runs it at its
+ * defaults after the ResNet-50 step.
  * @packageDocumentation
  */
 import { realpathSync } from 'node:fs';
@@ -20,6 +20,17 @@ import {
   weightSparsity,
   type ResNetDepth,
 } from '../lib/index.js';
+import { integerOption, parseOptions } from './options.js';
+
+const USAGE = `Usage: node dist/bench/prune.js [OPTIONS]
+
+  --depth D          ResNet depth [18]
+  --size PX          image size; the small-image stem up to 64 [64]
+  --batch N          batch size [16]
+  --iterations N     timed forward + backward passes [5]
+  --device D         cpu or cuda[:i] [cpu]
+  -h, --help         print this help
+`;
 
 /** What {@link benchPruning} measures. */
 export interface PruningBenchOptions {
@@ -127,20 +138,25 @@ function isEntryPoint(): boolean {
 }
 
 if (isEntryPoint()) {
-  const { values } = parseArgs({
-    options: {
-      depth: { type: 'string', default: '18' },
-      size: { type: 'string', default: '64' },
-      batch: { type: 'string', default: '16' },
-      iterations: { type: 'string', default: '5' },
-      device: { type: 'string', default: 'cpu' },
-    },
-  });
+  const values = parseOptions(
+    () =>
+      parseArgs({
+        options: {
+          depth: { type: 'string', default: '18' },
+          size: { type: 'string', default: '64' },
+          batch: { type: 'string', default: '16' },
+          iterations: { type: 'string', default: '5' },
+          device: { type: 'string', default: 'cpu' },
+          help: { type: 'boolean', short: 'h' },
+        },
+      }),
+    USAGE,
+  );
   benchPruning({
-    depth: Number(values.depth) as ResNetDepth,
-    size: Number(values.size),
-    batch: Number(values.batch),
-    iterations: Number(values.iterations),
+    depth: integerOption('depth', values.depth, 1) as ResNetDepth,
+    size: integerOption('size', values.size, 1),
+    batch: integerOption('batch', values.batch, 1),
+    iterations: integerOption('iterations', values.iterations, 1),
     device: values.device,
   });
 }
