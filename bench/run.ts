@@ -369,7 +369,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   const r = modelBench.tasks[0]!.result;
   if (r.state !== 'completed') throw new Error(`training step: ${r.state === 'errored' ? r.error.message : r.state}`);
   const stepMs = r.latency.mean;
-  const peakAfter = device === 'cpu' ? fmaPeak() : null;
+  const peakAfter = peakBefore ? fmaPeak() : null;
   const allocAfter = memoryStats(device);
   const rssAfter = rssMiB();
   const gflops = stepFlops / (stepMs / 1000) / 1e9;
@@ -377,10 +377,19 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
   console.log(
     `  whole step: ${stepMs.toFixed(0)} ms (sd ${r.latency.sd.toFixed(0)}), ${((batch * 1000) / stepMs).toFixed(2)} img/s, ${gflops.toFixed(1)} GFLOP/s${layerData.length > 0 ? `, ${ratio.toFixed(2)}x the conv-only time` : ''}; loss ${last.toFixed(3)}`,
   );
-  const peak = peakBefore && peakAfter ? Math.max(peakBefore.gflops, peakAfter.gflops) : null;
-  if (peakBefore && peakAfter && peak) {
+  // The step's share of the higher of the two peak readings (the CPU only).
+  const fma =
+    peakBefore && peakAfter
+      ? {
+          gflops: [peakBefore.gflops, peakAfter.gflops],
+          share: gflops / Math.max(peakBefore.gflops, peakAfter.gflops),
+          isa: peakBefore.isa,
+          threads: peakBefore.threads,
+        }
+      : null;
+  if (fma) {
     console.log(
-      `  ${((100 * gflops) / peak).toFixed(0)}% of the CPU's FMA peak measured right before and after the timed steps (${peakBefore.gflops.toFixed(0)} and ${peakAfter.gflops.toFixed(0)} GFLOP/s: ${peakBefore.isa}, ${peakBefore.threads} threads)`,
+      `  ${(100 * fma.share).toFixed(0)}% of the CPU's FMA peak measured right before and after the timed steps (${fma.gflops.map((g) => g.toFixed(0)).join(' and ')} GFLOP/s: ${fma.isa}, ${fma.threads} threads)`,
     );
   }
   console.log(
@@ -409,7 +418,7 @@ for (const dtype of trainingRows ? dtypes : values.only === 'profiler' ? dtypes.
     ratioToConvOnly: ratio,
     ratioToConvOnlyAlternated: alternated,
     stepGflop: stepFlops / 1e9,
-    ...(peak ? { fmaPeakGflops: [peakBefore?.gflops, peakAfter?.gflops], shareOfFmaPeak: gflops / peak } : {}),
+    ...(fma ? { fmaPeakGflops: fma.gflops, shareOfFmaPeak: fma.share } : {}),
     rssMiB: { before: rssBefore, after: rssAfter },
     allocator: allocAfter,
     newSystemAllocations: allocAfter.systemAllocationCount - allocBefore.systemAllocationCount,

@@ -16,8 +16,9 @@ namespace {
 // two FMA ports of current cores, in registers (AVX-512 has 32, AVX2 16).
 constexpr int kChains = 12;
 
-// `iterations` rounds of kChains multiply-adds on vectors of `Lanes` floats; returns a value
-// that depends on every chain, so that no round can be left out.
+// Each kernel: `iterations` rounds of kChains multiply-adds on its vectors (16, 8 or 4 floats, as
+// Kernel::lanes says); returns a value that depends on every chain, so that no round can be left
+// out. The SSE one multiplies and adds (x86-64 without FMA).
 RC_TARGET_AVX512 float fmaRoundsAvx512(long iterations) {
   __m512 acc[kChains];
   for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i));
