@@ -53,7 +53,8 @@ export interface RawConv2dOptions {
 
 export interface RawConv2dPlan {
   forward(args: { x: RawTensor; weight: RawTensor; bias?: RawTensor; y: RawTensor }): void;
-  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor }): void;
+  /** dx = the input gradient, or dx += it with `accumulate`. */
+  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor; accumulate?: boolean }): void;
   backwardWeights(args: { x: RawTensor; dy: RawTensor; dWeight: RawTensor; dBias?: RawTensor }): void;
   implementation(): string;
   dispose(): void;

@@ -4,7 +4,8 @@
  * a 1x1 convolution that does at least 128 multiply-adds per element of x and dy has its weight
  * gradient read them copied into oneDNN's channel-blocked layout, which its kernel reads faster
  * than NHWC, smaller ones read NHWC; a strided 1x1 convolution runs as a stride-1 one on a copy of
- * the pixels it reads. The op table checks the values of all of them (test/ops/conv-cases.ts); this
+ * the pixels it reads. On AVX-512, a 1x1 stride-1 f32 convolution adds its input gradient into
+ * another tensor (a residual block's sum) with a matrix product. The op table checks the values of all of them (test/ops/conv-cases.ts); this
  * file checks which path each takes. The 'cpu-avx2' test project runs it under ONEDNN_MAX_CPU_ISA=AVX2,
  * so the AVX2 paths are checked on every machine.
  */
@@ -15,6 +16,7 @@ const isa = listBackends().find((b) => b.name === 'cpu')?.properties?.isa ?? '';
 const COPIES = 'on channel-blocked copies';
 const SUBSAMPLED = 'on a subsampled copy';
 const PATCHES = 'weight gradient sgemm over gathered patches';
+const ADDING = 'added input gradient matmul';
 
 /** The implementation a convolution reports after one forward and backward on an n x size x size x inChannels input. */
 function implementationOf(
@@ -75,6 +77,24 @@ describe('the CPU convolution layouts', () => {
         expect(implementation).not.toContain(COPIES);
         expect(implementation).not.toContain(SUBSAMPLED);
         expect(implementation).not.toContain(PATCHES);
+      }
+    },
+  );
+
+  it.runIf(isa.startsWith('avx512'))(
+    'on AVX-512, adds the input gradient of a 1x1 stride-1 layer with a matmul',
+    () => {
+      expect(lightPointwise()).toMatch(/, added input gradient matmul brg:avx512/);
+      expect(densePointwise()).toContain(ADDING);
+      for (const implementation of [dense(), strided()]) expect(implementation).not.toContain(ADDING);
+    },
+  );
+
+  it.runIf(isa === 'avx2')(
+    'on AVX2, adds the input gradient after the convolution (the matmul was not measured there)',
+    () => {
+      for (const implementation of [lightPointwise(), densePointwise(), dense()]) {
+        expect(implementation).not.toContain(ADDING);
       }
     },
   );

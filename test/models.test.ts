@@ -229,6 +229,59 @@ describe('containers derive backward from their children', () => {
     block.dispose();
   });
 
+  it('a Bottleneck block with the identity shortcut matches finite differences', () => {
+    const block = new Bottleneck(16, 4, 1, null, new Random(5));
+    const x = Tensor.randn([2, 5, 5, 16], { seed: 6 });
+    const { analytic, numeric } = directionalCheck(block, x, 15, 1e-4);
+    expect(Math.abs(analytic - numeric) / Math.abs(numeric)).toBeLessThan(1e-2);
+  });
+
+  // The first convolution adds the main branch's input gradient into the shortcut's; with its
+  // backward replaced on the instance the block adds the two in a pass of its own.
+  it.each([
+    ['the identity', 16, 1, false],
+    ['a downsample', 8, 2, true],
+  ] as const)(
+    'a Bottleneck with %s shortcut gets the same gradients with the add in its first convolution',
+    (_, inplanes, stride, down) => {
+      const run = (ownAdd: boolean) => {
+        const downsample = down
+          ? new Sequential(
+              new Conv2d({ inChannels: inplanes, outChannels: 16, kernelSize: 1, stride, seed: 1 }),
+              new BatchNorm2d({ numFeatures: 16 }),
+            )
+          : null;
+        const block = new Bottleneck(inplanes, 4, stride, downsample, new Random(7));
+        if (ownAdd) {
+          const conv1 = block.main[0] as Conv2d;
+          conv1.backward = (g) => Conv2d.prototype.backward.call(conv1, g);
+        }
+        const x = Tensor.randn([2, 6, 6, inplanes], { seed: 8 });
+        const y = block.forward(x);
+        const dy = Tensor.randn(y.shape, { seed: 9 });
+        block.zeroGrad();
+        const dx = block.backward(dy);
+        assert.isNotNull(dx);
+        if (!ownAdd && !down) expect(dx).toBe((block.main[5] as BatchNorm2d).residualGrad);
+        const result = { dx: dx.toFloat32Array(), grads: block.arena().grads.toFloat32Array() };
+        block.dispose();
+        return result;
+      };
+      const fused = run(false);
+      const separate = run(true);
+      for (const [got, want] of [
+        [fused.dx, separate.dx],
+        [fused.grads, separate.grads],
+      ] as const) {
+        let worst = 0;
+        for (let i = 0; i < want.length; i++) {
+          worst = Math.max(worst, Math.abs(got[i]! - want[i]!) / (1 + Math.abs(want[i]!)));
+        }
+        expect(worst).toBeLessThan(1e-5);
+      }
+    },
+  );
+
   it('a BasicBlock with the identity shortcut matches finite differences', () => {
     const block = new BasicBlock(4, 4, 1, null, new Random(3));
     const x = Tensor.randn([2, 5, 5, 4], { seed: 5 });

@@ -193,10 +193,14 @@ describe('the current plan against a step that runs', () => {
         ].map((name) => [name, calls.get(name) ?? 0]),
       ),
     );
-    // ResNet-18: 20 convolutions, the stem's without backward data; 8 blocks, each adding gradients.
+    // ResNet-18: 20 convolutions, the stem's without backward data; 8 blocks, each summing its
+    // input gradient in its first convolution's backward data, which reads that gradient too.
     expect(count('cudnnConvolutionForward')).toBe(20);
     expect(count('cudnnConvolutionBackwardData')).toBe(19);
-    expect(count('add_kernel')).toBe(8);
+    expect(count('add_kernel')).toBe(0);
+    const dgrad = plan.ops.find((o) => o.kernel === 'cudnnConvolutionBackwardData' && o.layer === 'layer1.0.conv1');
+    const x = 2 * 8 * 8 * 64;
+    expect(dgrad).toMatchObject({ bytesRead: 2 * (x + 64 * 9 * 64 + x), bytesWritten: 2 * x });
   });
 });
 

@@ -46,6 +46,7 @@ import {
 } from './plan-current.js';
 import { F32, op, type StepOp } from './step-ops.js';
 import {
+  blockBackwardParts,
   shapeNumel,
   type BlockLayer,
   type BnLayer,
@@ -324,9 +325,8 @@ class BuiltPlanner {
       const l = layers[i]!;
       switch (l.kind) {
         case 'block':
-          this.#backward(l.main);
-          this.#backward(l.shortcut ?? []);
-          if (l.inputGrad) this.#ops.push(residualGradAdd(l, s));
+          for (const part of blockBackwardParts(l)) this.#backward(part);
+          if (l.inputGrad && !l.sumInFirstConv) this.#ops.push(residualGradAdd(l, s));
           break;
         case 'conv': {
           const bn = this.#prologueOf.get(l);

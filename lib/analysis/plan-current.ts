@@ -11,6 +11,7 @@
 import { ResnetError } from '../errors.js';
 import { F32, op, type StepOp } from './step-ops.js';
 import {
+  blockBackwardParts,
   shapeNumel,
   type BlockLayer,
   type BnLayer,
@@ -120,12 +121,12 @@ export function reluBackward(l: ReluLayer, s: number): StepOp {
   return op('relu', l.name, 'relu_bwd_kernel', e, 2 * s * e, s * e);
 }
 
-// Residual.backward: main branch (its last BN also writes dResidual), shortcut, then the add of
-// the two input gradients (elementwise.cu add_kernel) when the block passes a gradient on.
+// Residual.backward (blockBackwardParts): main branch (its last BN also writes dResidual),
+// shortcut, then the add of the two input gradients (elementwise.cu add_kernel) when the block
+// passes a gradient on, unless the main branch's first convolution adds them in its backward data.
 function blockBackward(b: BlockLayer, s: number, ops: StepOp[]): void {
-  backward(b.main, s, ops);
-  backward(b.shortcut ?? [], s, ops);
-  if (b.inputGrad) ops.push(residualGradAdd(b, s));
+  for (const part of blockBackwardParts(b)) backward(part, s, ops);
+  if (b.inputGrad && !b.sumInFirstConv) ops.push(residualGradAdd(b, s));
 }
 
 /** elementwise.cu add_kernel: a block's main-branch and shortcut input gradients added. */
@@ -164,8 +165,10 @@ export function convBackward(l: ConvLayer, s: number, ops: StepOp[]): void {
     if (l.bias) ops.push(...biasGrad(l.name, y / l.channels, l.channels, s));
   }
   if (l.inputGrad) {
+    // Adding into dx (beta 1) reads it too.
+    const reads = s * (y + l.weight + (l.addsInputGrad ? x : 0));
     ops.push(weightCast(l.name, l.weight, s));
-    ops.push(op('conv dgrad', l.name, 'cudnnConvolutionBackwardData', 2 * l.macs, s * (y + l.weight), s * x));
+    ops.push(op('conv dgrad', l.name, 'cudnnConvolutionBackwardData', 2 * l.macs, reads, s * x));
   }
 }
 

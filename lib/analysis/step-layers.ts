@@ -30,6 +30,11 @@ export interface ConvLayer {
   inputGrad: boolean;
   /** Whether backward computes the filter gradient (the weight or the bias is trained). */
   weightGrad: boolean;
+  /**
+   * Whether backward data adds into the gradient already there (reading it too) instead of
+   * writing it: a residual block's first convolution summing the block's input gradients.
+   */
+  addsInputGrad: boolean;
 }
 
 /** A batch normalisation, with its fused residual add and ReLU. */
@@ -85,8 +90,13 @@ export interface BlockLayer {
   input: number[];
   main: StepLayer[];
   shortcut: StepLayer[] | null;
-  /** Whether backward adds the main and shortcut input gradients (the block passes a gradient on). */
+  /** Whether the block passes an input gradient on (the sum of the main branch's and the shortcut's). */
   inputGrad: boolean;
+  /**
+   * Whether the main branch's first convolution adds its input gradient into the shortcut's
+   * (`Residual`'s backward, {@link ConvLayer.addsInputGrad}), instead of an add of its own.
+   */
+  sumInFirstConv: boolean;
 }
 
 /** One layer of the step (Flatten, a view, has none). */
@@ -139,7 +149,10 @@ class Walker {
       }
       const last = main[main.length - 1];
       if (last?.kind === 'bn') last.residual = true;
-      out.push({ kind: 'block', name, input: x, main, shortcut, inputGrad });
+      const first = main[0];
+      const sumInFirstConv = inputGrad && m.addsInFirstConv && first?.kind === 'conv';
+      if (sumInFirstConv) first.addsInputGrad = true;
+      out.push({ kind: 'block', name, input: x, main, shortcut, inputGrad, sumInFirstConv });
       return h;
     }
     if (m instanceof Chain) {
@@ -178,6 +191,7 @@ class Walker {
         macs: (numel(output) * weight) / m.outChannels,
         inputGrad,
         weightGrad: m.weight.requiresGrad || (m.bias?.requiresGrad ?? false),
+        addsInputGrad: false,
       });
       return output;
     }
@@ -245,6 +259,16 @@ export function stepLayers(model: Module, input: readonly number[]): StepLayers 
 }
 
 /** The layers in forward order with blocks opened (main branch, then shortcut). */
+/**
+ * The parts of a block in the order `Residual.backward` runs them, each part's layers in reverse:
+ * the main branch then the shortcut; or, where the first convolution sums the two input gradients,
+ * the last batch norm, the shortcut, then the rest of the main branch down to that convolution.
+ */
+export function blockBackwardParts(b: BlockLayer): StepLayer[][] {
+  if (!b.sumInFirstConv) return [b.main, b.shortcut ?? []];
+  return [b.main.slice(-1), b.shortcut ?? [], b.main.slice(0, -1)];
+}
+
 export function flatLayers(layers: readonly StepLayer[]): Exclude<StepLayer, BlockLayer>[] {
   const out: Exclude<StepLayer, BlockLayer>[] = [];
   for (const l of layers) {

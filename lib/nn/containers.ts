@@ -8,7 +8,7 @@ import { ResnetError, defined, invalid, isArray } from '../errors.js';
 import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
-import { BatchNorm2d } from './layers.js';
+import { BatchNorm2d, Conv2d } from './layers.js';
 import { Module, ShapeCache } from './module.js';
 import { backwardRun, forwardRun } from './prologue.js';
 
@@ -94,6 +94,11 @@ export class Sequential extends Chain {
   }
 }
 
+/** Whether `m` is a Conv2d that can add its input gradient into another's ({@link Conv2d.backwardInto}). */
+function addsInto(m: Module | undefined): m is Conv2d {
+  return m instanceof Conv2d && m.quantizer === null && !Object.prototype.hasOwnProperty.call(m, 'backward');
+}
+
 /**
  * A residual block: `y = relu(main(x) + shortcut(x))`, where `main` ends in a BatchNorm2d that
  * performs the add and the ReLU in its own pass (create it with `relu: true`). Without a shortcut
@@ -107,6 +112,12 @@ export class Sequential extends Chain {
  * norms' gradients in one pass. The blocks keep the two passes when a batch norm is synchronised
  * (SyncBatchNorm) in training, when the two are in different modes, or when the shortcut chain is
  * run by a checkpointing runner of its own.
+ *
+ * In backward the block's input gradient (main branch plus shortcut) is summed by the main
+ * branch's first convolution, which adds its input gradient into the shortcut's in its own pass
+ * (see {@link Conv2d.backwardInto}; torchvision's blocks all start with one): the shortcut's
+ * gradient is computed first, and the identity's is the last batch norm's residual gradient,
+ * which then holds the sum. Other blocks add the two in a pass of their own.
  */
 export class Residual extends Module {
   readonly #main: Module[] = [];
@@ -142,6 +153,15 @@ export class Residual extends Module {
   /** The shortcut (torchvision's `downsample`), or null for the identity. */
   get shortcut(): Module | null {
     return this.#shortcut;
+  }
+
+  /**
+   * Whether backward sums the block's input gradient in the main branch's first convolution
+   * (when the block passes one on) rather than in an add of its own.
+   * @internal
+   */
+  get addsInFirstConv(): boolean {
+    return this.#firstConvAdding() !== null;
   }
 
   override forward(x: Tensor): Tensor {
@@ -202,6 +222,8 @@ export class Residual extends Module {
     const dIdentity = this.#dual
       ? gradOutput
       : defined(this.#last.residualGrad, `the residual gradient of ${this.constructor.name}`);
+    const first = this.#firstConvAdding();
+    if (first && this.requiresInputGrad) return this.#backwardAddingInFirstConv(first, g, dIdentity);
     g = backwardRun(
       this.#main.slice(0, -1),
       this.#pairs,
@@ -220,6 +242,44 @@ export class Residual extends Module {
     addon().add({ a: main.raw, b: shortcut.raw, out: sum.raw });
     recorder?.end(token);
     return sum;
+  }
+
+  /**
+   * The main branch's first module when it can add its input gradient into the shortcut's
+   * ({@link Conv2d.backwardInto}), else null: a Conv2d without a quantizer and without a backward
+   * replaced on the instance, with a shortcut whose input gradient is a buffer only this block
+   * hands on: the identity's (the last batch norm's {@link BatchNorm2d.residualGrad}) or a Chain's
+   * run by the chain itself that starts with such a Conv2d (torchvision's `downsample`).
+   */
+  #firstConvAdding(): Conv2d | null {
+    const first = this.#main[0];
+    if (!addsInto(first)) return null;
+    const shortcut = this.#shortcut;
+    if (shortcut === null) return first;
+    return shortcut instanceof Chain && !shortcut.runner && addsInto(shortcut.modules[0]) ? first : null;
+  }
+
+  /**
+   * The block's input gradient with the addition done by the main branch's first convolution: the
+   * shortcut's gradient first, then the main branch down to its first convolution, which adds into
+   * it. No pass of its own for the sum.
+   */
+  #backwardAddingInFirstConv(first: Conv2d, gLast: Tensor | null, dIdentity: Tensor): Tensor {
+    const name = this.constructor.name;
+    const shortcut = this.#shortcut;
+    if (shortcut) shortcut.requiresInputGrad = true;
+    const dShortcut = defined(
+      shortcut ? shortcut.backward(dIdentity) : dIdentity,
+      `the shortcut input gradient of ${name}`,
+    );
+    const g = backwardRun(
+      this.#main.slice(1, -1),
+      this.#pairs.map((i) => i - 1),
+      defined(gLast, `the input gradient of ${name} main layer ${this.#main.length}`),
+      true,
+      (i) => `the input gradient of ${name} main layer ${i + 2}`,
+    );
+    return first.backwardInto(defined(g, `the input gradient of ${name} main layer 2`), dShortcut);
   }
 
   protected override disposeCache(): void {

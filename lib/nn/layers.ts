@@ -118,7 +118,7 @@ export abstract class QuantizableLayer extends Module {
 /** The plan interface that convolution and linear layers share. */
 interface WeightedPlan {
   forward(args: { x: RawTensor; weight: RawTensor; bias?: RawTensor; y: RawTensor }): void;
-  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor }): void;
+  backwardData(args: { dy: RawTensor; weight: RawTensor; dx: RawTensor; accumulate?: boolean }): void;
   backwardWeights(args: { x: RawTensor; dy: RawTensor; dWeight: RawTensor; dBias?: RawTensor }): void;
   dispose(): void;
 }
@@ -182,7 +182,8 @@ function weightedForward(layer: QuantizableLayer, ops: WeightedOps, e: WeightedE
 }
 
 // Parameter gradients accumulate unless the parameter is frozen (its gradient is then left as it
-// is); the input gradient only when asked for.
+// is); the input gradient only when asked for, written to the layer's buffer or, with `into`
+// (a convolution's only), added into that tensor.
 // Under quantization-aware training `x` is the fake-quantized input and the plan's weight the
 // fake-quantized one; the weight's straight-through gradient is the identity (its per-channel
 // abs-max scale never clips), so the plan writes it straight into the weight's gradient.
@@ -192,6 +193,7 @@ function weightedBackward(
   e: WeightedEntry<WeightedPlan> | null,
   x: Tensor | null,
   gradOutput: Tensor,
+  into: Tensor | null = null,
 ): Tensor | null {
   const name = layer.constructor.name;
   if (!e || !x) return backwardBeforeForward(name);
@@ -213,12 +215,12 @@ function weightedBackward(
     recorder?.end(token);
   }
   if (!layer.requiresInputGrad) return null;
-  e.dx ??= layer.activationBuffer(x.shape, x.dtype, x.device);
+  const dx = into ?? (e.dx ??= layer.activationBuffer(x.shape, x.dtype, x.device));
   const token = recorder ? recorder.begin(ops.backwardData, layer, x.device) : 0;
   const weight = layer.quantizer ? layer.quantizer.quantizedWeight() : layer.weight.data;
-  e.plan.backwardData({ dy: gradOutput.raw, weight: weight.raw, dx: e.dx.raw });
+  e.plan.backwardData({ dy: gradOutput.raw, weight: weight.raw, dx: dx.raw, ...(into ? { accumulate: true } : {}) });
   recorder?.end(token);
-  return layer.quantizer ? layer.quantizer.inputGrad(e.dx) : e.dx;
+  return layer.quantizer ? layer.quantizer.inputGrad(dx) : dx;
 }
 
 /**
@@ -515,6 +517,37 @@ export class Conv2d extends QuantizableLayer {
     return this.backwardOnce(this.constructor.name, () =>
       weightedBackward(this, CONV2D_OPS, this.#entry, this.#input, gradOutput),
     );
+  }
+
+  /**
+   * The backward of the last forward with the input gradient added into `into` (a tensor of the
+   * input's shape, dtype and device) instead of written to a buffer of its own: a residual block
+   * sums its main branch's input gradient with its shortcut's in this convolution's own pass
+   * (a matrix product whose sum post-op adds, or cuDNN's beta = 1). Returns `into`. Not under
+   * quantization-aware training, whose quantizer maps the whole input gradient.
+   * @internal
+   */
+  backwardInto(gradOutput: Tensor, into: Tensor): Tensor {
+    if (this.#prologue) prologueMisuse('Conv2d.backwardInto()');
+    if (this.quantizer) {
+      throw new ResnetError(
+        'ERR_RC_INVALID_ARGUMENT',
+        'Conv2d.backwardInto(): a quantized convolution maps its whole input gradient; use backward() and add',
+      );
+    }
+    const input = this.#input;
+    if (input) {
+      expectTensor('Conv2d.backwardInto target', into, {
+        shape: input.shape,
+        dtype: input.dtype,
+        device: input.device,
+      });
+    }
+    this.requiresInputGrad = true;
+    this.backwardOnce(this.constructor.name, () =>
+      weightedBackward(this, CONV2D_OPS, this.#entry, this.#input, gradOutput, into),
+    );
+    return into;
   }
 
   /**
@@ -1094,7 +1127,11 @@ export class BatchNorm2d extends Module {
     return this.#discardedRunning;
   }
 
-  /** The gradient with respect to the residual of the last forward, after `backward`. */
+  /**
+   * The gradient with respect to the residual of the last forward, after `backward`. In a
+   * {@link Residual} with the identity shortcut, after the block's backward it holds the block's
+   * input gradient: the main branch's first convolution adds its input gradient into it.
+   */
   get residualGrad(): Tensor | null {
     return this.#residual ? (this.#entry?.dResidual ?? null) : null;
   }

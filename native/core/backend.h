@@ -50,6 +50,9 @@ class Conv2dPlan {
   virtual void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) = 0;
   // dx = conv_transpose(dy, weight); overwrites dx.
   virtual void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) = 0;
+  // dx += conv_transpose(dy, weight): a block's input gradient added into its shortcut's in the
+  // same pass where the backend can (a residual block's add without a pass of its own).
+  virtual void backwardDataAccumulate(const Tensor& dy, const Tensor& weight, const Tensor& dx) = 0;
   // dWeight += dL/dweight, dBias += sum(dy) (dBias may be undefined).
   virtual void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) = 0;
   // The implementation chosen, for logs and benchmarks ("jit:avx512_core", "cudnn:IMPLICIT_GEMM").

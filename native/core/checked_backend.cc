@@ -794,11 +794,7 @@ class CheckedWeightedPlan : public Plan {
   }
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    const PlanTensors t = tensors("backward data");
-    t.activation(dy, s_.y, "dy");
-    t.activation(dx, s_.x, "dx");
-    t.weight(weight, s_.weight);
-    checkOnDevice({&dy, &weight, &dx}, device_, t.op);
+    checkBackwardData("backward data", dy, weight, dx);
     plan_->backwardData(dy, weight, dx);
   }
 
@@ -814,6 +810,14 @@ class CheckedWeightedPlan : public Plan {
 
  protected:
   Plan& plan() const { return *plan_; }
+
+  void checkBackwardData(const char* pass, const Tensor& dy, const Tensor& weight, const Tensor& dx) {
+    const PlanTensors t = tensors(pass);
+    t.activation(dy, s_.y, "dy");
+    t.activation(dx, s_.x, "dx");
+    t.weight(weight, s_.weight);
+    checkOnDevice({&dy, &weight, &dx}, device_, t.op);
+  }
 
  private:
   PlanTensors tensors(const char* pass) {
@@ -831,6 +835,10 @@ class CheckedWeightedPlan : public Plan {
 class CheckedConv2dPlan final : public CheckedWeightedPlan<Conv2dPlan> {
  public:
   using CheckedWeightedPlan::CheckedWeightedPlan;
+  void backwardDataAccumulate(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    checkBackwardData("backward data (accumulating)", dy, weight, dx);
+    plan().backwardDataAccumulate(dy, weight, dx);
+  }
   std::string implementation() const override { return plan().implementation(); }
 };
 

@@ -87,14 +87,15 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     dnnlGuard(p.str(), [&] { build(); });
   }
 
-  // The forward's implementation, and the weight gradient's when a matmul or copies in another
-  // layout compute it.
+  // The forward's implementation, the weight gradient's when a matmul or copies in another layout
+  // compute it, and the matmul that adds the input gradient into another when the plan has one.
   std::string implementation() const override {
     std::string forward = passes_.forwardPd().impl_info_str();
     if (subsampled_) forward += " on a subsampled copy (stride 1)";
     if (passes_.forwardPd().src_desc().get_data_type() != toDnnl(p_.dtype)) forward += " (bf16 computed in f32)";
-    return passes_.hasOwnWeightGradientPath() ? forward + ", weight gradient " + passes_.weightGradientImplementation()
-                                              : forward;
+    if (passes_.hasOwnWeightGradientPath()) forward += ", weight gradient " + passes_.weightGradientImplementation();
+    if (dataMatmul_) forward += ", added input gradient matmul " + dataMatmul_->implementation();
+    return forward;
   }
 
   void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) override {
@@ -106,6 +107,18 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     const Tensor compact = ctx_.strideCopy(compactShape(), dx.dtype());
     WeightedPlan::backwardData(dy, weight, compact);
     scatterPixels(PixelSampling(dx, compact, p_.strideH, p_.strideW), compact.data(), dx.data());
+  }
+
+  // dx += conv_transpose(dy, weight): one matrix product whose sum post-op adds into dx where the
+  // plan has one (dataMatmul), else the gradient into a buffer of its own, then added.
+  void backwardDataAccumulate(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    if (dataMatmul_) {
+      dnnlGuard(p_.str() + " backward data", [&] { dataMatmul_->run(dy, weight, dx); });
+      return;
+    }
+    const Tensor part = ctx_.allocate(dx.shape(), dx.dtype());
+    backwardData(dy, weight, part);
+    add(dx, part, dx);
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
@@ -145,6 +158,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
           backwardWeights(memory::desc(l.x.get_dims(), act, tag::any), memory::desc(l.y.get_dims(), act, tag::any));
     }
     passes_.build(ctx_, l, fwdPd, bwdDataPd, bwdWPd, std::move(ownGradient));
+    dataMatmul_ = dataMatmul(act);
   }
 
   // The stride, dilation and padding of the geometry the primitives run on (g_).
@@ -253,10 +267,30 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
     return RowGradientMatmul::create(ctx_, g_.n * g_.h * g_.w, g_.c, g_.k, act);
   }
 
+  // A 1x1 stride-1 f32 convolution without padding is a matrix product over the N*H*W rows, and so
+  // is its input gradient: dx[rows,C] += dy[rows,K] W[K,C], with OHWI weights being [K,C]. As one
+  // matmul with a sum post-op it adds into dx in the pass that computes it: on AVX-512
+  // (`brg:avx512_core`) it took about the time of the backward-data convolution alone, which with
+  // the add after it took 1.1-1.6x as long over ResNet-50's first 1x1 layers of each block at batch
+  // 16 (bench/RESULTS.md). Not measured elsewhere, so other kernels keep the convolution and add.
+  std::unique_ptr<AccumulatingMatmul> dataMatmul(dt act) const {
+    const bool pointwise =
+        p_.kernelH == 1 && p_.kernelW == 1 && p_.strideH == 1 && p_.strideW == 1 && p_.padH == 0 && p_.padW == 0;
+    if (!pointwise || act != dt::f32 || p_.dtype != DType::F32) return nullptr;
+    using dims = memory::dims;
+    const int64_t rows = p_.n * p_.h * p_.w;
+    auto matmul = AccumulatingMatmul::create(ctx_, memory::desc({rows, p_.k}, dt::f32, dims{p_.k, 1}),
+                                             memory::desc({p_.k, p_.c}, dt::f32, dims{p_.c, 1}),
+                                             memory::desc({rows, p_.c}, dt::f32, dims{p_.c, 1}));
+    if (!matmul || matmul->implementation().rfind("brg:avx512", 0) != 0) return nullptr;
+    return matmul;
+  }
+
   CpuContext& ctx_;
   Conv2dParams p_;  // the convolution asked for
   Conv2dParams g_;  // the one the primitives run: p_, or its stride-1 form on the subsampled input
   bool subsampled_ = false;
+  std::unique_ptr<AccumulatingMatmul> dataMatmul_;  // backwardDataAccumulate's matmul, or none
 };
 
 }  // namespace

@@ -94,6 +94,36 @@ dnnl::memory LayoutCopy::operator()(void* data) {
   return copy;
 }
 
+std::unique_ptr<AccumulatingMatmul> AccumulatingMatmul::create(CpuContext& ctx, const dnnl::memory::desc& a,
+                                                               const dnnl::memory::desc& b,
+                                                               const dnnl::memory::desc& c) {
+  dnnl::primitive_attr attr;
+  dnnl::post_ops sum;
+  sum.append_sum(1.0f);
+  attr.set_post_ops(sum);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  try {
+    dnnl::matmul::primitive_desc pd(ctx.engine(), a, b, c, attr);
+    if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return nullptr;
+    return std::make_unique<AccumulatingMatmul>(ctx, pd);
+  } catch (const dnnl::error&) {
+    return nullptr;  // no matmul for this layout: the convolution's primitive does it
+  }
+}
+
+AccumulatingMatmul::AccumulatingMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd)
+    : ctx_(&ctx), pd_(std::move(pd)), matmul_(pd_) {}
+
+void AccumulatingMatmul::run(const Tensor& a, const Tensor& b, const Tensor& c) {
+  auto& eng = ctx_->engine();
+  const auto scratch = pd_.scratchpad_desc();
+  matmul_.execute(ctx_->stream(),
+                  {{DNNL_ARG_SRC, dnnl::memory(pd_.src_desc(), eng, a.data())},
+                   {DNNL_ARG_WEIGHTS, dnnl::memory(pd_.weights_desc(), eng, b.data())},
+                   {DNNL_ARG_DST, dnnl::memory(pd_.dst_desc(), eng, c.data())},
+                   {DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch, eng, ctx_->scratch(scratch.get_size()))}});
+}
+
 std::unique_ptr<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
                                                              dnnl::memory::data_type act) {
   using dims = dnnl::memory::dims;
@@ -101,33 +131,12 @@ std::unique_ptr<RowGradientMatmul> RowGradientMatmul::create(CpuContext& ctx, in
   const dnnl::memory::desc dyT({out, rows}, act, dims{1, out});
   const dnnl::memory::desc x({rows, in}, act, dims{in, 1});
   const dnnl::memory::desc dW({out, in}, dnnl::memory::data_type::f32, dims{in, 1});
-  dnnl::primitive_attr attr;
-  dnnl::post_ops sum;
-  sum.append_sum(1.0f);
-  attr.set_post_ops(sum);
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  try {
-    dnnl::matmul::primitive_desc pd(ctx.engine(), dyT, x, dW, attr);
-    // Only oneDNN's brgemm kernels beat the convolution's backward-weights primitive; its generic
-    // gemm or reference matmul would not.
-    if (std::string(pd.impl_info_str()).rfind("brg", 0) != 0) return nullptr;
-    return std::make_unique<RowGradientMatmul>(ctx, pd);
-  } catch (const dnnl::error&) {
-    return nullptr;  // no matmul for this layout: the convolution's primitive does it
-  }
+  auto matmul = AccumulatingMatmul::create(ctx, dyT, x, dW);
+  return matmul ? std::make_unique<RowGradientMatmul>(std::move(matmul)) : nullptr;
 }
 
-RowGradientMatmul::RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd)
-    : ctx_(&ctx), pd_(std::move(pd)), matmul_(pd_) {}
-
 void RowGradientMatmul::run(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& /*dBias*/) {
-  auto& eng = ctx_->engine();
-  const auto scratch = pd_.scratchpad_desc();
-  matmul_.execute(ctx_->stream(),
-                  {{DNNL_ARG_SRC, dnnl::memory(pd_.src_desc(), eng, dy.data())},
-                   {DNNL_ARG_WEIGHTS, dnnl::memory(pd_.weights_desc(), eng, x.data())},
-                   {DNNL_ARG_DST, dnnl::memory(pd_.dst_desc(), eng, dWeight.data())},
-                   {DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch, eng, ctx_->scratch(scratch.get_size()))}});
+  matmul_->run(dy, x, dWeight);
 }
 
 dnnl::memory::data_type toDnnl(DType t) {

@@ -20,6 +20,7 @@ void syncBatchNormBackwardReduce(const SyncBatchNormBackwardReduceArgs& args);
 void syncBatchNormBackwardElementwise(const SyncBatchNormBackwardElementwiseArgs& args);
 void relu(const Tensor& x, const Tensor& y);
 void reluBackward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+// out = a + b; out may alias a or b.
 void add(const Tensor& a, const Tensor& b, const Tensor& out);
 // out = a * b; out may alias a or b.
 void mul(const Tensor& a, const Tensor& b, const Tensor& out);

@@ -40,23 +40,40 @@ class WeightGradientPath {
   virtual std::string implementation() const = 0;
 };
 
-// dW[out,in] += dy[rows,out]^T x[rows,in] as one oneDNN matmul whose sum post-op accumulates into
-// the plain f32 gradient in place: no blocked gradient buffer and no accumulating reorder pass. It
-// computes no bias gradient: build it only for a layer without a bias.
+// c += a b as one oneDNN matmul whose sum post-op accumulates into c in place, built only where
+// oneDNN runs it with its brgemm kernels (its generic gemm or reference matmul would not beat the
+// convolution primitives it stands in for).
+class AccumulatingMatmul {
+ public:
+  // The matmul for these operands, or nothing when oneDNN has no brgemm kernel for it on this CPU.
+  static std::unique_ptr<AccumulatingMatmul> create(CpuContext& ctx, const dnnl::memory::desc& a,
+                                                    const dnnl::memory::desc& b, const dnnl::memory::desc& c);
+  AccumulatingMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd);
+  // c += a b, each tensor laid out as the descriptor it was created with.
+  void run(const Tensor& a, const Tensor& b, const Tensor& c);
+  std::string implementation() const { return pd_.impl_info_str(); }
+
+ private:
+  CpuContext* ctx_;
+  dnnl::matmul::primitive_desc pd_;
+  dnnl::matmul matmul_;
+};
+
+// dW[out,in] += dy[rows,out]^T x[rows,in] as one AccumulatingMatmul into the plain f32 gradient:
+// no blocked gradient buffer and no accumulating reorder pass. It computes no bias gradient: build
+// it only for a layer without a bias.
 class RowGradientMatmul final : public WeightGradientPath {
  public:
   // The matmul for these sizes, or nothing when oneDNN has no brgemm kernel for it on this CPU
   // (then the convolution's own backward-weights primitive is the better choice).
   static std::unique_ptr<RowGradientMatmul> create(CpuContext& ctx, int64_t rows, int64_t in, int64_t out,
                                                    dnnl::memory::data_type act);
-  RowGradientMatmul(CpuContext& ctx, dnnl::matmul::primitive_desc pd);
+  explicit RowGradientMatmul(std::unique_ptr<AccumulatingMatmul> matmul) : matmul_(std::move(matmul)) {}
   void run(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override;
-  std::string implementation() const override { return "matmul " + std::string(pd_.impl_info_str()); }
+  std::string implementation() const override { return "matmul " + matmul_->implementation(); }
 
  private:
-  CpuContext* ctx_;
-  dnnl::matmul::primitive_desc pd_;
-  dnnl::matmul matmul_;
+  std::unique_ptr<AccumulatingMatmul> matmul_;
 };
 
 // A primitive's input in the layout the primitive reads (`to`) when the plan holds it in another

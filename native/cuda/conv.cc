@@ -91,13 +91,12 @@ class CudaConv2dPlan final : public Conv2dPlan {
   }
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
-    DeviceGuard guard(ctx_.device());
-    setMath(algorithms_.backwardDataMath);
-    const float one = 1.0f, zero = 0.0f;
-    RC_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &one, wDesc_, computeWeight(weight), yDesc_, dy.data(),
-                                                convDesc_, algorithms_.backwardData, workspace(),
-                                                algorithms_.workspaceBytes, &zero, xDesc_, dx.data()),
-                   p_.str());
+    backwardDataBlended(dy, weight, dx, 0.0f);
+  }
+
+  // cuDNN blends the result into dx (beta = 1): no separate add pass.
+  void backwardDataAccumulate(const Tensor& dy, const Tensor& weight, const Tensor& dx) override {
+    backwardDataBlended(dy, weight, dx, 1.0f);
   }
 
   void backwardWeights(const Tensor& x, const Tensor& dy, const Tensor& dWeight, const Tensor& dBias) override {
@@ -135,6 +134,17 @@ class CudaConv2dPlan final : public Conv2dPlan {
   }
 
  private:
+  // dx = conv_transpose(dy, weight) + beta * dx.
+  void backwardDataBlended(const Tensor& dy, const Tensor& weight, const Tensor& dx, float beta) {
+    DeviceGuard guard(ctx_.device());
+    setMath(algorithms_.backwardDataMath);
+    const float one = 1.0f;
+    RC_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx_.cudnn(), &one, wDesc_, computeWeight(weight), yDesc_, dy.data(),
+                                                convDesc_, algorithms_.backwardData, workspace(),
+                                                algorithms_.workspaceBytes, &beta, xDesc_, dx.data()),
+                   p_.str());
+  }
+
   // The weights in the compute type: f32 masters are converted into the plan's buffer.
   const void* computeWeight(const Tensor& weight) {
     if (weight.dtype() == p_.dtype) return weight.data();

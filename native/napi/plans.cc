@@ -65,7 +65,12 @@ Napi::Value Conv2dPlanWrap::Forward(const Napi::CallbackInfo& info) {
 Napi::Value Conv2dPlanWrap::BackwardData(const Napi::CallbackInfo& info) {
   return guarded(info.Env(), [&] {
     Napi::Object o = optionsArg(info, "Conv2dPlan.backwardData");
-    live(plan_, "Conv2dPlan").backwardData(getTensor(o, "dy"), getTensor(o, "weight"), getTensor(o, "dx"));
+    Conv2dPlan& plan = live(plan_, "Conv2dPlan");
+    if (getBool(o, "accumulate", false)) {
+      plan.backwardDataAccumulate(getTensor(o, "dy"), getTensor(o, "weight"), getTensor(o, "dx"));
+    } else {
+      plan.backwardData(getTensor(o, "dy"), getTensor(o, "weight"), getTensor(o, "dx"));
+    }
     return info.Env().Undefined();
   });
 }

@@ -1,5 +1,6 @@
 /**
- * conv2d and linear cases: forward, backward data, and backward weights (which accumulates).
+ * conv2d and linear cases: forward, backward data (overwriting, or accumulating when asked), and
+ * backward weights (which accumulates).
  * @packageDocumentation
  */
 import type { DTypeName } from '../../lib/binding.js';
@@ -110,24 +111,36 @@ function convForwardCase(shape: ConvShape, weightsInComputeDtype = false): OpCas
   };
 }
 
-function convBackwardDataCase(shape: ConvShape): OpCase {
+/**
+ * The input gradient, written over a poisoned dx, or with `accumulate` added into a dx that holds
+ * values of the gradient's own magnitude (a residual block's sum; 1x1 stride-1 f32 layers add in
+ * the matrix product's own pass on AVX-512 CPUs, native/cpu/conv.cc).
+ */
+function convBackwardDataCase(shape: ConvShape, accumulate = false): OpCase {
+  const label = `${convLabel(shape)}${accumulate ? ' accumulate' : ''}`;
   return {
-    name: `conv2d.backwardData ${convLabel(shape)}`,
+    name: `conv2d.backwardData ${label}`,
     dtypes: BOTH,
     run: (ctx) =>
-      session(ctx, 'conv2d.backwardData', convLabel(shape), (s) => {
+      session(ctx, 'conv2d.backwardData', label, (s) => {
         const g = resolveConv2d(shape);
         const dy = s.q(s.rng.normals(g.n * g.outH * g.outW * g.k));
         const master = masterWeights(s, g.k * g.kernelH * g.kernelW * g.c, g.k * g.kernelH * g.kernelW);
         const plan = convPlan(s, shape);
-        // Poisoned: dx is overwritten, including the elements no window reads (1x1 stride 2).
-        const dx = s.poisoned([g.n, g.h, g.w, g.c]);
+        const ref = conv2dBackwardData(g, dy, computeWeights(s, master));
+        const dxShape = [g.n, g.h, g.w, g.c];
+        const before = accumulate ? s.q(s.rng.normals(ref.length, 0, rms(ref))) : null;
+        // Poisoned when overwritten: dx is written whole, including the elements no window reads
+        // (1x1 stride 2).
+        const dx = before ? s.tensor(dxShape, ctx.dtype, before) : s.poisoned(dxShape);
         plan.backwardData({
           dy: s.tensor([g.n, g.outH, g.outW, g.k], ctx.dtype, dy),
           weight: s.tensor([g.k, g.kernelH, g.kernelW, g.c], 'f32', master),
           dx,
+          ...(accumulate ? { accumulate } : {}),
         });
-        s.check('dx', s.read(dx), conv2dBackwardData(g, dy, computeWeights(s, master)), tolerance(ctx.dtype));
+        if (before) checkAccumulated(s, 'dx', s.read(dx), before, ref, tolerance(ctx.dtype));
+        else s.check('dx', s.read(dx), ref, tolerance(ctx.dtype));
       }),
   };
 }
@@ -275,7 +288,8 @@ export const convCases: OpCase[] = [
   ...CONV_SHAPES.map((shape) => convForwardCase(shape)),
   // bf16 weights handed over directly (no conversion inside the plan).
   convForwardCase(CONV_SHAPES[1]!, true),
-  ...CONV_SHAPES.map(convBackwardDataCase),
+  ...CONV_SHAPES.map((shape) => convBackwardDataCase(shape)),
+  ...CONV_SHAPES.map((shape) => convBackwardDataCase(shape, true)),
   ...CONV_SHAPES.map(convBackwardWeightsCase),
   ...LINEAR_SHAPES.flatMap(linearCases),
 ];
