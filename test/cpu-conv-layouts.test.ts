@@ -5,7 +5,8 @@
  * gradient read them copied into oneDNN's channel-blocked layout, which its kernel reads faster
  * than NHWC, smaller ones read NHWC; a strided 1x1 convolution runs as a stride-1 one on a copy of
  * the pixels it reads. On AVX-512, a 1x1 stride-1 f32 convolution adds its input gradient into
- * another tensor (a residual block's sum) with a matrix product. The op table checks the values of all of them (test/ops/conv-cases.ts); this
+ * another tensor (a residual block's sum) with a matrix product, and over up to 4096 rows computes
+ * its weight gradient as one too. The op table checks the values of all of them (test/ops/conv-cases.ts); this
  * file checks which path each takes. The 'cpu-avx2' test project runs it under ONEDNN_MAX_CPU_ISA=AVX2,
  * so the AVX2 paths are checked on every machine.
  */
@@ -78,6 +79,17 @@ describe('the CPU convolution layouts', () => {
         expect(implementation).not.toContain(SUBSAMPLED);
         expect(implementation).not.toContain(PATCHES);
       }
+    },
+  );
+
+  it.runIf(isa.startsWith('avx512'))(
+    'on AVX-512, computes the f32 weight gradient of a 1x1 stride-1 layer of up to 4096 rows as a matmul',
+    () => {
+      // 2x8x8 = 128 and 2x45x45 = 4050 rows; 2x46x46 = 4232 rows keep the convolution.
+      expect(lightPointwise()).toContain('weight gradient matmul brg:avx512');
+      expect(implementationOf(16, 16, 1, 45)).toContain('weight gradient matmul brg:avx512');
+      expect(implementationOf(16, 16, 1, 46)).not.toContain('weight gradient matmul');
+      expect(dense()).not.toContain('weight gradient matmul');
     },
   );
 

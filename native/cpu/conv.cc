@@ -2,7 +2,8 @@
 // oneDNN runs its AVX2 kernels, a strided 1x1 convolution runs at stride 1 on a copy of the pixels
 // it reads, the weight gradient of a larger kernel is computed as matrix products over gathered
 // patches, and that of a 1x1 layer with many multiply-adds per element reads x and dy copied into
-// oneDNN's channel-blocked layout (bench/RESULTS.md).
+// oneDNN's channel-blocked layout. 1x1 stride-1 layers may run their weight gradient, and the input
+// gradient they add into another, as matrix products (bench/RESULTS.md).
 #include <cstring>
 
 #include "compute_type.h"
@@ -79,6 +80,9 @@ void scatterPixels(const PixelSampling& p, const void* compact, void* full) {
     }
   }
 }
+
+// The most rows (N*H*W) for which an f32 1x1 layer's weight gradient is one matmul (rowGradient).
+constexpr int64_t kRowGradientMaxRows = 4096;
 
 class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardData, BackwardWeights> {
  public:
@@ -257,14 +261,22 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // A 1x1 stride-1 convolution without padding or bias is a matrix product over the N*H*W rows, and
   // so is its weight gradient: dW[K,C] += dy[rows,K]^T x[rows,C], with OHWI weights being [K,C].
   // Used in bf16, where oneDNN's brgemm matmul on AMX measured 1.1-11x faster than its
-  // backward-weights convolution for most of ResNet-50's 1x1 layers (bench/RESULTS.md); in f32 the
-  // two measured within noise of each other over the set, either one faster layer by layer, so f32
-  // (and bf16 computed in f32) keeps the convolution.
+  // backward-weights convolution for most of ResNet-50's 1x1 layers (bench/RESULTS.md). In f32 on
+  // AVX-512 (`brg:avx512_core`), where the matmul adds into the plain gradient in its own pass and
+  // the convolution writes a blocked one that a reorder adds: at batch 16 the matmul was 1.0-1.4x
+  // faster on the layers of ResNet-50's last two stages (784 and 3,136 rows), 0.8-1.1x on those of
+  // its first two (12,544 and 50,176), so f32 takes it up to kRowGradientMaxRows rows. Elsewhere
+  // (and for bf16 computed in f32) the convolution keeps it.
   std::unique_ptr<WeightGradientPath> rowGradient(dt act) const {
     const bool pointwise = g_.kernelH == 1 && g_.kernelW == 1 && g_.strideH == 1 && g_.strideW == 1 && g_.padH == 0 &&
                            g_.padW == 0 && !g_.bias;
-    if (!pointwise || act != dt::bf16) return nullptr;
-    return RowGradientMatmul::create(ctx_, g_.n * g_.h * g_.w, g_.c, g_.k, act);
+    if (!pointwise) return nullptr;
+    const int64_t rows = g_.n * g_.h * g_.w;
+    if (act == dt::bf16) return RowGradientMatmul::create(ctx_, rows, g_.c, g_.k, act);
+    if (act != dt::f32 || p_.dtype != DType::F32 || rows > kRowGradientMaxRows) return nullptr;
+    auto matmul = RowGradientMatmul::create(ctx_, rows, g_.c, g_.k, act);
+    if (!matmul || matmul->implementation().rfind("matmul brg:avx512", 0) != 0) return nullptr;
+    return matmul;
   }
 
   // A 1x1 stride-1 f32 convolution without padding is a matrix product over the N*H*W rows, and so
