@@ -120,7 +120,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
       dnnlGuard(p_.str() + " backward data", [&] { dataMatmul_->run(dy, weight, dx); });
       return;
     }
-    const Tensor part = ctx_.allocate(dx.shape(), dx.dtype());
+    const Tensor part = ctx_.addend(dx.shape(), dx.dtype());
     backwardData(dy, weight, part);
     add(dx, part, dx);
   }

@@ -36,10 +36,14 @@ const Tensor& CpuContext::grown(Tensor& buffer, size_t bytes) {
 
 void* CpuContext::scratch(size_t bytes) { return grown(scratch_, bytes).data(); }
 
+Tensor CpuContext::grownAs(Tensor& buffer, const Shape& shape, DType dtype) {
+  const Tensor& grownBuffer = grown(buffer, static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype));
+  return Tensor(grownBuffer.storage(), grownBuffer.byteOffset(), shape, dtype);
+}
+
 Tensor CpuContext::staging(int slot, const Shape& shape) {
   RC_CHECK_ARG(slot == 0 || slot == 1, "CpuContext::staging: slot must be 0 or 1, got " << slot);
-  const Tensor& buffer = grown(staging_[slot], static_cast<size_t>(shapeNumel(shape)) * sizeof(float));
-  return Tensor(buffer.storage(), buffer.byteOffset(), shape, DType::F32);
+  return grownAs(staging_[slot], shape, DType::F32);
 }
 
 void* CpuContext::layoutCopy(int slot, size_t bytes) {
@@ -47,10 +51,9 @@ void* CpuContext::layoutCopy(int slot, size_t bytes) {
   return grown(layoutCopies_[slot], bytes).data();
 }
 
-Tensor CpuContext::strideCopy(const Shape& shape, DType dtype) {
-  const Tensor& buffer = grown(strideCopy_, static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype));
-  return Tensor(buffer.storage(), buffer.byteOffset(), shape, dtype);
-}
+Tensor CpuContext::strideCopy(const Shape& shape, DType dtype) { return grownAs(strideCopy_, shape, dtype); }
+
+Tensor CpuContext::addend(const Shape& shape, DType dtype) { return grownAs(addend_, shape, dtype); }
 
 Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
   const size_t bytes = static_cast<size_t>(shapeNumel(shape)) * dtypeSize(dtype);

@@ -30,6 +30,9 @@ class CpuContext {
   // A tensor of `shape` and `dtype` for the pixels a strided 1x1 convolution reads, or their
   // gradient (conv.cc), valid until the next call.
   Tensor strideCopy(const Shape& shape, DType dtype);
+  // A tensor of `shape` and `dtype` for an input gradient computed apart and then added into
+  // another (conv.cc's backwardDataAccumulate), valid until the next call.
+  Tensor addend(const Shape& shape, DType dtype);
   Tensor allocate(const Shape& shape, DType dtype);
   Tensor allocateBytes(size_t bytes);
 
@@ -39,11 +42,14 @@ class CpuContext {
   std::unique_ptr<CachingAllocator> allocator_;
   // `buffer`, replaced by a larger one when it holds fewer than `bytes`.
   const Tensor& grown(Tensor& buffer, size_t bytes);
+  // `buffer`, grown to hold `shape` of `dtype`, viewed as such.
+  Tensor grownAs(Tensor& buffer, const Shape& shape, DType dtype);
 
   Tensor scratch_;
   Tensor staging_[2];
   Tensor layoutCopies_[2];
   Tensor strideCopy_;
+  Tensor addend_;
 };
 
 dnnl::memory::data_type toDnnl(DType t);
