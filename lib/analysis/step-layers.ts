@@ -258,7 +258,6 @@ export function stepLayers(model: Module, input: readonly number[]): StepLayers 
   return { input: [...input], layers, output, params, trainableParams, castWeights };
 }
 
-/** The layers in forward order with blocks opened (main branch, then shortcut). */
 /**
  * The parts of a block in the order `Residual.backward` runs them, each part's layers in reverse:
  * the main branch then the shortcut; or, where the first convolution sums the two input gradients,
@@ -269,6 +268,7 @@ export function blockBackwardParts(b: BlockLayer): StepLayer[][] {
   return [b.main.slice(-1), b.shortcut ?? [], b.main.slice(0, -1)];
 }
 
+/** The layers in forward order with blocks opened (main branch, then shortcut). */
 export function flatLayers(layers: readonly StepLayer[]): Exclude<StepLayer, BlockLayer>[] {
   const out: Exclude<StepLayer, BlockLayer>[] = [];
   for (const l of layers) {
