@@ -81,6 +81,11 @@ void scatterPixels(const PixelSampling& p, const void* compact, void* full) {
   }
 }
 
+// Whether `c` is a 1x1 stride-1 convolution without padding: a matrix product over its N*H*W rows.
+bool pointwise(const Conv2dParams& c) {
+  return c.kernelH == 1 && c.kernelW == 1 && c.strideH == 1 && c.strideW == 1 && c.padH == 0 && c.padW == 0;
+}
+
 // The most rows (N*H*W) for which an f32 1x1 layer's weight gradient is one matmul (rowGradient).
 constexpr int64_t kRowGradientMaxRows = 4096;
 
@@ -268,9 +273,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // its first two (12,544 and 50,176), so f32 takes it up to kRowGradientMaxRows rows. Elsewhere
   // (and for bf16 computed in f32) the convolution keeps it.
   std::unique_ptr<WeightGradientPath> rowGradient(dt act) const {
-    const bool pointwise = g_.kernelH == 1 && g_.kernelW == 1 && g_.strideH == 1 && g_.strideW == 1 && g_.padH == 0 &&
-                           g_.padW == 0 && !g_.bias;
-    if (!pointwise) return nullptr;
+    if (!pointwise(g_) || g_.bias) return nullptr;
     const int64_t rows = g_.n * g_.h * g_.w;
     if (act == dt::bf16) return RowGradientMatmul::create(ctx_, rows, g_.c, g_.k, act);
     if (act != dt::f32 || p_.dtype != DType::F32 || rows > kRowGradientMaxRows) return nullptr;
@@ -286,9 +289,7 @@ class CpuConv2dPlan final : public WeightedPlan<Conv2dPlan, Forward, BackwardDat
   // the add after it took 1.1-1.6x as long over ResNet-50's first 1x1 layers of each block at batch
   // 16 (bench/RESULTS.md). Not measured elsewhere, so other kernels keep the convolution and add.
   std::unique_ptr<AccumulatingMatmul> dataMatmul(dt act) const {
-    const bool pointwise =
-        p_.kernelH == 1 && p_.kernelW == 1 && p_.strideH == 1 && p_.strideW == 1 && p_.padH == 0 && p_.padW == 0;
-    if (!pointwise || act != dt::f32 || p_.dtype != DType::F32) return nullptr;
+    if (!pointwise(p_) || act != dt::f32 || p_.dtype != DType::F32) return nullptr;
     using dims = memory::dims;
     const int64_t rows = p_.n * p_.h * p_.w;
     auto matmul = AccumulatingMatmul::create(ctx_, memory::desc({rows, p_.k}, dt::f32, dims{p_.k, 1}),
