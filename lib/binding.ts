@@ -455,6 +455,11 @@ export interface RawAddon {
     y?: RawTensor;
     dy: RawTensor;
     gamma: RawTensor;
+    /**
+     * The forward's beta. With `relu` and no `dResidual`, the CPU then recomputes the ReLU's output
+     * from x as the forward did instead of reading `y` (which must be that forward's output).
+     */
+    beta?: RawTensor;
     saveMean: RawTensor;
     saveInvStd: RawTensor;
     dx: RawTensor;

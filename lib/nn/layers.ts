@@ -1163,6 +1163,7 @@ export class BatchNorm2d extends Module {
       y: e.y.raw,
       dy: gradOutput.raw,
       gamma: this.weight.data.raw,
+      beta: this.bias.data.raw,
       saveMean: e.saveMean.raw,
       saveInvStd: e.saveInvStd.raw,
       dx: e.dx.raw,

@@ -110,6 +110,10 @@ struct BatchNormForwardArgs {
 
 struct BatchNormBackwardArgs {
   Tensor x, y, dy, gamma, saveMean, saveInvStd;
+  // Optional f32[C], the forward's beta. With a ReLU and no residual, a backend may then recompute
+  // the ReLU's output from x, gamma, beta and the saved statistics, as the forward computed it,
+  // instead of reading y (the CPU does); y must be that forward's output.
+  Tensor beta;
   Tensor dx;             // overwritten
   Tensor dGamma, dBeta;  // f32[C], accumulated
   Tensor dResidual;      // overwritten with the gradient reaching the residual, if defined

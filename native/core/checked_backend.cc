@@ -300,6 +300,10 @@ void validateBatchNormBackward(const BatchNormBackwardArgs& a) {
     checkDType(*t, DType::F32, op, "gamma, saved statistics and their gradients");
     checkShape(*t, c, op, "gamma, saved statistics and their gradients");
   }
+  if (a.beta.defined()) {
+    checkDType(a.beta, DType::F32, op, "beta");
+    checkShape(a.beta, c, op, "beta");
+  }
 }
 
 // Both sides of a dual batch norm: inputs of one layout (one shape and dtype), per-channel f32
@@ -949,7 +953,7 @@ class CheckedBackend final : public Backend {
 
   void batchNormBackward(const BatchNormBackwardArgs& a) override {
     validateBatchNormBackward(a);
-    here({&a.x, &a.y, &a.dy, &a.gamma, &a.saveMean, &a.saveInvStd, &a.dx, &a.dGamma, &a.dBeta, &a.dResidual},
+    here({&a.x, &a.y, &a.dy, &a.gamma, &a.beta, &a.saveMean, &a.saveInvStd, &a.dx, &a.dGamma, &a.dBeta, &a.dResidual},
          "batchnorm backward");
     b_->batchNormBackward(a);
   }

@@ -34,6 +34,13 @@ RC_ISA_DISPATCH(statsRows, statsRowsImpl,
                 (const T* x, const float* pivot, int64_t rows, int64_t channels, float* s, float* s2),
                 (x, pivot, rows, channels, s, s2))
 
+// The forward's output with a ReLU and no residual. The backward recomputes it from x, bit for bit
+// (the same expression on the same floats), to mask the gradient without reading y.
+template <typename T>
+RC_ALWAYS_INLINE T reluOutput(T x, float scale, float shift) {
+  return fromF<T>(reluValue(toF(x) * scale + shift));
+}
+
 // y = relu?(x * scale + shift + residual?)
 template <typename T>
 RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const float* scale, const float* shift,
@@ -51,9 +58,7 @@ RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const fl
         for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c] + toF(rr[c]));
       }
     } else if (relu) {
-      for (int64_t c = 0; c < channels; ++c) {
-        yr[c] = fromF<T>(reluValue(toF(xr[c]) * scale[c] + shift[c]));
-      }
+      for (int64_t c = 0; c < channels; ++c) yr[c] = reluOutput(xr[c], scale[c], shift[c]);
     } else {
       for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c]);
     }
@@ -64,12 +69,26 @@ RC_ISA_DISPATCH(normalizeRows, normalizeRowsImpl,
                  bool relu),
                 (x, res, y, scale, shift, rows, channels, relu))
 
-// g = dy masked by y > 0 (when y is given); sg[c] += g; sgx[c] += g * (x - mean); with y and
-// gOut, g is also stored there (dy's own bits where the ReLU passed it, else zero), so that the
-// input-gradient pass reads g instead of both y and dy
+// The ReLU's output the backward masks the gradient with: y as stored, or, without a residual, the
+// forward's y recomputed from x (reluOutput with the forward's scale and shift), which saves reading
+// y. Exactly one of `y` and `scale` is set when the batch norm has a ReLU.
 template <typename T>
-RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, T* gOut, const float* __restrict mean,
+struct ReluOut {
+  const T* y = nullptr;
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+
+  // The same output from row offset `at` on.
+  ReluOut rows(int64_t at) const { return {y ? y + at : nullptr, scale, shift}; }
+};
+
+// g = dy masked by the ReLU's output (when there is one); sg[c] += g; sgx[c] += g * (x - mean);
+// with y and gOut, g is also stored there (dy's own bits where the ReLU passed it, else zero), so
+// that the input-gradient pass reads g instead of both y and dy
+template <typename T>
+RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, ReluOut<T> relu, const T* dy, T* gOut, const float* __restrict mean,
                                         int64_t rows, int64_t channels, float* __restrict sg, float* __restrict sgx) {
+  const T* y = relu.y;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t at = r * channels;
     const T* xr = x + at;
@@ -92,6 +111,14 @@ RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, T* 
         sg[c] += g;
         sgx[c] += g * (toF(xr[c]) - mean[c]);
       }
+    } else if (relu.scale) {
+      const float* __restrict scale = relu.scale;
+      const float* __restrict shift = relu.shift;
+      for (int64_t c = 0; c < channels; ++c) {
+        const float g = reluGrad(toF(reluOutput(xr[c], scale[c], shift[c])), toF(dyr[c]));
+        sg[c] += g;
+        sgx[c] += g * (toF(xr[c]) - mean[c]);
+      }
     } else {
       for (int64_t c = 0; c < channels; ++c) {
         const float g = toF(dyr[c]);
@@ -102,9 +129,9 @@ RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, const T* y, const T* dy, T* 
   }
 }
 RC_ISA_DISPATCH(gradStatsRows, gradStatsRowsImpl,
-                (const T* x, const T* y, const T* dy, T* gOut, const float* __restrict mean, int64_t rows,
+                (const T* x, ReluOut<T> relu, const T* dy, T* gOut, const float* __restrict mean, int64_t rows,
                  int64_t channels, float* __restrict sg, float* __restrict sgx),
-                (x, y, dy, gOut, mean, rows, channels, sg, sgx))
+                (x, relu, dy, gOut, mean, rows, channels, sg, sgx))
 
 // dx = a * (g - b - (x - mean) * k) with batch statistics, a * g with constant (running) ones;
 // dres = g, written in the same loop as dx (dy's own bits where the ReLU passed it, else zero).
@@ -117,10 +144,11 @@ RC_ALWAYS_INLINE float gradInputValue(T x, float g, float mean, float a, float b
 }
 
 template <typename T>
-RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* dx, T* dres,
+RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, ReluOut<T> relu, const T* dy, T* dx, T* dres,
                                         const float* __restrict mean, const float* __restrict a,
                                         const float* __restrict b, const float* __restrict k, int64_t rows,
                                         int64_t channels, bool batchStats) {
+  const T* y = relu.y;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t at = r * channels;
     const T* xr = x + at;
@@ -141,6 +169,13 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* 
         const float g = reluGrad(toF(yr[c]), toF(dyr[c]));
         dxr[c] = fromF<T>(gradInputValue(xr[c], g, mean[c], a[c], b[c], k[c], batchStats));
       }
+    } else if (relu.scale) {
+      const float* __restrict scale = relu.scale;
+      const float* __restrict shift = relu.shift;
+      for (int64_t c = 0; c < channels; ++c) {
+        const float g = reluGrad(toF(reluOutput(xr[c], scale[c], shift[c])), toF(dyr[c]));
+        dxr[c] = fromF<T>(gradInputValue(xr[c], g, mean[c], a[c], b[c], k[c], batchStats));
+      }
     } else if (dres) {
       const auto* dyWords = words(dyr);
       auto* dresWords = words(dres + at);
@@ -156,10 +191,10 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, const T* y, const T* dy, T* 
   }
 }
 RC_ISA_DISPATCH(gradInputRows, gradInputRowsImpl,
-                (const T* x, const T* y, const T* dy, T* dx, T* dres, const float* __restrict mean,
+                (const T* x, ReluOut<T> relu, const T* dy, T* dx, T* dres, const float* __restrict mean,
                  const float* __restrict a, const float* __restrict b, const float* __restrict k, int64_t rows,
                  int64_t channels, bool batchStats),
-                (x, y, dy, dx, dres, mean, a, b, k, rows, channels, batchStats))
+                (x, relu, dy, dx, dres, mean, a, b, k, rows, channels, batchStats))
 
 // ---- drivers ---------------------------------------------------------------------------------
 
@@ -209,6 +244,17 @@ void forRowBlocks(int64_t rows, Body body) {
   }
 }
 
+// The forward's per-channel map y = x * scale + shift (before residual and ReLU), from the float
+// statistics it saves. The backward that recomputes the ReLU's output computes the same floats from
+// the same saved values. shift uses the rounded scale, so that y = scale * (x - mean) + beta.
+void channelAffine(const float* gamma, const float* beta, const float* mean, const float* invStd, int64_t channels,
+                   float* scale, float* shift) {
+  for (int64_t c = 0; c < channels; ++c) {
+    scale[c] = static_cast<float>(static_cast<double>(gamma[c]) * invStd[c]);
+    shift[c] = static_cast<float>(beta[c] - static_cast<double>(mean[c]) * scale[c]);
+  }
+}
+
 template <typename T>
 void forwardTyped(const BatchNormForwardArgs& args) {
   const int64_t channels = args.x.dim(args.x.rank() - 1);
@@ -216,11 +262,12 @@ void forwardTyped(const BatchNormForwardArgs& args) {
   const T* x = args.x.ptr<T>();
   T* y = args.y.ptr<T>();
   const T* res = args.residual.defined() ? args.residual.ptr<T>() : nullptr;
-  const float* gamma = args.gamma.ptr<float>();
-  const float* beta = args.beta.ptr<float>();
   float* runMean = args.runningMean.ptr<float>();
   float* runVar = args.runningVar.ptr<float>();
-  std::vector<float> scale(channels), shift(channels);
+  // The statistics y is normalised with, as floats: saved when the caller asks (always in training).
+  std::vector<float> meanF(channels), invStdF(channels);
+  float* mean = args.saveMean.defined() ? args.saveMean.ptr<float>() : meanF.data();
+  float* invStd = args.saveInvStd.defined() ? args.saveInvStd.ptr<float>() : invStdF.data();
 
   if (args.training) {
     // Sums of (x - pivot) with the first row as pivot: exact algebra for mean and variance, without
@@ -232,33 +279,25 @@ void forwardTyped(const BatchNormForwardArgs& args) {
     channelSums(rows, channels, sum, sumSq, [&](int64_t first, int64_t count, float* s, float* s2) {
       statsRows<T>(x + first * channels, pv, count, channels, s, s2);
     });
-    float* saveMean = args.saveMean.ptr<float>();
-    float* saveInvStd = args.saveInvStd.ptr<float>();
     const double m = static_cast<double>(rows);
     for (int64_t c = 0; c < channels; ++c) {
       const double shifted = sum[c] / m;
-      const double mean = shifted + pv[c];
+      const double batchMean = shifted + pv[c];
       const double var = std::max(sumSq[c] / m - shifted * shifted, 0.0);
-      const double invStd = 1.0 / std::sqrt(var + args.eps);
-      saveMean[c] = static_cast<float>(mean);
-      saveInvStd[c] = static_cast<float>(invStd);
-      scale[c] = static_cast<float>(gamma[c] * invStd);
-      shift[c] = static_cast<float>(beta[c] - mean * gamma[c] * invStd);
-      runMean[c] = static_cast<float>((1.0 - args.momentum) * runMean[c] + args.momentum * mean);
+      mean[c] = static_cast<float>(batchMean);
+      invStd[c] = static_cast<float>(1.0 / std::sqrt(var + args.eps));
+      runMean[c] = static_cast<float>((1.0 - args.momentum) * runMean[c] + args.momentum * batchMean);
       runVar[c] = static_cast<float>((1.0 - args.momentum) * runVar[c] + args.momentum * var * m / (m - 1.0));
     }
   } else {
-    // Saved when asked, for a backward in evaluation mode: the running statistics are its constants.
-    float* saveMean = args.saveMean.defined() ? args.saveMean.ptr<float>() : nullptr;
-    float* saveInvStd = args.saveInvStd.defined() ? args.saveInvStd.ptr<float>() : nullptr;
+    // The running statistics are the constants, saved when asked for a backward in evaluation mode.
     for (int64_t c = 0; c < channels; ++c) {
-      const double invStd = 1.0 / std::sqrt(static_cast<double>(runVar[c]) + args.eps);
-      scale[c] = static_cast<float>(gamma[c] * invStd);
-      shift[c] = static_cast<float>(beta[c] - runMean[c] * gamma[c] * invStd);
-      if (saveMean) saveMean[c] = runMean[c];
-      if (saveInvStd) saveInvStd[c] = static_cast<float>(invStd);
+      mean[c] = runMean[c];
+      invStd[c] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(runVar[c]) + args.eps));
     }
   }
+  std::vector<float> scale(channels), shift(channels);
+  channelAffine(args.gamma.ptr<float>(), args.beta.ptr<float>(), mean, invStd, channels, scale.data(), shift.data());
   const float* sc = scale.data();
   const float* sh = shift.data();
   forRowBlocks(rows, [&](int64_t first, int64_t count) {
@@ -279,12 +318,21 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
   const float* gamma = args.gamma.ptr<float>();
   const float* mean = args.saveMean.ptr<float>();
   const float* invStd = args.saveInvStd.ptr<float>();
+  // Without a residual and with beta given, the ReLU's output is recomputed from x with the
+  // forward's scale and shift instead of read from y: one tensor fewer in each pass.
+  std::vector<float> scale, shift;
+  ReluOut<T> out{y};
+  if (args.relu && !dres && args.beta.defined()) {
+    scale.resize(channels);
+    shift.resize(channels);
+    channelAffine(gamma, args.beta.ptr<float>(), mean, invStd, channels, scale.data(), shift.data());
+    out = {nullptr, scale.data(), shift.data()};
+  }
 
   std::vector<double> sumG, sumGX;
   channelSums(rows, channels, sumG, sumGX, [&](int64_t first, int64_t count, float* sg, float* sgx) {
     const int64_t at = first * channels;
-    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, y && dres ? dres + at : nullptr, mean, count, channels, sg,
-                     sgx);
+    gradStatsRows<T>(x + at, out.rows(at), dy + at, y && dres ? dres + at : nullptr, mean, count, channels, sg, sgx);
   });
 
   float* dGamma = args.dGamma.ptr<float>();
@@ -304,12 +352,12 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
   // With a ReLU and a residual, dres already holds g (written by the statistics pass): the input
   // gradient reads it as an unmasked incoming gradient, one tensor instead of y and dy.
   const T* g = y && dres ? dres : dy;
-  const T* mask = y && dres ? nullptr : y;
+  const ReluOut<T> mask = y && dres ? ReluOut<T>{} : out;
   T* gCopy = y ? nullptr : dres;
   forRowBlocks(rows, [&](int64_t first, int64_t count) {
     const int64_t at = first * channels;
-    gradInputRows<T>(x + at, mask ? mask + at : nullptr, g + at, dx + at, gCopy ? gCopy + at : nullptr, mean, a.data(),
-                     b.data(), k.data(), count, channels, args.training);
+    gradInputRows<T>(x + at, mask.rows(at), g + at, dx + at, gCopy ? gCopy + at : nullptr, mean, a.data(), b.data(),
+                     k.data(), count, channels, args.training);
   });
 }
 
@@ -424,7 +472,7 @@ void syncBackwardReduceTyped(const SyncBatchNormBackwardReduceArgs& args) {
   std::vector<double> sumG, sumGX;
   channelSums(d.rows, d.channels, sumG, sumGX, [&](int64_t first, int64_t count, float* sg, float* sgx) {
     const int64_t at = first * d.channels;
-    gradStatsRows<T>(x + at, y ? y + at : nullptr, dy + at, nullptr, mean, count, d.channels, sg, sgx);
+    gradStatsRows<T>(x + at, ReluOut<T>{y}.rows(at), dy + at, nullptr, mean, count, d.channels, sg, sgx);
   });
   float* sums = args.sums.ptr<float>();
   float* dGamma = args.dGamma.ptr<float>();
@@ -463,7 +511,7 @@ void syncBackwardElementwiseTyped(const SyncBatchNormBackwardElementwiseArgs& ar
   const float* mean = args.saveMean.ptr<float>();
   forRowBlocks(d.rows, [&](int64_t first, int64_t count) {
     const int64_t at = first * d.channels;
-    gradInputRows<T>(x + at, y ? y + at : nullptr, dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(),
+    gradInputRows<T>(x + at, ReluOut<T>{y}.rows(at), dy + at, dx + at, dres ? dres + at : nullptr, mean, a.data(),
                      b.data(), k.data(), count, d.channels, true);
   });
 }

@@ -101,6 +101,7 @@ void parseBatchNormBackward(const Napi::Object& o, BatchNormBackwardArgs& a) {
   a.y = getTensor(o, "y", a.relu);
   a.dy = getTensor(o, "dy");
   a.gamma = getTensor(o, "gamma");
+  a.beta = getTensor(o, "beta", false);
   a.saveMean = getTensor(o, "saveMean");
   a.saveInvStd = getTensor(o, "saveInvStd");
   a.dx = getTensor(o, "dx");

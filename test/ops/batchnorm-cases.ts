@@ -273,6 +273,87 @@ function inferenceBackwardCase(v: BnVariant): OpCase {
   };
 }
 
+/**
+ * Backward after the op's own forward with a ReLU and no residual, given beta: a backend may then
+ * recompute the ReLU's output from x instead of reading y (the CPU does). The gradients must equal
+ * those masked with y bit for bit, including where the pre-activation rounds to about zero (channel
+ * 0 constant, with beta 0), and match the reference.
+ */
+function recomputedReluCase(shape: BnVariant['shape'], training: boolean): OpCase {
+  const text = `x${fmtShape(shape)} relu${training ? '' : ' after an inference forward'}`;
+  return {
+    name: `batchnorm.backward.beta ${text}`,
+    dtypes: BOTH,
+    run: (ctx) =>
+      session(ctx, 'batchnorm.backward.beta', text, (s) => {
+        const i = inputs(s, { shape, residual: false, relu: true });
+        const x = Float64Array.from(i.x, (value, j) => (j % i.c === 0 ? i.x[0]! : value));
+        const beta = Float64Array.from(i.beta, (value, k) => (k === 0 ? 0 : value));
+        const xT = s.tensor(shape, ctx.dtype, x);
+        const gammaT = s.tensor([i.c], 'f32', i.gamma);
+        const betaT = s.tensor([i.c], 'f32', beta);
+        const saveMean = s.poisoned([i.c], 'f32');
+        const saveInvStd = s.poisoned([i.c], 'f32');
+        const yT = s.poisoned(shape);
+        s.native.batchNormForward({
+          x: xT,
+          gamma: gammaT,
+          beta: betaT,
+          y: yT,
+          runningMean: s.tensor([i.c], 'f32', i.runningMean),
+          runningVar: s.tensor([i.c], 'f32', i.runningVar),
+          saveMean,
+          saveInvStd,
+          training,
+          relu: true,
+          momentum: MOMENTUM,
+          eps: EPS,
+        });
+        const dy = s.q(s.rng.normals(i.n));
+        const dyT = s.tensor(shape, ctx.dtype, dy);
+        const backward = (withBeta: boolean) => {
+          const dx = s.poisoned(shape);
+          const dGamma = s.tensor([i.c], 'f32', new Float64Array(i.c));
+          const dBeta = s.tensor([i.c], 'f32', new Float64Array(i.c));
+          s.native.batchNormBackward({
+            x: xT,
+            y: yT,
+            dy: dyT,
+            gamma: gammaT,
+            ...(withBeta ? { beta: betaT } : {}),
+            saveMean,
+            saveInvStd,
+            dx,
+            dGamma,
+            dBeta,
+            relu: true,
+            training,
+          });
+          return { dx: s.read(dx), dGamma: s.read(dGamma), dBeta: s.read(dBeta) };
+        };
+        const masked = backward(false);
+        const recomputed = backward(true);
+        s.checkExact('dx (ReLU output recomputed, against masked with y)', recomputed.dx, masked.dx);
+        s.checkExact('dGamma (ReLU output recomputed, against masked with y)', recomputed.dGamma, masked.dGamma);
+        s.checkExact('dBeta (ReLU output recomputed, against masked with y)', recomputed.dBeta, masked.dBeta);
+        const y = s.read(yT);
+        const ref = training
+          ? batchNormBackward(x, dy, {
+              channels: i.c,
+              gamma: i.gamma,
+              saveMean: s.read(saveMean),
+              saveInvStd: s.read(saveInvStd),
+              y,
+              relu: true,
+            })
+          : batchNormInferenceBackward(x, dy, { channels: i.c, ...i, eps: EPS, y, relu: true });
+        s.check('dx', recomputed.dx, ref.dx, tolerance(ctx.dtype));
+        s.check('dGamma', recomputed.dGamma, ref.dGamma, STATS_TOL);
+        s.check('dBeta', recomputed.dBeta, ref.dBeta, STATS_TOL);
+      }),
+  };
+}
+
 /** Training forward with all four residual/ReLU combinations, inference, and backward likewise. */
 export const batchNormCases: OpCase[] = [
   trainingForwardCase({ shape: [2, 5, 5, 8], residual: false, relu: false }),
@@ -295,4 +376,7 @@ export const batchNormCases: OpCase[] = [
   inferenceBackwardCase({ shape: [2, 6, 6, 8], residual: false, relu: true }),
   inferenceBackwardCase({ shape: [3, 4, 4, 16], residual: true, relu: true }),
   inferenceBackwardCase({ shape: [4, 14, 14, 8], residual: true, relu: false }),
+  recomputedReluCase([2, 6, 6, 8], true),
+  recomputedReluCase([4, 14, 14, 16], true),
+  recomputedReluCase([2, 6, 6, 8], false),
 ];
