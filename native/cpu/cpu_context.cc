@@ -62,9 +62,10 @@ Tensor CpuContext::allocate(const Shape& shape, DType dtype) {
 
 Tensor CpuContext::allocateBytes(size_t bytes) { return allocate(Shape{static_cast<int64_t>(bytes)}, DType::U8); }
 
-void WeightReorder::run(const Tensor& weight, const Tensor& buffer) {
+void* WeightReorder::laidOut(const Tensor& weight, const Tensor& buffer) {
   auto& eng = ctx_->engine();
   const dnnl::memory::desc plain(dims_, toDnnl(weight.dtype()), plainTag_);
+  if (plain == target_) return weight.data();
   auto it = reorders_.find(weight.dtype());
   if (it == reorders_.end()) {
     it =
@@ -73,6 +74,7 @@ void WeightReorder::run(const Tensor& weight, const Tensor& buffer) {
   dnnl::memory src(plain, eng, weight.data());
   dnnl::memory dst(target_, eng, buffer.data());
   it->second.execute(ctx_->stream(), src, dst);
+  return buffer.data();
 }
 
 dnnl::reorder accumulatingReorder(CpuContext& ctx, const dnnl::memory::desc& from, const dnnl::memory::desc& to) {

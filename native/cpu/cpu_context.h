@@ -61,7 +61,9 @@ class WeightReorder {
  public:
   WeightReorder(CpuContext& ctx, dnnl::memory::dims dims, dnnl::memory::format_tag plainTag, dnnl::memory::desc target)
       : ctx_(&ctx), dims_(std::move(dims)), plainTag_(plainTag), target_(std::move(target)) {}
-  void run(const Tensor& weight, const Tensor& buffer);
+  // The weights as the primitive reads them: `weight`'s own data where it is already in the
+  // target's layout and type, else its reorder into `buffer`.
+  void* laidOut(const Tensor& weight, const Tensor& buffer);
 
  private:
   CpuContext* ctx_;

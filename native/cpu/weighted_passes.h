@@ -1,14 +1,14 @@
 // The three passes of a oneDNN plan over f32 master weights (conv2d and linear): the weights are
-// reordered into each primitive's preferred layout before forward and backward data, and the
-// weight gradient is reordered back with a sum post-op (+=) into the f32 master gradient; the
-// bias gradient is summed on the host. A plan may compute the weight gradient otherwise
-// (WeightGradientPath): where it is one matrix product over the rows (a 1x1 stride-1 convolution
-// without bias: dW[K,C] += dy^T x), a matmul with a sum post-op writes it straight into the master
-// gradient (RowGradientMatmul); conv.cc also has matrix products over gathered patches
-// (patch_gradient.h). The backward-weights
-// primitive may read x and dy in a layout of its own (the plan chooses): they are copied into it
-// first (LayoutCopy). The layout's x and y are in the compute type (compute_type.h): bf16 tensors
-// pass through f32 staging copies where oneDNN has no bf16 kernels.
+// reordered into each primitive's preferred layout before forward and backward data (read as they
+// are where a primitive takes the master layout), and the weight gradient is reordered back with a
+// sum post-op (+=) into the f32 master gradient; the bias gradient is summed on the host. A plan
+// may compute the weight gradient otherwise (WeightGradientPath): where it is one matrix product
+// over the rows (a 1x1 stride-1 convolution without bias: dW[K,C] += dy^T x), a matmul with a sum
+// post-op writes it straight into the master gradient (RowGradientMatmul); conv.cc also has matrix
+// products over gathered patches (patch_gradient.h). The backward-weights primitive may read x and
+// dy in a layout of its own (the plan chooses): they are copied into it first (LayoutCopy). The
+// layout's x and y are in the compute type (compute_type.h): bf16 tensors pass through f32 staging
+// copies where oneDNN has no bf16 kernels.
 #pragma once
 
 #include <memory>
@@ -136,10 +136,10 @@ class WeightedPasses {
 
   void forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& y) {
     auto& eng = ctx_->engine();
-    fwdReorder_->run(weight, fwdWeight_);
+    void* laidOut = fwdReorder_->laidOut(weight, fwdWeight_);
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, dnnl::memory(layout_.x, eng, stageInput(*ctx_, x, layout_.x, 0))},
-        {DNNL_ARG_WEIGHTS, dnnl::memory(fwdPd_.weights_desc(), eng, fwdWeight_.data())},
+        {DNNL_ARG_WEIGHTS, dnnl::memory(fwdPd_.weights_desc(), eng, laidOut)},
         {DNNL_ARG_DST, dnnl::memory(layout_.y, eng, stageOutput(*ctx_, y, layout_.y, 1))},
         {DNNL_ARG_SCRATCHPAD, scratchpad(fwdPd_.scratchpad_desc())}};
     if (hasBias()) args.emplace(DNNL_ARG_BIAS, dnnl::memory(layout_.bias, eng, bias.data()));
@@ -149,10 +149,10 @@ class WeightedPasses {
 
   void backwardData(const Tensor& dy, const Tensor& weight, const Tensor& dx) {
     auto& eng = ctx_->engine();
-    bwdReorder_->run(weight, bwdWeight_);
+    void* laidOut = bwdReorder_->laidOut(weight, bwdWeight_);
     bwdData_.execute(ctx_->stream(),
                      {{DNNL_ARG_DIFF_DST, dnnl::memory(layout_.y, eng, stageInput(*ctx_, dy, layout_.y, 0))},
-                      {DNNL_ARG_WEIGHTS, dnnl::memory(bwdDataPd_.weights_desc(), eng, bwdWeight_.data())},
+                      {DNNL_ARG_WEIGHTS, dnnl::memory(bwdDataPd_.weights_desc(), eng, laidOut)},
                       {DNNL_ARG_DIFF_SRC, dnnl::memory(layout_.x, eng, stageOutput(*ctx_, dx, layout_.x, 1))},
                       {DNNL_ARG_SCRATCHPAD, scratchpad(bwdDataPd_.scratchpad_desc())}});
     finishOutput(*ctx_, dx, layout_.x, 1);
