@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_ops.h"
@@ -34,11 +37,38 @@ RC_ISA_DISPATCH(statsRows, statsRowsImpl,
                 (const T* x, const float* pivot, int64_t rows, int64_t channels, float* s, float* s2),
                 (x, pivot, rows, channels, s, s2))
 
-// The forward's output with a ReLU and no residual. The backward recomputes it from x, bit for bit
-// (the same expression on the same floats), to mask the gradient without reading y.
+// The pre-activation of the forward's ReLU without a residual. The backward recomputes it from x,
+// bit for bit (the same expression on the same floats), to mask the gradient without reading y.
 template <typename T>
-RC_ALWAYS_INLINE T reluOutput(T x, float scale, float shift) {
-  return fromF<T>(reluValue(toF(x) * scale + shift));
+RC_ALWAYS_INLINE float preActivation(T x, float scale, float shift) {
+  return toF(x) * scale + shift;
+}
+
+inline float bitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The largest float that T stores as zero (fromF<T> is monotonic): the stored ReLU output of v is
+// positive, or NaN, exactly when v is not <= this bound, so `v <= bound ? 0 : g` is reluGrad of the
+// stored output. 0 for float; for the 16-bit types found once by bisection over the positive
+// floats' bits (it keeps the masking loop free of the conversion's rounding).
+template <typename T>
+float storedZeroBound() {
+  if constexpr (std::is_same_v<T, float>) {
+    return 0.0f;
+  } else {
+    static const float bound = [] {
+      uint32_t zero = 0, positive = 0x7f800000u;  // the bits of +0 and +inf
+      while (positive - zero > 1) {
+        const uint32_t mid = zero + (positive - zero) / 2;
+        (toF(fromF<T>(bitsToFloat(mid))) == 0.0f ? zero : positive) = mid;
+      }
+      return bitsToFloat(zero);
+    }();
+    return bound;
+  }
 }
 
 // y = relu?(x * scale + shift + residual?)
@@ -58,7 +88,7 @@ RC_ALWAYS_INLINE void normalizeRowsImpl(const T* x, const T* res, T* y, const fl
         for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c] + toF(rr[c]));
       }
     } else if (relu) {
-      for (int64_t c = 0; c < channels; ++c) yr[c] = reluOutput(xr[c], scale[c], shift[c]);
+      for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(reluValue(preActivation(xr[c], scale[c], shift[c])));
     } else {
       for (int64_t c = 0; c < channels; ++c) yr[c] = fromF<T>(toF(xr[c]) * scale[c] + shift[c]);
     }
@@ -69,17 +99,19 @@ RC_ISA_DISPATCH(normalizeRows, normalizeRowsImpl,
                  bool relu),
                 (x, res, y, scale, shift, rows, channels, relu))
 
-// The ReLU's output the backward masks the gradient with: y as stored, or, without a residual, the
-// forward's y recomputed from x (reluOutput with the forward's scale and shift), which saves reading
-// y. Exactly one of `y` and `scale` is set when the batch norm has a ReLU.
+// The ReLU's output the backward masks the gradient with: y as stored, or, without a residual, its
+// sign recomputed from x (the pre-activation with the forward's scale and shift, against
+// storedZeroBound), which saves reading y. Exactly one of `y` and `scale` is set when the batch
+// norm has a ReLU.
 template <typename T>
 struct ReluOut {
   const T* y = nullptr;
   const float* scale = nullptr;
   const float* shift = nullptr;
+  float zeroBound = 0.0f;
 
   // The same output from row offset `at` on.
-  ReluOut rows(int64_t at) const { return {y ? y + at : nullptr, scale, shift}; }
+  ReluOut rows(int64_t at) const { return {y ? y + at : nullptr, scale, shift, zeroBound}; }
 };
 
 // g = dy masked by the ReLU's output (when there is one); sg[c] += g; sgx[c] += g * (x - mean);
@@ -114,8 +146,9 @@ RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, ReluOut<T> relu, const T* dy
     } else if (relu.scale) {
       const float* __restrict scale = relu.scale;
       const float* __restrict shift = relu.shift;
+      const float zero = relu.zeroBound;
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = reluGrad(toF(reluOutput(xr[c], scale[c], shift[c])), toF(dyr[c]));
+        const float g = preActivation(xr[c], scale[c], shift[c]) <= zero ? 0.0f : toF(dyr[c]);
         sg[c] += g;
         sgx[c] += g * (toF(xr[c]) - mean[c]);
       }
@@ -172,8 +205,9 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, ReluOut<T> relu, const T* dy
     } else if (relu.scale) {
       const float* __restrict scale = relu.scale;
       const float* __restrict shift = relu.shift;
+      const float zero = relu.zeroBound;
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = reluGrad(toF(reluOutput(xr[c], scale[c], shift[c])), toF(dyr[c]));
+        const float g = preActivation(xr[c], scale[c], shift[c]) <= zero ? 0.0f : toF(dyr[c]);
         dxr[c] = fromF<T>(gradInputValue(xr[c], g, mean[c], a[c], b[c], k[c], batchStats));
       }
     } else if (dres) {
@@ -326,7 +360,7 @@ void backwardTyped(const BatchNormBackwardArgs& args) {
     scale.resize(channels);
     shift.resize(channels);
     channelAffine(gamma, args.beta.ptr<float>(), mean, invStd, channels, scale.data(), shift.data());
-    out = {nullptr, scale.data(), shift.data()};
+    out = {nullptr, scale.data(), shift.data(), storedZeroBound<T>()};
   }
 
   std::vector<double> sumG, sumGX;

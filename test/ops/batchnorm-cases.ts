@@ -274,21 +274,34 @@ function inferenceBackwardCase(v: BnVariant): OpCase {
 }
 
 /**
+ * Channels 1-4 of {@link recomputedReluCase}: x = 0 and running mean 0, so that the pre-activation
+ * is beta exactly, a tiny positive value that f16 (2^-25 a tie to 0, 3*2^-26 up to 2^-24) or bf16
+ * (2^-134 a tie to 0, 2^-133 its smallest) stores as zero or not.
+ */
+const AT_STORED_ZERO = [2 ** -25, 3 * 2 ** -26, 2 ** -134, 2 ** -133];
+
+/**
  * Backward after the op's own forward with a ReLU and no residual, given beta: a backend may then
  * recompute the ReLU's output from x instead of reading y (the CPU does). The gradients must equal
  * those masked with y bit for bit, including where the pre-activation rounds to about zero (channel
- * 0 constant, with beta 0), and match the reference.
+ * 0 constant, with beta 0) and where it is a value the dtype stores as zero or as its smallest
+ * (AT_STORED_ZERO), and match the reference.
  */
 function recomputedReluCase(shape: BnVariant['shape'], training: boolean): OpCase {
   const text = `x${fmtShape(shape)} relu${training ? '' : ' after an inference forward'}`;
   return {
     name: `batchnorm.backward.beta ${text}`,
-    dtypes: BOTH,
+    // f16 too: its stored zero covers far more pre-activations than bf16's or f32's.
+    dtypes: ['f32', 'bf16', 'f16'],
     run: (ctx) =>
       session(ctx, 'batchnorm.backward.beta', text, (s) => {
         const i = inputs(s, { shape, residual: false, relu: true });
-        const x = Float64Array.from(i.x, (value, j) => (j % i.c === 0 ? i.x[0]! : value));
-        const beta = Float64Array.from(i.beta, (value, k) => (k === 0 ? 0 : value));
+        const atZero = (k: number) => k >= 1 && k <= AT_STORED_ZERO.length;
+        const x = Float64Array.from(i.x, (value, j) => (j % i.c === 0 ? i.x[0]! : atZero(j % i.c) ? 0 : value));
+        const beta = Float64Array.from(i.beta, (value, k) =>
+          k === 0 ? 0 : atZero(k) ? AT_STORED_ZERO[k - 1]! : value,
+        );
+        const runningMean = Float64Array.from(i.runningMean, (value, k) => (atZero(k) ? 0 : value));
         const xT = s.tensor(shape, ctx.dtype, x);
         const gammaT = s.tensor([i.c], 'f32', i.gamma);
         const betaT = s.tensor([i.c], 'f32', beta);
@@ -300,7 +313,7 @@ function recomputedReluCase(shape: BnVariant['shape'], training: boolean): OpCas
           gamma: gammaT,
           beta: betaT,
           y: yT,
-          runningMean: s.tensor([i.c], 'f32', i.runningMean),
+          runningMean: s.tensor([i.c], 'f32', runningMean),
           runningVar: s.tensor([i.c], 'f32', i.runningVar),
           saveMean,
           saveInvStd,
@@ -346,7 +359,7 @@ function recomputedReluCase(shape: BnVariant['shape'], training: boolean): OpCas
               y,
               relu: true,
             })
-          : batchNormInferenceBackward(x, dy, { channels: i.c, ...i, eps: EPS, y, relu: true });
+          : batchNormInferenceBackward(x, dy, { channels: i.c, ...i, runningMean, eps: EPS, y, relu: true });
         s.check('dx', recomputed.dx, ref.dx, tolerance(ctx.dtype));
         s.check('dGamma', recomputed.dGamma, ref.dGamma, STATS_TOL);
         s.check('dBeta', recomputed.dBeta, ref.dBeta, STATS_TOL);
