@@ -51,9 +51,9 @@ inline float bitsToFloat(uint32_t bits) {
 }
 
 // The largest float that T stores as zero (fromF<T> is monotonic): the stored ReLU output of v is
-// positive, or NaN, exactly when v is not <= this bound, so `v <= bound ? 0 : g` is reluGrad of the
-// stored output. 0 for float; for the 16-bit types found once by bisection over the positive
-// floats' bits (it keeps the masking loop free of the conversion's rounding).
+// positive, or NaN, exactly when v is not <= this bound (recomputedReluGrad). 0 for float; for the
+// 16-bit types found once by bisection over the positive floats' bits (it keeps the masking loop
+// free of the conversion's rounding).
 template <typename T>
 float storedZeroBound() {
   if constexpr (std::is_same_v<T, float>) {
@@ -98,6 +98,13 @@ RC_ISA_DISPATCH(normalizeRows, normalizeRowsImpl,
                 (const T* x, const T* res, T* y, const float* scale, const float* shift, int64_t rows, int64_t channels,
                  bool relu),
                 (x, res, y, scale, shift, rows, channels, relu))
+
+// reluGrad of the stored ReLU output, from the pre-activation recomputed from x (see
+// storedZeroBound): the incoming gradient, or zero where the stored output is.
+template <typename T>
+RC_ALWAYS_INLINE float recomputedReluGrad(T x, float scale, float shift, float zeroBound, T dy) {
+  return preActivation(x, scale, shift) <= zeroBound ? 0.0f : toF(dy);
+}
 
 // The ReLU's output the backward masks the gradient with: y as stored, or, without a residual, its
 // sign recomputed from x (the pre-activation with the forward's scale and shift, against
@@ -148,7 +155,7 @@ RC_ALWAYS_INLINE void gradStatsRowsImpl(const T* x, ReluOut<T> relu, const T* dy
       const float* __restrict shift = relu.shift;
       const float zero = relu.zeroBound;
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = preActivation(xr[c], scale[c], shift[c]) <= zero ? 0.0f : toF(dyr[c]);
+        const float g = recomputedReluGrad(xr[c], scale[c], shift[c], zero, dyr[c]);
         sg[c] += g;
         sgx[c] += g * (toF(xr[c]) - mean[c]);
       }
@@ -207,7 +214,7 @@ RC_ALWAYS_INLINE void gradInputRowsImpl(const T* x, ReluOut<T> relu, const T* dy
       const float* __restrict shift = relu.shift;
       const float zero = relu.zeroBound;
       for (int64_t c = 0; c < channels; ++c) {
-        const float g = preActivation(xr[c], scale[c], shift[c]) <= zero ? 0.0f : toF(dyr[c]);
+        const float g = recomputedReluGrad(xr[c], scale[c], shift[c], zero, dyr[c]);
         dxr[c] = fromF<T>(gradInputValue(xr[c], g, mean[c], a[c], b[c], k[c], batchStats));
       }
     } else if (dres) {
