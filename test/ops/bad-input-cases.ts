@@ -145,6 +145,26 @@ export const badInputCases: OpCase[] = [
       }),
     );
   }),
+  rejectCase('batchnorm backward beta of the wrong shape or dtype', (s) => {
+    const c = (n: number, dtype: 'f32' | 'bf16' = 'f32') => s.tensor([n], dtype);
+    const x = () => s.tensor([2, 2, 2, 4], 'f32');
+    const backward = (beta: ReturnType<typeof c>) => () =>
+      s.native.batchNormBackward({
+        x: x(),
+        y: x(),
+        dy: x(),
+        gamma: c(4),
+        beta,
+        saveMean: c(4),
+        saveInvStd: c(4),
+        dx: x(),
+        dGamma: c(4),
+        dBeta: c(4),
+        relu: true,
+      });
+    s.expectThrow('beta [3] for 4 channels', INVALID, backward(c(3)));
+    s.expectThrow('bf16 beta', INVALID, backward(c(4, 'bf16')));
+  }),
   rejectCase('sgdStep segment outside the arena', (s) => {
     s.expectThrow('segment [90, +20) of an arena of 100', INVALID, () =>
       s.native.sgdStep({
