@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
         {"nccl",
          std::to_string(nccl / 10000) + "." + std::to_string((nccl / 100) % 100) + "." + std::to_string(nccl % 100)},
         {"tf32", ctx_.allowTf32() ? "allowed" : "off"},
+        {"deterministic", ctx_.deterministic() ? "on" : "off"},
     };
     return out;
   }

@@ -163,7 +163,8 @@ class CudaConv2dPlan final : public Conv2dPlan {
 
   ConvAlgorithms findAlgorithms(cudnnMathType_t math) {
     std::ostringstream key;
-    key << ctx_.device() << "|" << p_.str() << "|math" << static_cast<int>(math);
+    key << ctx_.device() << "|" << p_.str() << "|math" << static_cast<int>(math)
+        << (ctx_.deterministic() ? "|det" : "");
     {
       std::lock_guard<std::mutex> lock(gAlgorithmMutex);
       auto it = gAlgorithms.find(key.str());
@@ -223,14 +224,19 @@ class CudaConv2dPlan final : public Conv2dPlan {
     return chosen;
   }
 
-  // cudnnFind* returns candidates fastest first; take the first that ran and fits the workspace.
+  // cudnnFind* returns candidates fastest first; take the first that ran, fits the workspace and,
+  // in deterministic mode, gives the same bits on every run.
   template <typename Perf>
   const Perf* pick(const Perf* perf, int count, size_t limit, const char* pass) const {
+    const bool deterministic = ctx_.deterministic();
     for (int i = 0; i < count; ++i) {
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit) return &perf[i];
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit &&
+          (!deterministic || perf[i].determinism == CUDNN_DETERMINISTIC)) {
+        return &perf[i];
+      }
     }
-    RC_THROW(code::kCudnn, "cuDNN found no " << pass << " algorithm for " << p_.str() << " within "
-                                             << formatBytes(limit) << " of workspace");
+    RC_THROW(code::kCudnn, "cuDNN found no " << (deterministic ? "deterministic " : "") << pass << " algorithm for "
+                                             << p_.str() << " within " << formatBytes(limit) << " of workspace");
   }
 
   CudaContext& ctx_;

@@ -140,6 +140,8 @@ CudaContext::CudaContext(int device) : device_(device) {
   RC_CUBLAS_CHECK(cublasSetStream(cublas_, stream_), "cuda:" << device);
   const char* tf32 = std::getenv("RESNET_CUDA_ALLOW_TF32");
   allowTf32_ = tf32 != nullptr && std::strcmp(tf32, "1") == 0;
+  const char* deterministic = std::getenv("RESNET_CUDA_DETERMINISTIC");
+  deterministic_ = deterministic != nullptr && std::strcmp(deterministic, "1") == 0;
   RC_CUBLAS_CHECK(cublasSetMathMode(cublas_, allowTf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                   "cuda:" << device);
   // A user workspace keeps cuBLAS from allocating inside graph capture.

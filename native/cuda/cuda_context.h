@@ -83,6 +83,10 @@ class CudaContext {
   StreamAllocator& allocator() { return *allocator_; }
   // TF32 tensor cores for f32 convolutions and matrix products (RESNET_CUDA_ALLOW_TF32=1).
   bool allowTf32() const { return allowTf32_; }
+  // Only algorithms that give the same bits on every run (RESNET_CUDA_DETERMINISTIC=1), like
+  // PyTorch's torch.backends.cudnn.deterministic: cuDNN's search skips those that accumulate with
+  // atomics. Our own kernels and cuBLAS on one stream are deterministic either way.
+  bool deterministic() const { return deterministic_; }
   bool capturing() const;
 
   Tensor allocate(const Shape& shape, DType dtype);
@@ -113,6 +117,7 @@ class CudaContext {
   CudnnHandle cudnn_;
   CublasHandle cublas_;
   bool allowTf32_ = false;
+  bool deterministic_ = false;
   Tensor scratch_;
   Tensor cublasWorkspace_;
   int graphs_ = 0;

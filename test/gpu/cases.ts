@@ -174,6 +174,7 @@ export const gpuChecks: GpuCheck[] = [
         captured.model.arena().params.toFloat32Array(),
         eager.model.arena().params.toFloat32Array(),
       );
+      log(`parameters after three steps: relative difference ${err.toExponential(2)}`);
       assert(err < 1e-3, `parameters after three steps differ by ${err}`);
       graph.dispose();
     },

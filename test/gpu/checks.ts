@@ -1,9 +1,14 @@
 /**
  * The GPU checks of test/gpu/cases.ts with Node alone (for GPU machines without npm):
  *   node dist/test/gpu/checks.js [cuda:0] [--small]
- * One line per check, then "N passed, N failed, N skipped"; exits non-zero when a check fails.
+ * Runs with RESNET_CUDA_DETERMINISTIC=1 unless the environment sets it. One line per check, then "N passed, N failed, N skipped"; exits non-zero when a check fails.
  */
 import { cudaDeviceCount, gpuChecks } from './cases.js';
+
+// The checks compare runs bit for bit (graph replay against eager, DDP against the plain backward):
+// cuDNN may only pick algorithms that give the same bits every run. Read when the device's context
+// is made, which no import does.
+process.env.RESNET_CUDA_DETERMINISTIC ??= '1';
 
 const args = process.argv.slice(2);
 const device = args.find((a) => !a.startsWith('--')) ?? 'cuda:0';
