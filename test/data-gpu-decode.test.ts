@@ -5,14 +5,9 @@
  * 'cuda-emulator-cases' project on the emulated device (emulated nvJPEG: libjpeg on the host, our
  * kernels translated); without a usable CUDA backend the device cases are skipped with the reason.
  *
- * Tolerance. Both sides resample with the same plan and integer arithmetic, so any difference comes
- * from the JPEG decoders: the IDCT (the JPEG standard allows implementations that differ by one
- * level per sample, IEEE 1180 accuracy as ITU-T T.83 specifies), the YCbCr-to-RGB rounding (one
- * more level), and the upsampling of subsampled chroma (libjpeg-turbo's "fancy" triangular filter
- * against another filter differs most at sharp colour edges). So per batch: a mean absolute
- * difference of at most TOLERANCE.mean levels and at most TOLERANCE.outliers of the values more
- * than TOLERANCE.level levels apart. The emulated nvJPEG decodes with libjpeg, so on the emulated
- * device the difference is 0 (the test still uses the tolerance, which also holds on a GPU).
+ * Tolerance: test/helpers/decode-tolerance.ts, the bound for batches that hold 4:2:0 JPEGs (these
+ * mix both). The emulated nvJPEG decodes with libjpeg, so on the emulated device the difference is
+ * 0, and the test requires that there.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -33,9 +28,8 @@ import {
 } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
 import { objectContaining, stringContaining, stringMatching } from './helpers/matchers.js';
+import { DECODE_TOLERANCE as TOLERANCE } from './helpers/decode-tolerance.js';
 import { photo } from './helpers/photo.js';
-
-const TOLERANCE = { mean: 1, level: 4, outliers: 0.01 };
 
 const cuda = listBackends().find((b) => b.name === 'cuda');
 const reason = cuda?.available ? undefined : (cuda?.reason ?? 'no CUDA backend');

@@ -1,0 +1,29 @@
+/**
+ * How far a batch decoded on the device (nvJPEG) may be from the CPU loader's (libjpeg-turbo), after
+ * the same crop, resize and flip: both resample with the same plan and integer arithmetic, so any
+ * difference comes from the JPEG decoders.
+ *
+ * - The IDCT may differ by one level per sample (IEEE 1180 accuracy, as ITU-T T.83 specifies), the
+ *   YCbCr-to-RGB rounding by one more.
+ * - Subsampled chroma (4:2:0, the default of most encoders) is upsampled by libjpeg-turbo's "fancy"
+ *   triangular filter and by another filter in nvJPEG; the two differ most at sharp colour edges.
+ *
+ * On an NVIDIA H200 (CUDA 13.0, bench/RESULTS.md of 2026-12-04), 4:4:4 JPEGs decoded to the same
+ * bytes on both sides. With 4:2:0, the worst of 8 batches of 64 photographs had a mean difference
+ * of 0.78 levels, 2.9% of the values more than 4 levels apart, 0.5% more than 8, and a largest
+ * difference of 48. torchvision's own test of nvJPEG against libjpeg-turbo allows a mean
+ * difference under 2 levels (test/test_image.py, `test_decode_jpeg_cuda`).
+ * @packageDocumentation
+ */
+
+/** The per-batch bounds. */
+export const DECODE_TOLERANCE = {
+  /** The mean |difference|, in levels. */
+  mean: 1,
+  /** What counts as an outlier: a difference of more than this many levels. */
+  level: 4,
+  /** The share of outliers in a batch that may hold 4:2:0 JPEGs. */
+  outliers: 0.05,
+  /** The share of outliers when every JPEG is 4:4:4 (no chroma upsampling). */
+  outliersWithoutSubsampling: 0.01,
+} as const;
