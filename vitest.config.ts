@@ -63,6 +63,7 @@ export default defineConfig({
             'test/ema.test.ts',
             'test/robustness/numerics.test.ts',
             'test/grad-checkpoint.test.ts',
+            'test/benchmark-training.test.ts',
             'test/profiler.test.ts',
             'test/inference-cuda.test.ts',
             'test/qat.test.ts',
