@@ -85,7 +85,8 @@ class CudaContext {
   bool allowTf32() const { return allowTf32_; }
   // Only algorithms that give the same bits on every run (RESNET_CUDA_DETERMINISTIC=1), like
   // PyTorch's torch.backends.cudnn.deterministic: cuDNN's search skips those that accumulate with
-  // atomics. Our own kernels and cuBLAS on one stream are deterministic either way.
+  // atomics. Our own kernels and cuBLAS on one stream are deterministic either way; the graph-API
+  // engines of the opt-in conv-bn fused path (graph_api.cc) are not filtered.
   bool deterministic() const { return deterministic_; }
   bool capturing() const;
 
