@@ -1,7 +1,8 @@
 /**
  * The GPU checks of test/gpu/cases.ts with Node alone (for GPU machines without npm):
  *   node dist/test/gpu/checks.js [cuda:0] [--small]
- * Runs with RESNET_CUDA_DETERMINISTIC=1 unless the environment sets it. One line per check, then "N passed, N failed, N skipped"; exits non-zero when a check fails.
+ * Runs with RESNET_CUDA_DETERMINISTIC=1 unless the environment sets it. One line per check, then
+ * "N passed, N failed, N skipped"; exits non-zero when a check fails.
  */
 import { cudaDeviceCount, gpuChecks } from './cases.js';
 
