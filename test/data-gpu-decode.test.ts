@@ -28,7 +28,7 @@ import {
 } from '../lib/index.js';
 import { addon } from '../lib/binding.js';
 import { objectContaining, stringContaining, stringMatching } from './helpers/matchers.js';
-import { DECODE_TOLERANCE as TOLERANCE } from './helpers/decode-tolerance.js';
+import { DECODE_TOLERANCE as TOLERANCE, decodeDifference } from './helpers/decode-tolerance.js';
 import { photo } from './helpers/photo.js';
 
 const cuda = listBackends().find((b) => b.name === 'cuda');
@@ -62,19 +62,11 @@ function rgb(data: Uint8Array, channels: number): Uint8Array {
   return channels === 3 ? data : Uint8Array.from({ length: data.length * 3 }, (_, i) => data[(i / 3) | 0]!);
 }
 
-/** Statistics of |a - b|. */
+/** Statistics of |a - b|: the mean, the largest, and the share of outliers (TOLERANCE.level). */
 function compare(a: Uint8Array, b: Uint8Array): { mean: number; max: number; outliers: number } {
   expect(a.length).toBe(b.length);
-  let sum = 0;
-  let max = 0;
-  let outliers = 0;
-  for (let i = 0; i < a.length; i++) {
-    const d = Math.abs(a[i]! - b[i]!);
-    sum += d;
-    max = Math.max(max, d);
-    if (d > TOLERANCE.level) outliers++;
-  }
-  return { mean: sum / a.length, max, outliers: outliers / a.length };
+  const d = decodeDifference(a, b);
+  return { mean: d.mean, max: d.max, outliers: d.over[TOLERANCE.level] };
 }
 
 /**

@@ -21,7 +21,7 @@ import {
   synchronize,
   type DataLoaderOptions,
 } from '../../lib/index.js';
-import { DECODE_TOLERANCE as TOLERANCE } from '../helpers/decode-tolerance.js';
+import { DECODE_TOLERANCE as TOLERANCE, decodeDifference, type DecodeDifference } from '../helpers/decode-tolerance.js';
 import { photo } from '../helpers/photo.js';
 import type { GpuCheck } from './cases.js';
 
@@ -47,15 +47,7 @@ async function writeJpegs(
   }
 }
 
-/** How far one batch of the GPU loader is from the CPU loader's. */
-interface BatchDifference {
-  mean: number;
-  max: number;
-  /** The share of values more than 4, 8 and 16 levels apart. */
-  over: { 4: number; 8: number; 16: number };
-}
-
-function describeDifference(d: BatchDifference): string {
+function describeDifference(d: DecodeDifference): string {
   const pct = (v: number) => `${(100 * v).toFixed(2)}%`;
   return `mean ${d.mean.toFixed(3)}, max ${d.max}, >4 ${pct(d.over[4])}, >8 ${pct(d.over[8])}, >16 ${pct(d.over[16])}`;
 }
@@ -66,21 +58,9 @@ function compareBatch(
   gpu: Uint8Array,
   cpu: Uint8Array,
   maxOutliers: number,
-): { diff: BatchDifference; problem: string | null } {
+): { diff: DecodeDifference; problem: string | null } {
   if (gpu.length !== cpu.length) fail(`batch ${k}: ${gpu.length} bytes on the device, ${cpu.length} on the CPU`);
-  let sum = 0;
-  let max = 0;
-  const counts = { 4: 0, 8: 0, 16: 0 };
-  for (let i = 0; i < cpu.length; i++) {
-    const d = Math.abs(gpu[i]! - cpu[i]!);
-    sum += d;
-    if (d > max) max = d;
-    if (d > 4) counts[4]++;
-    if (d > 8) counts[8]++;
-    if (d > 16) counts[16]++;
-  }
-  const n = cpu.length;
-  const diff = { mean: sum / n, max, over: { 4: counts[4] / n, 8: counts[8] / n, 16: counts[16] / n } };
+  const diff = decodeDifference(gpu, cpu);
   let problem: string | null = null;
   if (diff.mean > TOLERANCE.mean) problem = `mean difference above ${TOLERANCE.mean} level`;
   else if (diff.over[TOLERANCE.level] > maxOutliers) {
@@ -97,9 +77,9 @@ async function compareLoaders(
   gpu: DataLoader,
   cpu: DataLoader,
   maxOutliers: number,
-): Promise<{ batches: number; worst: BatchDifference | null; problems: string[] }> {
+): Promise<{ batches: number; worst: DecodeDifference | null; problems: string[] }> {
   const cpuIterator = cpu[Symbol.asyncIterator]();
-  let worst: BatchDifference | null = null;
+  let worst: DecodeDifference | null = null;
   const problems: string[] = [];
   let k = 0;
   for await (const batch of gpu) {

@@ -27,3 +27,31 @@ export const DECODE_TOLERANCE = {
   /** The share of outliers when every JPEG is 4:4:4 (no chroma upsampling). */
   outliersWithoutSubsampling: 0.01,
 } as const;
+
+/** How far one decoded batch is from another, in levels. */
+export interface DecodeDifference {
+  /** The mean |difference|. */
+  mean: number;
+  /** The largest |difference|. */
+  max: number;
+  /** The share of values more than 4, 8 and 16 levels apart. */
+  over: { 4: number; 8: number; 16: number };
+}
+
+/** The statistics of |a - b| over two batches of the same length. */
+export function decodeDifference(a: Uint8Array, b: Uint8Array): DecodeDifference {
+  if (a.length !== b.length) throw new Error(`decodeDifference: ${a.length} values against ${b.length}`);
+  let sum = 0;
+  let max = 0;
+  const counts = { 4: 0, 8: 0, 16: 0 };
+  for (let i = 0; i < a.length; i++) {
+    const d = Math.abs(a[i]! - b[i]!);
+    sum += d;
+    if (d > max) max = d;
+    if (d > 4) counts[4]++;
+    if (d > 8) counts[8]++;
+    if (d > 16) counts[16]++;
+  }
+  const n = a.length;
+  return { mean: sum / n, max, over: { 4: counts[4] / n, 8: counts[8] / n, 16: counts[16] / n } };
+}
