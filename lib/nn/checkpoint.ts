@@ -4,7 +4,7 @@
  * its input and output between forward and backward; its backward runs its forward again from the
  * saved input, then its backward.
  *
- * Modules own their buffers here, so dropping activations means sharing memory: every module of a
+ * Modules own their outputs here, so dropping activations means sharing memory: every module of a
  * checkpointed segment takes its outputs, saved statistics and input gradients from one pool shared
  * by all the segments of the model, sized by the largest segment. A segment's forward and its
  * recomputation write over what the segment before it left there; only the segment's output (a
@@ -22,6 +22,7 @@
 import { ResnetError, defined, expectInt, expectOptions, invalid } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';
 import { Chain, type ChainRunner } from './containers.js';
+import { releaseGradient } from './gradient-pool.js';
 import { BatchNorm2d } from './layers.js';
 import { Module, ShapeCache, type BufferSource } from './module.js';
 
@@ -289,6 +290,7 @@ class CheckpointRunner implements ChainRunner {
         step.requiresInputGrad = needed;
         g = step.backward(input);
       }
+      if (input !== gradOutput) releaseGradient(input, g);
     }
     return this.steps.length === 0 && !requiresInputGrad ? null : g;
   }

@@ -8,6 +8,7 @@ import { ResnetError, defined, invalid, isArray } from '../errors.js';
 import { fusedPathOn } from '../fused-paths.js';
 import { opRecorder } from '../profile/hooks.js';
 import { Tensor, expectTensor } from '../tensor.js';
+import { releaseGradient } from './gradient-pool.js';
 import { BatchNorm2d, Conv2d } from './layers.js';
 import { Module, ShapeCache } from './module.js';
 import { backwardRun, forwardRun } from './prologue.js';
@@ -223,16 +224,19 @@ export class Residual extends Module {
       ? gradOutput
       : defined(this.#last.residualGrad, `the residual gradient of ${this.constructor.name}`);
     const first = this.#firstConvAdding();
-    if (first && this.requiresInputGrad) return this.#backwardAddingInFirstConv(first, g, dIdentity);
+    if (first && this.requiresInputGrad) return this.#backwardAddingInFirstConv(first, g, dIdentity, gradOutput);
+    const gLast = defined(g, `the input gradient of ${this.constructor.name} main layer ${this.#main.length}`);
     g = backwardRun(
       this.#main.slice(0, -1),
       this.#pairs,
-      defined(g, `the input gradient of ${this.constructor.name} main layer ${this.#main.length}`),
+      gLast,
       this.requiresInputGrad,
       (i) => `the input gradient of ${this.constructor.name} main layer ${i + 1}`,
     );
+    releaseGradient(gLast, g);
     if (this.#shortcut) this.#shortcut.requiresInputGrad = this.requiresInputGrad;
     const dShortcut = this.#shortcut ? this.#shortcut.backward(dIdentity) : dIdentity;
+    if (dIdentity !== gradOutput) releaseGradient(dIdentity, dShortcut);
     if (!this.requiresInputGrad) return null;
     const sum = this.#sums.get(input, () => this.activationBuffer(input.shape, input.dtype, input.device));
     const main = defined(g, `the main-branch input gradient of ${this.constructor.name}`);
@@ -241,6 +245,8 @@ export class Residual extends Module {
     const token = recorder ? recorder.begin('add', this, sum.device) : 0;
     addon().add({ a: main.raw, b: shortcut.raw, out: sum.raw });
     recorder?.end(token);
+    releaseGradient(main, sum);
+    if (shortcut !== gradOutput) releaseGradient(shortcut, sum);
     return sum;
   }
 
@@ -264,7 +270,7 @@ export class Residual extends Module {
    * shortcut's gradient first, then the main branch down to its first convolution, which adds into
    * it. No pass of its own for the sum.
    */
-  #backwardAddingInFirstConv(first: Conv2d, gLast: Tensor | null, dIdentity: Tensor): Tensor {
+  #backwardAddingInFirstConv(first: Conv2d, gLast: Tensor | null, dIdentity: Tensor, gradOutput: Tensor): Tensor {
     const name = this.constructor.name;
     const shortcut = this.#shortcut;
     if (shortcut) shortcut.requiresInputGrad = true;
@@ -272,14 +278,22 @@ export class Residual extends Module {
       shortcut ? shortcut.backward(dIdentity) : dIdentity,
       `the shortcut input gradient of ${name}`,
     );
-    const g = backwardRun(
-      this.#main.slice(1, -1),
-      this.#pairs.map((i) => i - 1),
-      defined(gLast, `the input gradient of ${name} main layer ${this.#main.length}`),
-      true,
-      (i) => `the input gradient of ${name} main layer ${i + 2}`,
+    if (dIdentity !== gradOutput) releaseGradient(dIdentity, dShortcut);
+    const gMain = defined(gLast, `the input gradient of ${name} main layer ${this.#main.length}`);
+    const g = defined(
+      backwardRun(
+        this.#main.slice(1, -1),
+        this.#pairs.map((i) => i - 1),
+        gMain,
+        true,
+        (i) => `the input gradient of ${name} main layer ${i + 2}`,
+      ),
+      `the input gradient of ${name} main layer 2`,
     );
-    return first.backwardInto(defined(g, `the input gradient of ${name} main layer 2`), dShortcut);
+    releaseGradient(gMain, g);
+    const sum = first.backwardInto(g, dShortcut);
+    releaseGradient(g, sum);
+    return sum;
   }
 
   protected override disposeCache(): void {

@@ -215,7 +215,7 @@ function weightedBackward(
     recorder?.end(token);
   }
   if (!layer.requiresInputGrad) return null;
-  const dx = into ?? (e.dx ??= layer.activationBuffer(x.shape, x.dtype, x.device));
+  const dx = into ?? (e.dx = layer.gradientBuffer(e.dx, x.shape, x.dtype, x.device));
   const token = recorder ? recorder.begin(ops.backwardData, layer, x.device) : 0;
   const weight = layer.quantizer ? layer.quantizer.quantizedWeight() : layer.weight.data;
   e.plan.backwardData({ dy: gradOutput.raw, weight: weight.raw, dx: dx.raw, ...(into ? { accumulate: true } : {}) });
@@ -847,7 +847,7 @@ export class BatchNorm2d extends Module {
         x: this.activationBuffer(c, 'f32', x.device),
         bias: this.activationBuffer(c, 'f32', x.device),
       });
-      const dz = (e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device));
+      const dz = (e.dx = this.gradientBuffer(e.dx, x.shape, x.dtype, x.device));
       const recorder = opRecorder;
       let token = recorder ? recorder.begin('conv2d.backward_data', conv, x.device) : 0;
       addon().convDgradDbn({
@@ -1153,9 +1153,11 @@ export class BatchNorm2d extends Module {
     if (this.#output !== 'written') prologueMisuse('BatchNorm2d.backward()');
     expectTensor('BatchNorm2d gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (this.#dualMain || this.#dualPending) return this.#shortcutGrad(e);
-    e.dx ??= this.activationBuffer(x.shape, x.dtype, x.device);
+    e.dx = this.gradientBuffer(e.dx, x.shape, x.dtype, x.device);
     if (this.#dualShortcut) return this.#dualBackward(gradOutput, x, e, this.#dualShortcut);
-    const dResidual = this.#residual ? (e.dResidual ??= this.activationBuffer(x.shape, x.dtype, x.device)) : null;
+    const dResidual = this.#residual
+      ? (e.dResidual = this.gradientBuffer(e.dResidual, x.shape, x.dtype, x.device))
+      : null;
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
     const args: BatchNormBackwardArgs = {
@@ -1195,7 +1197,7 @@ export class BatchNorm2d extends Module {
   #dualBackward(gradOutput: Tensor, x: Tensor, e: BnEntry, shortcut: BatchNorm2d): Tensor {
     const s = defined(shortcut.#input, 'the input of the dual shortcut batch norm');
     const se = defined(shortcut.#entry, 'the saved statistics of the dual shortcut batch norm');
-    se.dx ??= shortcut.activationBuffer(s.shape, s.dtype, s.device);
+    se.dx = shortcut.gradientBuffer(se.dx, s.shape, s.dtype, s.device);
     const dx = defined(e.dx, 'the BatchNorm2d input gradient');
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('batchnorm.backward', this, x.device) : 0;
@@ -1310,7 +1312,7 @@ export class ReLU extends Module {
     if (!e) return backwardBeforeForward('ReLU');
     expectTensor('ReLU gradOutput', gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
-    e.dx ??= this.activationBuffer(e.y.shape, e.y.dtype, e.y.device);
+    e.dx = this.gradientBuffer(e.dx, e.y.shape, e.y.dtype, e.y.device);
     const recorder = opRecorder;
     const token = recorder ? recorder.begin('relu.backward', this, e.y.device) : 0;
     addon().reluBackward({ y: e.y.raw, dy: gradOutput.raw, dx: e.dx.raw });
@@ -1401,7 +1403,7 @@ export abstract class Pool2d extends Module {
     if (!e) return backwardBeforeForward(name);
     expectTensor(`${name} gradOutput`, gradOutput, { shape: e.y.shape, dtype: e.y.dtype, device: e.y.device });
     if (!this.requiresInputGrad) return null;
-    e.dx ??= this.activationBuffer(this.#inputShape, e.y.dtype, e.y.device);
+    e.dx = this.gradientBuffer(e.dx, this.#inputShape, e.y.dtype, e.y.device);
     const recorder = opRecorder;
     const token = recorder ? recorder.begin(POOL_OPS[this.#kind].backward, this, e.y.device) : 0;
     e.plan.backward({ dy: gradOutput.raw, dx: e.dx.raw, ...(e.workspace ? { workspace: e.workspace.raw } : {}) });

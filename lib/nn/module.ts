@@ -8,6 +8,7 @@ import '../dispose.js';
 import { parseDevice } from '../device.js';
 import { ResnetError, defined, expectBool, invalid, mismatch } from '../errors.js';
 import { Tensor, type DType } from '../tensor.js';
+import { GradientPool, activeGradientPool, inGradientPass } from './gradient-pool.js';
 import { Parameter, ParameterArena } from './parameter.js';
 
 /** One entry of a state dict: a tensor in torchvision's layout, on the host. */
@@ -102,6 +103,8 @@ export abstract class Module {
   #pass: 'idle' | 'forwarded' | 'backwarded' = 'idle';
   /** The hooks run after this module's backward; null (one check per backward) when there are none. */
   #postBackwardHooks: PostBackwardHook[] | null = null;
+  /** The input-gradient memory of the backward passes this module is the root of (gradient-pool.ts). */
+  #gradientPool: GradientPool | null = null;
   #disposed = false;
 
   /** Computes the output for `x`; the result is owned by the module and reused next call. */
@@ -127,6 +130,28 @@ export abstract class Module {
    */
   activationBuffer(shape: readonly number[], dtype: DType, device: string): Tensor {
     return this.bufferSource ? this.bufferSource.empty(shape, dtype, device) : Tensor.empty(shape, { dtype, device });
+  }
+
+  /**
+   * The buffer an input gradient (or another gradient that lives only until the module before
+   * this one has read it) is written to in the running backward: one from the pass's
+   * {@link GradientPool}, or, for the modules of a checkpointed segment (which take every buffer
+   * from their {@link bufferSource}), `held` or a new {@link activationBuffer} to keep.
+   * @internal
+   */
+  gradientBuffer(held: Tensor | null, shape: readonly number[], dtype: DType, device: string): Tensor {
+    const pool = activeGradientPool();
+    if (pool === null || this.bufferSource) return held ?? this.activationBuffer(shape, dtype, device);
+    return pool.acquire(shape, dtype, device);
+  }
+
+  /**
+   * Bytes held by the input-gradient pool of the backward passes this module was the root of
+   * (the module whose `backward` was called from outside any other backward).
+   * @internal
+   */
+  get gradientPoolBytes(): number {
+    return this.#gradientPool?.bytes() ?? 0;
   }
 
   /** Registers a child module under `name` (its parameters are named `name.*`). */
@@ -468,16 +493,21 @@ export abstract class Module {
       );
     }
     this.#pass = 'backwarded';
-    let result: T;
-    try {
-      result = body();
-    } catch (error) {
-      this.#pass = 'forwarded';
-      throw error;
-    }
-    const hooks = this.#postBackwardHooks;
-    if (hooks) for (const hook of hooks) hook(this);
-    return result;
+    return inGradientPass(
+      () => (this.#gradientPool ??= new GradientPool()),
+      () => {
+        let result: T;
+        try {
+          result = body();
+        } catch (error) {
+          this.#pass = 'forwarded';
+          throw error;
+        }
+        const hooks = this.#postBackwardHooks;
+        if (hooks) for (const hook of hooks) hook(this);
+        return result;
+      },
+    );
   }
 
   /**
@@ -522,6 +552,7 @@ export abstract class Module {
     for (const p of params) if (p.arena) arenas.add(p.arena);
     for (const m of modules) {
       m.disposeCache();
+      m.#disposeGradientPool();
       for (const slot of m.#buffers.values()) {
         slot.tensor?.dispose();
         slot.tensor = null;
@@ -548,7 +579,15 @@ export abstract class Module {
 
   /** Frees every buffer and cached plan of this tree (parameters stay). */
   releaseBuffers(): void {
-    for (const [, m] of this.namedModules()) m.disposeCache();
+    for (const [, m] of this.namedModules()) {
+      m.disposeCache();
+      m.#disposeGradientPool();
+    }
+  }
+
+  #disposeGradientPool(): void {
+    this.#gradientPool?.dispose();
+    this.#gradientPool = null;
   }
 
   /** Frees cached per-shape state; overridden by layers that keep some. */

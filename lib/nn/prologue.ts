@@ -17,6 +17,7 @@
  */
 import { defined } from '../errors.js';
 import type { Tensor } from '../tensor.js';
+import { releaseGradient } from './gradient-pool.js';
 import { BatchNorm2d, Conv2d } from './layers.js';
 import type { Module } from './module.js';
 
@@ -65,7 +66,9 @@ export function forwardRun(modules: readonly Module[], x: Tensor): PrologueRun {
 /**
  * The backward of a {@link forwardRun} of `modules` with its `pairs`: children in reverse order,
  * a pair as one step. Child `i` gets `requiresInputGrad = i > 0 || requiresInputGrad`. `what(i)`
- * names the input gradient of child `i` in the error when a child returns none.
+ * names the input gradient of child `i` in the error when a child returns none. Each gradient a
+ * child returned goes back to the pass's pool once the child before it has used it; `gradOutput`
+ * stays the caller's.
  */
 export function backwardRun(
   modules: readonly Module[],
@@ -88,6 +91,7 @@ export function backwardRun(
       m.requiresInputGrad = i > 0 || requiresInputGrad;
       g = m.backward(input);
     }
+    if (input !== gradOutput) releaseGradient(input, g);
   }
   return g;
 }
