@@ -24,8 +24,6 @@ interface Slot {
   inUse: boolean;
 }
 
-const DTYPE_BYTES: Readonly<Record<DType, number>> = { f32: 4, bf16: 2, f16: 2, i32: 4, i64: 8, u8: 1 };
-
 /** Input-gradient buffers shared by the modules of a backward pass, reused across passes. */
 export class GradientPool {
   /** Per `device|dtype|numel`, every slot in creation order. */
@@ -71,7 +69,7 @@ export class GradientPool {
   bytes(): number {
     let total = 0;
     for (const slots of this.#slots.values()) {
-      for (const slot of slots) total += slot.base.numel * DTYPE_BYTES[slot.base.dtype];
+      for (const slot of slots) total += slot.base.raw.nbytes;
     }
     return total;
   }
