@@ -495,19 +495,22 @@ export abstract class Module {
     this.#pass = 'backwarded';
     return inGradientPass(
       () => (this.#gradientPool ??= new GradientPool()),
-      () => {
-        let result: T;
-        try {
-          result = body();
-        } catch (error) {
-          this.#pass = 'forwarded';
-          throw error;
-        }
-        const hooks = this.#postBackwardHooks;
-        if (hooks) for (const hook of hooks) hook(this);
-        return result;
-      },
+      () => this.#backwardThenHooks(body),
     );
+  }
+
+  /** Runs a backward body, then the post-backward hooks; a throwing body leaves the forward usable. */
+  #backwardThenHooks<T>(body: () => T): T {
+    let result: T;
+    try {
+      result = body();
+    } catch (error) {
+      this.#pass = 'forwarded';
+      throw error;
+    }
+    const hooks = this.#postBackwardHooks;
+    if (hooks) for (const hook of hooks) hook(this);
+    return result;
   }
 
   /**
